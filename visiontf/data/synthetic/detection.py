@@ -1,0 +1,145 @@
+"""A tiny COCO-format detection dataset of coloured shapes on textured backgrounds.
+
+Real JPEG files plus ``instances_{train,val}2017.json``, laid out like COCO so the real loading
+code runs on it. Category ids are deliberately non-contiguous (1, 2, 3, 5) to exercise the
+category-id <-> label mapping. Deterministic for a seed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+#: (id, name); id 4 is skipped on purpose, like the gaps in COCO's 1..90.
+CATEGORIES = ((1, "circle"), (2, "square"), (3, "triangle"), (5, "star"))
+
+__all__ = ["CATEGORIES", "make_detection_dataset"]
+
+
+def _background(rng: np.random.Generator, height: int, width: int) -> Image.Image:
+    # A smooth colour field (upsampled coarse noise) plus pixel noise looks textured but is cheap.
+    coarse = rng.integers(40, 216, size=(4, 5, 3), dtype=np.uint8)
+    field = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BILINEAR), dtype=np.int16)
+    noise = rng.integers(-25, 26, size=(height, width, 3), dtype=np.int16)
+    return Image.fromarray(np.clip(field + noise, 0, 255).astype(np.uint8))
+
+
+def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
+    if kind == "circle":
+        n, radii = 24, [r]
+    elif kind == "square":
+        # Axis-aligned so that the shape fills its box, as most real boxes are not rotated squares.
+        return [(cx - r, cy - r), (cx + r, cy - r), (cx + r, cy + r), (cx - r, cy + r)]
+    elif kind == "triangle":
+        n, radii = 3, [r]
+    else:  # star
+        n, radii = 10, [r, 0.45 * r]
+    return [
+        (cx + radii[i % len(radii)] * math.cos(angle + 2 * math.pi * i / n),
+         cy + radii[i % len(radii)] * math.sin(angle + 2 * math.pi * i / n))
+        for i in range(n)
+    ]
+
+
+def _shoelace(points: list[tuple[float, float]]) -> float:
+    xs = np.array([p[0] for p in points])
+    ys = np.array([p[1] for p in points])
+    return float(0.5 * abs(np.dot(xs, np.roll(ys, -1)) - np.dot(ys, np.roll(xs, -1))))
+
+
+def _make_split(
+    rng: np.random.Generator,
+    img_dir: Path,
+    num_images: int,
+    image_size: tuple[int, int],
+    categories: tuple[tuple[int, str], ...],
+    first_image_id: int,
+    ann_id: int,
+) -> tuple[dict, int]:
+    img_dir.mkdir(parents=True, exist_ok=True)
+    images, annotations = [], []
+    base_h, base_w = image_size
+    for i in range(num_images):
+        image_id = first_image_id + i
+        # Sizes vary per image so batches need padding, as with real data.
+        h = int(base_h * rng.uniform(0.8, 1.2))
+        w = int(base_w * rng.uniform(0.8, 1.2))
+        img = _background(rng, h, w)
+        draw = ImageDraw.Draw(img)
+        # Every 8th image (offset 5) has no objects: empty targets must train and evaluate.
+        num_objects = 0 if i % 8 == 5 else int(rng.integers(1, 6))
+        for _ in range(num_objects):
+            cat_id, kind = categories[int(rng.integers(len(categories)))]
+            # Log-uniform radius: many small objects (COCO "small" < 32x32) and a few large ones.
+            r = float(np.exp(rng.uniform(np.log(3.0), np.log(0.3 * min(h, w)))))
+            cx = float(rng.uniform(r + 1, w - r - 1))
+            cy = float(rng.uniform(r + 1, h - r - 1))
+            poly = _polygon(kind, cx, cy, r, float(rng.uniform(0, 2 * math.pi)))
+            colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+            draw.polygon(poly, fill=colour, outline=(0, 0, 0))
+            xs, ys = [p[0] for p in poly], [p[1] for p in poly]
+            x0, y0, x1, y1 = max(min(xs), 0.0), max(min(ys), 0.0), min(max(xs), w), min(max(ys), h)
+            annotations.append(
+                {
+                    "id": ann_id,
+                    "image_id": image_id,
+                    "category_id": cat_id,
+                    "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
+                    "area": round(_shoelace(poly), 2),
+                    "iscrowd": 0,
+                    "segmentation": [[round(c, 2) for p in poly for c in p]],
+                }
+            )
+            ann_id += 1
+        file_name = f"{image_id:012d}.jpg"
+        img.save(img_dir / file_name, quality=92)
+        images.append({"id": image_id, "file_name": file_name, "width": w, "height": h})
+    dataset = {
+        "info": {"description": "visiontf synthetic shapes", "version": "1.0"},
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": cid, "name": name, "supercategory": "shape"} for cid, name in categories],
+    }
+    return dataset, ann_id
+
+
+def make_detection_dataset(
+    out: str | Path,
+    num_train: int = 64,
+    num_val: int = 16,
+    seed: int = 0,
+    image_size: tuple[int, int] = (160, 224),
+    num_classes: int = 4,
+) -> dict[str, Path]:
+    """Write a COCO-layout shapes dataset under ``out`` and return its paths.
+
+    Layout: ``out/train2017/*.jpg``, ``out/val2017/*.jpg``,
+    ``out/annotations/instances_{train,val}2017.json``. ``image_size`` is the (height, width)
+    around which each image's size varies by +-20 %. ``num_classes`` (1..4) takes the first
+    categories of :data:`CATEGORIES`.
+
+    Returns a dict with ``root``, ``train_images``, ``val_images``, ``train_ann``, ``val_ann``.
+    """
+    if not 1 <= num_classes <= len(CATEGORIES):
+        raise ValueError(f"num_classes must be in 1..{len(CATEGORIES)}, got {num_classes}")
+    root = Path(out)
+    rng = np.random.default_rng(seed)
+    categories = CATEGORIES[:num_classes]
+    paths = {
+        "root": root,
+        "train_images": root / "train2017",
+        "val_images": root / "val2017",
+        "train_ann": root / "annotations" / "instances_train2017.json",
+        "val_ann": root / "annotations" / "instances_val2017.json",
+    }
+    paths["train_ann"].parent.mkdir(parents=True, exist_ok=True)
+    ann_id = 1
+    # Image ids continue across splits, as in COCO, so a mix-up between splits is detectable.
+    train, ann_id = _make_split(rng, paths["train_images"], num_train, image_size, categories, 1, ann_id)
+    val, _ = _make_split(rng, paths["val_images"], num_val, image_size, categories, num_train + 1, ann_id)
+    paths["train_ann"].write_text(json.dumps(train))
+    paths["val_ann"].write_text(json.dumps(val))
+    return paths
