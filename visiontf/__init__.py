@@ -1,0 +1,27 @@
+"""visiontf: vision transformers (ViT/DeiT, DETR, SETR) as plain nn.Modules and Lightning tasks.
+
+The top-level names are resolved lazily so that light entry points (for example evaluating a
+COCO results file) do not pay for importing torch or Lightning.
+"""
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "create_model": "visiontf.registry",
+    "list_models": "visiontf.registry",
+    "register_model": "visiontf.registry",
+    "load_model": "visiontf.registry",
+    "save_model": "visiontf.weights",
+    "Predictor": "visiontf.inference.predictor",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'visiontf' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Datasets, transforms and LightningDataModules."""

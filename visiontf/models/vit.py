@@ -1,0 +1,248 @@
+"""Vision Transformer (ViT) and DeiT, with timm's exact state-dict layout.
+
+``model.load_state_dict(timm_model.state_dict())`` works and gives timm's logits; a checkpoint
+made at another image size has its ``pos_embed`` resampled bicubically on load.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
+from visiontf.registry import register_model
+
+IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+INCEPTION_MEAN = (0.5, 0.5, 0.5)
+INCEPTION_STD = (0.5, 0.5, 0.5)
+
+
+def _pair(x: int | Sequence[int]) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patches -> tokens, via one strided convolution (timm's ``patch_embed.proj``)."""
+
+    def __init__(self, img_size: int | tuple[int, int], patch_size: int, in_chans: int, embed_dim: int) -> None:
+        super().__init__()
+        self.img_size = _pair(img_size)
+        self.patch_size = _pair(patch_size)
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        H, W = x.shape[-2:]
+        if H % self.patch_size[0] or W % self.patch_size[1]:
+            raise ValueError(f"input {H}x{W} is not divisible by the patch size {self.patch_size}; resize or pad the image")
+        x = self.proj(x)
+        grid = (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2), grid
+
+
+class VisionTransformer(nn.Module):
+    """ViT / DeiT classifier. ``num_classes=0`` gives a feature extractor (identity head)."""
+
+    head_prefixes = ("head.", "head_dist.")
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        distilled: bool = False,
+        norm_eps: float = 1e-6,
+        mean: Sequence[float] = INCEPTION_MEAN,
+        std: Sequence[float] = INCEPTION_STD,
+        crop_pct: float = 0.9,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.embed_dim = self.num_features = embed_dim
+        self.distilled = distilled
+        self.num_prefix_tokens = 2 if distilled else 1
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
+        num_patches = self.patch_embed.grid_size[0] * self.patch_embed.grid_size[1]
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.ModuleList(
+            TransformerEncoderLayer(
+                embed_dim, num_heads, int(embed_dim * mlp_ratio), dropout=drop_rate, attn_drop=attn_drop_rate,
+                drop_path=dpr[i], norm_first=True, qkv_bias=qkv_bias, norm_eps=norm_eps,
+            )
+            for i in range(depth)
+        )
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = (nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()) if distilled else None
+        #: with a distillation token, training returns (class logits, distillation logits)
+        self.distilled_training = distilled
+        self.pretrained_cfg = {
+            "input_size": (in_chans, *self.patch_embed.img_size),
+            "mean": tuple(mean),
+            "std": tuple(std),
+            "crop_pct": crop_pct,
+            "interpolation": "bicubic",
+        }
+        self._init_weights()
+        self._register_load_state_dict_pre_hook(self._resample_pos_embed_on_load)
+
+    def _init_weights(self) -> None:
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:
+        key = prefix + "pos_embed"
+        if key in state_dict and state_dict[key].shape != self.pos_embed.shape:
+            old = state_dict[key]
+            n = old.shape[1] - self.num_prefix_tokens
+            side = int(math.isqrt(n))
+            if side * side != n:
+                raise ValueError(f"pos_embed with {n} grid tokens is not square; cannot infer its grid")
+            state_dict[key] = resample_pos_embed(old, (side, side), self.patch_embed.grid_size, self.num_prefix_tokens)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return self.patch_embed.grid_size
+
+    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        x, grid = self.patch_embed(x)
+        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
+        x = torch.cat(prefix + [x], dim=1)
+        # other input sizes (sliding windows, larger crops) get a resampled table on the fly
+        x = x + resample_pos_embed(self.pos_embed, self.patch_embed.grid_size, grid, self.num_prefix_tokens)
+        return self.pos_drop(x), grid
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Normalised tokens (B, prefix + H*W, C)."""
+        x, _ = self._embed(x)
+        for blk in self.blocks:
+            x = blk(x)[0]
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        if self.dist_token is None:
+            x = self.head_drop(x[:, 0])
+            return x if pre_logits else self.head(x)
+        x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
+        if pre_logits:
+            return (x + x_dist) / 2
+        x, x_dist = self.head(x), self.head_dist(x_dist)
+        if self.distilled_training and self.training:
+            return x, x_dist
+        return (x + x_dist) / 2  # DeiT's inference: the mean of both heads
+
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] = 1, norm: bool = False) -> list[Tensor]:
+        """Patch tokens of the chosen blocks as (B, C, H, W) maps (prefix tokens dropped).
+
+        ``indices``: 0-based block indices (as timm), or an int n for the last n blocks. SETR's
+        "blocks 6, 12, 18, 24" of ViT-L are indices (5, 11, 17, 23). Stops after the last one.
+        """
+        depth = len(self.blocks)
+        wanted = list(range(depth - indices, depth)) if isinstance(indices, int) else [i % depth for i in indices]
+        if not wanted or max(wanted) >= depth:
+            raise ValueError(f"block indices {indices} out of range for depth {depth}")
+        x, (h, w) = self._embed(x)
+        take = set(wanted)
+        feats: dict[int, Tensor] = {}
+        for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
+            x = blk(x)[0]
+            if i in take:
+                y = self.norm(x) if norm else x
+                feats[i] = y[:, self.num_prefix_tokens :].transpose(1, 2).reshape(x.shape[0], -1, h, w)
+        return [feats[i] for i in wanted]
+
+    def forward_attention(self, x: Tensor) -> list[Tensor]:
+        """Head-averaged self-attention weights (B, N, N) of every block (for attention rollout)."""
+        x, _ = self._embed(x)
+        maps = []
+        for blk in self.blocks:
+            x, attn = blk(x, need_weights=True)
+            maps.append(attn)
+        return maps
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if self.head_dist is not None:
+            self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+
+def _timm_fetcher(timm_name: str):
+    def fetch() -> dict:
+        import timm
+
+        try:
+            return timm.create_model(timm_name, pretrained=True).state_dict()
+        except Exception as e:
+            raise RuntimeError(
+                f"could not download {timm_name} through timm ({type(e).__name__}: {e}). Without network, save "
+                f"timm.create_model('{timm_name}', pretrained=True).state_dict() elsewhere (safetensors) and pass pretrained=PATH."
+            ) from e
+
+    return fetch
+
+
+_VIT_SIZES = {
+    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "small": dict(embed_dim=384, depth=12, num_heads=6),
+    "base": dict(embed_dim=768, depth=12, num_heads=12),
+    "large": dict(embed_dim=1024, depth=24, num_heads=16),
+}
+_DEIT = dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=0.875)
+
+
+def _make(name: str, size: str, patch: int, img: int, timm_name: str | None = None, **extra) -> None:
+    cfg = dict(_VIT_SIZES[size], patch_size=patch, img_size=img, **extra)
+    if img == 384:
+        cfg.setdefault("crop_pct", 1.0)
+
+    def build(**kwargs) -> VisionTransformer:
+        return VisionTransformer(**{**cfg, **kwargs})
+
+    build.__name__ = name
+    build.__doc__ = f"{name}: {size} ViT, patch {patch}, {img}px" + (" (distilled)" if extra.get("distilled") else "")
+    register_model(build, fetch_pretrained=_timm_fetcher(timm_name or name), tags=("classification", "vit"))
+
+
+for _size in ("tiny", "small", "base", "large"):
+    for _img in (224, 384):
+        _make(f"vit_{_size}_patch16_{_img}", _size, 16, _img, timm_name=f"vit_{_size}_patch16_{_img}.augreg_in21k_ft_in1k")
+for _size in ("base", "large"):
+    for _img in (224, 384):
+        _make(f"vit_{_size}_patch32_{_img}", _size, 32, _img, timm_name=f"vit_{_size}_patch32_{_img}.augreg_in21k_ft_in1k" if _size == "base" else f"vit_{_size}_patch32_{_img}.orig_in21k_ft_in1k")
+for _size in ("tiny", "small", "base"):
+    _make(f"deit_{_size}_patch16_224", _size, 16, 224, **_DEIT)
+    _make(f"deit_{_size}_distilled_patch16_224", _size, 16, 224, distilled=True, **_DEIT)
+_make("deit_base_patch16_384", "base", 16, 384, **{**_DEIT, "crop_pct": 1.0})
+_make("deit_base_distilled_patch16_384", "base", 16, 384, distilled=True, **{**_DEIT, "crop_pct": 1.0})
+

@@ -1,0 +1,25 @@
+"""Shared building blocks: attention, transformer layers, position embeddings."""
+from visiontf.nn.attention import MultiheadAttention
+from visiontf.nn.pos_embed import (
+    LearnedPositionEmbedding1d,
+    PositionEmbeddingLearned2d,
+    PositionEmbeddingSine2d,
+    SinusoidalPositionEmbedding1d,
+    resample_pos_embed,
+    sinusoidal_1d,
+)
+from visiontf.nn.transformer import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+
+__all__ = [
+    "MultiheadAttention",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerDecoder",
+    "SinusoidalPositionEmbedding1d",
+    "PositionEmbeddingSine2d",
+    "PositionEmbeddingLearned2d",
+    "LearnedPositionEmbedding1d",
+    "resample_pos_embed",
+    "sinusoidal_1d",
+]

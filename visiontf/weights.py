@@ -1,0 +1,122 @@
+"""Reading and writing weight files safely.
+
+User files are never unpickled blindly: ``.safetensors`` is read with safetensors and any other
+file with ``torch.load(..., weights_only=True)``, which refuses arbitrary Python objects.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: keys under which common training frameworks nest the state dict inside a checkpoint
+_NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_ema")
+
+
+class WeightsError(RuntimeError):
+    """A weight file could not be read or does not fit the model."""
+
+
+def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def load_state_dict_file(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Load a state dict from ``.safetensors`` or a ``.pth/.pt/.bin/.ckpt`` file.
+
+    Nested checkpoints (``{"model": ...}`` as saved by the original DETR, ``{"state_dict": ...}``
+    as saved by Lightning) are unwrapped. Lightning's ``model.`` prefix is stripped when every key
+    carries it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path), device=str(map_location))
+    else:
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as e:  # the weights-only unpickler names the refused global
+            raise WeightsError(
+                f"{path}: refused to load with weights_only=True ({type(e).__name__}: {e}). "
+                "The file holds Python objects beyond tensors; visiontf never unpickles them. "
+                "Re-save it as a plain state dict or convert it to .safetensors."
+            ) from e
+    state = _unwrap(state, path)
+    return state
+
+
+def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:
+    for _ in range(3):
+        if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            break
+        if isinstance(obj, Mapping):
+            for key in _NESTED_KEYS:
+                if key in obj and isinstance(obj[key], Mapping):
+                    obj = obj[key]
+                    break
+            else:
+                raise WeightsError(
+                    f"{path}: no state dict found; top-level keys are {sorted(map(str, obj))[:10]}. "
+                    f"Expected tensors, or one of {_NESTED_KEYS} holding them."
+                )
+        else:
+            raise WeightsError(f"{path}: expected a mapping of tensors, got {type(obj).__name__}")
+    state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if state and all(k.startswith("model.") for k in state) and _looks_lightning(path):
+        state = {k[len("model."):]: v for k, v in state.items()}
+    return state
+
+
+def _looks_lightning(path: Path) -> bool:
+    return path.suffix == ".ckpt"
+
+
+def save_model(model: torch.nn.Module, path: str | Path, model_name: str | None = None, **model_kwargs: Any) -> Path:
+    """Write ``model``'s weights to ``.safetensors`` with the config ``create_model`` needs.
+
+    The file's metadata holds ``model_name`` and ``model_kwargs`` (JSON), so
+    ``visiontf.load_model(path)`` rebuilds the model and ``create_model(name, pretrained=path)``
+    loads it. A ``<path>.json`` copy of the config is written beside it for humans.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        path = path.with_suffix(".safetensors")
+    model_name = model_name or getattr(model, "model_name", None)
+    if model_name is None:
+        raise ValueError("model_name is needed: the model was not built by visiontf.create_model")
+    kwargs = dict(getattr(model, "model_kwargs", {}))
+    kwargs.update(model_kwargs)
+    config = {"model_name": model_name, "model_kwargs": kwargs}
+    # safetensors refuses shared storage; clone keeps tied weights correct on reload
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata={"visiontf_config": json.dumps(config)})
+    path.with_suffix(".json").write_text(json.dumps(config, indent=2) + "\n")
+    log.info("saved %d tensors to %s", len(state), path)
+    return path
+
+
+def read_config(path: str | Path) -> dict[str, Any] | None:
+    """The visiontf config stored in a ``.safetensors`` file, or in a ``.json`` beside it."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        meta = read_safetensors_metadata(path)
+        if "visiontf_config" in meta:
+            return json.loads(meta["visiontf_config"])
+    side = path.with_suffix(".json")
+    if side.is_file():
+        return json.loads(side.read_text())
+    return None
