@@ -45,6 +45,7 @@ __all__ = [
     "RandomShortestSideResize",
     "RandomSizeCrop",
     "bbox_params",
+    "build_normalize_transforms",
     "build_train_transforms",
     "build_val_transforms",
     "resized_hw",
@@ -178,3 +179,8 @@ def build_train_transforms(
 def build_val_transforms(size: int = DETR_VAL_SIZE, max_size: int = DETR_MAX_SIZE) -> A.Compose:
     """DETR's evaluation transform: shorter side ``size`` (longer side at most ``max_size``)."""
     return A.Compose([RandomShortestSideResize([size], max_size), *_finish()], bbox_params=bbox_params())
+
+
+def build_normalize_transforms() -> A.Compose:
+    """No geometry: ImageNet normalisation and a CHW tensor only (boxes pass through)."""
+    return A.Compose(_finish(), bbox_params=bbox_params())

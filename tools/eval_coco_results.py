@@ -1,0 +1,10 @@
+"""Evaluate a COCO results file: prints the 12-line table, optionally writes stats JSON (never imports torch)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if __name__ == "__main__":
+    from visiontf.evaluation.coco import main
+
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""COCO-format detection: a validating Dataset, a padding collate and a LightningDataModule.
+
+The annotation file is checked once on load. Problems that make the file unusable (malformed
+JSON, missing top-level keys, duplicate ids, an annotation naming an unknown category, a bbox that
+is not four numbers) raise :class:`AnnotationError` naming the file, the entry and the fix.
+Problems confined to single annotations are repaired or dropped, counted, and logged in one line
+per kind: annotations for unknown images (dropped), degenerate or non-finite boxes (dropped),
+boxes reaching outside the image (clipped; dropped when nothing is left), crowd regions (kept in
+the file for evaluation, not trained on).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torchvision.ops import box_convert
+
+from visiontf.data import detection_transforms as DT
+from visiontf.data.io import read_image
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "AnnotationError",
+    "CocoDataModule",
+    "CocoDetection",
+    "CocoIndex",
+    "collate_detection",
+    "load_coco_json",
+    "parse_coco",
+]
+
+#: How many offending ids a log line or error message lists.
+_SHOW = 5
+
+
+class AnnotationError(ValueError):
+    """The annotation file cannot be used as it is; the message names the file, entry and fix."""
+
+
+def load_coco_json(ann_file: str | Path) -> dict:
+    """Read a COCO annotation file; malformed JSON is reported with its line and column."""
+    ann_file = Path(ann_file)
+    if not ann_file.is_file():
+        raise AnnotationError(f"{ann_file}: annotation file not found (check the dataset root and the *_ann paths)")
+    try:
+        with open(ann_file, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise AnnotationError(
+            f"{ann_file}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}. "
+            "Fix the file (e.g. `python -m json.tool FILE` shows the spot) or regenerate it."
+        ) from e
+    except UnicodeDecodeError as e:
+        raise AnnotationError(f"{ann_file}: not UTF-8 text ({e}); COCO annotation files are UTF-8 JSON") from e
+    if not isinstance(data, dict):
+        raise AnnotationError(f"{ann_file}: top level is a {type(data).__name__}, expected a JSON object with "
+                              "'images', 'annotations' and 'categories'")
+    missing = [k for k in ("images", "annotations", "categories") if k not in data]
+    if missing:
+        raise AnnotationError(
+            f"{ann_file}: missing top-level key(s) {missing}; a COCO detection file needs 'images', "
+            "'annotations' (may be an empty list) and 'categories'"
+        )
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(data[key], list):
+            raise AnnotationError(f"{ann_file}: '{key}' is a {type(data[key]).__name__}, expected a list")
+    return data
+
+
+@dataclass
+class CocoIndex:
+    """The validated content of a COCO file, in the form training needs.
+
+    ``boxes[i]`` are the trainable (non-crowd, valid, clipped) boxes of ``images[i]`` in COCO
+    ``xywh`` pixels, ``labels[i]`` their contiguous labels and ``ann_ids[i]`` their annotation ids.
+    """
+
+    ann_file: Path
+    images: list[dict]
+    category_ids: list[int]
+    class_names: list[str]
+    boxes: list[np.ndarray] = field(default_factory=list)
+    labels: list[np.ndarray] = field(default_factory=list)
+    ann_ids: list[np.ndarray] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cat_id_to_label(self) -> dict[int, int]:
+        return {c: i for i, c in enumerate(self.category_ids)}
+
+    @property
+    def label_to_cat_id(self) -> dict[int, int]:
+        return dict(enumerate(self.category_ids))
+
+
+def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
+    """Category ids sorted ascending (label i <-> ``ids[i]``) and their names."""
+    cats: dict[int, str] = {}
+    for i, cat in enumerate(data["categories"]):
+        if not isinstance(cat, dict) or "id" not in cat:
+            raise AnnotationError(f"{ann_file}: categories[{i}] has no 'id'; each category needs an integer id and a name")
+        cid = cat["id"]
+        if not isinstance(cid, int) or isinstance(cid, bool):
+            raise AnnotationError(f"{ann_file}: categories[{i}] id {cid!r} is not an integer")
+        if cid in cats:
+            raise AnnotationError(f"{ann_file}: category id {cid} appears twice in 'categories'; ids must be unique")
+        cats[cid] = str(cat.get("name", cid))
+    if not cats:
+        raise AnnotationError(f"{ann_file}: 'categories' is empty; list every class as {{'id': ..., 'name': ...}}")
+    ids = sorted(cats)
+    return ids, [cats[c] for c in ids]
+
+
+def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING) -> None:
+    if ids:
+        logger.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)",
+                   ann_file, action, len(ids), kind, ids[:_SHOW])
+
+
+def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
+    """Validate a loaded COCO dict (see the module docstring) and index it per image."""
+    ann_file = Path(ann_file)
+    category_ids, class_names = parse_categories(data, ann_file)
+    cat_to_label = {c: i for i, c in enumerate(category_ids)}
+
+    images: list[dict] = []
+    image_pos: dict[int, int] = {}
+    for i, img in enumerate(data["images"]):
+        if not isinstance(img, dict) or "id" not in img or "file_name" not in img:
+            raise AnnotationError(f"{ann_file}: images[{i}] needs 'id' and 'file_name' (got {str(img)[:80]})")
+        if img["id"] in image_pos:
+            raise AnnotationError(f"{ann_file}: image id {img['id']} appears twice in 'images'; ids must be unique")
+        image_pos[img["id"]] = i
+        images.append(img)
+
+    per_image: dict[int, list[tuple[list[float], int, int]]] = defaultdict(list)
+    unknown_image, degenerate, outside, clipped, crowd = [], [], [], [], []
+    for i, ann in enumerate(data["annotations"]):
+        if not isinstance(ann, dict):
+            raise AnnotationError(f"{ann_file}: annotations[{i}] is not an object")
+        aid = ann.get("id", f"#{i}")
+        for key in ("image_id", "category_id", "bbox"):
+            if key not in ann:
+                raise AnnotationError(f"{ann_file}: annotation id {aid} (annotations[{i}]) has no '{key}'")
+        if ann["category_id"] not in cat_to_label:
+            raise AnnotationError(
+                f"{ann_file}: annotation id {aid} has category_id {ann['category_id']!r}, which is not in "
+                f"'categories' (ids {category_ids}); add the category or remove the annotation"
+            )
+        bbox = ann["bbox"]
+        if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox
+        ):
+            raise AnnotationError(
+                f"{ann_file}: annotation id {aid} has bbox {bbox!r}; expected [x, y, width, height] (4 numbers, pixels)"
+            )
+        pos = image_pos.get(ann["image_id"])
+        if pos is None:
+            unknown_image.append(aid)
+            continue
+        if ann.get("iscrowd", 0):
+            crowd.append(aid)
+            continue
+        x, y, w, h = (float(v) for v in bbox)
+        if not all(math.isfinite(v) for v in (x, y, w, h)) or w <= 0 or h <= 0:
+            degenerate.append(aid)
+            continue
+        img = images[pos]
+        iw, ih = img.get("width"), img.get("height")
+        if iw is not None and ih is not None:
+            x0, y0 = max(x, 0.0), max(y, 0.0)
+            x1, y1 = min(x + w, float(iw)), min(y + h, float(ih))
+            if x1 <= x0 or y1 <= y0:
+                outside.append(aid)
+                continue
+            if (x0, y0, x1, y1) != (x, y, x + w, y + h):
+                clipped.append(aid)
+                x, y, w, h = x0, y0, x1 - x0, y1 - y0
+        per_image[pos].append(([x, y, w, h], cat_to_label[ann["category_id"]], ann.get("id", -1)))
+
+    _log_dropped(ann_file, "an image_id not in 'images'", unknown_image, "dropped")
+    _log_dropped(ann_file, "a degenerate bbox (width or height <= 0, or not finite)", degenerate, "dropped")
+    _log_dropped(ann_file, "a bbox entirely outside its image", outside, "dropped")
+    _log_dropped(ann_file, "a bbox reaching outside its image", clipped, "clipped", logging.INFO)
+    _log_dropped(ann_file, "iscrowd=1 (kept for evaluation)", crowd, "not training on", logging.INFO)
+
+    index = CocoIndex(ann_file, images, category_ids, class_names)
+    for pos in range(len(images)):
+        entries = per_image.get(pos, [])
+        index.boxes.append(np.array([e[0] for e in entries], dtype=np.float32).reshape(-1, 4))
+        index.labels.append(np.array([e[1] for e in entries], dtype=np.int64))
+        index.ann_ids.append(np.array([e[2] for e in entries], dtype=np.int64))
+    index.counts = {
+        "unknown_image": len(unknown_image),
+        "degenerate": len(degenerate),
+        "outside": len(outside),
+        "clipped": len(clipped),
+        "crowd": len(crowd),
+    }
+    return index
+
+
+class CocoDetection(Dataset):
+    """Images and boxes of a COCO detection file.
+
+    Args:
+        img_dir: folder holding the images named by ``file_name``.
+        ann_file: COCO ``instances_*.json``.
+        transforms: an albumentations ``Compose`` called as ``t(image=, bboxes=, labels=, ann_index=)``
+            with COCO ``xywh`` boxes and ending in a CHW tensor (see
+            :mod:`visiontf.data.detection_transforms`); ``None`` only normalises.
+        seed: mixed into the per-worker reseeding of ``transforms`` so that DataLoader workers
+            draw different augmentations (each worker would otherwise copy the same RNG).
+
+    Item: ``(image, target)`` with ``image`` a normalised float CHW tensor and ``target`` holding
+    ``boxes`` (N, 4) normalised ``cxcywh`` relative to the transformed unpadded image, ``labels``
+    int64 contiguous, ``image_id`` int, ``orig_size`` and ``size`` tensors ``(h, w)``.
+    """
+
+    def __init__(
+        self,
+        img_dir: str | Path,
+        ann_file: str | Path,
+        transforms: Callable[..., dict] | None = None,
+        seed: int = 0,
+    ):
+        self.img_dir = Path(img_dir)
+        self.ann_file = Path(ann_file)
+        if not self.img_dir.is_dir():
+            raise FileNotFoundError(f"{self.img_dir}: image folder not found (check the dataset root and *_images)")
+        self.index = parse_coco(load_coco_json(self.ann_file), self.ann_file)
+        self.transforms = transforms if transforms is not None else DT.build_normalize_transforms()
+        self.seed = seed
+        self._seeded_for: tuple[int, int] | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.index.class_names)
+
+    @property
+    def cat_id_to_label(self) -> dict[int, int]:
+        return self.index.cat_id_to_label
+
+    @property
+    def label_to_cat_id(self) -> dict[int, int]:
+        return self.index.label_to_cat_id
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.index.category_ids)
+
+    def __len__(self) -> int:
+        return len(self.index.images)
+
+    def _reseed_for_worker(self) -> None:
+        info = get_worker_info()
+        if info is None or self._seeded_for == (info.id, info.seed):
+            return
+        # info.seed differs per worker and per epoch (non-persistent workers restart from the
+        # parent's pristine RNG every epoch) and follows torch's seed, so runs stay reproducible.
+        if hasattr(self.transforms, "set_random_seed"):
+            self.transforms.set_random_seed((self.seed * 1_000_003 + info.seed) % 2**32)
+        self._seeded_for = (info.id, info.seed)
+
+    def __getitem__(self, idx: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        self._reseed_for_worker()
+        info = self.index.images[idx]
+        image = read_image(self.img_dir / info["file_name"])
+        h, w = image.shape[:2]
+        if (info.get("width"), info.get("height")) not in ((w, h), (None, None)):
+            logger.warning(
+                "%s: image is %dx%d but %s says %sx%s (image id %s); boxes were clipped to the annotated size "
+                "and may be misplaced (EXIF rotation?)",
+                self.img_dir / info["file_name"], w, h, self.ann_file.name, info.get("width"), info.get("height"),
+                info["id"],
+            )
+        boxes = self.index.boxes[idx]
+        labels = self.index.labels[idx]
+        out = self.transforms(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)))
+        img_t = out["image"]
+        th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
+        kept = np.asarray(out["ann_index"], dtype=np.int64)
+        tboxes = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4))
+        tboxes = box_convert(tboxes, "xywh", "cxcywh") / torch.tensor([tw, th, tw, th], dtype=torch.float32)
+        target = {
+            "boxes": tboxes,
+            # Labels are looked up by the surviving index: albumentations returns label fields as floats.
+            "labels": torch.as_tensor(labels[kept], dtype=torch.int64),
+            "image_id": int(info["id"]),
+            "orig_size": torch.tensor([h, w]),
+            "size": torch.tensor([th, tw]),
+        }
+        return img_t, target
+
+
+def collate_detection(
+    batch: Sequence[tuple[torch.Tensor, dict[str, Any]]], size_divisibility: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
+    """Zero-pad images bottom/right to the largest in the batch (rounded up to a multiple of
+    ``size_divisibility`` when > 0).
+
+    Returns ``(images (B,3,H,W), mask (B,H,W) bool True on padding, targets)``.
+    """
+    images = [b[0] for b in batch]
+    targets = [b[1] for b in batch]
+    H = max(int(im.shape[-2]) for im in images)
+    W = max(int(im.shape[-1]) for im in images)
+    if size_divisibility > 0:
+        H = -(-H // size_divisibility) * size_divisibility
+        W = -(-W // size_divisibility) * size_divisibility
+    out = images[0].new_zeros((len(images), images[0].shape[0], H, W))
+    mask = torch.ones((len(images), H, W), dtype=torch.bool)
+    for i, im in enumerate(images):
+        h, w = im.shape[-2:]
+        out[i, :, :h, :w].copy_(im)
+        mask[i, :h, :w] = False
+    return out, mask, targets
+
+
+class CocoDataModule(L.LightningDataModule):
+    """COCO-layout detection data (``root/train2017``, ``root/annotations/instances_*.json``, ...).
+
+    ``num_classes``, ``class_names``, ``label_to_cat_id``, ``cat_id_to_label`` and ``val_ann_file``
+    are set in ``__init__`` (from the val annotation file's categories, or the train file's when
+    there is no val file) so that LightningCLI can link them to the model. Loaders use plain
+    ``shuffle``; Lightning swaps in a ``DistributedSampler`` under DDP.
+
+    Sizes default to DETR's; ``scales``/``max_size``/``crop_scales``/``crop_size``/``val_size`` shrink
+    them for small images. ``test_*`` default to the val split.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        train_images: str = "train2017",
+        val_images: str = "val2017",
+        train_ann: str = "annotations/instances_train2017.json",
+        val_ann: str = "annotations/instances_val2017.json",
+        test_images: str | None = None,
+        test_ann: str | None = None,
+        batch_size: int = 2,
+        val_batch_size: int | None = None,
+        num_workers: int | None = None,
+        scales: Sequence[int] = DT.DETR_SCALES,
+        max_size: int = DT.DETR_MAX_SIZE,
+        crop_scales: Sequence[int] = DT.DETR_CROP_SCALES,
+        crop_size: tuple[int, int] = DT.DETR_CROP_SIZE,
+        val_size: int = DT.DETR_VAL_SIZE,
+        size_divisibility: int = 0,
+        pin_memory: bool | None = None,
+        persistent_workers: bool | None = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.root = Path(root)
+        self.train_images, self.train_ann_file = self.root / train_images, self.root / train_ann
+        self.val_images, self.val_ann_file = self.root / val_images, self.root / val_ann
+        self.test_images = self.root / (test_images or val_images)
+        self.test_ann_file = self.root / (test_ann or val_ann)
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.num_workers = min(4, os.cpu_count() or 1) if num_workers is None else num_workers
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else (
+            persistent_workers and self.num_workers > 0)
+        self.scales, self.max_size = tuple(scales), max_size
+        self.crop_scales, self.crop_size, self.val_size = tuple(crop_scales), tuple(crop_size), val_size
+        self.size_divisibility = size_divisibility
+        self.seed = seed
+
+        # Categories only (the full train file can be large): the smaller val file normally has them.
+        cat_file = self.val_ann_file if self.val_ann_file.is_file() else self.train_ann_file
+        self._category_ids, self.class_names = parse_categories(load_coco_json(cat_file), cat_file)
+        self.num_classes = len(self._category_ids)
+        self.label_to_cat_id = dict(enumerate(self._category_ids))
+        self.cat_id_to_label = {c: i for i, c in enumerate(self._category_ids)}
+        self.train_dataset: CocoDetection | None = None
+        self.val_dataset: CocoDetection | None = None
+        self.test_dataset: CocoDetection | None = None
+
+    def _dataset(self, img_dir: Path, ann_file: Path, train: bool) -> CocoDetection:
+        if train:
+            tf = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size, seed=self.seed)
+        else:
+            tf = DT.build_val_transforms(self.val_size, self.max_size)
+        ds = CocoDetection(img_dir, ann_file, tf, seed=self.seed)
+        if ds.index.category_ids != self._category_ids:
+            raise AnnotationError(
+                f"{ann_file}: category ids {ds.index.category_ids} differ from {self._category_ids} in the file "
+                "num_classes was read from; every split must list the same categories"
+            )
+        return ds
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in ("fit", None) and self.train_dataset is None:
+            self.train_dataset = self._dataset(self.train_images, self.train_ann_file, train=True)
+        if stage in ("fit", "validate", "predict", None) and self.val_dataset is None:
+            self.val_dataset = self._dataset(self.val_images, self.val_ann_file, train=False)
+        if stage in ("test", None) and self.test_dataset is None:
+            self.test_dataset = self._dataset(self.test_images, self.test_ann_file, train=False)
+
+    def _loader(self, ds: Dataset | None, batch_size: int, shuffle: bool, name: str) -> DataLoader:
+        if ds is None:
+            raise RuntimeError(f"CocoDataModule: {name} dataset not set up; call setup() with the matching stage first")
+        return DataLoader(
+            ds,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_dataset, self.batch_size, True, "train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, self.val_batch_size, False, "val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_dataset, self.val_batch_size, False, "test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, self.val_batch_size, False, "predict")
