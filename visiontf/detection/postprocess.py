@@ -1,0 +1,71 @@
+"""Turn DETR's raw outputs into per-image detections (facebookresearch/detr ``PostProcess``)."""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+from torchvision.ops import box_convert
+
+logger = logging.getLogger(__name__)
+
+
+class PostProcess(nn.Module):
+    """Scores, labels and absolute xyxy boxes for every query, as the COCO API expects.
+
+    Per query: softmax over the K+1 logits, drop "no object", take the max as score and label.
+    Boxes go from normalised cxcywh to xyxy scaled by each image's ``(h, w)``.
+    """
+
+    @torch.no_grad()
+    def forward(
+        self,
+        outputs: Mapping[str, Tensor],
+        target_sizes: Union[Tensor, Sequence[Sequence[int]]],
+        score_threshold: Optional[float] = None,
+        top_k: Optional[int] = None,
+    ) -> List[Dict[str, Tensor]]:
+        """Decode a batch.
+
+        Args:
+            outputs: ``pred_logits`` (B, Q, K+1) and ``pred_boxes`` (B, Q, 4) normalised cxcywh.
+            target_sizes: (B, 2) as ``(h, w)``: the original image size for evaluation, the
+                augmented size before padding for visualisation.
+            score_threshold: keep only detections with ``score > score_threshold``.
+            top_k: keep only the ``top_k`` highest-scoring detections, sorted by score.
+
+        Returns:
+            One dict per image with ``scores`` (float32), ``labels`` (int64) and ``boxes`` (float32
+            absolute xyxy). With neither option, all Q queries in query order, as the original.
+        """
+        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+        sizes = torch.as_tensor(target_sizes, device=logits.device)
+        if sizes.dim() != 2 or sizes.shape[1] != 2:
+            raise ValueError(f"target_sizes must be (B, 2) as (h, w), got shape {tuple(sizes.shape)}")
+        if len(logits) != len(sizes):
+            raise ValueError(
+                f"target_sizes has {len(sizes)} rows for a batch of {len(logits)} predictions"
+            )
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+
+        # float32 so bf16 models produce COCO-ready scores and boxes.
+        prob = logits.float().softmax(-1)
+        scores, labels = prob[..., :-1].max(-1)
+
+        xyxy = box_convert(boxes.float(), "cxcywh", "xyxy")
+        img_h, img_w = sizes.float().unbind(1)
+        scale = torch.stack([img_w, img_h, img_w, img_h], dim=1)
+        xyxy = xyxy * scale[:, None, :]
+
+        results = []
+        for s, l, b in zip(scores, labels, xyxy):
+            if top_k is not None:
+                order = s.argsort(descending=True, stable=True)[:top_k]
+                s, l, b = s[order], l[order], b[order]
+            if score_threshold is not None:
+                keep = s > score_threshold
+                s, l, b = s[keep], l[keep], b[keep]
+            results.append({"scores": s, "labels": l, "boxes": b})
+        return results
