@@ -1,0 +1,104 @@
+"""One LightningCLI for every task: ``tools/train.py fit|validate|test|predict --config X.yaml``.
+
+Subclass mode: the YAML's ``model.class_path`` and ``data.class_path`` choose the task and data
+module. ``data.num_classes`` is linked into ``model.init_args.num_classes`` at instantiation.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+# make every task and data module importable by short class_path (e.g. "ClassificationTask")
+import visiontf.tasks.classification  # noqa: F401
+from visiontf.data import classification as _cls_data  # noqa: F401
+
+for _mod in ("visiontf.tasks.detection", "visiontf.tasks.segmentation", "visiontf.data.coco", "visiontf.data.segmentation"):
+    try:
+        __import__(_mod)
+    except ModuleNotFoundError as e:  # a family not installed in this checkout yet
+        if e.name != _mod:
+            raise
+
+
+class VisionCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.save_last": True,
+                "checkpoint.filename": "epoch{epoch:03d}-step{step:06d}",
+                "checkpoint.auto_insert_metric_name": False,
+                "checkpoint.save_top_k": 1,
+            }
+        )
+
+
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+        root = Path(config.get("default_root_dir") or "outputs")
+        if config.get("logger") in (None, True):
+            # both a CSV log (for tools/plot_logs.py) and TensorBoard, under the run's own folder
+            config["logger"] = [CSVLogger(root, name="csv"), TensorBoardLogger(root, name="tb")]
+        for cb in callbacks + list(config.get("callbacks") or []):
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+                # a fixed folder, so a new process finds last.ckpt with --ckpt_path last
+                cb.dirpath = str(root / "checkpoints")
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def _trainer_defaults() -> dict:
+    return {"callbacks": [LearningRateMonitor(logging_interval="step")]}
+
+
+def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return VisionCLI(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_defaults=_trainer_defaults(),
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        run=run,
+        auto_configure_optimizers=False,
+    )
+
+
+def train_main(args: list[str] | None = None) -> None:
+    make_cli(args)
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    """``tools/eval.py --config C --ckpt_path K [--trainer.* / --data.* / --model.*] [--output stats.json]``.
+
+    Runs ``validate`` (any task; DDP flags work) and writes the logged metrics as JSON on rank 0.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    output = None
+    if "--output" in argv:
+        i = argv.index("--output")
+        output = argv[i + 1]
+        del argv[i : i + 2]
+    cli = make_cli(["validate", *argv])
+    trainer = cli.trainer
+    stats = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    extra = getattr(cli.model, "eval_report", None)
+    if trainer.is_global_zero:
+        if callable(extra):
+            report = extra()
+            if report:
+                print(report.get("table", ""))
+                stats.update({k: v for k, v in report.items() if k != "table"})
+        print(json.dumps(stats, indent=2, sort_keys=True))
+        if output:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+            Path(output).write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    return 0

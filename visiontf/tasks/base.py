@@ -1,0 +1,74 @@
+"""What every visiontf task shares: model construction, torch.compile, the non-finite loss guard."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from visiontf.registry import create_model
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN/Inf loss and ``on_nonfinite="raise"``."""
+
+
+class BaseTask(L.LightningModule):
+    """Builds ``self.model`` from the registry and guards training against non-finite losses.
+
+    ``on_nonfinite``: ``"raise"`` stops with a message naming the step and every loss term;
+    ``"skip"`` skips that optimizer step (on every rank at once under DDP, so ranks stay in step)
+    and counts it in the ``train/nonfinite_steps`` metric.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        num_classes: int,
+        model_kwargs: dict[str, Any] | None = None,
+        pretrained: str | None = None,
+        compile: bool = False,
+        on_nonfinite: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        super().__init__()
+        self.model: nn.Module = create_model(model_name, pretrained=pretrained, num_classes=num_classes, **(model_kwargs or {}))
+        self.compile_model = compile
+        self.on_nonfinite = on_nonfinite
+        self.nonfinite_steps = 0
+
+    def configure_model(self) -> None:
+        if self.compile_model and not getattr(self, "_compiled", False):
+            # nn.Module.compile keeps state-dict keys unchanged (no "_orig_mod." prefix)
+            self.model.compile()
+            self._compiled = True
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def check_finite(self, loss: Tensor, terms: dict[str, Tensor]) -> bool:
+        """True when the step may proceed; handles the configured policy otherwise."""
+        finite = torch.isfinite(loss.detach()).to(torch.float32)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if finite.item() == 1.0:
+            return True
+        detail = ", ".join(f"{k}={float(v):.4g}" for k, v in terms.items() if torch.is_tensor(v) and v.numel() == 1)
+        msg = f"non-finite loss at global step {self.global_step} (epoch {self.current_epoch}): loss={float(loss):.4g}; {detail}"
+        if self.on_nonfinite == "raise":
+            raise NonFiniteLossError(msg + ". Lower the learning rate, check the inputs, or set on_nonfinite: skip.")
+        self.nonfinite_steps += 1
+        log.warning("%s; skipping this step (%d skipped so far)", msg, self.nonfinite_steps)
+        self.log("train/nonfinite_steps", float(self.nonfinite_steps), sync_dist=False)
+        return False
+
+    def total_steps(self) -> int:
+        return int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
+
+    def steps_per_epoch(self) -> int:
+        epochs = max(1, self.trainer.max_epochs or 1) if self._trainer is not None else 1
+        return max(1, self.total_steps() // epochs)

@@ -1,0 +1,133 @@
+"""Image classification (ViT, DeiT) as a LightningModule."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torch import Tensor
+from torchmetrics.classification import MulticlassAccuracy
+
+from visiontf.registry import create_model
+from visiontf.tasks.base import BaseTask
+from visiontf.tasks.optim import build_optimizer, build_scheduler
+
+
+class ClassificationTask(BaseTask):
+    """Cross-entropy with label smoothing, optional mixup/cutmix, AdamW + warm-up cosine, top-1/top-5.
+
+    DeiT hard distillation: give ``teacher_name`` (and ``teacher_pretrained``) and a distilled
+    student (``deit_*_distilled_*``); the distillation head learns the teacher's argmax and the loss
+    is ``(1 - alpha) * CE(class head) + alpha * CE(dist head, teacher argmax)``.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "vit_tiny_patch16_224",
+        num_classes: int = 1000,
+        model_kwargs: dict[str, Any] | None = None,
+        pretrained: str | None = None,
+        optimizer: Literal["adamw", "sgd"] = "adamw",
+        lr: float = 5e-4,
+        weight_decay: float = 0.05,
+        warmup_epochs: float = 5.0,
+        schedule: Literal["cosine", "constant"] = "cosine",
+        label_smoothing: float = 0.1,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        teacher_name: str | None = None,
+        teacher_pretrained: str | None = None,
+        distill_alpha: float = 0.5,
+        compile: bool = False,
+        on_nonfinite: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
+        self.save_hyperparameters()
+        self.mixup = None
+        if mixup_alpha > 0 or cutmix_alpha > 0:
+            self.mixup = Mixup(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, label_smoothing=label_smoothing, num_classes=num_classes)
+            self.soft_ce = SoftTargetCrossEntropy()
+        self.teacher = None
+        if teacher_name:
+            if not getattr(self.model, "distilled", False):
+                raise ValueError(f"distillation needs a distilled student (deit_*_distilled_*), got {model_name}")
+            self.teacher = create_model(teacher_name, pretrained=teacher_pretrained, num_classes=num_classes).eval()
+            self.teacher.requires_grad_(False)
+        elif getattr(self.model, "distilled", False):
+            self.model.distilled_training = False  # without a teacher both heads learn the labels
+        metrics = lambda k: MulticlassAccuracy(num_classes, top_k=k, average="micro")  # noqa: E731
+        self.val_top1, self.val_top5 = metrics(1), metrics(min(5, num_classes))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int):
+        images, labels = batch
+        hard = labels
+        if self.mixup is not None:
+            images, labels = self.mixup(images, labels)
+        out = self.model(images)
+        terms = {}
+        if isinstance(out, tuple):
+            logits, dist_logits = out
+            with torch.no_grad():
+                teacher_labels = self.teacher(images).argmax(dim=1)
+            terms["loss_cls"] = self._ce(logits, labels)
+            terms["loss_distill"] = F.cross_entropy(dist_logits, teacher_labels)
+            a = self.hparams.distill_alpha
+            loss = (1 - a) * terms["loss_cls"] + a * terms["loss_distill"]
+        else:
+            logits = out
+            loss = terms["loss_cls"] = self._ce(logits, labels)
+        if not self.check_finite(loss, terms):
+            return None
+        self.log("train/loss", loss, prog_bar=True)
+        if self.mixup is None:
+            self.log("train/acc", (logits.argmax(1) == hard).float().mean(), prog_bar=True)
+        return loss
+
+    def _ce(self, logits: Tensor, labels: Tensor) -> Tensor:
+        if labels.ndim == 2:
+            return self.soft_ce(logits, labels)
+        return F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+
+    def _eval_step(self, batch, prefix: str) -> None:
+        images, labels = batch
+        logits = self.model(images)
+        self.log(f"{prefix}/loss", F.cross_entropy(logits, labels), sync_dist=True)
+        self.val_top1.update(logits, labels)
+        self.val_top5.update(logits, labels)
+
+    def _eval_end(self, prefix: str) -> None:
+        self.log(f"{prefix}/acc1", self.val_top1.compute(), prog_bar=True)
+        self.log(f"{prefix}/acc5", self.val_top5.compute())
+        self.val_top1.reset()
+        self.val_top5.reset()
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self):
+        self._eval_end("val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self):
+        self._eval_end("test")
+
+    def predict_step(self, batch, batch_idx):
+        images = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.model(images).softmax(dim=-1)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            # timm's rule: no weight decay on biases, norms, tokens and position embeddings
+            (no_decay if p.ndim <= 1 or name.endswith(("cls_token", "dist_token", "pos_embed")) else decay).append(p)
+        groups = [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay)
+        warmup = int(hp.warmup_epochs * self.steps_per_epoch())
+        return {"optimizer": opt, "lr_scheduler": build_scheduler(opt, hp.schedule, self.total_steps(), warmup)}
