@@ -183,4 +183,5 @@ def build_val_transforms(size: int = DETR_VAL_SIZE, max_size: int = DETR_MAX_SIZ
 
 def build_normalize_transforms() -> A.Compose:
     """No geometry: ImageNet normalisation and a CHW tensor only (boxes pass through)."""
-    return A.Compose(_finish(), bbox_params=bbox_params())
+    # NoOp declares bbox support, so albumentations does not warn that nothing handles the boxes.
+    return A.Compose([A.NoOp(), *_finish()], bbox_params=bbox_params())
