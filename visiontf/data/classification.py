@@ -21,6 +21,7 @@ from albumentations.pytorch import ToTensorV2
 from torch.utils.data import DataLoader, Dataset
 
 from visiontf.data.io import read_image
+from visiontf.data.samplers import eval_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -342,7 +343,9 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def _eval_loader(self, dataset: Dataset | None) -> DataLoader:
         assert dataset is not None, "call setup() first"
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, **loader_kwargs(self.num_workers))
+        # under DDP each sample is scored exactly once (no padding repeats), so accuracy is exact
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False,
+                          sampler=eval_sampler(dataset, self.trainer), **loader_kwargs(self.num_workers))
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_dataset is not None, "call setup('fit') first"
