@@ -29,6 +29,7 @@ from torchvision.ops import box_convert
 
 from visiontf.data import detection_transforms as DT
 from visiontf.data.io import read_image
+from visiontf.data.samplers import eval_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -420,6 +421,8 @@ class CocoDataModule(L.LightningDataModule):
             ds,
             batch_size=batch_size,
             shuffle=shuffle,
+            # eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
+            sampler=None if shuffle else eval_sampler(ds, self.trainer),
             num_workers=self.num_workers,
             collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
             pin_memory=self.pin_memory,
