@@ -1,0 +1,153 @@
+"""Benchmark: evaluating a COCO results file, ``tools/eval_coco_results.py`` vs plain pycocotools.
+
+Both run as whole processes (start-up, JSON loading, evaluation, summary), timed by wall clock,
+on generated COCO-sized data: 5,000 images (``--quick``: 1,000) with 1-20 ground-truth boxes
+(about 7 on average, as COCO val2017; 5 % crowd) and 100 detections each, most near a
+ground-truth box. Both must print the same 12 stats.
+
+    .venv/bin/python benchmarks/coco_eval.py [--quick] [--images N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+STAT_NAMES = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large",
+              "AR_1", "AR_10", "AR_100", "AR_small", "AR_medium", "AR_large")
+
+# The reference: what a user would write with pycocotools alone.
+REFERENCE_SCRIPT = """
+import json, sys
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+gt = COCO(sys.argv[1])
+dt = gt.loadRes(sys.argv[2])
+ev = COCOeval(gt, dt, "bbox")
+ev.evaluate()
+ev.accumulate()
+ev.summarize()
+json.dump([float(s) for s in ev.stats], open(sys.argv[3], "w"))
+"""
+
+
+def make_data(out: Path, num_images: int, dets_per_image: int = 100, num_classes: int = 80, seed: int = 0):
+    """Write ``ann.json`` and ``results.json`` under ``out``; returns their paths and counts."""
+    rng = np.random.default_rng(seed)
+    cat_ids = [c for c in range(1, 91)][:num_classes]
+    images, anns, dets = [], [], []
+    aid = 1
+    for i in range(num_images):
+        img_id = i + 1
+        w, h = int(rng.integers(400, 641)), int(rng.integers(300, 481))
+        images.append({"id": img_id, "file_name": f"{img_id:012d}.jpg", "width": w, "height": h})
+        n = int(min(20, max(1, rng.poisson(7))))
+        side = np.exp(rng.uniform(np.log(8), np.log(0.8 * min(w, h)), size=n))
+        bw = np.minimum(side * rng.uniform(0.5, 1.5, n), w - 1)
+        bh = np.minimum(side * rng.uniform(0.5, 1.5, n), h - 1)
+        x = rng.uniform(0, w - bw)
+        y = rng.uniform(0, h - bh)
+        cats = rng.choice(cat_ids, size=n)
+        crowd = rng.random(n) < 0.05
+        for k in range(n):
+            anns.append({"id": aid, "image_id": img_id, "category_id": int(cats[k]),
+                         "bbox": [round(float(v), 2) for v in (x[k], y[k], bw[k], bh[k])],
+                         "area": round(float(bw[k] * bh[k] * rng.uniform(0.5, 0.9)), 2), "iscrowd": int(crowd[k])})
+            aid += 1
+        # 100 detections: jittered copies of GT boxes (mostly the right class) and background boxes.
+        near = int(dets_per_image * 0.6)
+        src = rng.integers(0, n, size=near)
+        jit = rng.normal(0, 0.1, size=(near, 4))
+        dx = x[src] + jit[:, 0] * bw[src]
+        dy = y[src] + jit[:, 1] * bh[src]
+        dw = bw[src] * np.exp(jit[:, 2])
+        dh = bh[src] * np.exp(jit[:, 3])
+        dcat = np.where(rng.random(near) < 0.8, cats[src], rng.choice(cat_ids, size=near))
+        far = dets_per_image - near
+        fw = np.exp(rng.uniform(np.log(8), np.log(300), far))
+        fh = np.exp(rng.uniform(np.log(8), np.log(300), far))
+        bx = np.concatenate([dx, rng.uniform(0, w - 8, far)])
+        by = np.concatenate([dy, rng.uniform(0, h - 8, far)])
+        bws = np.concatenate([dw, fw])
+        bhs = np.concatenate([dh, fh])
+        bcat = np.concatenate([dcat, rng.choice(cat_ids, size=far)])
+        score = np.concatenate([rng.beta(4, 2, near), rng.beta(2, 4, far)])
+        for k in range(dets_per_image):
+            dets.append({"image_id": img_id, "category_id": int(bcat[k]),
+                         "bbox": [round(float(bx[k]), 2), round(float(by[k]), 2),
+                                  round(float(bws[k]), 2), round(float(bhs[k]), 2)],
+                         "score": round(float(score[k]), 4)})
+    gt = {"images": images, "annotations": anns,
+          "categories": [{"id": c, "name": f"class{c}"} for c in cat_ids]}
+    ann_file, res_file = out / "ann.json", out / "results.json"
+    ann_file.write_text(json.dumps(gt))
+    res_file.write_text(json.dumps(dets))
+    return ann_file, res_file, len(anns), len(dets)
+
+
+def _timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:2]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return elapsed, proc
+
+
+def run(quick: bool = False, num_images: int | None = None, repeats: int = 1) -> list[dict]:
+    """Time both whole processes; the best of ``repeats`` runs each (the machine is shared)."""
+    n = num_images or (1000 if quick else 5000)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ann_file, res_file, n_gt, n_dets = make_data(tmp, n)
+        ref_script = tmp / "reference_pycocotools.py"
+        ref_script.write_text(REFERENCE_SCRIPT)
+        ours_s, ref_s = [], []
+        for _ in range(repeats):
+            t, proc = _timed([sys.executable, str(REPO / "tools" / "eval_coco_results.py"), "--annotations",
+                              str(ann_file), "--predictions", str(res_file), "--output", str(tmp / "ours.json")])
+            ours_s.append(t)
+            table = proc.stdout
+            t, _ = _timed([sys.executable, str(ref_script), str(ann_file), str(res_file), str(tmp / "ref.json")])
+            ref_s.append(t)
+        ours = json.loads((tmp / "ours.json").read_text())
+        ref = json.loads((tmp / "ref.json").read_text())
+        same = bool(np.allclose([ours[k] for k in STAT_NAMES], ref, rtol=0, atol=1e-12))
+    print(table.rstrip())
+    row = {
+        "benchmark": "coco_eval_results_file",
+        "images": n,
+        "gt_boxes": n_gt,
+        "detections": n_dets,
+        "backend": ours["backend"],
+        "ours_s": round(min(ours_s), 3),
+        "ref_s": round(min(ref_s), 3),
+        "ratio": round(min(ref_s) / min(ours_s), 2),
+        "same_result": same,
+    }
+    return [row]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1,000 images instead of 5,000")
+    p.add_argument("--images", type=int, default=None, help="number of images (overrides --quick)")
+    p.add_argument("--repeats", type=int, default=1)
+    args = p.parse_args(argv)
+    rows = run(args.quick, args.images, args.repeats)
+    for r in rows:
+        print(json.dumps(r))
+        print(f"ours {r['ours_s']:.2f} s vs pycocotools {r['ref_s']:.2f} s: {r['ratio']:.2f}x faster, "
+              f"identical stats: {r['same_result']}")
+    return 0 if all(r["same_result"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
