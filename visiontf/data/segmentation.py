@@ -34,6 +34,7 @@ from visiontf.data.classification import (
     loader_kwargs,
 )
 from visiontf.data.io import read_image, read_mask
+from visiontf.data.samplers import eval_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -521,7 +522,8 @@ class SegmentationDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset | None, batch_size: int, train: bool) -> DataLoader:
         assert dataset is not None, "call setup() first"
-        extra: dict[str, Any] = {}
+        # under DDP every val image is scored exactly once (no padding repeats), so mIoU sums are exact
+        extra: dict[str, Any] = {"sampler": eval_sampler(dataset, self.trainer)}
         if train:
             # shuffle=True lets Lightning swap in a DistributedSampler under DDP; the generator fixes the order.
             extra = {"shuffle": True, "drop_last": len(dataset) >= 2 * batch_size,
