@@ -1,0 +1,168 @@
+"""DETR's convolutional backbone: a torchvision ResNet with frozen BatchNorm, or any timm CNN.
+
+The ResNet keeps torchvision's module names under ``body.``, so the original DETR checkpoint's
+``backbone.0.body.<name>`` maps onto ``backbone.body.<name>`` with a prefix rename and ImageNet
+weights from torchvision load unchanged. As in the paper, the stem and the first stage (conv1,
+bn1, layer1) are never trained and BatchNorm statistics and affine parameters are frozen.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import Tensor, nn
+from torchvision.models._utils import IntermediateLayerGetter
+from torchvision.ops import FrozenBatchNorm2d
+
+from visiontf.weights import load_state_dict_file
+
+log = logging.getLogger(__name__)
+
+RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
+#: prefix selecting a timm model as backbone, e.g. ``"timm:resnet18"``
+TIMM_PREFIX = "timm:"
+#: classifier tensors of ImageNet checkpoints, unused by a feature extractor
+_CLASSIFIER_PREFIXES = ("fc.", "head.", "classifier.", "head_dist.")
+
+
+class DetrBackbone(nn.Module):
+    """Feature extractor returning the last feature map and the padding mask resized to it.
+
+    Args:
+        name: ``"resnet18" | "resnet34" | "resnet50" | "resnet101"`` (torchvision) or
+            ``"timm:<model name>"`` for any timm CNN that supports ``features_only``.
+        dilation: DC5, replace the stride of the last stage by dilation (ResNets; for timm
+            models ``output_stride=16`` is requested instead).
+        train_backbone: False freezes every parameter (the original's ``lr_backbone == 0``);
+            True trains everything but the stem and first stage, as the paper.
+        pretrained: None, a local ImageNet checkpoint (torchvision / timm names), or True to
+            download torchvision's ``IMAGENET1K_V1`` weights (ResNets only).
+        channels_last: run the backbone in channels-last memory format (faster convolutions on
+            CPUs and tensor cores).
+    """
+
+    def __init__(
+        self,
+        name: str = "resnet50",
+        dilation: bool = False,
+        train_backbone: bool = True,
+        pretrained: bool | str | Path | None = None,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.channels_last = channels_last
+        if name.startswith(TIMM_PREFIX):
+            self.body, self.num_channels = _timm_body(name[len(TIMM_PREFIX):], dilation, pretrained)
+            first_trained = _timm_first_trained_module(self.body)
+        elif name in RESNETS:
+            if dilation and name in ("resnet18", "resnet34"):
+                raise ValueError(f"dilation (DC5) needs a bottleneck ResNet (resnet50/resnet101); torchvision's {name} has none")
+            resnet = getattr(torchvision.models, name)(
+                weights=None,
+                replace_stride_with_dilation=[False, False, dilation],
+                norm_layer=FrozenBatchNorm2d,
+            )
+            if pretrained:
+                _load_imagenet(resnet, name, pretrained)
+            self.body = IntermediateLayerGetter(resnet, return_layers={"layer4": "0"})
+            self.num_channels = 512 if name in ("resnet18", "resnet34") else 2048
+            first_trained = "layer2"
+        else:
+            raise ValueError(
+                f"unknown DETR backbone {name!r}: use one of {RESNETS} or '{TIMM_PREFIX}<timm model name>' (e.g. 'timm:resnet18')"
+            )
+        _freeze(self.body, first_trained if train_backbone else None)
+        if channels_last:
+            self.body.to(memory_format=torch.channels_last)
+
+    def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """images (B, 3, H, W), mask (B, H, W) True on padding -> features (B, C, h, w), mask (B, h, w)."""
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        features = self.body(images)
+        x = features[next(reversed(features))] if isinstance(features, dict) else features[-1]
+        # nearest resize of the padding mask, exactly as the original (default mode, no align)
+        feat_mask = F.interpolate(mask[None].float(), size=x.shape[-2:]).to(torch.bool)[0]
+        return x, feat_mask
+
+
+def _freeze(body: nn.Module, first_trained: str | None) -> None:
+    """Freeze parameters registered before module ``first_trained`` (all of them if None)."""
+    names = [n for n, _ in body.named_parameters()]
+    if first_trained is not None:
+        # timm's feature wrappers flatten nested stages ("stages.1" -> "stages_1")
+        for candidate in (first_trained, first_trained.replace(".", "_")):
+            if any(n.startswith(candidate + ".") for n in names):
+                first_trained = candidate
+                break
+        else:
+            log.warning("backbone: stage %r not found, no backbone parameter frozen", first_trained)
+            return
+    trained = False
+    for pname, p in body.named_parameters():
+        if first_trained is not None and pname.startswith(first_trained + "."):
+            trained = True
+        p.requires_grad_(trained)
+
+
+def _load_imagenet(resnet: nn.Module, name: str, pretrained: bool | str | Path) -> None:
+    if pretrained is True:
+        weights = torchvision.models.get_model_weights(name).IMAGENET1K_V1
+        try:
+            state = weights.get_state_dict(progress=False)
+        except Exception as e:
+            raise RuntimeError(
+                f"could not download torchvision {name} ImageNet weights ({weights.url}; {type(e).__name__}: {e}). "
+                f"Without network, download the file elsewhere and pass backbone_pretrained='/path/to/{Path(weights.url).name}'."
+            ) from e
+        source = weights.url
+    else:
+        state = load_state_dict_file(pretrained)
+        source = str(pretrained)
+    _load_backbone_state(resnet, state, source)
+
+
+def _load_backbone_state(module: nn.Module, state: dict[str, Tensor], source: str) -> None:
+    """Strict load except for the ImageNet classifier and BN step counters, both counted in the log."""
+    dropped = [k for k in state if k.startswith(_CLASSIFIER_PREFIXES) or k.endswith("num_batches_tracked")]
+    state = {k: v for k, v in state.items() if k not in set(dropped)}
+    own = module.state_dict()
+    missing = [k for k in own if k not in state and not k.startswith(_CLASSIFIER_PREFIXES)]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"{source}: backbone weights do not fit: missing {len(missing)} keys (e.g. {missing[:5]}), "
+            f"unexpected {len(unexpected)} (e.g. {unexpected[:5]}). Expected an ImageNet checkpoint of the same "
+            "architecture with torchvision/timm key names."
+        )
+    module.load_state_dict(state, strict=False)
+    log.info("backbone: loaded %d tensors from %s, ignored %d classifier/counter tensors", len(state), source, len(dropped))
+
+
+def _timm_body(name: str, dilation: bool, pretrained: bool | str | Path | None) -> tuple[nn.Module, int]:
+    import timm
+    from timm.layers import freeze_batch_norm_2d
+
+    kwargs = {"output_stride": 16} if dilation else {}
+    if pretrained is True:
+        raise ValueError(
+            f"backbone_pretrained=True is only for torchvision ResNets; for timm:{name} save "
+            f"timm.create_model('{name}', pretrained=True).state_dict() and pass its path"
+        )
+    body = timm.create_model(name, features_only=True, out_indices=(-1,), pretrained=False, **kwargs)
+    if pretrained:
+        _load_backbone_state(body, load_state_dict_file(pretrained), str(pretrained))
+    body = freeze_batch_norm_2d(body)
+    return body, body.feature_info.channels()[-1]
+
+
+def _timm_first_trained_module(body: nn.Module) -> str | None:
+    """Module of the stride-8 stage: everything before it (stem + first stage) stays frozen."""
+    for info in body.feature_info.info:
+        if info["reduction"] >= 8:
+            return info["module"]
+    return None

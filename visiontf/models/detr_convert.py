@@ -1,0 +1,175 @@
+"""Map foreign DETR state dicts onto :class:`visiontf.models.detr.DETR`.
+
+Recognised layouts (detected from the keys):
+
+* the original facebookresearch/detr checkpoint (``backbone.0.body.*``, ``transformer.*`` with
+  ``nn.MultiheadAttention``'s ``in_proj_weight``), also inside a panoptic checkpoint
+  (``detr.`` prefix, whose mask head is dropped);
+* HuggingFace ``DetrForObjectDetection`` with transformers v4 names (``model.backbone.conv_encoder.model.*``,
+  separate ``q_proj/k_proj/v_proj``, ``out_proj``, ``fc1``) and the v5 run-time renames
+  (``model.backbone.model.*``, ``o_proj``, ``mlp.fc1``, ``model.position_embedding``), with a timm
+  or an HF ``ResNetBackbone`` (``embedder``/``encoder.stages``) backbone;
+* visiontf's own names, passed through.
+
+BatchNorm ``num_batches_tracked`` counters are dropped (frozen BatchNorm has none).
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+Rules = list[tuple[str, str | Callable[[re.Match], str]]]
+
+_LAYER = r"transformer\.(encoder|decoder)\.layers\.(\d+)\."
+
+# the original keeps torch.nn.Transformer's names; visiontf's layers use timm's
+_ORIGINAL_RULES: Rules = [
+    (r"^backbone\.0\.body\.(.*)$", r"backbone.body.\1"),
+    (r"^backbone\.1\.(row_embed|col_embed)\.(.*)$", r"position_embedding.\1.\2"),
+    (r"^transformer\.encoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$", r"transformer.encoder.layers.\1.attn.qkv.\2"),
+    (r"^transformer\.encoder\.layers\.(\d+)\.self_attn\.out_proj\.(.*)$", r"transformer.encoder.layers.\1.attn.proj.\2"),
+    (r"^transformer\.decoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$", r"transformer.decoder.layers.\1.self_attn.qkv.\2"),
+    (r"^transformer\.decoder\.layers\.(\d+)\.self_attn\.out_proj\.(.*)$", r"transformer.decoder.layers.\1.self_attn.proj.\2"),
+    (r"^transformer\.decoder\.layers\.(\d+)\.multihead_attn\.in_proj_(weight|bias)$", r"transformer.decoder.layers.\1.cross_attn.qkv.\2"),
+    (r"^transformer\.decoder\.layers\.(\d+)\.multihead_attn\.out_proj\.(.*)$", r"transformer.decoder.layers.\1.cross_attn.proj.\2"),
+    (r"^" + _LAYER + r"linear1\.(.*)$", r"transformer.\1.layers.\2.mlp.fc1.\3"),
+    (r"^" + _LAYER + r"linear2\.(.*)$", r"transformer.\1.layers.\2.mlp.fc2.\3"),
+    (r"^" + _LAYER + r"(norm[123])\.(.*)$", r"transformer.\1.layers.\2.\3.\4"),
+    (r"^transformer\.decoder\.norm\.(.*)$", r"transformer.decoder.norm.\1"),
+    (r"^(input_proj|query_embed|class_embed|bbox_embed)\.(.*)$", r"\1.\2"),
+]
+
+
+def _hf_resnet_name(m: re.Match) -> str:
+    """HF ``ResNetModel`` names -> torchvision's (``stages.S.layers.L.layer.K`` -> ``layer{S+1}.L.conv{K+1}``)."""
+    stage, block, rest = int(m.group(1)), m.group(2), m.group(3)
+    rest = re.sub(r"^shortcut\.convolution\.", "downsample.0.", rest)
+    rest = re.sub(r"^shortcut\.normalization\.", "downsample.1.", rest)
+    rest = re.sub(r"^layer\.(\d+)\.convolution\.", lambda k: f"conv{int(k.group(1)) + 1}.", rest)
+    rest = re.sub(r"^layer\.(\d+)\.normalization\.", lambda k: f"bn{int(k.group(1)) + 1}.", rest)
+    return f"backbone.body.layer{stage + 1}.{block}.{rest}"
+
+
+_HF_BACKBONE = r"^model\.backbone\.(?:conv_encoder\.)?model\."
+_HF_LAYER = r"^model\.(encoder|decoder)\.layers\.(\d+)\."
+
+_HF_RULES: Rules = [
+    (_HF_BACKBONE + r"embedder\.embedder\.convolution\.(.*)$", r"backbone.body.conv1.\1"),
+    (_HF_BACKBONE + r"embedder\.embedder\.normalization\.(.*)$", r"backbone.body.bn1.\1"),
+    (_HF_BACKBONE + r"encoder\.stages\.(\d+)\.layers\.(\d+)\.(.*)$", _hf_resnet_name),
+    (_HF_BACKBONE + r"(.*)$", r"backbone.body.\1"),  # timm ResNet: torchvision's names
+    (r"^model\.(?:backbone\.)?position_embedding\.row_embeddings\.(.*)$", r"position_embedding.row_embed.\1"),
+    (r"^model\.(?:backbone\.)?position_embedding\.column_embeddings\.(.*)$", r"position_embedding.col_embed.\1"),
+    (r"^model\.input_projection\.(.*)$", r"input_proj.\1"),
+    (r"^model\.query_position_embeddings\.(.*)$", r"query_embed.\1"),
+    (r"^model\.encoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(.*)$", r"transformer.encoder.layers.\1.attn.\2_proj.\3"),
+    (r"^model\.encoder\.layers\.(\d+)\.self_attn\.(?:out|o)_proj\.(.*)$", r"transformer.encoder.layers.\1.attn.proj.\2"),
+    (r"^model\.encoder\.layers\.(\d+)\.self_attn_layer_norm\.(.*)$", r"transformer.encoder.layers.\1.norm1.\2"),
+    (r"^model\.encoder\.layers\.(\d+)\.final_layer_norm\.(.*)$", r"transformer.encoder.layers.\1.norm2.\2"),
+    (r"^model\.decoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(.*)$", r"transformer.decoder.layers.\1.self_attn.\2_proj.\3"),
+    (r"^model\.decoder\.layers\.(\d+)\.self_attn\.(?:out|o)_proj\.(.*)$", r"transformer.decoder.layers.\1.self_attn.proj.\2"),
+    (r"^model\.decoder\.layers\.(\d+)\.encoder_attn\.([qkv])_proj\.(.*)$", r"transformer.decoder.layers.\1.cross_attn.\2_proj.\3"),
+    (r"^model\.decoder\.layers\.(\d+)\.encoder_attn\.(?:out|o)_proj\.(.*)$", r"transformer.decoder.layers.\1.cross_attn.proj.\2"),
+    (r"^model\.decoder\.layers\.(\d+)\.self_attn_layer_norm\.(.*)$", r"transformer.decoder.layers.\1.norm1.\2"),
+    (r"^model\.decoder\.layers\.(\d+)\.encoder_attn_layer_norm\.(.*)$", r"transformer.decoder.layers.\1.norm2.\2"),
+    (r"^model\.decoder\.layers\.(\d+)\.final_layer_norm\.(.*)$", r"transformer.decoder.layers.\1.norm3.\2"),
+    (_HF_LAYER + r"(?:mlp\.)?(fc[12])\.(.*)$", r"transformer.\1.layers.\2.mlp.\3.\4"),
+    (r"^model\.decoder\.layernorm\.(.*)$", r"transformer.decoder.norm.\1"),
+    (r"^class_labels_classifier\.(.*)$", r"class_embed.\1"),
+    (r"^bbox_predictor\.(.*)$", r"bbox_embed.\1"),
+]
+
+#: heads of the segmentation variants (original panoptic, HF DetrForSegmentation), not part of DETR
+_SEGMENTATION_PREFIXES = ("bbox_attention.", "mask_head.")
+
+
+def detect_format(state: dict[str, Tensor]) -> str:
+    """``"original"``, ``"hf"`` or ``"visiontf"`` (may be unrecognised; checked by the caller)."""
+    keys = list(state)
+    if any(k.startswith("backbone.0.body.") for k in keys) or any(".self_attn.in_proj_weight" in k for k in keys):
+        return "original"
+    if any(k.startswith(("model.backbone.", "model.encoder.layers.", "class_labels_classifier.")) for k in keys):
+        return "hf"
+    return "visiontf"
+
+
+def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """Return ``state`` renamed (and q/k/v fused) to ``model``'s DETR layout; own keys pass through.
+
+    Raises:
+        ValueError: the layout is none of the known ones (the message lists unmatched keys).
+    """
+    state = _strip_wrappers(dict(state))
+    counters = [k for k in state if k.endswith("num_batches_tracked")]
+    for k in counters:
+        del state[k]
+    fmt = detect_format(state)
+    own = model.state_dict()
+    if fmt == "visiontf":
+        unmatched = [k for k in state if k not in own]
+        if len(unmatched) > len(state) / 2:
+            raise ValueError(
+                f"unrecognised DETR checkpoint layout: {len(unmatched)} of {len(state)} keys match neither the original "
+                f"facebookresearch/detr names, HuggingFace DetrForObjectDetection names nor visiontf's, e.g. {unmatched[:8]}"
+            )
+        return state
+    rules = _ORIGINAL_RULES if fmt == "original" else _HF_RULES
+    out: dict[str, Tensor] = {}
+    unmatched = []
+    for key, value in state.items():
+        new = _rename(key, rules)
+        if new is None:
+            unmatched.append(key)
+        else:
+            out[new] = value
+    if unmatched:
+        raise ValueError(
+            f"{fmt} DETR checkpoint: {len(unmatched)} keys have no counterpart in visiontf's DETR, e.g. {unmatched[:8]}"
+        )
+    if fmt == "hf":
+        out = _fuse_qkv(out)
+    log.info("converted %d tensors from the %s DETR layout (%d BatchNorm counters dropped)", len(out), fmt, len(counters))
+    return out
+
+
+def _strip_wrappers(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    for prefix in ("module.", "detr."):
+        if state and all(k.startswith(prefix) or k.startswith(_SEGMENTATION_PREFIXES) for k in state) and any(
+            k.startswith(prefix) for k in state
+        ):
+            seg = [k for k in state if k.startswith(_SEGMENTATION_PREFIXES)]
+            if seg:
+                log.warning("dropped %d tensors of the segmentation head (%s...): DETR detection only", len(seg), seg[0])
+            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return state
+
+
+def _rename(key: str, rules: Rules) -> str | None:
+    for pattern, repl in rules:
+        new, n = re.subn(pattern, repl, key)
+        if n:
+            return new
+    return None
+
+
+def _fuse_qkv(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Concatenate ``*.q_proj``, ``*.k_proj``, ``*.v_proj`` into the fused ``*.qkv`` (q, k, v order, as in_proj)."""
+    out: dict[str, Tensor] = {}
+    groups: dict[str, dict[str, Tensor]] = {}
+    for key, value in state.items():
+        m = re.match(r"^(.*)\.([qkv])_proj\.(weight|bias)$", key)
+        if m is None:
+            out[key] = value
+        else:
+            groups.setdefault(f"{m.group(1)}.qkv.{m.group(3)}", {})[m.group(2)] = value
+    for key, parts in groups.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"HF DETR checkpoint: {key} needs q_proj, k_proj and v_proj, found only {sorted(parts)}")
+        out[key] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    return out
