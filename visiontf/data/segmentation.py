@@ -140,8 +140,15 @@ class CatMaxRatioCrop(BaseCrop):
     def passes(self, mask: np.ndarray, coords: tuple[int, int, int, int]) -> bool:
         """Whether a crop of ``mask`` at ``coords`` satisfies the class-ratio rule."""
         x0, y0, x1, y1 = coords
-        labels, counts = np.unique(mask[y0:y1, x0:x1], return_counts=True)
-        counts = counts[labels != self.ignore_index]
+        crop = mask[y0:y1, x0:x1]
+        if crop.dtype == np.uint8:  # bincount is ~10x faster than unique on big crops
+            counts = np.bincount(crop.ravel(), minlength=256)
+            if 0 <= self.ignore_index < 256:
+                counts[self.ignore_index] = 0
+            counts = counts[counts > 0]
+        else:
+            labels, counts = np.unique(crop, return_counts=True)
+            counts = counts[labels != self.ignore_index]
         return len(counts) > 1 and counts.max() / counts.sum() < self.cat_max_ratio
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
