@@ -1,0 +1,124 @@
+"""SETR: decoder shapes and gradients, sliding-window inference, encoder initialisation from ViT checkpoints."""
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from visiontf.models.setr import SETR, default_indices
+from visiontf.nn import resample_pos_embed
+from visiontf.registry import create_model
+from visiontf.weights import save_model
+
+NUM_AUX = {"naive": 3, "pup": 4, "mla": 4}
+
+
+def _tiny(decoder: str, num_classes: int = 3, **kw) -> SETR:
+    return create_model(f"setr_{decoder}_vit_tiny_patch16", num_classes=num_classes, img_size=64, drop_path_rate=0.0, **kw)
+
+
+@pytest.mark.parametrize("decoder", ["naive", "pup", "mla"])
+def test_shapes_and_gradients(decoder):
+    model = _tiny(decoder).train()
+    x = torch.randn(2, 3, 64, 64)
+    out = model(x)
+    assert out["out"].shape == (2, 3, 64, 64)
+    assert len(out["aux"]) == NUM_AUX[decoder]
+    assert all(a.shape == (2, 3, 64, 64) for a in out["aux"])
+    (out["out"].square().mean() + sum(a.square().mean() for a in out["aux"])).backward()
+    assert model.encoder.patch_embed.proj.weight.grad.abs().sum() > 0
+    assert model.encoder.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    assert model.decode_head.cls_seg.weight.grad.abs().sum() > 0
+    for head in model.aux_heads:
+        assert head.cls_seg.weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        y = model(torch.randn(1, 3, 96, 80))  # another size than the crop: pos_embed resampled on the fly
+    assert isinstance(y, torch.Tensor) and y.shape == (1, 3, 96, 80)
+
+
+def test_default_taps_follow_the_paper():
+    assert default_indices(24, "naive") == ((23,), (9, 14, 19))
+    assert default_indices(24, "pup") == ((23,), (9, 14, 19, 23))
+    assert default_indices(24, "mla") == ((5, 11, 17, 23), (5, 11, 17, 23))
+    assert default_indices(12, "mla") == ((2, 5, 8, 11), (2, 5, 8, 11))
+    assert default_indices(12, "naive") == ((11,), (2, 5, 8))
+    assert _tiny("pup").aux_indices == (2, 5, 8, 11)
+
+
+@pytest.mark.parametrize("decoder", ["naive", "mla"])
+def test_slide_equals_whole_for_one_window(decoder):
+    model = _tiny(decoder).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        whole = model.inference(x, "whole")
+        slide = model.inference(x, "slide", crop=64, stride=43)
+    assert slide.shape == whole.shape == (2, 3, 64, 64)
+    assert torch.allclose(slide, whole, atol=1e-5)
+
+
+def test_slide_windows_average_overlaps():
+    # a stand-in decoder whose logits are the window's own top-left offset reveals the window grid
+    model = _tiny("naive").eval()
+    seen = []
+
+    def fake_whole(window):
+        seen.append(tuple(window.shape[-2:]))
+        return torch.ones(window.shape[0], 3, *window.shape[-2:]) * len(seen)
+
+    model.whole_inference = fake_whole
+    out = model.slide_inference(torch.zeros(1, 3, 64, 96), crop=64, stride=48)
+    # mmseg grid: ceil((96 - 64) / 48) + 1 = 2 columns: x in [0, 64) and [32, 96)
+    assert seen == [(64, 64), (64, 64)]
+    assert torch.all(out[..., :32] == 1) and torch.all(out[..., 64:] == 2) and torch.all(out[..., 32:64] == 1.5)
+    small = model.slide_inference(torch.zeros(1, 3, 40, 50), crop=64, stride=48)
+    assert small.shape == (1, 3, 40, 50) and seen[-1] == (64, 64)  # padded up to one full window
+
+
+def _check_encoder_loaded(model: SETR, source: dict, src_grid: tuple[int, int]) -> None:
+    own = model.encoder.state_dict()
+    for key in ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.11.mlp.fc2.bias", "cls_token"):
+        assert torch.equal(own[key], source[key]), key
+    expected = resample_pos_embed(source["pos_embed"], src_grid, model.encoder.grid_size, 1)
+    assert own["pos_embed"].shape == (1, 1 + 16, 192)
+    assert torch.allclose(own["pos_embed"], expected, atol=1e-6)
+
+
+def test_encoder_from_visiontf_vit_checkpoint(tmp_path):
+    vit = create_model("vit_tiny_patch16_224", num_classes=10)
+    path = save_model(vit, tmp_path / "vit_tiny.safetensors")
+    model = _tiny("naive", encoder_pretrained=str(path))
+    _check_encoder_loaded(model, vit.state_dict(), (14, 14))
+
+
+def test_encoder_from_timm_checkpoint(tmp_path):
+    timm = pytest.importorskip("timm")
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    state = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    path = tmp_path / "timm_vit_tiny.safetensors"
+    save_file(state, str(path))
+    model = _tiny("mla", encoder_pretrained=str(path))
+    _check_encoder_loaded(model, state, (14, 14))
+    # the registry path: create_model("setr_*", pretrained=<bare ViT file>) maps it onto the encoder
+    via_registry = create_model("setr_mla_vit_tiny_patch16", num_classes=3, img_size=64, pretrained=str(path))
+    _check_encoder_loaded(via_registry, state, (14, 14))
+    # same tokens as timm itself at timm's own size
+    at224 = create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=224, encoder_pretrained=str(path)).eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        ours = at224.encoder.forward_intermediates(x, [5])[0]
+        theirs = ref.eval().forward_intermediates(x, indices=[5], norm=False, intermediates_only=True)[0]
+    assert torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="decoder"):
+        SETR(3, encoder="vit_tiny_patch16_224", img_size=64, decoder="fpn")
+    with pytest.raises(ValueError, match="norm"):
+        _tiny("naive", norm="gn")
+    with pytest.raises(ValueError, match="aux_indices"):
+        _tiny("naive", out_indices=(5, 11))
+
+
+def test_syncbn_option_builds_sync_batchnorm():
+    model = _tiny("pup", norm="syncbn")
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.decode_head.modules())
+    assert model.pretrained_cfg["crop_size"] == (64, 64)
