@@ -101,3 +101,14 @@ def test_pretrained_true_without_network_names_local_alternative(monkeypatch):
     monkeypatch.setattr(timm, "create_model", offline)
     with pytest.raises(RuntimeError, match="pretrained=PATH"):
         visiontf.create_model("vit_tiny_patch16_224", pretrained=True)
+
+
+def test_checkpoint_with_argparse_namespace_loads(tmp_path):
+    """Original DETR training checkpoints store {"model", "args": Namespace, ...}."""
+    import argparse
+
+    m = visiontf.create_model("vit_tiny_patch16_224", img_size=32, depth=1)
+    path = tmp_path / "ckpt.pth"
+    torch.save({"model": m.state_dict(), "args": argparse.Namespace(lr=1e-4, backbone="resnet50"), "epoch": 3}, path)
+    again = visiontf.create_model("vit_tiny_patch16_224", img_size=32, depth=1, pretrained=str(path))
+    torch.testing.assert_close(again.pos_embed, m.pos_embed)

@@ -5,6 +5,7 @@ file with ``torch.load(..., weights_only=True)``, which refuses arbitrary Python
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from pathlib import Path
@@ -45,7 +46,10 @@ def load_state_dict_file(path: str | Path, map_location: str | torch.device = "c
         state = load_file(str(path), device=str(map_location))
     else:
         try:
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            # training checkpoints of the original DETR also pickle their argparse Namespace ("args");
+            # a Namespace is plain attribute data, so it is the one class allowed beyond tensors
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                state = torch.load(path, map_location=map_location, weights_only=True)
         except Exception as e:  # the weights-only unpickler names the refused global
             raise WeightsError(
                 f"{path}: refused to load with weights_only=True ({type(e).__name__}: {e}). "
