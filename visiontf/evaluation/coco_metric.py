@@ -81,6 +81,7 @@ class CocoMetric(Metric):
             self.label_to_cat_id = {i: int(c) for i, c in enumerate(label_to_cat_id)}
         self.backend = backend
         self._counter = 0
+        self.last_table: str | None = None
         for name in ("det_boxes", "det_scores", "det_labels", "det_keys", "img_ids", "img_keys"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
@@ -141,4 +142,5 @@ class CocoMetric(Metric):
         if not img_ids:
             return {name: torch.tensor(-1.0) for name in METRIC_NAMES}
         stats = evaluate_coco(self.ann_file, results, backend=self.backend, img_ids=img_ids)
+        self.last_table = stats.table  # COCO's printed 12-line summary, for reports
         return {name: torch.tensor(value, dtype=torch.float32) for name, value in zip(METRIC_NAMES, stats.values())}
