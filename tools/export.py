@@ -1,0 +1,16 @@
+#!/usr/bin/env python
+"""Export a checkpoint: safetensors + config (visiontf.load_model) and optionally ONNX.
+
+    python tools/export.py --ckpt_path K.ckpt [--config C.yaml] --output model.safetensors [--onnx model.onnx] [--image-size 224 224]
+
+The ONNX graph is compared with PyTorch through onnxruntime (atol 1e-4) unless --no-check.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from visiontf.inference.cli import export_main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(export_main())

@@ -1,0 +1,16 @@
+#!/usr/bin/env python
+"""Predict on images or folders: annotated pictures, predictions.json, optional attention maps.
+
+    python tools/predict.py --config C.yaml --ckpt_path K.ckpt --input img.jpg folder/ --output out/ [--attention]
+    python tools/predict.py --weights model.safetensors --input folder/ --output out/ --score-threshold 0.7
+    python tools/predict.py ... --annotations instances_val.json   # COCO image / category ids in predictions.json
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from visiontf.inference.cli import predict_main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(predict_main())

@@ -1,0 +1,34 @@
+"""Inference on raw images, drawing, attention maps, export and training curves.
+
+Names resolve lazily so ``import visiontf.inference`` stays light.
+"""
+from importlib import import_module
+
+_LAZY = {
+    "Predictor": "visiontf.inference.predictor",
+    "load_inputs": "visiontf.inference.predictor",
+    "infer_task": "visiontf.inference.predictor",
+    "draw_detections": "visiontf.inference.visualize",
+    "draw_segmentation": "visiontf.inference.visualize",
+    "draw_caption": "visiontf.inference.visualize",
+    "save_image": "visiontf.inference.visualize",
+    "PALETTE": "visiontf.inference.visualize",
+    "detr_attention_maps": "visiontf.inference.attention",
+    "save_detr_attention_figure": "visiontf.inference.attention",
+    "vit_attention_rollout": "visiontf.inference.attention",
+    "attention_rollout": "visiontf.inference.attention",
+    "save_rollout_overlay": "visiontf.inference.attention",
+    "LogPredictionImages": "visiontf.inference.callbacks",
+    "export_model": "visiontf.inference.export",
+    "export_onnx": "visiontf.inference.export",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'visiontf.inference' has no attribute {name!r}")
