@@ -1,0 +1,212 @@
+"""Semantic segmentation (SETR) as a LightningModule, with mmseg-style mIoU evaluation."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+from visiontf.tasks.base import BaseTask
+from visiontf.tasks.optim import build_optimizer, lr_lambda
+
+log = logging.getLogger(__name__)
+
+
+def segmentation_scores(confmat: Tensor) -> dict[str, Tensor]:
+    """mmseg's metrics from a dataset-level confusion matrix (rows: ground truth, columns: prediction).
+
+    Per class: IoU = TP / (GT + pred - TP) and Acc = TP / GT; a class whose union (for IoU) or
+    ground truth (for Acc) is empty over the whole set is NaN and left out of the means.
+    ``aAcc`` = correct / labelled pixels.
+    """
+    cm = confmat.double()
+    tp = cm.diagonal()
+    gt, pred = cm.sum(1), cm.sum(0)
+    union = gt + pred - tp
+    nan = torch.full_like(tp, float("nan"))
+    iou = torch.where(union > 0, tp / union.clamp_min(1), nan)
+    acc = torch.where(gt > 0, tp / gt.clamp_min(1), nan)
+    total = gt.sum()
+    return {
+        "IoU": iou,
+        "Acc": acc,
+        "mIoU": iou.nanmean() if (union > 0).any() else torch.tensor(float("nan"), dtype=cm.dtype),
+        "mAcc": acc.nanmean() if (gt > 0).any() else torch.tensor(float("nan"), dtype=cm.dtype),
+        "aAcc": tp.sum() / total if total > 0 else torch.tensor(float("nan"), dtype=cm.dtype),
+    }
+
+
+def format_table(names: Sequence[str], iou: Tensor, acc: Tensor) -> str:
+    """A per-class IoU / Acc table in percent, like mmseg's evaluation printout."""
+    width = max([len("Class")] + [len(n) for n in names])
+    lines = [f"{'Class':<{width}} | {'IoU':>6} | {'Acc':>6}", f"{'-' * width}-+-{'-' * 6}-+-{'-' * 6}"]
+    for n, i, a in zip(names, iou.tolist(), acc.tolist()):
+        lines.append(f"{n:<{width}} | {i * 100:6.2f} | {a * 100:6.2f}")
+    return "\n".join(lines)
+
+
+class SegmentationTask(BaseTask):
+    """Cross-entropy (ignore 255) on the main logits plus ``aux_weight`` x CE per auxiliary head.
+
+    SGD (or AdamW) with the encoder at ``lr`` and decoder / auxiliary heads at ``lr * head_lr_mult``,
+    per-step poly decay to ``min_lr`` (mmseg's ``eta_min``, absolute for every group), optional
+    linear warm-up. Validation / test: ``inference_mode`` "whole" or "slide" (``crop_size``,
+    ``stride``), multi-scale (``test_scales``) and flip testing by averaging softmax probabilities;
+    metrics from a dataset-level confusion matrix (synchronised across DDP ranks on compute):
+    ``mIoU`` over classes present (union > 0), ``mAcc``, ``aAcc``, per-class IoU.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "setr_naive_vit_tiny_patch16",
+        num_classes: int = 150,
+        model_kwargs: dict[str, Any] | None = None,
+        pretrained: str | None = None,
+        optimizer: Literal["sgd", "adamw"] = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        head_lr_mult: float = 10.0,
+        schedule: Literal["poly", "cosine", "constant"] = "poly",
+        power: float = 0.9,
+        min_lr: float = 0.0,
+        warmup_steps: int = 0,
+        ignore_index: int = 255,
+        aux_weight: float | None = 0.4,
+        inference_mode: Literal["whole", "slide"] = "whole",
+        crop_size: int | None = None,
+        stride: int | None = None,
+        test_scales: list[float] | None = None,
+        test_flip: bool = False,
+        log_per_class: bool = True,
+        compile: bool = False,
+        on_nonfinite: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
+        self.save_hyperparameters()
+        if inference_mode not in ("whole", "slide"):
+            raise ValueError(f"inference_mode={inference_mode!r}; use 'whole' or 'slide'")
+        self.test_scales = list(test_scales or [1.0])
+        self.aux_weight = aux_weight if aux_weight is not None else getattr(self.model, "aux_weight", 0.4)
+        self.confmat = MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
+        self.last_eval: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int):
+        images, masks = batch
+        out = self.model(images)
+        logits, aux = (out["out"], out.get("aux", [])) if isinstance(out, dict) else (out, [])
+        ce = lambda x: F.cross_entropy(x, masks, ignore_index=self.hparams.ignore_index)  # noqa: E731
+        terms = {"loss_main": ce(logits)}
+        for i, a in enumerate(aux):
+            terms[f"loss_aux{i}"] = ce(a)
+        loss_aux = sum((terms[f"loss_aux{i}"] for i in range(len(aux))), logits.new_zeros(()))
+        loss = terms["loss_main"] + self.aux_weight * loss_aux
+        if not self.check_finite(loss, {**terms, "loss_aux": loss_aux}):
+            return None
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss_main", terms["loss_main"])
+        self.log("train/loss_aux", loss_aux)
+        return loss
+
+    # ------------------------------------------------------------------ inference
+    def _infer(self, images: Tensor) -> Tensor:
+        hp = self.hparams
+        model = self.model
+        if hasattr(model, "inference"):
+            return model.inference(images, hp.inference_mode, crop=hp.crop_size, stride=hp.stride)
+        return model(images)
+
+    def predict_logits(self, images: Tensor) -> Tensor:
+        """Class scores at the input size: logits for a single scale without flip, else mean softmax probabilities."""
+        H, W = images.shape[-2:]
+        if self.test_scales == [1.0] and not self.hparams.test_flip:
+            return self._infer(images)
+        probs = None
+        for s in self.test_scales:
+            size = (max(1, round(H * s)), max(1, round(W * s)))
+            x = images if size == (H, W) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+            views = [(x, False)] + ([(x.flip(-1), True)] if self.hparams.test_flip else [])
+            for view, flipped in views:
+                logits = self._infer(view)
+                if flipped:
+                    logits = logits.flip(-1)
+                if logits.shape[-2:] != (H, W):
+                    logits = F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
+                p = logits.softmax(dim=1)
+                probs = p if probs is None else probs + p
+        return probs / (len(self.test_scales) * (2 if self.hparams.test_flip else 1))
+
+    # ------------------------------------------------------------------ evaluation
+    def _eval_step(self, batch, prefix: str) -> None:
+        images, masks = batch
+        scores = self.predict_logits(images)
+        if self.test_scales == [1.0] and not self.hparams.test_flip:
+            self.log(f"{prefix}/loss", F.cross_entropy(scores, masks, ignore_index=self.hparams.ignore_index), sync_dist=True)
+        self.confmat.update(scores.argmax(dim=1), masks)
+
+    def _class_names(self) -> list[str]:
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        names = list(getattr(dm, "class_names", None) or [])
+        if len(names) != self.hparams.num_classes:
+            names = [f"class_{i}" for i in range(self.hparams.num_classes)]
+        return names
+
+    def _eval_end(self, prefix: str) -> None:
+        scores = segmentation_scores(self.confmat.compute())
+        self.confmat.reset()
+        names = self._class_names()
+        self.last_eval = {"names": names, **{k: v.detach().cpu() for k, v in scores.items()}}
+        self.log(f"{prefix}/mIoU", scores["mIoU"].float(), prog_bar=True)
+        self.log(f"{prefix}/mAcc", scores["mAcc"].float())
+        self.log(f"{prefix}/aAcc", scores["aAcc"].float())
+        if self.hparams.log_per_class:
+            for name, v in zip(names, scores["IoU"].tolist()):
+                if v == v:  # classes absent from the whole set (NaN) are not logged
+                    self.log(f"{prefix}/IoU_{name}", float(v))
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self):
+        self._eval_end("val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self):
+        self._eval_end("test")
+
+    def eval_report(self) -> dict[str, Any] | None:
+        """The last validation / test: a printed per-class table plus mIoU, mAcc, aAcc and ``IoU_<class>``."""
+        if self.last_eval is None:
+            return None
+        e = self.last_eval
+        table = format_table(e["names"], e["IoU"], e["Acc"])
+        table += f"\nmIoU {float(e['mIoU']) * 100:.2f}  mAcc {float(e['mAcc']) * 100:.2f}  aAcc {float(e['aAcc']) * 100:.2f}"
+        report: dict[str, Any] = {"table": table, "mIoU": float(e["mIoU"]), "mAcc": float(e["mAcc"]), "aAcc": float(e["aAcc"])}
+        report.update({f"IoU_{n}": float(v) for n, v in zip(e["names"], e["IoU"].tolist())})
+        return report
+
+    def predict_step(self, batch, batch_idx):
+        images = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.predict_logits(images).argmax(dim=1)
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self):
+        hp = self.hparams
+        backbone_prefixes = tuple(getattr(self.model, "backbone_prefixes", ("encoder.",)))
+        backbone, heads = [], []
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                (backbone if name.startswith(backbone_prefixes) else heads).append(p)
+        groups = [g for g in ({"params": backbone, "lr": hp.lr}, {"params": heads, "lr": hp.lr * hp.head_lr_mult}) if g["params"]]
+        opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay, hp.momentum)
+        total = self.total_steps()
+        # one multiplier per group so every group decays to the same absolute min_lr (mmseg's PolyLR eta_min)
+        lambdas = [lr_lambda(hp.schedule, total, hp.warmup_steps, hp.power, min_ratio=min(1.0, hp.min_lr / g["lr"])) for g in groups]
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, lambdas), "interval": "step"}}
