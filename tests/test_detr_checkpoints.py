@@ -1,148 +1,30 @@
 """Loading original facebookresearch/detr and HuggingFace DETR weights gives their exact outputs.
 
-The original repository cannot be imported here, so ``_OriginalDETR`` re-implements its
-architecture from the paper's code structure: sequence-first tensors, ``nn.MultiheadAttention``,
-``nn.Sequential(backbone, position_embedding)`` and the original parameter names, so its
-``state_dict()`` has the published checkpoints' key layout (458 keys for R50 with sine PE).
+The original repository cannot be imported here; ``benchmarks/reference_detr.py`` re-implements
+its architecture (sequence-first, ``nn.MultiheadAttention``, the original parameter names), so its
+``state_dict()`` has the published checkpoints' key layout (458 keys for R50 with sine PE). The
+benchmarks time visiontf against the same reference.
 """
 from __future__ import annotations
 
 import logging
 import math
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-import torchvision
 from safetensors.torch import save_file
 from torch import nn
-from torchvision.models._utils import IntermediateLayerGetter
-from torchvision.ops import FrozenBatchNorm2d
 
 from visiontf.models.detr_convert import convert_state_dict, detect_format
 from visiontf.registry import create_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
+from benchmarks.reference_detr import OriginalDETR  # noqa: E402
+
 TOL = 1e-4
-
-
-# --------------------------------------------------------------------------- reference (original layout)
-class _Body(nn.Module):
-    def __init__(self, name: str, dilation: bool) -> None:
-        super().__init__()
-        net = getattr(torchvision.models, name)(weights=None, replace_stride_with_dilation=[False, False, dilation], norm_layer=FrozenBatchNorm2d)
-        self.body = IntermediateLayerGetter(net, {"layer4": "0"})
-
-
-class _SinePE(nn.Module):
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
-
-    def forward(self, mask):
-        valid = (~mask).float()
-        ys = valid.cumsum(1)
-        xs = valid.cumsum(2)
-        ys = ys / (ys[:, -1:, :] + 1e-6) * 2 * math.pi
-        xs = xs / (xs[:, :, -1:] + 1e-6) * 2 * math.pi
-        freq = 10000 ** (2 * (torch.arange(self.n) // 2).float() / self.n)
-
-        def enc(v):
-            a = v[..., None] / freq
-            return torch.stack((a[..., 0::2].sin(), a[..., 1::2].cos()), dim=-1).flatten(-2)
-
-        return torch.cat((enc(ys), enc(xs)), dim=-1).permute(0, 3, 1, 2)
-
-
-class _LearnedPE(nn.Module):
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.row_embed = nn.Embedding(50, n)
-        self.col_embed = nn.Embedding(50, n)
-
-    def forward(self, mask):
-        B, h, w = mask.shape
-        col = self.col_embed.weight[:w][None].repeat(h, 1, 1)
-        row = self.row_embed.weight[:h][:, None].repeat(1, w, 1)
-        return torch.cat((col, row), -1).permute(2, 0, 1)[None].repeat(B, 1, 1, 1)
-
-
-class _EncLayer(nn.Module):
-    def __init__(self, d, h, ff):
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(d, h)
-        self.linear1, self.linear2 = nn.Linear(d, ff), nn.Linear(ff, d)
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-
-    def forward(self, src, pad, pos):
-        q = src + pos
-        src = self.norm1(src + self.self_attn(q, q, src, key_padding_mask=pad)[0])
-        return self.norm2(src + self.linear2(F.relu(self.linear1(src))))
-
-
-class _DecLayer(nn.Module):
-    def __init__(self, d, h, ff):
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(d, h)
-        self.multihead_attn = nn.MultiheadAttention(d, h)
-        self.linear1, self.linear2 = nn.Linear(d, ff), nn.Linear(ff, d)
-        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
-
-    def forward(self, tgt, memory, pad, pos, qpos):
-        q = tgt + qpos
-        tgt = self.norm1(tgt + self.self_attn(q, q, tgt)[0])
-        tgt = self.norm2(tgt + self.multihead_attn(tgt + qpos, memory + pos, memory, key_padding_mask=pad)[0])
-        return self.norm3(tgt + self.linear2(F.relu(self.linear1(tgt))))
-
-
-class _Stack(nn.Module):
-    def __init__(self, layers, norm=None):
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-        if norm is not None:
-            self.norm = norm
-
-
-class _Transformer(nn.Module):
-    def __init__(self, d, h, ne, nd, ff):
-        super().__init__()
-        self.encoder = _Stack([_EncLayer(d, h, ff) for _ in range(ne)])
-        self.decoder = _Stack([_DecLayer(d, h, ff) for _ in range(nd)], nn.LayerNorm(d))
-
-
-class _OriginalDETR(nn.Module):
-    """Sequence-first DETR with the original's module tree (eval-mode forward only)."""
-
-    def __init__(self, num_classes=91, backbone="resnet50", dilation=False, d=256, h=8, ne=6, nd=6, ff=2048, nq=100, pe="sine"):
-        super().__init__()
-        channels = 512 if backbone in ("resnet18", "resnet34") else 2048
-        self.backbone = nn.Sequential(_Body(backbone, dilation), _SinePE(d // 2) if pe == "sine" else _LearnedPE(d // 2))
-        self.transformer = _Transformer(d, h, ne, nd, ff)
-        self.class_embed = nn.Linear(d, num_classes + 1)
-        self.bbox_embed = nn.Module()
-        self.bbox_embed.layers = nn.ModuleList([nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 4)])
-        self.query_embed = nn.Embedding(nq, d)
-        self.input_proj = nn.Conv2d(channels, d, 1)
-
-    def forward(self, images, mask):
-        feat = self.backbone[0].body(images)["0"]
-        m = F.interpolate(mask[None].float(), size=feat.shape[-2:]).bool()[0]
-        pos = self.backbone[1](m).flatten(2).permute(2, 0, 1)
-        src = self.input_proj(feat).flatten(2).permute(2, 0, 1)
-        pad = m.flatten(1)
-        for layer in self.transformer.encoder.layers:
-            src = layer(src, pad, pos)
-        qpos = self.query_embed.weight[:, None].repeat(1, images.shape[0], 1)
-        tgt, hs = torch.zeros_like(qpos), []
-        for layer in self.transformer.decoder.layers:
-            tgt = layer(tgt, src, pad, pos, qpos)
-            hs.append(self.transformer.decoder.norm(tgt))
-        hs = torch.stack(hs).transpose(1, 2)
-        logits = self.class_embed(hs)
-        x = hs
-        for i, lin in enumerate(self.bbox_embed.layers):
-            x = lin(x) if i == 2 else F.relu(lin(x))
-        return logits, x.sigmoid()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -184,7 +66,7 @@ def _max_diff(a, b):
 # --------------------------------------------------------------------------- original checkpoints
 @pytest.mark.slow
 def test_original_r50_checkpoint_parity(tmp_path):
-    ref = _OriginalDETR().eval()
+    ref = OriginalDETR().eval()
     _randomize(ref)
     state = ref.state_dict()
     assert len(state) == 458  # the published R50 checkpoint's key count (REFERENCE.md)
@@ -211,7 +93,7 @@ def test_original_r50_checkpoint_parity(tmp_path):
 def test_original_dc5_learned_pe_checkpoint_parity(tmp_path):
     """Small original-layout model: DC5 dilation and the learned position embedding (``backbone.1.*``)."""
     kw = dict(num_classes=7, backbone="resnet50", dilation=True, d=64, h=4, ne=2, nd=2, ff=96, nq=10, pe="learned")
-    ref = _OriginalDETR(**kw).eval()
+    ref = OriginalDETR(**kw).eval()
     _randomize(ref)
     state = ref.state_dict()
     assert "backbone.1.row_embed.weight" in state
@@ -321,7 +203,7 @@ def test_hf_default_r50_key_mapping():
 # --------------------------------------------------------------------------- fine-tuning and errors
 def test_finetune_other_num_classes_drops_only_class_head(tmp_path, caplog):
     kw = dict(num_classes=7, backbone="resnet18", d=64, h=4, ne=1, nd=1, ff=96, nq=10)
-    ref = _OriginalDETR(**kw)
+    ref = OriginalDETR(**kw)
     _randomize(ref)
     path = tmp_path / "small.pth"
     torch.save({"model": ref.state_dict()}, path)
