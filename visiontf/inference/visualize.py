@@ -1,6 +1,7 @@
 """Drawing predictions on images with torchvision's drawing utilities, and saving them."""
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -50,6 +51,17 @@ def to_uint8_chw(image: Any) -> Tensor:
     return t.contiguous()
 
 
+@functools.lru_cache(maxsize=1)
+def _font_path() -> str | None:
+    """A TrueType font (matplotlib's DejaVu Sans), so label text can be sized; None falls back to PIL's bitmap font."""
+    try:
+        from matplotlib import font_manager
+
+        return font_manager.findfont("DejaVu Sans", fallback_to_default=True)
+    except Exception:  # noqa: BLE001 - drawing works without it, only smaller
+        return None
+
+
 def _font_size(h: int, w: int) -> int:
     return max(10, min(h, w) // 30)
 
@@ -90,7 +102,7 @@ def draw_detections(
     H, W = img.shape[-2:]
     return draw_bounding_boxes(
         img, boxes, labels=texts, colors=[color_for(l) for l in labels.tolist()],
-        width=width or max(1, min(H, W) // 150), font_size=font_size or _font_size(H, W),
+        width=width or max(1, min(H, W) // 150), font=_font_path(), font_size=font_size or _font_size(H, W),
         label_background_colors=[color_for(l) for l in labels.tolist()], label_colors="white",
     )
 
