@@ -110,3 +110,17 @@ def test_validation_map_equals_pycocotools_on_the_original_annotations(det_root,
     for p in preds:
         w, h = sizes[p["image_id"]]
         assert p["boxes"][:, 2].max() <= w + 1e-3 and p["boxes"][:, 3].max() <= h + 1e-3
+
+
+def test_checkpoint_carries_class_names_for_the_predictor(det_root, tmp_path):
+    from visiontf.inference.predictor import Predictor
+
+    dm = _datamodule(det_root)
+    task = DetectionTask(num_classes=dm.num_classes, model_kwargs=TINY_DETR)
+    trainer = _trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(task, datamodule=dm)
+    path = tmp_path / "t.ckpt"
+    trainer.save_checkpoint(path)
+    predictor = Predictor.from_checkpoint(path)
+    assert predictor.class_names == dm.class_names
+    assert predictor.label_to_cat_id == {int(k): v for k, v in dm.label_to_cat_id.items()}

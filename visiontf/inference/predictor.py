@@ -272,6 +272,8 @@ class Predictor:
         model, info = load_checkpoint_model(ckpt_path)
         for key, value in info.get("predictor_kwargs", {}).items():
             kwargs.setdefault(key, value)
+        if info.get("label_to_cat_id"):
+            kwargs.setdefault("label_to_cat_id", info["label_to_cat_id"])
         return cls(model, class_names=class_names if class_names is not None else info.get("class_names"), **kwargs)
 
     @classmethod
@@ -444,6 +446,8 @@ def load_checkpoint_model(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, A
     names = ckpt.get("class_names") or hp.get("class_names") or dm.get("class_names")
     if names:
         info["class_names"] = list(names)
+    if ckpt.get("label_to_cat_id"):
+        info["label_to_cat_id"] = {int(k): int(v) for k, v in ckpt["label_to_cat_id"].items()}
     pk = predictor_kwargs_from_hparams(dm, hp)
     info["predictor_kwargs"] = pk
     log.info("%s: rebuilt %s (%d tensors); preprocessing from the checkpoint: %s", path, hp["model_name"], len(state), pk or "model defaults")

@@ -108,6 +108,7 @@ class DETR(nn.Module):
         backbone_pretrained: None, a local ImageNet checkpoint, or True (torchvision download).
         train_backbone: False freezes the whole backbone.
         channels_last: run the backbone in channels-last memory format.
+        frozen_bn, freeze_stem: see :class:`DetrBackbone`; both True (the paper) by default.
     """
 
     head_prefixes = ("class_embed.",)
@@ -129,6 +130,8 @@ class DETR(nn.Module):
         backbone_pretrained: bool | str | Path | None = None,
         train_backbone: bool = True,
         channels_last: bool = False,
+        frozen_bn: bool = True,
+        freeze_stem: bool = True,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -139,7 +142,7 @@ class DETR(nn.Module):
         self.num_queries = num_queries
         self.hidden_dim = hidden_dim
         self.aux_loss = aux_loss
-        self.backbone = DetrBackbone(backbone, dilation, train_backbone, backbone_pretrained, channels_last)
+        self.backbone = DetrBackbone(backbone, dilation, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem)
         if position_embedding in ("sine", "v2"):
             self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True)
         elif position_embedding in ("learned", "v3"):

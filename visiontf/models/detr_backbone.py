@@ -42,6 +42,10 @@ class DetrBackbone(nn.Module):
             download torchvision's ``IMAGENET1K_V1`` weights (ResNets only).
         channels_last: run the backbone in channels-last memory format (faster convolutions on
             CPUs and tensor cores).
+        frozen_bn: FrozenBatchNorm2d (the paper; right for a pretrained backbone). False gives
+            ordinary BatchNorm2d, for training a backbone from scratch (small CPU models).
+        freeze_stem: keep the stem and first stage frozen, as the paper does for pretrained
+            weights; a from-scratch backbone should train them.
     """
 
     def __init__(
@@ -51,12 +55,14 @@ class DetrBackbone(nn.Module):
         train_backbone: bool = True,
         pretrained: bool | str | Path | None = None,
         channels_last: bool = False,
+        frozen_bn: bool = True,
+        freeze_stem: bool = True,
     ) -> None:
         super().__init__()
         self.name = name
         self.channels_last = channels_last
         if name.startswith(TIMM_PREFIX):
-            self.body, self.num_channels = _timm_body(name[len(TIMM_PREFIX):], dilation, pretrained)
+            self.body, self.num_channels = _timm_body(name[len(TIMM_PREFIX):], dilation, pretrained, frozen_bn)
             first_trained = _timm_first_trained_module(self.body)
         elif name in RESNETS:
             if dilation and name in ("resnet18", "resnet34"):
@@ -64,7 +70,7 @@ class DetrBackbone(nn.Module):
             resnet = getattr(torchvision.models, name)(
                 weights=None,
                 replace_stride_with_dilation=[False, False, dilation],
-                norm_layer=FrozenBatchNorm2d,
+                norm_layer=FrozenBatchNorm2d if frozen_bn else nn.BatchNorm2d,
             )
             if pretrained:
                 _load_imagenet(resnet, name, pretrained)
@@ -75,7 +81,10 @@ class DetrBackbone(nn.Module):
             raise ValueError(
                 f"unknown DETR backbone {name!r}: use one of {RESNETS} or '{TIMM_PREFIX}<timm model name>' (e.g. 'timm:resnet18')"
             )
-        _freeze(self.body, first_trained if train_backbone else None)
+        if not train_backbone:
+            _freeze(self.body, None)
+        elif freeze_stem:
+            _freeze(self.body, first_trained)
         if channels_last:
             self.body.to(memory_format=torch.channels_last)
 
@@ -143,7 +152,7 @@ def _load_backbone_state(module: nn.Module, state: dict[str, Tensor], source: st
     log.info("backbone: loaded %d tensors from %s, ignored %d classifier/counter tensors", len(state), source, len(dropped))
 
 
-def _timm_body(name: str, dilation: bool, pretrained: bool | str | Path | None) -> tuple[nn.Module, int]:
+def _timm_body(name: str, dilation: bool, pretrained: bool | str | Path | None, frozen_bn: bool = True) -> tuple[nn.Module, int]:
     import timm
     from timm.layers import freeze_batch_norm_2d
 
@@ -156,7 +165,8 @@ def _timm_body(name: str, dilation: bool, pretrained: bool | str | Path | None) 
     body = timm.create_model(name, features_only=True, out_indices=(-1,), pretrained=False, **kwargs)
     if pretrained:
         _load_backbone_state(body, load_state_dict_file(pretrained), str(pretrained))
-    body = freeze_batch_norm_2d(body)
+    if frozen_bn:
+        body = freeze_batch_norm_2d(body)
     return body, body.feature_info.channels()[-1]
 
 

@@ -47,6 +47,14 @@ class BaseTask(L.LightningModule):
             self.model.compile()
             self._compiled = True
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # what a Predictor needs to name its outputs, without the dataset at hand
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        for key in ("class_names", "label_to_cat_id"):
+            value = getattr(dm, key, None)
+            if value is not None:
+                checkpoint[key] = dict(value) if isinstance(value, dict) else list(value)
+
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)
 
