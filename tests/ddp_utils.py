@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,29 +66,22 @@ def evaluate(config: str, ckpt: Path, out: Path, overrides: list[str], ddp: bool
     return json.loads(out.read_text())
 
 
-def run_until_file(args: list[str], wait_for: Path, timeout: float = 300, env: dict[str, str] | None = None) -> int:
-    """Start ``python <args>``, SIGKILL it (no clean shutdown) as soon as ``wait_for`` exists; returns the exit code.
+try:
+    import lightning as L
 
-    Fails if the process ends by itself before the file appears (the kill would prove nothing).
-    """
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env or subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while not wait_for.exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"process ended ({proc.returncode}) before {wait_for} appeared:\n{proc.stdout.read()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{wait_for} did not appear within {timeout}s")
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-    return proc.returncode
+    class KillAfterStep(L.Callback):
+        """Test-only: SIGKILL this process (no clean shutdown, no final checkpoint) once ``step`` optimizer
+        steps are done. Use with ``PYTHONPATH=tests`` and ``--trainer.callbacks+=ddp_utils.KillAfterStep``."""
+
+        def __init__(self, step: int) -> None:
+            self.step = step
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            # checkpoint callbacks run after this one, so nothing of step `step` is saved
+            if trainer.global_step >= self.step:
+                os.kill(os.getpid(), signal.SIGKILL)
+except ModuleNotFoundError:  # pragma: no cover
+    pass
 
 
 def _patch_eval_samplers() -> None:
