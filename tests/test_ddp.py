@@ -277,3 +277,30 @@ def test_detection_eval_step_runs_no_collective(monkeypatch):
               "orig_size": torch.tensor([32, 32]), "size": torch.tensor([32, 32])}
     with torch.no_grad():
         task.validation_step((torch.randn(1, 3, 32, 32), torch.zeros(1, 32, 32, dtype=torch.bool), [target]), 0)
+
+
+# -- segmentation ------------------------------------------------------------------------------------
+SEG_CONFIG = "configs/setr/setr_tiny_synthetic.yaml"
+
+
+def test_segmentation_ddp_eval_equals_single_process(tmp_path):
+    """mIoU, mAcc, aAcc and every per-class IoU on 2 ranks equal 1 rank (same-size images: no batch padding)."""
+    from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+
+    root = make_segmentation_dataset(tmp_path / "data", num_train=2, num_val=NUM_VAL, num_classes=4, image_size=(64, 64))
+    overrides = [f"--data.init_args.root={root}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
+                 "--data.init_args.val_batch_size=2", "--data.init_args.crop_size=32",
+                 "--data.init_args.base_size=[64, 64]",
+                 "--model.init_args.model_kwargs={img_size: 32, drop_path_rate: 0.0, "
+                 "encoder_kwargs: {patch_size: 8, depth: 4, embed_dim: 48, num_heads: 3}}",
+                 "--model.init_args.crop_size=32", "--model.init_args.stride=32"]
+    run(["tools/train.py", "fit", "--config", SEG_CONFIG, *overrides, "--trainer.max_epochs=1",
+         "--trainer.limit_val_batches=0", "--model.init_args.warmup_steps=0", "--checkpoint.monitor=null",
+         f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.enable_progress_bar=false"])
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    single = evaluate(SEG_CONFIG, ckpt, tmp_path / "single.json", overrides)
+    ddp = evaluate(SEG_CONFIG, ckpt, tmp_path / "ddp.json", overrides, ddp=True)
+    per_class = sorted(k for k in single if k.startswith("val/IoU_"))
+    assert len(per_class) == 4, sorted(single)
+    assert 0 < single["val/mIoU"] < 1, single
+    _assert_same(single, ddp, ["val/mIoU", "val/mAcc", "val/aAcc", *per_class])
