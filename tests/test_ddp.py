@@ -255,8 +255,6 @@ def test_set_criterion_averages_num_boxes_over_ranks(monkeypatch):
     torch.testing.assert_close(distributed["loss_ce"], local["loss_ce"])  # CE is a weighted mean, no num_boxes
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="SetCriterion all-reduces num_boxes in eval steps too; with the unrepeated "
-                   "eval sampler ranks can run different numbers of batches, and the extra collective deadlocks")
 def test_detection_eval_step_runs_no_collective(monkeypatch):
     """Eval steps under DDP must not call collectives: ``UnrepeatedDistributedSampler`` gives 7 images
     with batch 1 as 4 batches on rank 0 and 3 on rank 1, so rank 0's 4th all_reduce never finds a partner."""

@@ -154,12 +154,12 @@ class SetCriterion(nn.Module):
         return fn(outputs, targets, indices, num_boxes, **kwargs)
 
     # -- full criterion ---------------------------------------------------------------------
-    def num_boxes(self, targets: Sequence[Mapping[str, Tensor]], device: torch.device) -> float:
-        """Average number of target boxes per rank (all-reduced under DDP), at least 1."""
+    def num_boxes(self, targets: Sequence[Mapping[str, Tensor]], device: torch.device, sync: bool = True) -> float:
+        """Average number of target boxes per rank (all-reduced under DDP when ``sync``), at least 1."""
         total = torch.as_tensor(
             [float(sum(len(t["labels"]) for t in targets))], dtype=torch.float32, device=device
         )
-        world = _world_size()
+        world = _world_size() if sync else 1
         if world > 1:
             dist.all_reduce(total)
         return torch.clamp(total / world, min=1).item()
@@ -178,12 +178,16 @@ class SetCriterion(nn.Module):
             )
 
     def forward(
-        self, outputs: Mapping[str, object], targets: Sequence[Mapping[str, Tensor]]
+        self, outputs: Mapping[str, object], targets: Sequence[Mapping[str, Tensor]], sync_num_boxes: bool = True
     ) -> Dict[str, Tensor]:
-        """Loss terms for the final and auxiliary decoder outputs plus their weighted sum ``loss``."""
+        """Loss terms for the final and auxiliary decoder outputs plus their weighted sum ``loss``.
+
+        ``sync_num_boxes=False`` keeps the normaliser local to this rank: evaluation steps must not
+        run collectives, since ranks may see different numbers of batches there.
+        """
         main = {k: v for k, v in outputs.items() if k != "aux_outputs"}
         self._check(main, targets)
-        num_boxes = self.num_boxes(targets, main["pred_logits"].device)
+        num_boxes = self.num_boxes(targets, main["pred_logits"].device, sync=sync_num_boxes)
 
         terms: Dict[str, Tensor] = {}
         weighted = []

@@ -71,7 +71,8 @@ class DetectionTask(BaseTask):
     def _step(self, batch) -> tuple[dict, dict[str, Tensor], list[dict]]:
         images, mask, targets = batch
         outputs = self.model(images, mask)
-        losses = self.criterion(outputs, targets)
+        # only training steps synchronise the box count: eval ranks may run unequal batch counts
+        losses = self.criterion(outputs, targets, sync_num_boxes=self.training)
         return outputs, losses, targets
 
     def training_step(self, batch, batch_idx):
