@@ -228,10 +228,12 @@ def _register(name: str, doc: str, url: str | None = None, **cfg) -> None:
     register_model(build, fetch_pretrained=fetch, filter_fn=convert_state_dict, tags=("detection", "detr"))
 
 
-_register("detr_resnet50", "DETR R50 (42.0 COCO AP)", ORIGINAL_URLS["detr_resnet50"], backbone="resnet50")
-_register("detr_resnet50_dc5", "DETR R50-DC5 (43.3 COCO AP)", ORIGINAL_URLS["detr_resnet50_dc5"], backbone="resnet50", dilation=True)
-_register("detr_resnet101", "DETR R101 (43.5 COCO AP)", ORIGINAL_URLS["detr_resnet101"], backbone="resnet101")
-_register("detr_resnet101_dc5", "DETR R101-DC5 (44.9 COCO AP)", ORIGINAL_URLS["detr_resnet101_dc5"], backbone="resnet101", dilation=True)
+# channels-last: about 20 % faster convolutions on CPU (oneDNN) and on tensor cores; docs/benchmarks.md
+_CL = dict(channels_last=True)
+_register("detr_resnet50", "DETR R50 (42.0 COCO AP)", ORIGINAL_URLS["detr_resnet50"], backbone="resnet50", **_CL)
+_register("detr_resnet50_dc5", "DETR R50-DC5 (43.3 COCO AP)", ORIGINAL_URLS["detr_resnet50_dc5"], backbone="resnet50", dilation=True, **_CL)
+_register("detr_resnet101", "DETR R101 (43.5 COCO AP)", ORIGINAL_URLS["detr_resnet101"], backbone="resnet101", **_CL)
+_register("detr_resnet101_dc5", "DETR R101-DC5 (44.9 COCO AP)", ORIGINAL_URLS["detr_resnet101_dc5"], backbone="resnet101", dilation=True, **_CL)
 _register(
     "detr_tiny",
     "A small DETR (ResNet-18, 128 dims, 3+3 layers) that trains on CPU with 128-256 px images",

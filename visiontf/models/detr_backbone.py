@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.ops import FrozenBatchNorm2d
 
+from visiontf.models.frozen_bn import fold_frozen_batchnorm
 from visiontf.weights import load_state_dict_file
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ class DetrBackbone(nn.Module):
             )
             if pretrained:
                 _load_imagenet(resnet, name, pretrained)
+            if frozen_bn:
+                # same buffers and state dict; saves the elementwise BN passes (docs/benchmarks.md)
+                fold_frozen_batchnorm(resnet)
             self.body = IntermediateLayerGetter(resnet, return_layers={"layer4": "0"})
             self.num_channels = 512 if name in ("resnet18", "resnet34") else 2048
             first_trained = "layer2"
