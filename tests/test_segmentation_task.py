@@ -119,6 +119,7 @@ def _loaders(n=8, size=64, k=3):
     return DataLoader(ds, batch_size=4, shuffle=True), DataLoader(ds, batch_size=2)
 
 
+@pytest.mark.slow
 def test_short_fit_logs_miou(tmp_path):
     task = _task("naive", lr=0.01, inference_mode="slide", crop_size=64, stride=43)
     train, val = _loaders()
@@ -133,6 +134,7 @@ def test_short_fit_logs_miou(tmp_path):
     assert task.eval_report()["table"].count("class_") == 3
 
 
+@pytest.mark.slow
 def test_fit_with_the_segmentation_datamodule(tmp_path):
     seg = pytest.importorskip("visiontf.data.segmentation")
     synth = pytest.importorskip("visiontf.data.synthetic.segmentation")
