@@ -487,6 +487,8 @@ class SegmentationDataModule(L.LightningDataModule):
         self.layout = layout
         self.class_names: list[str] = resolve_classes(self.root, layout, num_classes)
         self.num_classes: int = len(self.class_names)
+        # the resolved count, so Lightning's hparams merge agrees with the task's num_classes
+        self.hparams["num_classes"] = self.num_classes
         self.ignore_index = ignore_index
         self.reduce_zero_label = defaults["reduce_zero_label"] if reduce_zero_label is None else reduce_zero_label
         self.base_size = tuple(base_size) if base_size is not None else defaults["base_size"]
