@@ -92,8 +92,7 @@ def _prepare_val_split(img_dir: Path, ann_file: Path, size: int = 64) -> None:
 
     Same-size images: a padded batch changes DETR's outputs (the ResNet sees its batch neighbours'
     padding), and 1 process batches images (0,1),(2,3).. while 2 ranks batch (0,2),(4,6) / (1,3),(5).
-    Batch size 1 would avoid padding but gives ranks 4 and 3 batches, and SetCriterion all-reduces
-    num_boxes in every eval step, which then deadlocks (see the report / docs/distributed.md).
+    (Batch size 1 would avoid padding too, at twice the eval steps.)
     The centred box is what the pinned box head below predicts.
     """
     import json
