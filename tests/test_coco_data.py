@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 from PIL import Image
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import SequentialSampler
 
 from visiontf.data import detection_transforms as DT
 from visiontf.data.coco import AnnotationError, CocoDataModule, CocoDetection, collate_detection
@@ -275,7 +276,8 @@ def test_datamodule_maps_categories_and_batches(synthetic):
     assert dm.pin_memory == torch.cuda.is_available() and dm.persistent_workers is False
     dm.setup("fit")
     loader = dm.train_dataloader()
-    assert isinstance(loader.sampler, RandomSampler)  # plain: Lightning swaps in DistributedSampler under DDP
+    # one process: an epoch-seeded single-replica sampler (exact resume); under DDP Lightning injects its own
+    assert isinstance(loader.sampler, DistributedSampler) and loader.sampler.num_replicas == 1 and loader.sampler.shuffle
     images, mask, targets = next(iter(loader))
     assert images.shape[0] == 3 and images.shape[-1] % 32 == 0 and images.shape[-2] % 32 == 0
     for i, t in enumerate(targets):

@@ -3,12 +3,13 @@
 What it takes (checked here with the tiny ViT, mixup on so NumPy's RNG matters):
 
 * Lightning restores model, optimizer, LR scheduler and loop counters from ``last.ckpt``.
-* ``visiontf.callbacks.RNGStateCheckpoint`` restores the global python/NumPy/torch RNGs, which
-  Lightning does not (``seed_everything`` would restart them): mixup's lambda comes from NumPy.
-* Shuffling must be a function of (seed, epoch): Lightning's ``DistributedSampler`` (used under
-  ``strategy: ddp``, here with 1 process) calls ``set_epoch``. The single-device ``RandomSampler``
-  with a generator seeded once in ``train_dataloader`` is NOT resumable: a resumed run rebuilds the
-  generator and repeats epoch 0's order (see docs/robustness.md).
+* ``visiontf.callbacks.RNGStateCheckpoint`` (a default callback of ``tools/train.py``) restores the
+  global python/NumPy/torch RNGs, which Lightning does not (``seed_everything`` would restart
+  them): mixup's lambda comes from NumPy.
+* Shuffling must be a function of (seed, epoch): the data modules use an epoch-seeded sampler on one
+  process (``visiontf.data.samplers.train_sampler``) and Lightning's ``DistributedSampler`` under
+  DDP; both get ``set_epoch``. A plain ``shuffle=True`` loader with a generator seeded once would
+  repeat epoch 0's order after a resume.
 * The checkpoint is at an epoch boundary. A plain DataLoader is not resumable mid-epoch: Lightning
   restarts the epoch from its first batch while counting from the saved step (it warns), so a
   mid-epoch resume replays batches and cannot be exact.
@@ -39,9 +40,8 @@ def _fit_args(data: Path, out: Path) -> list[str]:
             "--data.init_args.color_jitter=0",
             "--model.init_args.model_kwargs={img_size: 32, patch_size: 8, depth: 1, embed_dim: 48, num_heads: 3}",
             "--model.init_args.mixup_alpha=0.8", "--model.init_args.warmup_epochs=1",
-            f"--trainer.max_epochs={EPOCHS}", "--trainer.strategy=ddp", "--trainer.devices=1",
+            f"--trainer.max_epochs={EPOCHS}", "--trainer.devices=1",
             "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
-            "--trainer.callbacks+=visiontf.callbacks.RNGStateCheckpoint",
             "--checkpoint.monitor=null", "--checkpoint.every_n_train_steps=2", f"--trainer.default_root_dir={out}"]
 
 

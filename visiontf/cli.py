@@ -15,6 +15,8 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+from visiontf.callbacks import RNGStateCheckpoint
+
 # make every task and data module importable by short class_path (e.g. "ClassificationTask")
 import visiontf.tasks.classification  # noqa: F401
 from visiontf.data import classification as _cls_data  # noqa: F401
@@ -46,6 +48,11 @@ class VisionCLI(LightningCLI):
         if config.get("logger") in (None, True):
             # both a CSV log (for tools/plot_logs.py) and TensorBoard, under the run's own folder
             config["logger"] = [CSVLogger(root, name="csv"), TensorBoardLogger(root, name="tb")]
+        elif config.get("logger") is False:
+            # LearningRateMonitor refuses to run without a logger
+            self.trainer_defaults["callbacks"] = [
+                cb for cb in self.trainer_defaults.get("callbacks", []) if not isinstance(cb, LearningRateMonitor)
+            ]
         for cb in callbacks + list(config.get("callbacks") or []):
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
                 # a fixed folder, so a new process finds last.ckpt with --ckpt_path last
@@ -54,7 +61,8 @@ class VisionCLI(LightningCLI):
 
 
 def _trainer_defaults() -> dict:
-    return {"callbacks": [LearningRateMonitor(logging_interval="step")]}
+    # RNG states in every checkpoint: a killed run resumed with --ckpt_path last continues exactly
+    return {"callbacks": [LearningRateMonitor(logging_interval="step"), RNGStateCheckpoint()]}
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:

@@ -21,7 +21,7 @@ from albumentations.pytorch import ToTensorV2
 from torch.utils.data import DataLoader, Dataset
 
 from visiontf.data.io import read_image
-from visiontf.data.samplers import eval_sampler
+from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -352,10 +352,11 @@ class ClassificationDataModule(L.LightningDataModule):
         n = len(self.train_dataset)
         # Dropping a ragged last batch keeps batch statistics steady, unless that would leave no batch at all.
         drop_last = n >= 2 * self.batch_size
-        # shuffle=True lets Lightning swap in a DistributedSampler under DDP; the generator fixes the order.
+        # one process: an epoch-seeded sampler (exact resume); DDP: shuffle=True lets Lightning inject its own
+        sampler = train_sampler(self.train_dataset, self.trainer, self.hparams.seed)
         return DataLoader(
-            self.train_dataset, batch_size=self.batch_size, shuffle=True, drop_last=drop_last,
-            generator=torch.Generator().manual_seed(self.hparams.seed), **loader_kwargs(self.num_workers),
+            self.train_dataset, batch_size=self.batch_size, shuffle=sampler is None, sampler=sampler, drop_last=drop_last,
+            **loader_kwargs(self.num_workers),
         )
 
     def val_dataloader(self) -> DataLoader:

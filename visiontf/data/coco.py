@@ -29,7 +29,7 @@ from torchvision.ops import box_convert
 
 from visiontf.data import detection_transforms as DT
 from visiontf.data.io import read_image
-from visiontf.data.samplers import eval_sampler
+from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +243,11 @@ class CocoDetection(Dataset):
         if not self.img_dir.is_dir():
             raise FileNotFoundError(f"{self.img_dir}: image folder not found (check the dataset root and *_images)")
         self.index = parse_coco(load_coco_json(self.ann_file), self.ann_file)
+        if not self.index.images:
+            raise AnnotationError(
+                f"{self.ann_file}: 'images' is empty, so this split has nothing to train or evaluate on; "
+                "check the file and the *_images/*_ann paths"
+            )
         self.transforms = transforms if transforms is not None else DT.build_normalize_transforms()
         self.seed = seed
         self._seeded_for: tuple[int, int] | None = None
@@ -417,12 +422,14 @@ class CocoDataModule(L.LightningDataModule):
     def _loader(self, ds: Dataset | None, batch_size: int, shuffle: bool, name: str) -> DataLoader:
         if ds is None:
             raise RuntimeError(f"CocoDataModule: {name} dataset not set up; call setup() with the matching stage first")
+        sampler = train_sampler(ds, self.trainer, self.seed) if shuffle else eval_sampler(ds, self.trainer)
         return DataLoader(
             ds,
             batch_size=batch_size,
-            shuffle=shuffle,
+            shuffle=shuffle and sampler is None,
+            # train: epoch-seeded order on one process (exact resume), Lightning's sampler under DDP;
             # eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
-            sampler=None if shuffle else eval_sampler(ds, self.trainer),
+            sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
             pin_memory=self.pin_memory,

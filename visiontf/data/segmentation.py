@@ -34,7 +34,7 @@ from visiontf.data.classification import (
     loader_kwargs,
 )
 from visiontf.data.io import read_image, read_mask
-from visiontf.data.samplers import eval_sampler
+from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -534,9 +534,9 @@ class SegmentationDataModule(L.LightningDataModule):
         # under DDP every val image is scored exactly once (no padding repeats), so mIoU sums are exact
         extra: dict[str, Any] = {"sampler": eval_sampler(dataset, self.trainer)}
         if train:
-            # shuffle=True lets Lightning swap in a DistributedSampler under DDP; the generator fixes the order.
-            extra = {"shuffle": True, "drop_last": len(dataset) >= 2 * batch_size,
-                     "generator": torch.Generator().manual_seed(self.hparams.seed)}
+            # one process: an epoch-seeded sampler (exact resume); DDP: shuffle=True lets Lightning inject its own
+            sampler = train_sampler(dataset, self.trainer, self.hparams.seed)
+            extra = {"shuffle": sampler is None, "sampler": sampler, "drop_last": len(dataset) >= 2 * batch_size}
         return DataLoader(dataset, batch_size=batch_size, collate_fn=_Collate(self.ignore_index),
                           **extra, **loader_kwargs(self.num_workers))
 
