@@ -87,17 +87,13 @@ def test_missing_annotation_file_is_a_clear_error(tmp_path):
         load_coco_json(tmp_path / "instances_val.json")
 
 
-def test_empty_coco_split_is_reported(tmp_path, caplog):
-    from visiontf.data.coco import CocoDetection
+def test_empty_coco_split_is_reported(tmp_path):
+    from visiontf.data.coco import AnnotationError, CocoDetection
 
     ann = tmp_path / "empty.json"
     ann.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}]}))
-    try:
-        ds = CocoDetection(tmp_path, ann)
-    except ValueError as e:  # a clear error is fine
-        assert "empty.json" in str(e)
-    else:
-        pytest.xfail(f"an empty COCO split loads silently ({len(ds)} images); wanted an error naming {ann.name}")
+    with pytest.raises(AnnotationError, match=r"empty\.json: 'images' is empty"):
+        CocoDetection(tmp_path, ann)
 
 
 def _torch_load_calls(path: Path) -> list[ast.Call]:
