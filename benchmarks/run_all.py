@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_torch()
     t0 = time.perf_counter()
     rows, failed = run_all(args.quick, args.device, only)
+    setup_torch()
     info = machine_info()
     info["total_s"] = round(time.perf_counter() - t0, 1)
     print(f"\n{info}\n")
