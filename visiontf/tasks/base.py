@@ -74,6 +74,25 @@ class BaseTask(L.LightningModule):
         self.log("train/nonfinite_steps", float(self.nonfinite_steps), sync_dist=False)
         return False
 
+    # validation and test share one path per task: ``_eval_step(batch, stage)`` and ``_eval_end(stage)``
+    def _eval_step(self, batch, stage: str) -> None:
+        raise NotImplementedError
+
+    def _eval_end(self, stage: str) -> None:
+        raise NotImplementedError
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self):
+        self._eval_end("val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self):
+        self._eval_end("test")
+
     def total_steps(self) -> int:
         return int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
 

@@ -103,18 +103,6 @@ class ClassificationTask(BaseTask):
         self.val_top1.reset()
         self.val_top5.reset()
 
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
-
-    def on_validation_epoch_end(self):
-        self._eval_end("val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
-
-    def on_test_epoch_end(self):
-        self._eval_end("test")
-
     def predict_step(self, batch, batch_idx):
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self.model(images).softmax(dim=-1)

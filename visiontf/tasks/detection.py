@@ -111,18 +111,6 @@ class DetectionTask(BaseTask):
         self.log(f"{stage}/mAP", stats["map"].float(), prog_bar=True, sync_dist=False)
         metric.reset()
 
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
-
-    def on_validation_epoch_end(self):
-        self._eval_end("val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
-
-    def on_test_epoch_end(self):
-        self._eval_end("test")
-
     def predict_step(self, batch, batch_idx):
         images, mask, targets = batch
         outputs = self.model(images, mask)

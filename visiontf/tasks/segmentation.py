@@ -169,18 +169,6 @@ class SegmentationTask(BaseTask):
                 if v == v:  # classes absent from the whole set (NaN) are not logged
                     self.log(f"{prefix}/IoU_{name}", float(v))
 
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
-
-    def on_validation_epoch_end(self):
-        self._eval_end("val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
-
-    def on_test_epoch_end(self):
-        self._eval_end("test")
-
     def eval_report(self) -> dict[str, Any] | None:
         """The last validation / test: a printed per-class table plus mIoU, mAcc, aAcc and ``IoU_<class>``."""
         if self.last_eval is None:

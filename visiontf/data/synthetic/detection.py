@@ -19,6 +19,9 @@ CATEGORIES = ((1, "circle"), (2, "square"), (3, "triangle"), (5, "star"))
 __all__ = ["CATEGORIES", "make_detection_dataset"]
 
 
+_CLASS_COLOURS = ((220, 40, 40), (40, 200, 60), (50, 80, 230), (240, 210, 40))
+
+
 def _background(rng: np.random.Generator, height: int, width: int) -> Image.Image:
     # A smooth colour field (upsampled coarse noise) plus pixel noise looks textured but is cheap.
     coarse = rng.integers(40, 216, size=(4, 5, 3), dtype=np.uint8)
@@ -58,6 +61,9 @@ def _make_split(
     categories: tuple[tuple[int, str], ...],
     first_image_id: int,
     ann_id: int,
+    object_size: tuple[float, float] | None = None,
+    max_objects: int = 5,
+    colour_by_class: bool = False,
 ) -> tuple[dict, int]:
     img_dir.mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
@@ -70,15 +76,22 @@ def _make_split(
         img = _background(rng, h, w)
         draw = ImageDraw.Draw(img)
         # Every 8th image (offset 5) has no objects: empty targets must train and evaluate.
-        num_objects = 0 if i % 8 == 5 else int(rng.integers(1, 6))
+        num_objects = 0 if i % 8 == 5 else int(rng.integers(1, max_objects + 1))
         for _ in range(num_objects):
             cat_id, kind = categories[int(rng.integers(len(categories)))]
-            # Log-uniform radius: many small objects (COCO "small" < 32x32) and a few large ones.
-            r = float(np.exp(rng.uniform(np.log(3.0), np.log(0.3 * min(h, w)))))
+            # Log-uniform radius: many small objects (COCO "small" < 32x32) and a few large ones,
+            # unless object_size gives the radius range as fractions of the shorter side.
+            lo, hi = (3.0, 0.3 * min(h, w)) if object_size is None else (object_size[0] * min(h, w), object_size[1] * min(h, w))
+            r = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
             cx = float(rng.uniform(r + 1, w - r - 1))
             cy = float(rng.uniform(r + 1, h - r - 1))
             poly = _polygon(kind, cx, cy, r, float(rng.uniform(0, 2 * math.pi)))
-            colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+            if colour_by_class:
+                # a class colour with jitter: an easier set that small CPU models learn in minutes
+                base = _CLASS_COLOURS[[c for c, _ in categories].index(cat_id) % len(_CLASS_COLOURS)]
+                colour = tuple(int(np.clip(c + rng.integers(-30, 31), 0, 255)) for c in base)
+            else:
+                colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
             draw.polygon(poly, fill=colour, outline=(0, 0, 0))
             xs, ys = [p[0] for p in poly], [p[1] for p in poly]
             x0, y0, x1, y1 = max(min(xs), 0.0), max(min(ys), 0.0), min(max(xs), w), min(max(ys), h)
@@ -113,13 +126,19 @@ def make_detection_dataset(
     seed: int = 0,
     image_size: tuple[int, int] = (160, 224),
     num_classes: int = 4,
+    object_size: tuple[float, float] | None = None,
+    max_objects: int = 5,
+    colour_by_class: bool = False,
 ) -> dict[str, Path]:
     """Write a COCO-layout shapes dataset under ``out`` and return its paths.
 
     Layout: ``out/train2017/*.jpg``, ``out/val2017/*.jpg``,
     ``out/annotations/instances_{train,val}2017.json``. ``image_size`` is the (height, width)
     around which each image's size varies by +-20 %. ``num_classes`` (1..4) takes the first
-    categories of :data:`CATEGORIES`.
+    categories of :data:`CATEGORIES`. ``object_size`` is the (min, max) shape radius as fractions
+    of the image's shorter side (default: 3 px to 0.3, many COCO-small objects); ``max_objects``
+    caps the objects per image. ``colour_by_class`` paints each class in its own (jittered) colour
+    instead of a random one: an easier set for a CPU demo.
 
     Returns a dict with ``root``, ``train_images``, ``val_images``, ``train_ann``, ``val_ann``.
     """
@@ -138,8 +157,9 @@ def make_detection_dataset(
     paths["train_ann"].parent.mkdir(parents=True, exist_ok=True)
     ann_id = 1
     # Image ids continue across splits, as in COCO, so a mix-up between splits is detectable.
-    train, ann_id = _make_split(rng, paths["train_images"], num_train, image_size, categories, 1, ann_id)
-    val, _ = _make_split(rng, paths["val_images"], num_val, image_size, categories, num_train + 1, ann_id)
+    shapes = {"object_size": object_size, "max_objects": max_objects, "colour_by_class": colour_by_class}
+    train, ann_id = _make_split(rng, paths["train_images"], num_train, image_size, categories, 1, ann_id, **shapes)
+    val, _ = _make_split(rng, paths["val_images"], num_val, image_size, categories, num_train + 1, ann_id, **shapes)
     paths["train_ann"].write_text(json.dumps(train))
     paths["val_ann"].write_text(json.dumps(val))
     return paths
