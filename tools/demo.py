@@ -29,18 +29,18 @@ def run(cmd: list[str]) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("outputs/demo"))
-    p.add_argument("--data", type=Path, default=Path("data/synthetic_det"))
+    p.add_argument("--data", type=Path, default=Path("data/demo_det"))
     p.add_argument("--epochs", type=int, default=None, help="override the config's max_epochs")
     p.add_argument("--num-pictures", type=int, default=4)
+    p.add_argument("--num-train", type=int, default=256, help="synthetic training images (smaller for a smoke test)")
+    p.add_argument("--num-val", type=int, default=32)
     args = p.parse_args(argv)
     start = time.time()
     py = sys.executable
 
     if not (args.data / "annotations" / "instances_val2017.json").is_file():
-        from visiontf.data.synthetic.detection import make_detection_dataset
-
-        make_detection_dataset(args.data, num_train=256, num_val=32, seed=0)
-        print(f"wrote the synthetic detection set to {args.data}")
+        run([py, "tools/make_synthetic.py", "--task", "detection", "--preset", "demo", "--out", str(args.data),
+             "--num-train", str(args.num_train), "--num-val", str(args.num_val), "--seed", "0"])
 
     run_dir = args.out / "train"
     train = [py, "tools/train.py", "fit", "--config", CONFIG, f"--data.init_args.root={args.data}",
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
 
     pictures = args.out / "pictures"
     val_images = sorted((args.data / "val2017").glob("*.jpg"))[: args.num_pictures]
+    from visiontf.data.io import read_image
     from visiontf.inference.predictor import Predictor
     from visiontf.inference.visualize import draw_detections, save_image
 
@@ -63,8 +64,6 @@ def main(argv=None) -> int:
     pictures.mkdir(parents=True, exist_ok=True)
     written = []
     for path, result in zip(val_images, predictor([str(p) for p in val_images], score_threshold=0.5)):
-        from visiontf.data.io import read_image
-
         picture = draw_detections(read_image(path), result, predictor.class_names)
         written.append(save_image(picture, pictures / f"{path.stem}_pred.png"))
 
