@@ -3,7 +3,7 @@
 The top-level names are resolved lazily so that light entry points (for example evaluating a
 COCO results file) do not pay for importing torch or Lightning.
 """
-from importlib import import_module
+from visiontf._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -19,9 +19,4 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'visiontf' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -3,7 +3,7 @@
 Names resolve lazily: ``visiontf.evaluation.coco`` must stay importable without torch (fast
 command-line evaluation of results files), while ``CocoMetric`` needs torchmetrics.
 """
-from importlib import import_module
+from visiontf._lazy import lazy_getattr
 
 _LAZY = {
     "evaluate_coco": "visiontf.evaluation.coco",
@@ -16,9 +16,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'visiontf.evaluation' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -2,7 +2,7 @@
 
 Names resolve lazily so ``import visiontf.inference`` stays light.
 """
-from importlib import import_module
+from visiontf._lazy import lazy_getattr
 
 _LAZY = {
     "Predictor": "visiontf.inference.predictor",
@@ -26,9 +26,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'visiontf.inference' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

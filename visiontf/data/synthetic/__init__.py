@@ -2,16 +2,11 @@
 
 Names resolve lazily so that importing one generator does not import the others.
 """
-from importlib import import_module
+from visiontf._lazy import lazy_getattr
 
 _LAZY = {
     "make_detection_dataset": "visiontf.data.synthetic.detection",
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'visiontf.data.synthetic' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
