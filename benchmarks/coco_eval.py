@@ -127,9 +127,9 @@ def run(quick: bool = False, num_images: int | None = None, repeats: int = 1) ->
         "gt_boxes": n_gt,
         "detections": n_dets,
         "backend": ours["backend"],
-        "ours_s": round(min(ours_s), 3),
-        "ref_s": round(min(ref_s), 3),
-        "ratio": round(min(ref_s) / min(ours_s), 2),
+        "ours_s": min(ours_s),
+        "ref_s": min(ref_s),
+        "ratio": min(ref_s) / min(ours_s),
         "same_result": same,
     }
     return [row]

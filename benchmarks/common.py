@@ -73,9 +73,10 @@ def row(benchmark: str, ours_s: float, ref_s: float, same_result: bool, referenc
     return {
         "benchmark": benchmark,
         "reference": reference,
-        "ours_s": round(float(ours_s), 4),
-        "ref_s": round(float(ref_s), 4),
-        "ratio": round(float(ref_s) / float(ours_s), 3) if ours_s > 0 else float("nan"),
+        # full precision: rounding here made ratio and times disagree at millisecond scales
+        "ours_s": float(ours_s),
+        "ref_s": float(ref_s),
+        "ratio": float(ref_s) / float(ours_s) if ours_s > 0 else float("nan"),
         "same_result": bool(same_result),
         **extra,
     }
