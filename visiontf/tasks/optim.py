@@ -37,11 +37,19 @@ def lr_lambda(schedule: str, total_steps: int, warmup_steps: int = 0, power: flo
 
 
 def build_scheduler(optimizer, schedule: str, total_steps: int, warmup_steps: int = 0, power: float = 0.9,
-                    step_epochs: int | None = None, gamma: float = 0.1) -> dict:
-    """A Lightning ``lr_scheduler`` dict. ``"step"`` drops by ``gamma`` every ``step_epochs`` epochs (DETR)."""
+                    step_epochs: int | None = None, gamma: float = 0.1, min_lr: float = 0.0) -> dict:
+    """A Lightning ``lr_scheduler`` dict. ``"step"`` drops by ``gamma`` every ``step_epochs`` epochs (DETR).
+
+    ``min_lr`` is an absolute floor shared by every parameter group (mmseg's PolyLR ``eta_min``):
+    each group gets its own multiplier so groups with different base lrs all end at ``min_lr``.
+    """
     if schedule == "step":
         if not step_epochs:
             raise ValueError("schedule 'step' needs lr_drop_epochs")
         return {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=step_epochs, gamma=gamma), "interval": "epoch"}
-    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(schedule, total_steps, warmup_steps, power))
+    lambdas = [
+        lr_lambda(schedule, total_steps, warmup_steps, power, min_ratio=min(1.0, min_lr / g["lr"]) if min_lr else 0.0)
+        for g in optimizer.param_groups
+    ]
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
     return {"scheduler": sched, "interval": "step"}

@@ -7,11 +7,10 @@ from typing import Any, Literal, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, lr_lambda
+from visiontf.tasks.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +193,5 @@ class SegmentationTask(BaseTask):
                 (backbone if name.startswith(backbone_prefixes) else heads).append(p)
         groups = [g for g in ({"params": backbone, "lr": hp.lr}, {"params": heads, "lr": hp.lr * hp.head_lr_mult}) if g["params"]]
         opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay, hp.momentum)
-        total = self.total_steps()
-        # one multiplier per group so every group decays to the same absolute min_lr (mmseg's PolyLR eta_min)
-        lambdas = [lr_lambda(hp.schedule, total, hp.warmup_steps, hp.power, min_ratio=min(1.0, hp.min_lr / g["lr"])) for g in groups]
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": LambdaLR(opt, lambdas), "interval": "step"}}
+        sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, hp.power, min_lr=hp.min_lr)
+        return {"optimizer": opt, "lr_scheduler": sched}
