@@ -118,7 +118,7 @@ def test_workers_get_different_augmentations(tmp_path):
     for i in range(4):
         Image.fromarray(img).save(d / f"{i}.png")
     ds = ImageFolderDataset(tmp_path / "train", classification_transforms(24, train=True, seed=0))
-    from visiontf.data.classification import loader_kwargs
+    from visiontf.data.loading import loader_kwargs
 
     loader = torch.utils.data.DataLoader(ds, batch_size=1, shuffle=False, **loader_kwargs(2))
     outs = [b[0] for b in loader]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,19 +20,14 @@ from albumentations.pytorch import ToTensorV2
 from torch.utils.data import DataLoader, Dataset
 
 from visiontf.data.io import read_image
+from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)
 
-IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".gif")
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # noqa: E402
 
 LAYOUT_HINT = "expected ImageFolder layout <root>/<split>/<class_name>/<image>.jpg|png"
-
-
-class DatasetLayoutError(ValueError):
-    """The files on disk do not match the expected dataset layout; the message names path and fix."""
 
 
 def _is_image(path: Path) -> bool:
@@ -230,45 +224,6 @@ def classification_transforms(
     return A.Compose([*ops, *norm], seed=seed)
 
 
-def default_num_workers(num_workers: int | None) -> int:
-    """``min(4, cpu count)`` when not given: enough to keep a small GPU fed without oversubscribing."""
-    if num_workers is not None:
-        return num_workers
-    return min(4, os.cpu_count() or 1)
-
-
-def _rank() -> int:
-    for var in ("RANK", "GLOBAL_RANK", "LOCAL_RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
-
-
-def seed_worker_transform(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: give each worker's albumentations pipeline its own stream.
-
-    A seeded ``A.Compose`` is copied into every worker with the same RNG state, so without this all
-    workers would apply identical augmentations. ``torch.initial_seed()`` differs per worker (and per
-    epoch without persistent workers) and follows Lightning's ``seed_everything``.
-    """
-    info = torch.utils.data.get_worker_info()
-    if info is None:
-        return
-    transform = getattr(info.dataset, "transform", None)
-    if hasattr(transform, "set_random_seed"):
-        transform.set_random_seed((torch.initial_seed() + 1_000_003 * _rank()) % 2**32)
-
-
-def loader_kwargs(num_workers: int) -> dict[str, Any]:
-    """Worker/pinning options shared by the data modules."""
-    return {
-        "num_workers": num_workers,
-        "persistent_workers": num_workers > 0,
-        "pin_memory": torch.cuda.is_available(),
-        "worker_init_fn": seed_worker_transform if num_workers > 0 else None,
-    }
-
-
 class ClassificationDataModule(L.LightningDataModule):
     """ImageFolder classification data with timm-style albumentations pipelines.
 
@@ -379,6 +334,5 @@ class ClassificationDataModule(L.LightningDataModule):
 
 __all__ = [
     "IMAGENET_DEFAULT_MEAN", "IMAGENET_DEFAULT_STD", "DatasetLayoutError", "find_classes", "ImageFolderDataset",
-    "classification_transforms", "ClassificationDataModule", "default_num_workers", "loader_kwargs",
-    "seed_worker_transform",
+    "classification_transforms", "ClassificationDataModule",
 ]

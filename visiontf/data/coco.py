@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from torchvision.ops import box_convert
 
 from visiontf.data import detection_transforms as DT
 from visiontf.data.io import read_image
+from visiontf.data.loading import default_num_workers
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)
@@ -379,7 +379,7 @@ class CocoDataModule(L.LightningDataModule):
         self.test_ann_file = self.root / (test_ann or val_ann)
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
-        self.num_workers = min(4, os.cpu_count() or 1) if num_workers is None else num_workers
+        self.num_workers = default_num_workers(num_workers)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else (
             persistent_workers and self.num_workers > 0)

@@ -22,8 +22,7 @@ import numpy as np  # noqa: E402
 from albumentations.augmentations.crops.transforms import BaseCrop  # noqa: E402
 from albumentations.pytorch import ToTensorV2  # noqa: E402
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN, IMAGENET_DEFAULT_STD as IMAGENET_STD  # noqa: E402
 
 #: DETR's defaults (full-size COCO training).
 DETR_SCALES = tuple(range(480, 801, 32))

@@ -25,15 +25,10 @@ from albumentations.core.transforms_interface import DualTransform
 from albumentations.pytorch import ToTensorV2
 from torch.utils.data import DataLoader, Dataset
 
-from visiontf.data.classification import (
-    IMAGE_EXTENSIONS,
-    IMAGENET_DEFAULT_MEAN,
-    IMAGENET_DEFAULT_STD,
-    DatasetLayoutError,
-    default_num_workers,
-    loader_kwargs,
-)
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
 from visiontf.data.io import read_image, read_mask
+from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)

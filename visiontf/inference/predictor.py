@@ -26,8 +26,7 @@ log = logging.getLogger(__name__)
 Task = Literal["classification", "detection", "segmentation"]
 TASKS: tuple[str, ...] = ("classification", "detection", "segmentation")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN, IMAGENET_DEFAULT_STD as IMAGENET_STD  # noqa: E402
 #: kwargs that point at weight files used only to initialise training; a checkpoint has all weights
 _INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
 

@@ -25,8 +25,7 @@ from visiontf.nn import (
 )
 from visiontf.registry import register_model, torch_hub_state_dict
 
-IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # noqa: E402
 
 
 class MLP(nn.Module):

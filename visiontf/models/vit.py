@@ -14,10 +14,8 @@ from torch import Tensor, nn
 from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
 from visiontf.registry import register_model
 
-IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-INCEPTION_MEAN = (0.5, 0.5, 0.5)
-INCEPTION_STD = (0.5, 0.5, 0.5)
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # noqa: E402
+from timm.data import IMAGENET_INCEPTION_MEAN as INCEPTION_MEAN, IMAGENET_INCEPTION_STD as INCEPTION_STD  # noqa: E402
 
 
 def _pair(x: int | Sequence[int]) -> tuple[int, int]:
