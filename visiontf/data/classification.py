@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from albumentations.pytorch import ToTensorV2
 from torch.utils.data import DataLoader, Dataset
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from visiontf.data.io import read_image
 from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError, default_num_workers, loader_kwargs
@@ -25,7 +26,6 @@ from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # noqa: E402
 
 LAYOUT_HINT = "expected ImageFolder layout <root>/<split>/<class_name>/<image>.jpg|png"
 

@@ -21,8 +21,8 @@ import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 from albumentations.augmentations.crops.transforms import BaseCrop  # noqa: E402
 from albumentations.pytorch import ToTensorV2  # noqa: E402
-
 from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN, IMAGENET_DEFAULT_STD as IMAGENET_STD  # noqa: E402
+
 
 #: DETR's defaults (full-size COCO training).
 DETR_SCALES = tuple(range(480, 801, 32))

@@ -20,13 +20,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as TF
 from torchvision.transforms.v2 import InterpolationMode
+from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN, IMAGENET_DEFAULT_STD as IMAGENET_STD
+
+from visiontf.data.loading import IMAGE_EXTENSIONS
 
 log = logging.getLogger(__name__)
 
 Task = Literal["classification", "detection", "segmentation"]
 TASKS: tuple[str, ...] = ("classification", "detection", "segmentation")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN, IMAGENET_DEFAULT_STD as IMAGENET_STD  # noqa: E402
 #: kwargs that point at weight files used only to initialise training; a checkpoint has all weights
 _INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
 

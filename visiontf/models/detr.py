@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.detr_convert import convert_state_dict
@@ -24,8 +25,6 @@ from visiontf.nn import (
     TransformerEncoderLayer,
 )
 from visiontf.registry import register_model, torch_hub_state_dict
-
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # noqa: E402
 
 
 class MLP(nn.Module):

@@ -10,12 +10,11 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.data import IMAGENET_INCEPTION_MEAN as INCEPTION_MEAN, IMAGENET_INCEPTION_STD as INCEPTION_STD
 
 from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
 from visiontf.registry import register_model
-
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # noqa: E402
-from timm.data import IMAGENET_INCEPTION_MEAN as INCEPTION_MEAN, IMAGENET_INCEPTION_STD as INCEPTION_STD  # noqa: E402
 
 
 def _pair(x: int | Sequence[int]) -> tuple[int, int]:
