@@ -144,7 +144,7 @@ def test_tensorboard_callback_writes_images(tmp_path):
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
     from tensorboard.backend.event_processing import event_accumulator
 
-    from visiontf.inference.callbacks import LogPredictionImages
+    from visiontf.callbacks import LogPredictionImages
     from visiontf.tasks.classification import ClassificationTask
 
     task = ClassificationTask("vit_tiny_patch16_224", num_classes=3, model_kwargs={"img_size": 32, "depth": 1}).eval()
@@ -168,7 +168,7 @@ def test_tensorboard_callback_writes_images(tmp_path):
 def test_callback_renders_detection_and_segmentation(detr):
     from types import SimpleNamespace
 
-    from visiontf.inference.callbacks import LogPredictionImages
+    from visiontf.callbacks import LogPredictionImages
 
     cb = LogPredictionImages(num_images=2, score_threshold=0.0)
     images = torch.randn(2, 3, 64, 80)

@@ -18,7 +18,7 @@ _LAZY = {
     "vit_attention_rollout": "visiontf.inference.attention",
     "attention_rollout": "visiontf.inference.attention",
     "save_rollout_overlay": "visiontf.inference.attention",
-    "LogPredictionImages": "visiontf.inference.callbacks",
+    "LogPredictionImages": "visiontf.callbacks.prediction_images",
     "export_model": "visiontf.inference.export",
     "export_onnx": "visiontf.inference.export",
 }

@@ -1,4 +1,4 @@
-"""Lightning callbacks shared by the tasks."""
+"""RNG states in checkpoints, so a resumed run draws what the interrupted one would have drawn."""
 from __future__ import annotations
 
 import random

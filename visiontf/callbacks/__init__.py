@@ -1,0 +1,16 @@
+"""Every Lightning callback of visiontf, in one package.
+
+Names resolve lazily: ``import visiontf.callbacks`` stays light, and the drawing code behind
+``LogPredictionImages`` is imported only when that callback is used.
+"""
+from visiontf._lazy import lazy_getattr
+
+_LAZY = {
+    "RNGStateCheckpoint": "visiontf.callbacks.rng_state",
+    "LogPredictionImages": "visiontf.callbacks.prediction_images",
+}
+
+__all__ = sorted(_LAZY)
+
+
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
