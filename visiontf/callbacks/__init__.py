@@ -8,6 +8,7 @@ from visiontf._lazy import lazy_getattr
 _LAZY = {
     "RNGStateCheckpoint": "visiontf.callbacks.rng_state",
     "LogPredictionImages": "visiontf.callbacks.prediction_images",
+    "ModelEMA": "visiontf.callbacks.ema",
 }
 
 __all__ = sorted(_LAZY)
