@@ -71,16 +71,18 @@ def plot_convergence(runs: Sequence[tuple[str, str | Path]], output: str | Path,
     groups: dict[str, list[Path]] = {}  # one colour per label; a label may name several paths
     for label, path in runs:
         groups.setdefault(label, []).extend(metrics_csvs(path))
+    right = 0.0
     for i, (label, csvs) in enumerate(groups.items()):
         for j, csv in enumerate(csvs):
             curve = read_curve(csv, metric, time_key)
+            right = max(right, float(curve["minutes"].max()) if len(curve) else 0.0)
             legend = f"{label} ({len(csvs)} runs)" if len(csvs) > 1 else label
             ax.plot(curve["minutes"], curve["value"], color=f"C{i % 10}", marker="o", markersize=3,
                     linewidth=1.6, alpha=0.85, label=legend if j == 0 else None)
     ax.set_xlabel("training minutes (wall clock, validation included)" if time_key == TIME_KEY else time_key)
     ax.set_ylabel(METRIC_LABELS.get(metric, metric))
     ax.set_ylim(bottom=0)
-    ax.set_xlim(left=0)
+    ax.set_xlim(0, right * 1.04 if right > 0 else 1.0)  # room for the last point
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     ax.set_title(title or f"{METRIC_LABELS.get(metric, metric)} against training time")
