@@ -119,14 +119,16 @@ def test_validation_sees_the_ema_and_training_continues_from_the_raw_weights(tmp
     model = Tiny()
 
     class AfterValidation(L.Callback):
-        restored: list[bool] = []
+        def __init__(self) -> None:
+            self.restored: list[bool] = []
 
         def on_validation_end(self, trainer, pl_module):
             if not trainer.sanity_checking:
                 self.restored.append(all(torch.equal(pl_module.state_dict()[k], v) for k, v in rec.raw[-1].items()))
 
     after = AfterValidation()
-    _trainer(tmp_path, [ema, rec, after], max_epochs=2, limit_val_batches=1, num_sanity_val_steps=0).fit(model, _loader(), _loader())
+    trainer = _trainer(tmp_path, [ema, rec, after], max_epochs=2, limit_val_batches=1, num_sanity_val_steps=0)
+    trainer.fit(model, _loader(), _loader())
     assert len(model.seen_in_validation) == 2
     for epoch, seen in enumerate(model.seen_in_validation):
         step = (epoch + 1) * BATCHES_PER_EPOCH - 1
@@ -138,7 +140,8 @@ def test_validation_sees_the_ema_and_training_continues_from_the_raw_weights(tmp
 def _fit_with_checkpoints(root: Path, ckpt_path: str | None = None, max_epochs: int = 3):
     torch.manual_seed(0)
     ema = ModelEMA(decay=0.9, warmup_steps=2)
-    ckpt = ModelCheckpoint(dirpath=root / "ckpt", filename="e{epoch}", auto_insert_metric_name=False, save_top_k=-1, every_n_epochs=1, save_last=True)
+    ckpt = ModelCheckpoint(dirpath=root / "ckpt", filename="e{epoch}", auto_insert_metric_name=False, save_top_k=-1,
+                           every_n_epochs=1, save_last=True)
     model = Tiny()
     trainer = _trainer(root, [ema, ckpt], max_epochs=max_epochs, enable_checkpointing=True, limit_val_batches=1,
                        num_sanity_val_steps=0)
