@@ -3,6 +3,11 @@
 
     python tools/plot_logs.py outputs/run1 --output curves.png
     python tools/plot_logs.py outputs/run1/csv/version_0/metrics.csv --output curves.png [--tensorboard]
+
+Or mAP against training minutes, one line per run (runs trained with visiontf.callbacks.ElapsedTime,
+e.g. by benchmarks/convergence.py), one colour per [LABEL=]PATH argument:
+
+    python tools/plot_logs.py --vs-minutes detr=outputs/conv/runs/detr deform=outputs/conv/runs/deform --output conv.png
 """
 import sys
 from pathlib import Path
@@ -12,4 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from visiontf.inference.curves import main  # noqa: E402
 
 if __name__ == "__main__":
+    if "--vs-minutes" in sys.argv[1:]:
+        from visiontf.evaluation.convergence import main as convergence_main
+
+        sys.exit(convergence_main([a for a in sys.argv[1:] if a != "--vs-minutes"]))
     sys.exit(main())

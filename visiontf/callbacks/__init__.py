@@ -6,8 +6,10 @@ Names resolve lazily: ``import visiontf.callbacks`` stays light, and the drawing
 from visiontf._lazy import lazy_getattr
 
 _LAZY = {
+    "ElapsedTime": "visiontf.callbacks.elapsed_time",
     "RNGStateCheckpoint": "visiontf.callbacks.rng_state",
     "LogPredictionImages": "visiontf.callbacks.prediction_images",
+    "ModelEMA": "visiontf.callbacks.ema",
 }
 
 __all__ = sorted(_LAZY)

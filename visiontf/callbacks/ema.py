@@ -1,0 +1,183 @@
+"""Exponential moving average (EMA) of the weights, with RT-DETR's / RF-DETR's warm-up ramp.
+
+In a YAML config (RT-DETR's defaults; RF-DETR uses ``decay: 0.993, warmup_steps: 100``)::
+
+    trainer:
+      callbacks:
+        - class_path: visiontf.callbacks.ModelEMA
+          init_args: {decay: 0.9999, warmup_steps: 2000}
+
+or ``--trainer.callbacks+=visiontf.callbacks.ModelEMA --trainer.callbacks.init_args.decay=0.993``.
+
+Built on Lightning's :class:`~lightning.pytorch.callbacks.WeightAveraging` (Lightning >= 2.6),
+which keeps a :class:`torch.optim.swa_utils.AveragedModel` copy of the LightningModule, swaps it
+in for validation, copies it into the model when training ends, and writes checkpoints whose
+``state_dict`` is the average (the raw weights go to ``current_model_state``, the update count
+to ``averaging_state``). Anything that reads a checkpoint's ``state_dict`` (``tools/eval.py``,
+``Predictor.from_checkpoint``, ``tools/export.py``) therefore gets the EMA weights with no code of
+its own. The averaging itself is torch's ``get_ema_multi_avg_fn`` (a ``_foreach_lerp_``).
+
+What this subclass adds to it:
+
+* the decay ramp of RT-DETR (``src/optim/ema.py``) and RF-DETR (``rfdetr/util/utils.py``):
+  ``d_u = decay * (1 - exp(-u / warmup_steps))`` at the ``u``-th update (``u = 1, 2, ...``), so the
+  average follows the fast-moving early weights; ``warmup_steps: 0`` gives a constant decay.
+  The first update copies the weights (torch's AveragedModel; ``d_1`` is ~0 anyway);
+* integer buffers (BatchNorm's ``num_batches_tracked``) are copied, not averaged;
+* DDP: parameters are identical on every rank, but BatchNorm running statistics are not (each
+  rank normalises its own batch; DDP re-broadcasts rank 0's buffers only at the next forward).
+  After each update the EMA's buffers are broadcast from rank 0, so every rank holds rank 0's
+  EMA, which is also the one rank 0 writes to checkpoints;
+* validation swaps in the EMA only while fitting, and resuming restores the raw weights only
+  while fitting: ``trainer.validate/test(ckpt_path=...)`` after ``fit`` evaluates the EMA that
+  checkpoint holds (Lightning's base class would evaluate the final average, or the raw weights);
+* a checkpoint written after training ended (``ModelCheckpoint.on_train_end``) still stores the
+  raw weights in ``current_model_state``, although the model then holds the EMA;
+* the copy is made before ``configure_model``: visiontf tasks build their layers in ``__init__``
+  and ``configure_model`` only compiles, and a compiled module is not worth deep-copying. A
+  mismatch between the copy and the model is refused at fit start.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Optional, Union
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+log = logging.getLogger(__name__)
+
+
+def ema_decay(update: int, decay: float, warmup_steps: int) -> float:
+    """Decay of the ``update``-th EMA update (1-based): ``decay * (1 - exp(-update / warmup_steps))``."""
+    if warmup_steps <= 0:
+        return decay
+    return decay * (1.0 - math.exp(-update / warmup_steps))
+
+
+class ModelEMA(WeightAveraging):
+    """EMA of a LightningModule's parameters and buffers, updated after every optimizer step.
+
+    Args:
+        decay: the decay the ramp tends to (RT-DETR 0.9999, RF-DETR 0.993).
+        warmup_steps: time constant of the ramp in optimizer steps (RT-DETR 2000, RF-DETR's
+            ``ema_tau`` 100); 0 disables it.
+        use_buffers: average the floating-point buffers (BatchNorm statistics) too, as RT-DETR
+            and RF-DETR do; False keeps the EMA's buffers equal to the model's.
+        device: where the EMA lives (default: the model's device); ``"cpu"`` saves accelerator
+            memory at the cost of a copy per step.
+
+    The update count is ``AveragedModel.n_averaged``, saved in checkpoints and restored on resume.
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.9999,
+        warmup_steps: int = 2000,
+        use_buffers: bool = True,
+        device: Optional[Union[torch.device, str, int]] = None,
+    ) -> None:
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"ModelEMA: decay must be in [0, 1], got {decay}")
+        if warmup_steps < 0:
+            raise ValueError(f"ModelEMA: warmup_steps must be >= 0, got {warmup_steps}")
+        super().__init__(device=device, use_buffers=use_buffers, multi_avg_fn=self._average)
+        self.decay = float(decay)
+        self.warmup_steps = int(warmup_steps)
+        self._raw_after_fit: Optional[dict[str, Tensor]] = None
+
+    # -- the average ---------------------------------------------------------------------------
+    def decay_at(self, update: int) -> float:
+        """Decay used at the ``update``-th update (1-based)."""
+        return ema_decay(update, self.decay, self.warmup_steps)
+
+    @torch.no_grad()
+    def _average(self, ema: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
+        # AveragedModel calls this once per (device, dtype) group from the second update on;
+        # num_averaged counts the updates before this one.
+        if torch.is_floating_point(ema[0]) or torch.is_complex(ema[0]):
+            get_ema_multi_avg_fn(self.decay_at(int(num_averaged) + 1))(ema, current, num_averaged)
+        else:
+            for e, c in zip(ema, current):
+                e.copy_(c)
+
+    @property
+    def num_updates(self) -> int:
+        """EMA updates done so far (0 before fit)."""
+        return int(self._average_model.n_averaged) if self._average_model is not None else 0
+
+    # -- Lightning hooks -----------------------------------------------------------------------
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if stage == "fit":
+            self._raw_after_fit = None
+            device = self._device or pl_module.device
+            self._average_model = AveragedModel(
+                model=pl_module, device=device, use_buffers=self._use_buffers, **self._kwargs
+            )
+
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self._average_model is None:
+            return
+        ours = [tuple(t.shape) for t in (*self._average_model.module.parameters(), *self._average_model.module.buffers())]
+        theirs = [tuple(t.shape) for t in (*pl_module.parameters(), *pl_module.buffers())]
+        if ours != theirs:
+            raise RuntimeError(
+                "ModelEMA: the LightningModule's parameters changed after setup (layers created in "
+                "configure_model?); ModelEMA copies the module in setup - build the layers in __init__"
+            )
+
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        before = self._latest_update_step
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self._latest_update_step != before:
+            self._broadcast_buffers(trainer)
+
+    def _broadcast_buffers(self, trainer: "pl.Trainer") -> None:
+        if trainer.world_size < 2 or not (dist.is_available() and dist.is_initialized()):
+            return
+        assert self._average_model is not None
+        buffers = list(self._average_model.module.buffers())
+        for dtype in sorted({b.dtype for b in buffers}, key=str):
+            group = [b for b in buffers if b.dtype == dtype]
+            flat = torch.cat([b.detach().reshape(-1) for b in group]).to(trainer.strategy.root_device)
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for b in group:
+                b.detach().copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+
+    def on_validation_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_validation_epoch_start(trainer, pl_module)
+
+    def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_validation_epoch_end(trainer, pl_module)
+
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        # a checkpoint saved after this (ModelCheckpoint.on_train_end) must still carry the raw weights
+        self._raw_after_fit = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        super().on_train_end(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                           checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._raw_after_fit is not None and "current_model_state" in checkpoint:
+            checkpoint["current_model_state"] = self._raw_after_fit
+
+    def on_load_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                           checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn != TrainerFn.FITTING or self._average_model is None:
+            # validate / test / predict: the checkpoint's state_dict already holds the EMA weights
+            return
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+
+
+__all__ = ["ModelEMA", "ema_decay"]
