@@ -317,11 +317,11 @@ class SETR(nn.Module):
 
 # ---------------------------------------------------------------------------------------- variants
 #: mmseg's SegDataPreProcessor for SETR: RGB, ImageNet mean/std (123.675, 116.28, 103.53) / (58.395, 57.12, 57.375)
-#: on 0-255, here on 0-1; sliding-window test on images resized keep-ratio to ``resize`` (long, short)
+#: on 0-255, here on 0-1; sliding-window test (stride 2/3 of the crop) on images resized keep-ratio to ``resize`` (long, short)
 _MMSEG_ADE20K = dict(img_size=512, num_classes=150, pretrained_cfg=dict(
-    mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", stride=(341, 341), resize=(2048, 512)))
+    mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2048, 512)))
 _MMSEG_CITYSCAPES = dict(img_size=768, num_classes=19, pretrained_cfg=dict(
-    mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", stride=(512, 512), resize=(2049, 1025)))
+    mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2049, 1025)))
 #: mmseg's ViT-L/16 backbone of its SETR configs (no patch-embedding bias in 1.x)
 _VIT_L = dict(encoder="vit_large_patch16_384", encoder_kwargs={"patch_bias": False})
 _NAIVE = dict(decoder="naive", out_indices=(9, 14, 19, 23), in_index=3, num_convs=1, up_scale=4, kernel_size=1,

@@ -203,7 +203,7 @@ def _check_fits(state: dict[str, Tensor], model: nn.Module, what: str) -> None:
         use = f"for its own classes use create_model({fits[0]!r}, pretrained=...)" if fits else \
             f"for its own classes pass num_classes={theirs}"
         raise ValueError(
-            f"{what} has {theirs} classes (decode_head.cls_seg {list(state['decode_head.cls_seg.weight'].shape)}) but "
+            f"{what} has {theirs} classes (decode-head classifier {list(state['decode_head.cls_seg.weight'].shape)}) but "
             f"{name} has {ours}: {use}; to fine-tune it on {ours} classes with new classifiers pass new_classifier=True"
         )
 
@@ -215,7 +215,8 @@ def _unwrap(state: Mapping[str, Any]) -> dict[str, Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, Tensor)}
 
 
-def _rename_mmseg(state: dict[str, Tensor]) -> dict[str, Tensor]:
+def rename_mmseg_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """mmseg SETR names -> visiontf's (no tensor is changed); unknown keys are an error."""
     out, unmatched = {}, []
     for key, value in state.items():
         for pattern, repl in _MMSEG_RULES:
@@ -259,10 +260,10 @@ def convert_state_dict(state: Mapping[str, Any], model: nn.Module) -> dict[str, 
         return {f"encoder.{k}": v for k, v in encoder_state_from_vit(state, model, "bare ViT checkpoint").items()}
     what = "this visiontf SETR checkpoint"
     if fmt == "mmseg":
-        state = _rename_mmseg(state)
+        state = rename_mmseg_keys(state)
         what = "this mmsegmentation checkpoint"
+    _check_fits(state, model, what)  # before fitting, so messages describe the checkpoint's own crop
     state = _fit_encoder(state, model.encoder, "encoder.", mode, what)
-    _check_fits(state, model, what)
     if fmt == "mmseg":
         missing = sorted(set(model.state_dict()) - set(state))
         if missing:
