@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Full-size logits parity of visiontf's SETR against the mmsegmentation reference (float32, CPU).
 
     python benchmarks/setr_mmseg_parity.py                       # ViT-L Naive/PUP/MLA, ADE20K, whole 512x512

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import visiontf.models.setr as setr_module
-from visiontf.models.setr import DEFAULT_CFGS, SETR
+from visiontf.models.setr import DEFAULT_CFGS
 from visiontf.models.setr_convert import convert_state_dict, fitting_variants, rename_mmseg_keys
 from visiontf.registry import create_model, get_entry, list_models
 
