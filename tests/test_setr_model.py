@@ -1,14 +1,14 @@
-"""SETR: decoder shapes and gradients, sliding-window inference, encoder initialisation from ViT checkpoints."""
+"""SETR: decoder shapes and gradients, taps, sliding-window inference, encoder initialisation from ViT checkpoints."""
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from visiontf.models.setr import SETR, default_indices
-from visiontf.nn import resample_pos_embed
+from visiontf.models.setr import SETR, default_out_indices
+from visiontf.models.setr_convert import resize_pos_embed
 from visiontf.registry import create_model
 from visiontf.weights import save_model
 
-NUM_AUX = {"naive": 3, "pup": 4, "mla": 4}
+NUM_AUX = {"naive": 3, "pup": 4, "mla": 4}  # tiny/base: PUP keeps an auxiliary head on every tap
 
 
 def _tiny(decoder: str, num_classes: int = 3, **kw) -> SETR:
@@ -31,32 +31,51 @@ def test_shapes_and_gradients(decoder):
         assert head.cls_seg.weight.grad.abs().sum() > 0
     model.eval()
     with torch.no_grad():
-        y = model(torch.randn(1, 3, 96, 80))  # another size than the crop: pos_embed resampled on the fly
-    assert isinstance(y, torch.Tensor) and y.shape == (1, 3, 96, 80)
+        # another size than the crop, not a multiple of the patch: padded to 112x80 inside, resized back
+        y = model(torch.randn(1, 3, 100, 70))
+    assert isinstance(y, torch.Tensor) and y.shape == (1, 3, 100, 70)
 
 
-def test_default_taps_follow_the_paper():
-    assert default_indices(24, "naive") == ((23,), (9, 14, 19))
-    assert default_indices(24, "pup") == ((23,), (9, 14, 19, 23))
-    assert default_indices(24, "mla") == ((5, 11, 17, 23), (5, 11, 17, 23))
-    assert default_indices(12, "mla") == ((2, 5, 8, 11), (2, 5, 8, 11))
-    assert default_indices(12, "naive") == ((11,), (2, 5, 8))
-    assert _tiny("pup").aux_indices == (2, 5, 8, 11)
+def test_default_taps_follow_mmseg():
+    assert default_out_indices(24, "naive") == default_out_indices(24, "pup") == (9, 14, 19, 23)
+    assert default_out_indices(24, "mla") == (5, 11, 17, 23)
+    assert default_out_indices(12, "mla") == default_out_indices(12, "naive") == (2, 5, 8, 11)
+    assert default_out_indices(4, "pup") == (0, 1, 2, 3)
+    model = _tiny("pup")
+    assert model.out_indices == (2, 5, 8, 11) and model.in_index == 3 and model.aux_in_index == (0, 1, 2, 3)
+    assert _tiny("naive").aux_in_index == (0, 1, 2)
+    assert _tiny("mla").with_cls_token is False and _tiny("naive").with_cls_token is True
+    with pytest.raises(ValueError, match="out_indices"):
+        _tiny("naive", encoder_kwargs={"depth": 6})
+
+
+def test_mla_drops_the_class_token_before_the_encoder():
+    model = _tiny("mla").eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        before = model.features(x)[0]
+        model.encoder.cls_token.add_(5.0)  # with_cls_token=False: the class token never reaches attention
+        assert torch.equal(model.features(x)[0], before)
+        naive = _tiny("naive").eval()
+        before = naive.features(x)[3]
+        naive.encoder.cls_token.add_(5.0)
+        assert not torch.allclose(naive.features(x)[3], before)
 
 
 @pytest.mark.parametrize("decoder", ["naive", "mla"])
 def test_slide_equals_whole_for_one_window(decoder):
     model = _tiny(decoder).eval()
-    x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        whole = model.inference(x, "whole")
-        slide = model.inference(x, "slide", crop=64, stride=43)
-    assert slide.shape == whole.shape == (2, 3, 64, 64)
-    assert torch.allclose(slide, whole, atol=1e-5)
+        for shape in [(2, 3, 64, 64), (1, 3, 50, 37)]:  # a window of the crop; a smaller image: one window of its size
+            x = torch.randn(shape)
+            whole = model.inference(x, "whole")
+            slide = model.inference(x, "slide", crop=64, stride=43)
+            assert slide.shape == whole.shape == (shape[0], 3, *shape[2:])
+            assert torch.allclose(slide, whole, atol=1e-6)
 
 
 def test_slide_windows_average_overlaps():
-    # a stand-in decoder whose logits are the window's own top-left offset reveals the window grid
+    # a stand-in decoder whose logits are the window's number reveals mmseg's window grid and averaging
     model = _tiny("naive").eval()
     seen = []
 
@@ -70,14 +89,15 @@ def test_slide_windows_average_overlaps():
     assert seen == [(64, 64), (64, 64)]
     assert torch.all(out[..., :32] == 1) and torch.all(out[..., 64:] == 2) and torch.all(out[..., 32:64] == 1.5)
     small = model.slide_inference(torch.zeros(1, 3, 40, 50), crop=64, stride=48)
-    assert small.shape == (1, 3, 40, 50) and seen[-1] == (64, 64)  # padded up to one full window
+    assert small.shape == (1, 3, 40, 50) and seen[-1] == (40, 50)  # no padding: one window of the image's size
 
 
 def _check_encoder_loaded(model: SETR, source: dict, src_grid: tuple[int, int]) -> None:
     own = model.encoder.state_dict()
     for key in ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.11.mlp.fc2.bias", "cls_token"):
         assert torch.equal(own[key], source[key]), key
-    expected = resample_pos_embed(source["pos_embed"], src_grid, model.encoder.grid_size, 1)
+    # resized as mmseg's init_weights does: bilinear, class-token row kept
+    expected = resize_pos_embed(source["pos_embed"], src_grid, model.encoder.grid_size, "bilinear")
     assert own["pos_embed"].shape == (1, 1 + 16, 192)
     assert torch.allclose(own["pos_embed"], expected, atol=1e-6)
 
@@ -104,9 +124,25 @@ def test_encoder_from_timm_checkpoint(tmp_path):
     at224 = create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=224, encoder_pretrained=str(path)).eval()
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
-        ours = at224.encoder.forward_intermediates(x, [5])[0]
+        ours = at224.features(x, [1])[1]  # tap 1 = block 6
         theirs = ref.eval().forward_intermediates(x, indices=[5], norm=False, intermediates_only=True)[0]
     assert torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_timm_patch_bias_is_folded_into_pos_embed(tmp_path):
+    # ViT-L's mmseg encoder has no patch bias; timm's weights have one: the same tokens either way
+    timm = pytest.importorskip("timm")
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64).eval()
+    with torch.no_grad():
+        ref.patch_embed.proj.bias.normal_(0, 1.0)
+    path = tmp_path / "timm_vit_tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
+    model = _tiny("naive", encoder_pretrained=str(path), encoder_kwargs={"patch_bias": False}).eval()
+    assert model.encoder.patch_embed.proj.bias is None
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        theirs = ref.forward_intermediates(x, indices=[11], norm=False, intermediates_only=True)[0]
+        assert torch.allclose(model.features(x, [3])[3], theirs, atol=1e-4)
 
 
 def test_bad_arguments_are_named():
@@ -114,8 +150,12 @@ def test_bad_arguments_are_named():
         SETR(3, encoder="vit_tiny_patch16_224", img_size=64, decoder="fpn")
     with pytest.raises(ValueError, match="norm"):
         _tiny("naive", norm="gn")
-    with pytest.raises(ValueError, match="aux_indices"):
-        _tiny("naive", out_indices=(5, 11))
+    with pytest.raises(ValueError, match="kernel_size"):
+        _tiny("pup", kernel_size=5)
+    with pytest.raises(ValueError, match="MLA"):
+        _tiny("mla", out_indices=(11,))
+    with pytest.raises(ValueError, match="inference mode"):
+        _tiny("naive").inference(torch.zeros(1, 3, 64, 64), "tiles")
 
 
 def test_syncbn_option_builds_sync_batchnorm():

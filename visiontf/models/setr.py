@@ -1,49 +1,70 @@
-"""SETR: a plain ViT encoder with the Naive, PUP or MLA decoder (Zheng et al., CVPR 2021).
+"""SETR: a plain ViT encoder with the Naive, PUP or MLA decoder (Zheng et al., CVPR 2021), exact to
+mmsegmentation 1.x, so its published checkpoints load (:mod:`visiontf.models.setr_convert`) and give
+its logits.
 
-Layer-for-layer as the authors' code (fudan-zvg/SETR, ``vit_up_head.py``, ``vit_mla.py``,
-``vit_mla_head.py``, ``vit_mla_auxi_head.py``) and its ADE20K configs:
+The ViT-L/16 variants build mmseg's ``setr_vit-l_{naive,pup,mla}`` configs module for module:
 
-* Encoder: a :class:`~visiontf.models.vit.VisionTransformer` without its final LayerNorm; every
-  head instead normalises the tokens it taps with its own LayerNorm (eps 1e-6), as the original.
-* Naive: LN, 1x1 conv C->256 + BN + ReLU, 1x1 conv -> classes, bilinear to the input size.
-* PUP: LN, 4 x (3x3 conv 256 + BN + ReLU) with 2x bilinear after the first three, 1x1 classifier,
-  then the last 2x (to the input size).
-* MLA: per tapped block LN, 1x1 conv -> 256 + BN + ReLU, top-down cumulative sums, 3x3 conv 256 +
-  BN + ReLU; per stream 2 x (3x3 conv -> 128 + BN + ReLU) and 4x bilinear; concat 512 -> 3x3
-  classifier -> input size.
-* Auxiliary heads (training only, loss weight 0.4): Naive -> Naive-style heads on blocks 10, 15, 20;
-  PUP -> (3x3 conv 256 + BN + ReLU, 4x, 1x1 classifier) on blocks 10, 15, 20, 24; MLA -> one 1x1
-  classifier per MLA stream. Block numbers 1-based here, 0-based in ``out_indices``/``aux_indices``.
+* Encoder: mmseg's ``VisionTransformer`` (24 pre-norm layers, 1024 dims, 16 heads, LayerNorm eps 1e-6,
+  no final norm, no patch-embedding bias) held as a visiontf :class:`~visiontf.models.vit.VisionTransformer`
+  in timm's layout. Inputs are zero-padded bottom/right to a multiple of the patch (mmseg's
+  ``padding="corner"``); ``pos_embed`` is resized bilinearly to other grids (``interpolate_mode``).
+  Blocks ``out_indices`` are tapped; MLA drops the class token before the first block
+  (``with_cls_token=False``), Naive/PUP keep it in attention and drop it from the taps.
+* Naive: decode head on block 24 = LN, 1x1 conv 1024->256 + BN + ReLU, x4, 1x1 classifier.
+  PUP: LN, 4 x (3x3 conv 256 + BN + ReLU, x2), 1x1 classifier.
+  MLA: LN per tap (blocks 6/12/18/24), 1x1 conv -> 256, top-down sums, 3x3 conv; per level
+  2 x (3x3 conv -> 128 + BN + ReLU), x4; concat 512 -> 1x1 classifier.
+* Every head's logits are resized bilinearly to the input size (``align_corners=False``).
+* Auxiliary heads (training only, loss weight 0.4) on blocks 10/15/20 (Naive, PUP) or on the four MLA
+  outputs (a 1x1 classifier each).
 
-Parameter counts, measured by building the models (``sum(p.numel() for p in model.parameters())``,
-auxiliary heads included, encoder without its unused final LayerNorm):
+ADE20K (512 crop, 150 classes) and Cityscapes (768 crop, 19 classes) configs differ as follows; the
+``_cityscapes`` names build the latter:
 
-==========  ==================  ==================  ===================  =====================
-decoder     ViT-L, 512px, 150   ViT-L, 768px, 19    paper (T-Large)      ViT-B, 512px, 150
-==========  ==================  ==================  ===================  =====================
-Naive       305.36M             306.54M             305.67M              87.38M
-PUP         317.92M             319.06M             318.31M              97.26M
-MLA         310.18M             310.76M             310.57M              92.21M
-==========  ==================  ==================  ===================  =====================
+==========  ======================================  =======================================
+decoder     ADE20K 512 auxiliary heads              Cityscapes 768 auxiliary heads
+==========  ======================================  =======================================
+Naive       3 x (2 x (1x1 conv, x4)), 16x in all    3 x (1 x (1x1 conv, x4)), 4x
+PUP         3 x (2 x (3x3 conv, x4))                the same
+MLA         4 x 1x1 classifier                      the same
+==========  ======================================  =======================================
 
-The ViT-L/16 encoder alone is 304.15M at a 512-px crop (its pos_embed grows with the crop). The
-"paper" column is the #Params column of the paper's Cityscapes comparison (Table 2) as recalled;
-neither the authors' README nor mmsegmentation's lists parameter counts, so it was not checked
-against a source here (a brief quoting 310.57M for PUP repeats MLA's figure; 318.31M is the one that
-fits this build). Each variant is within 0.15% of it at 512 px / 150 classes; the rest is the
-crop-dependent pos_embed and the classifiers' class count.
+Beyond the heads they differ in crop (``pos_embed`` 32x32 vs 48x48 grid), class count, and the test
+protocol in ``pretrained_cfg``: slide windows 512/341 on images resized to (2048, 512) keep-ratio
+(ADE20K) vs 768/512 on (2049, 1025) (Cityscapes, mmseg's ``cityscapes_768x768`` scale).
+
+Parameter counts (``sum(p.numel() for p in model.parameters())``, auxiliary heads included), equal
+to mmseg 1.2.2's for the same configs (``tests/test_setr_mmseg.py`` checks them key for key):
+
+==========  ==================  ==================
+decoder     ADE20K 512, 150     Cityscapes 768, 19
+==========  ==================  ==================
+Naive       305,557,592         306,535,500
+PUP         317,290,072         318,466,124
+MLA         309,569,262         310,678,111
+==========  ==================  ==================
+
+Two deliberate differences from mmseg's code, neither changing a logit of its configs: ``pos_embed``
+is resized whenever the token grid differs from the crop's (mmseg resizes only when the token
+*count* differs), and a patch-embedding bias in a checkpoint (mmseg 0.x trained one; 1.x has none
+and drops it on load) is folded into ``pos_embed`` on load, which is exact.
+
+The ``base`` and ``tiny`` variants scale the ADE20K recipe down to 12 blocks (taps at 3/6/9/12) and
+keep the patch-embedding bias of timm's ViT weights; PUP keeps an auxiliary head on every tap.
 """
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
+from visiontf.models.setr_convert import convert_state_dict, encoder_state_from_vit, resize_pos_embed
+from visiontf.models.setr_heads import ClassifierHead, MLAHead, MLANeck, UpHead, norm_layer
 from visiontf.registry import create_model, load_pretrained, register_model
 from visiontf.weights import load_state_dict_file
 
@@ -52,159 +73,75 @@ log = logging.getLogger(__name__)
 Decoder = Literal["naive", "pup", "mla"]
 
 
-def _norm_layer(norm: str) -> type[nn.Module]:
-    if norm == "bn":
-        return nn.BatchNorm2d
-    if norm == "syncbn":
-        return nn.SyncBatchNorm
-    raise ValueError(f"norm={norm!r}; use 'bn' (one device) or 'syncbn' (DDP, statistics over all GPUs)")
-
-
-def _conv_norm_relu(cin: int, cout: int, k: int, norm: type[nn.Module], bias: bool) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, k, padding=k // 2, bias=bias), norm(cout), nn.ReLU(inplace=True))
-
-
-class TokenNorm(nn.Module):
-    """LayerNorm over the channels of a (B, C, H, W) token map (the heads' own LN of the original)."""
-
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim, eps=eps)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-
-
-class UpHead(nn.Module):
-    """Naive / PUP head: LN, conv blocks each followed by a bilinear upscale, 1x1 classifier, resize.
-
-    ``scales[i]`` is the upscale after conv block ``i`` (1 = none); the final resize goes to the
-    requested output size, so the last 2x of PUP (after its classifier) lands exactly on the input.
-    """
-
-    def __init__(self, in_dim: int, channels: int, num_classes: int, kernel_size: int, scales: Sequence[int],
-                 norm: type[nn.Module], align_corners: bool = False) -> None:
-        super().__init__()
-        self.norm = TokenNorm(in_dim)
-        # the original convs keep their bias in front of BN; kept so parameter counts match
-        self.convs = nn.ModuleList(
-            _conv_norm_relu(in_dim if i == 0 else channels, channels, kernel_size, norm, bias=True) for i in range(len(scales))
-        )
-        self.scales = tuple(int(s) for s in scales)
-        self.cls_seg = nn.Conv2d(channels, num_classes, 1)
-        self.align_corners = align_corners
-
-    def forward(self, x: Tensor, size: tuple[int, int]) -> Tensor:
-        x = self.norm(x)
-        for conv, s in zip(self.convs, self.scales):
-            x = conv(x)
-            if s != 1:
-                x = F.interpolate(x, scale_factor=s, mode="bilinear", align_corners=self.align_corners)
-        return F.interpolate(self.cls_seg(x), size=size, mode="bilinear", align_corners=self.align_corners)
-
-
-class MLANeck(nn.Module):
-    """Multi-level feature aggregation: per-level LN + 1x1 projection, top-down sums, 3x3 conv."""
-
-    def __init__(self, in_dim: int, channels: int, num_levels: int, norm: type[nn.Module]) -> None:
-        super().__init__()
-        self.norms = nn.ModuleList(TokenNorm(in_dim) for _ in range(num_levels))
-        self.proj = nn.ModuleList(_conv_norm_relu(in_dim, channels, 1, norm, bias=False) for _ in range(num_levels))
-        self.smooth = nn.ModuleList(_conv_norm_relu(channels, channels, 3, norm, bias=False) for _ in range(num_levels))
-
-    def forward(self, feats: Sequence[Tensor]) -> list[Tensor]:
-        projected = [p(n(f)) for f, n, p in zip(feats, self.norms, self.proj)]
-        # deepest level first: each shallower level adds everything above it
-        out: list[Tensor] = [None] * len(projected)  # type: ignore[list-item]
-        acc = None
-        for i in reversed(range(len(projected))):
-            acc = projected[i] if acc is None else acc + projected[i]
-            out[i] = self.smooth[i](acc)
-        return out
-
-
-class MLAHead(nn.Module):
-    """Per stream 2 x (3x3 conv + BN + ReLU) and 4x upscale; concat; 3x3 classifier; resize."""
-
-    def __init__(self, channels: int, head_channels: int, num_classes: int, num_levels: int,
-                 norm: type[nn.Module], align_corners: bool = False) -> None:
-        super().__init__()
-        self.streams = nn.ModuleList(
-            nn.Sequential(_conv_norm_relu(channels, head_channels, 3, norm, bias=False),
-                          _conv_norm_relu(head_channels, head_channels, 3, norm, bias=False))
-            for _ in range(num_levels)
-        )
-        self.cls_seg = nn.Conv2d(num_levels * head_channels, num_classes, 3, padding=1)
-        self.align_corners = align_corners
-
-    def forward(self, feats: Sequence[Tensor], size: tuple[int, int]) -> Tensor:
-        # the original's 4x upscale inside the MLA head uses align_corners=True
-        x = torch.cat([F.interpolate(s(f), scale_factor=4, mode="bilinear", align_corners=True)
-                       for f, s in zip(feats, self.streams)], dim=1)
-        return F.interpolate(self.cls_seg(x), size=size, mode="bilinear", align_corners=self.align_corners)
-
-
-class MLAAuxHead(nn.Module):
-    """One MLA stream -> classes with a bias-free 1x1 conv, resized to the input."""
-
-    def __init__(self, channels: int, num_classes: int, align_corners: bool = False) -> None:
-        super().__init__()
-        self.cls_seg = nn.Conv2d(channels, num_classes, 1, bias=False)
-        self.align_corners = align_corners
-
-    def forward(self, x: Tensor, size: tuple[int, int]) -> Tensor:
-        return F.interpolate(self.cls_seg(x), size=size, mode="bilinear", align_corners=self.align_corners)
-
-
-def default_indices(depth: int, decoder: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(main, auxiliary) 0-based block indices as the paper's configs for a ``depth``-block encoder."""
-    if depth == 24:  # ViT-L: aux on blocks 10/15/20(/24), MLA on 6/12/18/24
-        mla, aux = (5, 11, 17, 23), (9, 14, 19)
-    elif depth % 4 == 0:  # ViT-B (12): aux on 3/6/9(/12), MLA on 3/6/9/12
+def default_out_indices(depth: int, decoder: str) -> tuple[int, ...]:
+    """mmseg's taps for ViT-L (24 blocks); quarters of the depth otherwise (ViT-B: blocks 3/6/9/12)."""
+    if depth == 24:
+        return (5, 11, 17, 23) if decoder == "mla" else (9, 14, 19, 23)
+    if depth % 4 == 0:
         q = depth // 4
-        mla, aux = (q - 1, 2 * q - 1, 3 * q - 1, depth - 1), (q - 1, 2 * q - 1, 3 * q - 1)
-    else:
-        raise ValueError(f"no default taps for a {depth}-block encoder; pass out_indices and aux_indices")
-    if decoder == "mla":
-        return mla, mla
-    if decoder == "pup":
-        return (depth - 1,), aux + (depth - 1,)
-    return (depth - 1,), aux
+        return (q - 1, 2 * q - 1, 3 * q - 1, depth - 1)
+    raise ValueError(f"no default taps for a {depth}-block encoder; pass out_indices")
 
 
 class SETR(nn.Module):
-    """SEgmentation TRansformer. ``forward(images)`` -> logits (B, K, H, W) at the input size.
+    """SEgmentation TRansformer. ``forward(images (B, 3, H, W))`` -> logits (B, K, H, W) at the input size.
 
-    In training mode it returns ``{"out": logits, "aux": [logits, ...]}``; ``aux_weight`` is kept
-    for the task's loss. ``out_indices``: tapped blocks (0-based) of the main decoder: one block for
-    Naive/PUP, four for MLA; ``aux_indices``: blocks of the Naive/PUP auxiliary heads (MLA's aux
-    heads sit on its streams). ``encoder_pretrained``: a timm or visiontf ViT checkpoint file; its
-    classifier and final norm are dropped and ``pos_embed`` is resampled to the crop grid.
+    In training mode it returns ``{"out": logits, "aux": [logits, ...]}`` (every map at the input
+    size); ``aux_weight`` is kept for the task's loss. Eval-mode ``forward`` is mmseg's ``encode_decode``;
+    :meth:`inference` adds its whole / sliding-window test modes.
+
+    Args:
+        decoder: ``"naive"`` | ``"pup"`` (mmseg's ``SETRUPHead``) or ``"mla"`` (``MLANeck`` + ``SETRMLAHead``).
+        out_indices: encoder blocks (0-based) whose tokens the heads read (mmseg's ``out_indices``);
+            ``None``: :func:`default_out_indices`.
+        in_index: which of ``out_indices`` the Naive/PUP decode head reads.
+        num_convs, up_scale, kernel_size: the decode head: Naive 1/4/1, PUP 4/2/3; MLA uses ``up_scale``.
+        aux_in_index: taps (Naive/PUP) or MLA outputs read by the auxiliary heads, one head each.
+        aux_num_convs, aux_up_scale, aux_kernel_size: the Naive/PUP auxiliary heads (MLA's are 1x1 classifiers).
+        channels: conv width of the up-heads and the MLA neck (256); mla_channels: per-level width of the MLA head (128).
+        with_cls_token: keep the class token in the encoder's attention (mmseg: False for MLA only).
+        pos_embed_interp: how ``pos_embed`` is resized to other grids (mmseg's ``interpolate_mode``).
+        encoder_pretrained: a timm / visiontf ViT checkpoint for the encoder (classifier and final
+            norm dropped, ``pos_embed`` resized to the crop grid).
+        new_classifier: let ``create_model(..., pretrained=)`` load a checkpoint with another class count,
+            leaving the classifiers at init (fine-tuning); without it that is an error.
+        pretrained_cfg: entries that override the inference defaults (``mean``, ``std``, ``test_mode``,
+            ``stride``, ``resize``).
     """
 
-    #: keys the registry's loader may leave at init or drop when the class count differs
+    #: keys the registry's loader may leave at init (encoder-only checkpoints) or drop when the class count differs
     head_prefixes = ("decode_head.", "aux_heads.", "neck.")
-    #: parameters trained at the base learning rate (the rest get the head multiplier); the MLA neck
-    #: is here because the original code (and mmseg) kept it outside the "head" lr_mult key
+    #: trained at the base learning rate; the rest get the head multiplier (mmseg's ``custom_keys={'head': ...}``
+    #: matches decode_head and auxiliary_head, not the MLA neck)
     backbone_prefixes = ("encoder.", "neck.")
 
     def __init__(
         self,
         num_classes: int,
         encoder: str = "vit_large_patch16_384",
-        img_size: int = 512,
+        img_size: int | Sequence[int] = 512,
         decoder: Decoder = "naive",
         out_indices: Sequence[int] | None = None,
-        aux_indices: Sequence[int] | None = None,
+        in_index: int = -1,
+        num_convs: int = 1,
+        up_scale: int = 4,
+        kernel_size: int = 1,
+        aux_in_index: Sequence[int] | None = None,
+        aux_num_convs: int = 2,
+        aux_up_scale: int = 4,
+        aux_kernel_size: int = 1,
         channels: int = 256,
-        mla_channels: int = 256,
-        mla_head_channels: int = 128,
+        mla_channels: int = 128,
+        with_cls_token: bool | None = None,
+        pos_embed_interp: str = "bilinear",
         aux_weight: float = 0.4,
         norm: Literal["bn", "syncbn"] = "bn",
         encoder_pretrained: str | Path | None = None,
-        drop_path_rate: float = 0.1,
+        drop_path_rate: float = 0.0,
         align_corners: bool = False,
-        encoder_kwargs: dict | None = None,
+        encoder_kwargs: dict[str, Any] | None = None,
+        new_classifier: bool = False,
+        pretrained_cfg: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if decoder not in ("naive", "pup", "mla"):
@@ -215,49 +152,62 @@ class SETR(nn.Module):
         self.decoder = decoder
         self.aux_weight = aux_weight
         self.align_corners = align_corners
+        self.new_classifier = new_classifier
+        self.pos_embed_interp = pos_embed_interp
+        self.with_cls_token = (decoder != "mla") if with_cls_token is None else bool(with_cls_token)
         self.encoder = create_model(encoder, num_classes=0, img_size=img_size, drop_path_rate=drop_path_rate,
                                     norm_eps=1e-6, **(encoder_kwargs or {}))
-        # every head normalises its own taps (as the original); the encoder's final LN would be unused
+        if getattr(self.encoder, "dist_token", None) is not None:
+            raise ValueError(f"encoder={encoder!r} has a distillation token; SETR's encoder has the class token only")
+        # the heads normalise their own taps (mmseg's final_norm=False): the encoder's final LN would be unused
         self.encoder.norm = nn.Identity()
         dim, depth = self.encoder.embed_dim, len(self.encoder.blocks)
-        need_defaults = out_indices is None or (aux_indices is None and decoder != "mla")
-        main_default, aux_default = default_indices(depth, decoder) if need_defaults else ((), ())
-        self.out_indices = tuple(int(i) % depth for i in (out_indices if out_indices is not None else main_default))
-        aux = aux_indices if aux_indices is not None else aux_default
-        self.aux_indices = tuple(int(i) % depth for i in aux) if decoder != "mla" else ()
-        if decoder == "mla" and len(self.out_indices) < 2:
-            raise ValueError(f"MLA needs several tapped blocks, got out_indices={self.out_indices}")
-        if decoder != "mla" and len(self.out_indices) != 1:
-            raise ValueError(f"{decoder} decodes one block; got out_indices={self.out_indices} (use aux_indices for the others)")
+        taps = default_out_indices(depth, decoder) if out_indices is None else out_indices
+        self.out_indices = tuple(int(i) % depth for i in taps)
+        n = len(self.out_indices)
+        if aux_in_index is None:
+            aux_in_index = tuple(range(n)) if decoder == "mla" else tuple(range(n - 1))
+        self.aux_in_index = tuple(int(i) % n for i in aux_in_index)
+        self.in_index = int(in_index) % n
 
-        norm_layer = _norm_layer(norm)
-        if decoder == "naive":
-            self.decode_head = UpHead(dim, channels, num_classes, 1, (1,), norm_layer, align_corners)
-            self.aux_heads = nn.ModuleList(UpHead(dim, channels, num_classes, 1, (1,), norm_layer, align_corners)
-                                           for _ in self.aux_indices)
-        elif decoder == "pup":
-            ups = int(round(math.log2(self.encoder.patch_embed.patch_size[0])))
-            # four 3x3 blocks for a 16-px patch: 2x after each but the last, whose 2x follows the classifier
-            scales = (2,) * (ups - 1) + (1,)
-            self.decode_head = UpHead(dim, channels, num_classes, 3, scales, norm_layer, align_corners)
-            self.aux_heads = nn.ModuleList(UpHead(dim, channels, num_classes, 3, (4,), norm_layer, align_corners)
-                                           for _ in self.aux_indices)
+        bn = norm_layer(norm)
+        if decoder == "mla":
+            if n < 2:
+                raise ValueError(f"MLA aggregates several blocks; got out_indices={self.out_indices}")
+            self.neck = MLANeck(dim, channels, n, bn)
+            self.decode_head = MLAHead(channels, mla_channels, num_classes, n, up_scale, bn, align_corners)
+            self.aux_heads = nn.ModuleList(ClassifierHead(channels, num_classes) for _ in self.aux_in_index)
         else:
-            n = len(self.out_indices)
-            self.neck = MLANeck(dim, mla_channels, n, norm_layer)
-            self.decode_head = MLAHead(mla_channels, mla_head_channels, num_classes, n, norm_layer, align_corners)
-            self.aux_heads = nn.ModuleList(MLAAuxHead(mla_channels, num_classes, align_corners) for _ in range(n))
+            self.decode_head = UpHead(dim, channels, num_classes, num_convs, up_scale, kernel_size, bn, align_corners)
+            self.aux_heads = nn.ModuleList(
+                UpHead(dim, channels, num_classes, aux_num_convs, aux_up_scale, aux_kernel_size, bn, align_corners)
+                for _ in self.aux_in_index
+            )
         self.patch_size = self.encoder.patch_embed.patch_size
         crop = self.encoder.patch_embed.img_size
-        self.pretrained_cfg = {
+        self.pretrained_cfg: dict[str, Any] = {
             "input_size": (3, *crop),
             "crop_size": crop,
-            "mean": self.encoder.pretrained_cfg["mean"],
-            "std": self.encoder.pretrained_cfg["std"],
+            "mean": tuple(self.encoder.pretrained_cfg["mean"]),
+            "std": tuple(self.encoder.pretrained_cfg["std"]),
             "interpolation": "bilinear",
+            "test_mode": "whole",
+            # mmseg's SETR configs slide with a stride of 2/3 of the crop (512/341, 768/512)
+            "stride": tuple(max(1, (2 * c) // 3) for c in crop),
+            "resize": None,
         }
+        self.pretrained_cfg.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in (pretrained_cfg or {}).items()})
         if encoder_pretrained:
             self.load_encoder(encoder_pretrained)
+
+    # ------------------------------------------------------------------ optimiser knowledge
+    def no_weight_decay(self) -> set[str]:
+        """timm's ViT set on the encoder: ``encoder.pos_embed`` and ``encoder.cls_token``."""
+        return {f"encoder.{n}" for n, _ in self.encoder.named_parameters() if n in ("pos_embed", "cls_token", "dist_token")}
+
+    def param_group(self, name: str) -> str:
+        """``"encoder"`` (encoder and MLA neck, base learning rate) or ``"head"`` (decode and auxiliary heads)."""
+        return "encoder" if name.startswith(self.backbone_prefixes) else "head"
 
     # ------------------------------------------------------------------ weights
     def load_encoder(self, path: str | Path) -> None:
@@ -265,27 +215,52 @@ class SETR(nn.Module):
         state = load_state_dict_file(path)
         if not any(k.startswith("blocks.") for k in state) and any(k.startswith("encoder.blocks.") for k in state):
             state = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
-        state, dropped = _encoder_state(state)
-        if dropped:
-            log.info("%s: %d classifier / final-norm tensors not used by SETR's encoder: %s", path, len(dropped), ", ".join(dropped))
-        load_pretrained(self.encoder, state, strict=True, source=str(path))
+        load_pretrained(self.encoder, encoder_state_from_vit(state, self, source=str(path)), strict=True, source=str(path))
 
     # ------------------------------------------------------------------ forward
-    def _features(self, images: Tensor, with_aux: bool) -> tuple[dict[int, Tensor], tuple[int, int]]:
-        wanted = sorted(set(self.out_indices) | (set(self.aux_indices) if with_aux else set()))
-        feats = self.encoder.forward_intermediates(images, wanted, norm=False)
-        return dict(zip(wanted, feats)), (images.shape[-2], images.shape[-1])
+    def pos_embed(self, grid: tuple[int, int]) -> Tensor:
+        """The encoder's position table for a ``grid`` of patches (class-token row first)."""
+        table = self.encoder.pos_embed
+        if tuple(grid) == tuple(self.encoder.grid_size):
+            return table
+        return resize_pos_embed(table, self.encoder.grid_size, grid, self.pos_embed_interp)
+
+    def features(self, images: Tensor, taps: Sequence[int] | None = None) -> dict[int, Tensor]:
+        """Tokens of the tapped blocks as (B, C, h, w) maps, keyed by position in ``out_indices``."""
+        taps = range(len(self.out_indices)) if taps is None else taps
+        wanted = {self.out_indices[t]: t for t in taps}
+        enc = self.encoder
+        ph, pw = self.patch_size
+        x = F.pad(images, (0, -images.shape[-1] % pw, 0, -images.shape[-2] % ph))  # mmseg's padding="corner"
+        x, grid = enc.patch_embed(x)
+        x = torch.cat([enc.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = enc.pos_drop(x + self.pos_embed(grid))
+        if not self.with_cls_token:
+            x = x[:, 1:]
+        skip = 1 if self.with_cls_token else 0
+        out: dict[int, Tensor] = {}
+        for i, block in enumerate(enc.blocks[: max(wanted) + 1]):
+            x = block(x)[0]
+            if i in wanted:
+                out[wanted[i]] = x[:, skip:].transpose(1, 2).reshape(x.shape[0], -1, *grid)
+        return out
+
+    def _resize(self, logits: Tensor, size: tuple[int, int]) -> Tensor:
+        return F.interpolate(logits, size=size, mode="bilinear", align_corners=self.align_corners)
 
     def _decode(self, images: Tensor, with_aux: bool) -> tuple[Tensor, list[Tensor]]:
-        feats, size = self._features(images, with_aux)
+        size = (images.shape[-2], images.shape[-1])
         if self.decoder == "mla":
-            streams = self.neck([feats[i] for i in self.out_indices])
-            out = self.decode_head(streams, size)
-            aux = [h(s, size) for h, s in zip(self.aux_heads, streams)] if with_aux else []
+            feats = self.features(images)
+            streams = self.neck([feats[t] for t in range(len(self.out_indices))])
+            out = self.decode_head(streams)
+            aux = [h(streams[i]) for h, i in zip(self.aux_heads, self.aux_in_index)] if with_aux else []
         else:
-            out = self.decode_head(feats[self.out_indices[0]], size)
-            aux = [h(feats[i], size) for h, i in zip(self.aux_heads, self.aux_indices)] if with_aux else []
-        return out, aux
+            taps = {self.in_index} | (set(self.aux_in_index) if with_aux else set())
+            feats = self.features(images, sorted(taps))
+            out = self.decode_head(feats[self.in_index])
+            aux = [h(feats[i]) for h, i in zip(self.aux_heads, self.aux_in_index)] if with_aux else []
+        return self._resize(out, size), [self._resize(a, size) for a in aux]
 
     def forward(self, images: Tensor) -> Tensor | dict[str, Tensor | list[Tensor]]:
         if self.training:
@@ -294,104 +269,172 @@ class SETR(nn.Module):
         return self._decode(images, with_aux=False)[0]
 
     # ------------------------------------------------------------------ inference
-    def _pad_to(self, images: Tensor, h: int, w: int) -> Tensor:
-        # zero in normalised space is the dataset mean: the least surprising filler
-        return F.pad(images, (0, w - images.shape[-1], 0, h - images.shape[-2]))
-
     def whole_inference(self, images: Tensor) -> Tensor:
-        """Logits of the whole image at once (padded up to a multiple of the patch size, then cropped)."""
-        H, W = images.shape[-2:]
-        ph, pw = self.patch_size
-        padded = self._pad_to(images, -(-H // ph) * ph, -(-W // pw) * pw)
-        return self._decode(padded, with_aux=False)[0][..., :H, :W]
+        """mmseg's ``whole_inference`` / ``encode_decode``: main-head logits (B, K, H, W) of the whole image."""
+        return self._decode(images, with_aux=False)[0]
 
-    def slide_inference(self, images: Tensor, num_classes: int | None = None, crop: int | Sequence[int] = 512,
-                        stride: int | Sequence[int] = 341) -> Tensor:
-        """mmseg's sliding window: crops covering the image, logits summed and divided by the overlap count.
+    def slide_inference(self, images: Tensor, crop: int | Sequence[int] = 512, stride: int | Sequence[int] = 341) -> Tensor:
+        """mmseg's ``slide_inference``: windows every ``stride`` pixels, the last one shifted back to end at
+        the border; logits summed and divided by the per-pixel window count (``count_mat``).
 
-        Windows are placed every ``stride`` pixels and the last one is shifted back to end at the
-        border. An image smaller than ``crop`` is padded (bottom/right) to one full window.
+        A side shorter than ``crop`` gets one window of the image's own length (no padding), as mmseg.
         """
-        num_classes = num_classes or self.num_classes
-        ch, cw = (crop, crop) if isinstance(crop, int) else crop
-        sh, sw = (stride, stride) if isinstance(stride, int) else stride
+        ch, cw = (crop, crop) if isinstance(crop, int) else (int(crop[0]), int(crop[1]))
+        sh, sw = (stride, stride) if isinstance(stride, int) else (int(stride[0]), int(stride[1]))
         B, _, H, W = images.shape
-        if H < ch or W < cw:
-            padded = self._pad_to(images, max(H, ch), max(W, cw))
-            return self.slide_inference(padded, num_classes, (ch, cw), (sh, sw))[..., :H, :W]
         rows = max(H - ch + sh - 1, 0) // sh + 1
         cols = max(W - cw + sw - 1, 0) // sw + 1
-        logits = images.new_zeros((B, num_classes, H, W))
+        logits: Tensor | None = None
         count = images.new_zeros((1, 1, H, W))
         for r in range(rows):
             for c in range(cols):
                 y2, x2 = min(r * sh + ch, H), min(c * sw + cw, W)
                 y1, x1 = max(y2 - ch, 0), max(x2 - cw, 0)
-                logits[:, :, y1:y2, x1:x2] += self.whole_inference(images[:, :, y1:y2, x1:x2])
+                window = self.whole_inference(images[:, :, y1:y2, x1:x2])
+                if logits is None:
+                    logits = images.new_zeros((B, window.shape[1], H, W))
+                logits[:, :, y1:y2, x1:x2] += window
                 count[:, :, y1:y2, x1:x2] += 1
+        assert logits is not None
         return logits / count
 
-    def inference(self, images: Tensor, mode: Literal["whole", "slide"] = "whole", crop: int | Sequence[int] | None = None,
-                  stride: int | Sequence[int] | None = None) -> Tensor:
-        """Main-head logits at the input size; ``crop`` defaults to the model's crop, ``stride`` to 2/3 of it."""
+    def inference(self, images: Tensor, mode: Literal["whole", "slide"] | None = None,
+                  crop: int | Sequence[int] | None = None, stride: int | Sequence[int] | None = None) -> Tensor:
+        """Main-head logits at the input size; ``mode``, ``crop`` and ``stride`` default to ``pretrained_cfg``'s
+        ``test_mode``, ``crop_size`` and ``stride`` (mmseg's ``test_cfg``)."""
+        mode = mode or self.pretrained_cfg["test_mode"]
         if mode == "whole":
             return self.whole_inference(images)
         if mode != "slide":
             raise ValueError(f"inference mode {mode!r}; use 'whole' or 'slide'")
-        crop = crop or self.pretrained_cfg["crop_size"]
-        if stride is None:
+        if crop is None:
+            crop, stride = self.pretrained_cfg["crop_size"], stride or self.pretrained_cfg["stride"]
+        elif stride is None:
             c = (crop, crop) if isinstance(crop, int) else tuple(crop)
             stride = tuple(max(1, (2 * x) // 3) for x in c)
-        return self.slide_inference(images, self.num_classes, crop, stride)
+        return self.slide_inference(images, crop, stride)
 
 
-def _encoder_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
-    """Drop what a classification ViT has and SETR's encoder does not: heads and the final norm."""
-    drop = ("head.", "head_dist.", "norm.", "fc_norm.", "pre_logits.")
-    kept = {k: v for k, v in state.items() if not k.startswith(drop)}
-    return kept, sorted(set(state) - set(kept))
+# ---------------------------------------------------------------------------------------- variants
+#: mmseg's SegDataPreProcessor for SETR: RGB, ImageNet mean/std (123.675, 116.28, 103.53) / (58.395, 57.12, 57.375)
+#: on 0-255, here on 0-1; sliding-window test (stride 2/3 of the crop) on images resized keep-ratio to ``resize`` (long, short)
+_MMSEG_ADE20K = dict(img_size=512, num_classes=150, pretrained_cfg=dict(
+    mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2048, 512)))
+_MMSEG_CITYSCAPES = dict(img_size=768, num_classes=19, pretrained_cfg=dict(
+    mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2049, 1025)))
+#: mmseg's ViT-L/16 backbone of its SETR configs (no patch-embedding bias in 1.x)
+_VIT_L = dict(encoder="vit_large_patch16_384", encoder_kwargs={"patch_bias": False})
+_NAIVE = dict(decoder="naive", out_indices=(9, 14, 19, 23), in_index=3, num_convs=1, up_scale=4, kernel_size=1,
+              aux_in_index=(0, 1, 2), aux_up_scale=4, aux_kernel_size=1)
+_PUP = dict(decoder="pup", out_indices=(9, 14, 19, 23), in_index=3, num_convs=4, up_scale=2, kernel_size=3,
+            aux_in_index=(0, 1, 2), aux_num_convs=2, aux_up_scale=4, aux_kernel_size=3)
+_MLA = dict(decoder="mla", out_indices=(5, 11, 17, 23), with_cls_token=False, channels=256, mla_channels=128,
+            up_scale=4, aux_in_index=(0, 1, 2, 3))
+#: the ViT-L recipe at 12 blocks: taps from default_out_indices, PUP with an auxiliary head on every tap
+_SMALL = {"naive": dict(_NAIVE, out_indices=None), "pup": dict(_PUP, out_indices=None, aux_in_index=(0, 1, 2, 3)),
+          "mla": dict(_MLA, out_indices=None)}
+_TINY_HEADS = dict(channels=64, mla_channels=32)
 
-
-def _setr_filter(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    """Let ``create_model("setr_*", pretrained=vit_checkpoint)`` initialise the encoder from a bare ViT."""
-    if any(k.startswith("encoder.") for k in state) or "patch_embed.proj.weight" not in state:
-        return state
-    kept, dropped = _encoder_state(state)
-    if dropped:
-        log.info("bare ViT checkpoint: %d classifier / final-norm tensors dropped: %s", len(dropped), ", ".join(dropped))
-    return {f"encoder.{k}": v for k, v in kept.items()}
-
-
-_VARIANTS = {
-    "large": ("vit_large_patch16_384", 512, {}),
-    "base": ("vit_base_patch16_384", 512, {}),
-    # CPU-sized: the real ViT-Ti/16 (so timm's vit_tiny weights load) with narrow heads at 64-128 px
-    "tiny": ("vit_tiny_patch16_224", 128, {"channels": 64, "mla_channels": 64, "mla_head_channels": 32}),
+#: every registered SETR, as the keyword arguments of :class:`SETR`
+DEFAULT_CFGS: dict[str, dict[str, Any]] = {
+    # mmseg setr_vit-l_{naive,pup,mla}_8xb2-160k_ade20k-512x512
+    "setr_naive_vit_large_patch16": {**_VIT_L, **_MMSEG_ADE20K, **_NAIVE, "aux_num_convs": 2},
+    "setr_pup_vit_large_patch16": {**_VIT_L, **_MMSEG_ADE20K, **_PUP},
+    "setr_mla_vit_large_patch16": {**_VIT_L, **_MMSEG_ADE20K, **_MLA},
+    # mmseg setr_vit-l_{naive,pup,mla}_8xb1-80k_cityscapes-768x768
+    "setr_naive_vit_large_patch16_cityscapes": {**_VIT_L, **_MMSEG_CITYSCAPES, **_NAIVE, "aux_num_convs": 1},
+    "setr_pup_vit_large_patch16_cityscapes": {**_VIT_L, **_MMSEG_CITYSCAPES, **_PUP},
+    "setr_mla_vit_large_patch16_cityscapes": {**_VIT_L, **_MMSEG_CITYSCAPES, **_MLA},
+    # ViT-B/16 (timm weights at 384 px, resampled to the 512 crop)
+    "setr_naive_vit_base_patch16": {"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150, **_SMALL["naive"]},
+    "setr_pup_vit_base_patch16": {"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150, **_SMALL["pup"]},
+    "setr_mla_vit_base_patch16": {"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150, **_SMALL["mla"]},
+    # CPU-sized: the real ViT-Ti/16 (so timm's vit_tiny weights load) with narrow heads at 128 px
+    "setr_naive_vit_tiny_patch16": {"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
+                                    **_SMALL["naive"], **_TINY_HEADS},
+    "setr_pup_vit_tiny_patch16": {"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
+                                  **_SMALL["pup"], **_TINY_HEADS},
+    "setr_mla_vit_tiny_patch16": {"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
+                                  **_SMALL["mla"], **_TINY_HEADS},
 }
+_TAGS = ("segmentation", "setr")
 
 
-#: measured with sum(p.numel()) at 512 px and 150 classes, aux heads included (see the module docstring)
-_PARAMS = {
-    "large": {"naive": "305.36M", "pup": "317.92M", "mla": "310.18M"},
-    "base": {"naive": "87.38M", "pup": "97.26M", "mla": "92.21M"},
-}
+def _create(name: str, **kwargs: Any) -> SETR:
+    cfg = dict(DEFAULT_CFGS[name])
+    cfg["pretrained_cfg"] = {**cfg.get("pretrained_cfg", {}), **(kwargs.pop("pretrained_cfg", None) or {})}
+    cfg["encoder_kwargs"] = {**cfg.get("encoder_kwargs", {}), **(kwargs.pop("encoder_kwargs", None) or {})}
+    cfg.update(kwargs)
+    return SETR(**cfg)
 
 
-def _register(decoder: str, size: str) -> None:
-    name = f"setr_{decoder}_vit_{size}_patch16"
-    encoder, img, defaults = _VARIANTS[size]
-
-    def build(num_classes: int = 150, **kwargs) -> SETR:
-        kwargs = {"encoder": encoder, "img_size": img, "decoder": decoder, **defaults, **kwargs}
-        return SETR(num_classes, **kwargs)
-
-    build.__name__ = name
-    build.__doc__ = f"SETR-{decoder.upper() if decoder != 'naive' else 'Naive'} on {encoder} ({img}px crop{', narrow heads' if size == 'tiny' else ''})."
-    if size in _PARAMS:
-        build.__doc__ += f" {_PARAMS[size][decoder]} parameters at 512 px / 150 classes (measured)."
-    register_model(build, filter_fn=_setr_filter, tags=("segmentation", "setr"))
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_naive_vit_large_patch16(**kwargs) -> SETR:
+    """SETR-Naive, ViT-L/16, mmseg's ADE20K 512x512 config: 305,557,592 parameters with 150 classes."""
+    return _create("setr_naive_vit_large_patch16", **kwargs)
 
 
-for _size in ("large", "base", "tiny"):
-    for _decoder in ("naive", "pup", "mla"):
-        _register(_decoder, _size)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_pup_vit_large_patch16(**kwargs) -> SETR:
+    """SETR-PUP, ViT-L/16, mmseg's ADE20K 512x512 config: 317,290,072 parameters with 150 classes."""
+    return _create("setr_pup_vit_large_patch16", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_mla_vit_large_patch16(**kwargs) -> SETR:
+    """SETR-MLA, ViT-L/16, mmseg's ADE20K 512x512 config: 309,569,262 parameters with 150 classes."""
+    return _create("setr_mla_vit_large_patch16", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_naive_vit_large_patch16_cityscapes(**kwargs) -> SETR:
+    """SETR-Naive, ViT-L/16, mmseg's Cityscapes 768x768 config (one-conv auxiliary heads): 306,535,500 parameters."""
+    return _create("setr_naive_vit_large_patch16_cityscapes", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_pup_vit_large_patch16_cityscapes(**kwargs) -> SETR:
+    """SETR-PUP, ViT-L/16, mmseg's Cityscapes 768x768 config: 318,466,124 parameters with 19 classes."""
+    return _create("setr_pup_vit_large_patch16_cityscapes", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_mla_vit_large_patch16_cityscapes(**kwargs) -> SETR:
+    """SETR-MLA, ViT-L/16, mmseg's Cityscapes 768x768 config: 310,678,111 parameters with 19 classes."""
+    return _create("setr_mla_vit_large_patch16_cityscapes", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_naive_vit_base_patch16(**kwargs) -> SETR:
+    """SETR-Naive on ViT-B/16 (timm's 384-px weights), 512-px crop."""
+    return _create("setr_naive_vit_base_patch16", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_pup_vit_base_patch16(**kwargs) -> SETR:
+    """SETR-PUP on ViT-B/16 (timm's 384-px weights), 512-px crop, an auxiliary head on every tap."""
+    return _create("setr_pup_vit_base_patch16", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_mla_vit_base_patch16(**kwargs) -> SETR:
+    """SETR-MLA on ViT-B/16 (timm's 384-px weights), 512-px crop, taps at blocks 3/6/9/12."""
+    return _create("setr_mla_vit_base_patch16", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_naive_vit_tiny_patch16(**kwargs) -> SETR:
+    """SETR-Naive on ViT-Ti/16 with 64-channel heads, 128-px crop: a CPU-sized model."""
+    return _create("setr_naive_vit_tiny_patch16", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_pup_vit_tiny_patch16(**kwargs) -> SETR:
+    """SETR-PUP on ViT-Ti/16 with 64-channel heads, 128-px crop: a CPU-sized model."""
+    return _create("setr_pup_vit_tiny_patch16", **kwargs)
+
+
+@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+def setr_mla_vit_tiny_patch16(**kwargs) -> SETR:
+    """SETR-MLA on ViT-Ti/16 with 64/32-channel heads, 128-px crop: a CPU-sized model."""
+    return _create("setr_mla_vit_tiny_patch16", **kwargs)

@@ -24,12 +24,13 @@ def _pair(x: int | Sequence[int]) -> tuple[int, int]:
 class PatchEmbed(nn.Module):
     """Non-overlapping patches -> tokens, via one strided convolution (timm's ``patch_embed.proj``)."""
 
-    def __init__(self, img_size: int | tuple[int, int], patch_size: int, in_chans: int, embed_dim: int) -> None:
+    def __init__(self, img_size: int | tuple[int, int], patch_size: int, in_chans: int, embed_dim: int,
+                 bias: bool = True) -> None:
         super().__init__()
         self.img_size = _pair(img_size)
         self.patch_size = _pair(patch_size)
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         H, W = x.shape[-2:]
@@ -65,19 +66,22 @@ class VisionTransformer(nn.Module):
         mean: Sequence[float] = INCEPTION_MEAN,
         std: Sequence[float] = INCEPTION_STD,
         crop_pct: float = 0.9,
+        patch_bias: bool = True,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.embed_dim = self.num_features = embed_dim
         self.distilled = distilled
         self.num_prefix_tokens = 2 if distilled else 1
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        # mmsegmentation 1.x's ViT has no patch-embedding bias (SETR's layout); timm's has one
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         num_patches = self.patch_embed.grid_size[0] * self.patch_embed.grid_size[1]
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        # on the CPU explicitly: the rates are Python floats even when built under torch.device("meta")
+        dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
         self.blocks = nn.ModuleList(
             TransformerEncoderLayer(
                 embed_dim, num_heads, int(embed_dim * mlp_ratio), dropout=drop_rate, attn_drop=attn_drop_rate,

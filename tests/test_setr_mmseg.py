@@ -1,0 +1,303 @@
+"""SETR against mmsegmentation: the published checkpoints' layout key for key, parameter counts, logits and
+sliding-window inference of converted weights, inference settings, optimiser groups, bad checkpoints refused.
+
+mmsegmentation cannot be installed here; ``benchmarks/reference_setr_mmseg.py`` re-implements its SETR with
+its module tree and semantics, and ``tests/data/mmseg_setr_state_dicts.txt`` (printed from mmseg 1.2.2, a
+copy of ``shared/reference/``) is the source of truth for the layout. Layout and counts are checked on the
+meta device (no memory); logits on a narrow 4-block model, and once at full ViT-L size (slow).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import visiontf.models.setr as setr_module
+from visiontf.models.setr import DEFAULT_CFGS
+from visiontf.models.setr_convert import convert_state_dict, fitting_variants, rename_mmseg_keys
+from visiontf.registry import create_model, get_entry, list_models
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package
+from benchmarks.reference_setr_mmseg import VisionTransformer as MMSegViT  # noqa: E402
+from benchmarks.reference_setr_mmseg import build_setr, randomize  # noqa: E402
+
+LISTING = ROOT / "tests" / "data" / "mmseg_setr_state_dicts.txt"
+DECODERS = ("naive", "pup", "mla")
+#: mmseg 1.2.2, setr_vit-l_*_ade20k-512x512 configs (the listing's headers)
+MMSEG_PARAMS = {"naive": 305_557_592, "pup": 317_290_072, "mla": 309_569_262}
+#: the Cityscapes 768 configs, counted on the reference (mmseg's own number is not in the listing)
+CITYSCAPES_PARAMS = {"naive": 306_535_500, "pup": 318_466_124, "mla": 310_678_111}
+#: a narrow 4-block SETR (mmseg's heads at 32/16 channels) for numeric parity at unit-test cost
+SMALL_REF = dict(embed_dims=64, num_layers=4, num_heads=4, out_indices=(0, 1, 2, 3), channels=32, mla_channels=16,
+                 img_size=64, num_classes=5)
+SMALL = dict(img_size=64, num_classes=5, out_indices=(0, 1, 2, 3), channels=32, mla_channels=16,
+             encoder_kwargs=dict(embed_dim=64, depth=4, num_heads=4))
+ATOL = 1e-4  # observed differences are ~1e-6 (different attention kernels); the issue asks for 1e-3
+
+
+def parse_listing(path: Path) -> dict[str, dict]:
+    """{decoder: {"params", "entries", "keys": {key: shape}}} with ``layers.N ... xK`` expanded."""
+    sections: dict[str, dict] = {}
+    cur = None
+    for line in path.read_text().splitlines():
+        head = re.match(r"^## setr_vit-l_(\w+)_8xb2\S+: (\d+) parameters, (\d+) state-dict entries", line)
+        if head:
+            cur = sections[head.group(1)] = {"params": int(head.group(2)), "entries": int(head.group(3)), "keys": {}}
+            continue
+        if cur is None or line.startswith("module structure"):
+            cur = None
+            continue
+        m = re.match(r"^(\S+) \[([\d, ]*)\](?:\s+x(\d+))?$", line.rstrip())
+        if m:
+            shape = tuple(int(x) for x in m.group(2).split(",") if x.strip())
+            for i in range(int(m.group(3) or 1)):
+                cur["keys"][m.group(1).replace(".N.", f".{i}.") if m.group(3) else m.group(1)] = shape
+    return sections
+
+
+LISTED = parse_listing(LISTING)
+
+
+def _shapes(module_or_state) -> dict[str, tuple[int, ...]]:
+    state = module_or_state.state_dict() if isinstance(module_or_state, torch.nn.Module) else module_or_state
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+def _meta(fn, *args, **kwargs):
+    with torch.device("meta"):
+        return fn(*args, **kwargs)
+
+
+def _mmseg_file(tmp_path: Path, ref: torch.nn.Module, name: str = "mmseg.pth") -> Path:
+    """An mmseg checkpoint file: ``{"meta": ..., "state_dict": ...}`` as its model zoo publishes."""
+    path = tmp_path / name
+    meta = {"mmseg_version": "1.2.2", "CLASSES": ["a", "b"], "iter": 160000, "config": "model = dict(...)"}
+    torch.save({"meta": meta, "state_dict": ref.state_dict()}, path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ layout
+def test_listing_copy_is_the_shared_one():
+    shared = ROOT.parent / "shared" / "reference" / LISTING.name
+    if not shared.is_file():
+        pytest.skip(f"{shared} absent (CI without shared/ beside the clone); tests use the copy in tests/data")
+    assert shared.read_text() == LISTING.read_text()
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_reference_is_mmseg_key_for_key(decoder):
+    listed = LISTED[decoder]
+    ref = _meta(build_setr, decoder)
+    assert _shapes(ref) == listed["keys"]
+    assert len(listed["keys"]) == listed["entries"]
+    assert sum(p.numel() for p in ref.parameters()) == listed["params"] == MMSEG_PARAMS[decoder]
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_setr_has_mmseg_structure_and_parameter_count(decoder):
+    ours = _meta(create_model, f"setr_{decoder}_vit_large_patch16")
+    assert sum(p.numel() for p in ours.parameters()) == MMSEG_PARAMS[decoder]
+    assert len(ours.state_dict()) == LISTED[decoder]["entries"]
+    # every listed key has exactly one counterpart of the same shape, and nothing is left over
+    converted = convert_state_dict(_meta(build_setr, decoder).state_dict(), ours)
+    assert _shapes(converted) == _shapes(ours)
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_cityscapes_variants_are_mmseg_cityscapes_configs(decoder):
+    ours = _meta(create_model, f"setr_{decoder}_vit_large_patch16_cityscapes")
+    ref = _meta(build_setr, decoder, "cityscapes")
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters()) == CITYSCAPES_PARAMS[decoder]
+    assert _shapes(convert_state_dict(ref.state_dict(), ours)) == _shapes(ours)
+    assert ours.num_classes == 19 and ours.encoder.pos_embed.shape == (1, 48 * 48 + 1, 1024)
+    ade = _meta(create_model, f"setr_{decoder}_vit_large_patch16")
+    if decoder == "naive":  # the one structural difference: one conv per auxiliary head instead of two
+        assert [len(h.up_convs) for h in ours.aux_heads] == [1, 1, 1]
+        assert [len(h.up_convs) for h in ade.aux_heads] == [2, 2, 2]
+
+
+def test_every_setr_name_is_one_explicit_registered_function():
+    source = Path(setr_module.__file__).read_text()
+    names = list_models("setr_*")
+    assert sorted(names) == sorted(DEFAULT_CFGS) and len(names) == 12
+    for name in names:
+        assert re.search(rf"^@register_model\(.*\)\ndef {name}\(", source, re.M), name
+        assert "segmentation" in get_entry(name).tags
+        assert get_entry(name).filter_fn is convert_state_dict
+
+
+# ------------------------------------------------------------------------------------------ logits
+def _small_pair(decoder: str, tmp_path: Path, *, patch_bias: bool = False, **ours_kwargs):
+    ref = build_setr(decoder, **SMALL_REF, patch_bias=patch_bias).eval()
+    randomize(ref, seed=DECODERS.index(decoder))
+    path = _mmseg_file(tmp_path, ref)
+    ours = create_model(f"setr_{decoder}_vit_large_patch16", pretrained=str(path), **{**SMALL, **ours_kwargs}).eval()
+    return ref, ours
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_converted_checkpoint_gives_mmseg_logits(decoder, tmp_path):
+    ref, ours = _small_pair(decoder, tmp_path)
+    with torch.no_grad():
+        # the crop; a size that is no multiple of the patch (corner padding, resized back); another grid
+        for shape in [(2, 3, 64, 64), (1, 3, 50, 70), (1, 3, 80, 112)]:
+            x = torch.randn(shape)
+            expected = ref.encode_decode(x)
+            assert ours(x).shape == expected.shape == (shape[0], 5, *shape[2:])
+            torch.testing.assert_close(ours(x), expected, atol=ATOL, rtol=0)
+        # sliding windows: overlaps averaged with count_mat; a side shorter than the crop gets one short window
+        for shape in [(1, 3, 96, 150), (1, 3, 48, 150)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(ours.inference(x, "slide", crop=64, stride=43),
+                                       ref.slide_inference(x, (64, 64), (43, 43)), atol=ATOL, rtol=0)
+        # one window covering the image: slide is whole, for mmseg and for us
+        x = torch.randn(1, 3, 64, 64)
+        torch.testing.assert_close(ours.inference(x, "slide", crop=64, stride=43), ours.inference(x, "whole"), atol=1e-6, rtol=0)
+        torch.testing.assert_close(ref.slide_inference(x, (64, 64), (43, 43)), ref.whole_inference(x), atol=1e-6, rtol=0)
+
+
+def test_patch_bias_of_mmseg0_trained_checkpoints_is_folded_exactly(tmp_path):
+    # mmseg 0.x (which trained the published weights) had a patch-embedding bias; 1.x's ViT and ours have none
+    ref, ours = _small_pair("pup", tmp_path, patch_bias=True)
+    assert ours.encoder.patch_embed.proj.bias is None
+    x = torch.randn(1, 3, 50, 70)  # a padded border patch too: the bias applies to every patch token alike
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref.encode_decode(x), atol=ATOL, rtol=0)
+
+
+def test_pos_embed_resized_when_the_crop_differs(tmp_path):
+    ref, ours = _small_pair("naive", tmp_path, img_size=96)  # a 64-px checkpoint into a 96-px model
+    expected = MMSegViT.resize_pos_embed(ref.backbone.pos_embed.detach(), (6, 6), (4, 4), "bilinear")
+    assert ours.encoder.pos_embed.shape == (1, 37, 64)
+    torch.testing.assert_close(ours.encoder.pos_embed.detach(), expected, atol=1e-6, rtol=0)
+    # mmseg's own route: a 96-px model initialised from the 64-px weights (init_weights resizes the same way)
+    ref96 = build_setr("naive", **{**SMALL_REF, "img_size": 96}).eval()
+    ref96.load_state_dict({**ref.state_dict(), "backbone.pos_embed": expected})
+    x = torch.randn(1, 3, 96, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref96.encode_decode(x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_vit_large_logits_equal_mmseg_encode_decode():
+    """Full ViT-L PUP in float32 (317M parameters, built without default init). ~25 s on 2 shared cores."""
+    t0 = time.perf_counter()
+    ref = _meta(build_setr, "pup").to_empty(device="cpu").eval()
+    randomize(ref)
+    ours = _meta(create_model, "setr_pup_vit_large_patch16").to_empty(device="cpu")
+    ours.load_state_dict(convert_state_dict(ref.state_dict(), ours))
+    ours.eval()
+    x = torch.randn(1, 3, 256, 256)  # 16x16 tokens: pos_embed resized from 32x32 by both
+    with torch.no_grad():
+        expected = ref.encode_decode(x)
+        got = ours(x)
+    assert expected.dtype == got.dtype == torch.float32
+    assert (got - expected).abs().max().item() < 1e-3, (got - expected).abs().max().item()
+    print(f"ViT-L PUP parity: max |diff| {(got - expected).abs().max().item():.2e}, {time.perf_counter() - t0:.1f} s")
+
+
+# ------------------------------------------------------------------------------------------ settings
+def test_pretrained_cfg_carries_mmseg_test_settings():
+    ade = _meta(create_model, "setr_pup_vit_large_patch16").pretrained_cfg
+    assert [round(m * 255, 3) for m in ade["mean"]] == [123.675, 116.28, 103.53]
+    assert [round(s * 255, 3) for s in ade["std"]] == [58.395, 57.12, 57.375]
+    assert (ade["test_mode"], ade["crop_size"], ade["stride"], ade["resize"]) == ("slide", (512, 512), (341, 341), (2048, 512))
+    city = _meta(create_model, "setr_mla_vit_large_patch16_cityscapes").pretrained_cfg
+    assert (city["test_mode"], city["crop_size"], city["stride"], city["resize"]) == ("slide", (768, 768), (512, 512), (2049, 1025))
+    tiny = create_model("setr_naive_vit_tiny_patch16", img_size=64, encoder_kwargs={"depth": 4}).pretrained_cfg
+    assert (tiny["test_mode"], tiny["crop_size"], tiny["stride"], tiny["resize"]) == ("whole", (64, 64), (42, 42), None)
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_param_groups_give_the_segmentation_tasks_split(decoder):
+    from visiontf.tasks.segmentation import SegmentationTask
+
+    task = SegmentationTask(f"setr_{decoder}_vit_tiny_patch16", num_classes=3, lr=0.001, head_lr_mult=10.0,
+                            model_kwargs={"img_size": 32, "encoder_kwargs": {"depth": 4}})
+    opt = task.configure_optimizers()["optimizer"]  # the task's own rule (backbone_prefixes)
+    by_group = {g: {id(p) for n, p in task.model.named_parameters() if task.model.param_group(n) == g} for g in ("encoder", "head")}
+    assert [{id(p) for p in g["params"]} for g in opt.param_groups] == [by_group["encoder"], by_group["head"]]
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.001, 0.01])
+    # and mmseg's rule, paramwise_cfg custom_keys={"head": lr_mult=10}, on the ViT-L names
+    big = _meta(create_model, f"setr_{decoder}_vit_large_patch16")
+    for name, _ in big.named_parameters():
+        assert (big.param_group(name) == "head") == ("head" in name), name
+    assert big.no_weight_decay() == {"encoder.pos_embed", "encoder.cls_token"}
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def test_cityscapes_checkpoint_into_ade20k_model_names_classes_and_fix():
+    ours = _meta(create_model, "setr_pup_vit_large_patch16")
+    ours.model_name = "setr_pup_vit_large_patch16"
+    cityscapes = _meta(build_setr, "pup", "cityscapes").state_dict()
+    with pytest.raises(ValueError, match=r"19 classes .* has 150: .*setr_pup_vit_large_patch16_cityscapes.*new_classifier=True"):
+        convert_state_dict(cityscapes, ours)
+    # Naive's Cityscapes auxiliary heads differ too: the layout error names the variant it fits
+    naive = _meta(create_model, "setr_naive_vit_large_patch16")
+    with pytest.raises(ValueError, match=r"auxiliary heads of 1 x 1x1 conv.*fits setr_naive_vit_large_patch16_cityscapes"):
+        convert_state_dict(_meta(build_setr, "naive", "cityscapes").state_dict(), naive)
+
+
+@pytest.mark.parametrize(("theirs", "ours"), [("naive", "pup"), ("mla", "naive"), ("pup", "mla")])
+def test_checkpoint_of_another_decoder_names_the_variant_it_fits(theirs, ours):
+    model = _meta(create_model, f"setr_{ours}_vit_large_patch16")
+    checkpoint = _meta(build_setr, theirs).state_dict()
+    title = {"naive": "Naive", "pup": "PUP", "mla": "MLA"}[theirs]
+    with pytest.raises(ValueError, match=rf"is SETR-{title}.*fits setr_{theirs}_vit_large_patch16:"):
+        convert_state_dict(checkpoint, model)
+    assert fitting_variants(rename_mmseg_keys(checkpoint))[0] == f"setr_{theirs}_vit_large_patch16"
+
+
+def test_old_mmseg_0x_and_unknown_layouts_are_refused():
+    model = _meta(create_model, "setr_naive_vit_large_patch16")
+    old = {"backbone.patch_embed.proj.weight": torch.zeros(1024, 3, 16, 16),
+           "backbone.blocks.0.attn.qkv.weight": torch.zeros(3072, 1024), "decode_head.conv_0.weight": torch.zeros(256, 1024, 1, 1)}
+    with pytest.raises(ValueError, match=r"0\.x / original SETR .*backbone\.layers\.N.*model zoo"):
+        convert_state_dict({"meta": {}, "state_dict": old}, model)
+    final_norm = {**_meta(build_setr, "naive").state_dict(), "backbone.ln1.weight": torch.zeros(1024)}
+    with pytest.raises(ValueError, match=r"no counterpart in SETR.*backbone\.ln1\.weight"):
+        convert_state_dict(final_norm, model)
+    with pytest.raises(ValueError, match="unrecognised SETR checkpoint layout"):
+        convert_state_dict({"stem.weight": torch.zeros(3)}, model)
+
+
+def test_class_count_adapts_only_when_asked(tmp_path):
+    ref = build_setr("naive", **SMALL_REF)
+    randomize(ref)
+    path = _mmseg_file(tmp_path, ref)
+    with pytest.raises(ValueError, match=r"5 classes .* has 7: for its own classes pass num_classes=5.*new_classifier=True"):
+        create_model("setr_naive_vit_large_patch16", pretrained=str(path), **{**SMALL, "num_classes": 7})
+    tuned = create_model("setr_naive_vit_large_patch16", pretrained=str(path), new_classifier=True, **{**SMALL, "num_classes": 7})
+    theirs = convert_state_dict(ref.state_dict(), tuned)
+    for key, value in tuned.state_dict().items():
+        if ".cls_seg." in key:
+            assert value.shape[0] == 7  # a new classifier at init
+        else:
+            assert torch.equal(value, theirs[key]), key
+
+
+# ------------------------------------------------------------------------------------------ tools/eval.py
+@pytest.mark.slow
+def test_eval_command_reads_an_mmseg_checkpoint(tmp_path):
+    """docs/segmentation.md's command on the synthetic set with a tiny random mmseg-layout checkpoint."""
+    from visiontf.cli import eval_main
+    from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+
+    root = make_segmentation_dataset(tmp_path / "seg", num_train=2, num_val=2, num_classes=4, image_size=(64, 64))
+    # mmseg's layout for configs/setr/setr_tiny_synthetic.yaml's model (ViT-Ti width, 4 blocks, 8-px patches)
+    ref = build_setr("naive", embed_dims=192, num_layers=4, num_heads=3, patch_size=8, out_indices=(0, 1, 2, 3),
+                     channels=64, img_size=64, num_classes=4, patch_bias=True)
+    randomize(ref)
+    ckpt = _mmseg_file(tmp_path, ref)
+    out = tmp_path / "stats.json"
+    eval_main(["--config", str(ROOT / "configs/setr/setr_tiny_synthetic.yaml"), f"--model.init_args.pretrained={ckpt}",
+               f"--data.init_args.root={root}", "--data.init_args.num_workers=0", "--trainer.logger=false",
+               f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.enable_progress_bar=false", "--output", str(out)])
+    stats = json.loads(out.read_text())
+    assert 0.0 <= stats["val/mIoU"] <= 1.0 and "mIoU" in stats
