@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import pathlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,6 +22,31 @@ _NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_ema"
 
 class WeightsError(RuntimeError):
     """A weight file could not be read or does not fit the model."""
+
+
+#: the classes beyond tensors and plain data that a checkpoint may hold, all plain attribute data:
+#: the original DETR pickles its argparse Namespace ("args"); Lightning stores data-module
+#: hyper-parameters as given, which may be pathlib paths
+SAFE_GLOBALS = (argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+
+
+def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)`` allowing only :data:`SAFE_GLOBALS` beyond tensors.
+
+    The one reader of ``.pth``/``.pt``/``.ckpt`` files in visiontf (weight files and Lightning
+    checkpoints alike). Refused files raise :class:`WeightsError` naming the file and the fix.
+    """
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # the weights-only unpickler names the refused global
+        raise WeightsError(
+            f"{path}: refused to load with weights_only=True ({type(e).__name__}: {e}). "
+            "The file holds Python objects beyond tensors; visiontf never unpickles them. "
+            "Re-save it as a plain state dict or convert it to .safetensors (for a checkpoint, export the "
+            "model with tools/export.py from a trusted environment)."
+        ) from e
 
 
 def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
@@ -45,17 +71,7 @@ def load_state_dict_file(path: str | Path, map_location: str | torch.device = "c
 
         state = load_file(str(path), device=str(map_location))
     else:
-        try:
-            # training checkpoints of the original DETR also pickle their argparse Namespace ("args");
-            # a Namespace is plain attribute data, so it is the one class allowed beyond tensors
-            with torch.serialization.safe_globals([argparse.Namespace]):
-                state = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as e:  # the weights-only unpickler names the refused global
-            raise WeightsError(
-                f"{path}: refused to load with weights_only=True ({type(e).__name__}: {e}). "
-                "The file holds Python objects beyond tensors; visiontf never unpickles them. "
-                "Re-save it as a plain state dict or convert it to .safetensors."
-            ) from e
+        state = safe_torch_load(path, map_location)
     state = _unwrap(state, path)
     return state
 

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchvision.ops import box_convert
 
 from visiontf.data import detection_transforms as DT
+from visiontf.data.batching import pad_images
 from visiontf.data.io import read_image
 from visiontf.data.loading import default_num_workers
 from visiontf.data.samplers import eval_sampler, train_sampler
@@ -320,20 +321,8 @@ def collate_detection(
 
     Returns ``(images (B,3,H,W), mask (B,H,W) bool True on padding, targets)``.
     """
-    images = [b[0] for b in batch]
-    targets = [b[1] for b in batch]
-    H = max(int(im.shape[-2]) for im in images)
-    W = max(int(im.shape[-1]) for im in images)
-    if size_divisibility > 0:
-        H = -(-H // size_divisibility) * size_divisibility
-        W = -(-W // size_divisibility) * size_divisibility
-    out = images[0].new_zeros((len(images), images[0].shape[0], H, W))
-    mask = torch.ones((len(images), H, W), dtype=torch.bool)
-    for i, im in enumerate(images):
-        h, w = im.shape[-2:]
-        out[i, :, :h, :w].copy_(im)
-        mask[i, :h, :w] = False
-    return out, mask, targets
+    images, mask = pad_images([b[0] for b in batch], size_divisibility)
+    return images, mask, [b[1] for b in batch]
 
 
 class CocoDataModule(L.LightningDataModule):

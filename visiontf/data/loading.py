@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from visiontf.distributed import get_rank
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".gif")
 
 
@@ -20,13 +22,6 @@ def default_num_workers(num_workers: int | None) -> int:
     return min(4, os.cpu_count() or 1)
 
 
-def _rank() -> int:
-    for var in ("RANK", "GLOBAL_RANK", "LOCAL_RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
-
-
 def seed_worker_transform(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: give each worker's albumentations pipeline its own stream.
 
@@ -39,7 +34,7 @@ def seed_worker_transform(worker_id: int) -> None:
         return
     transform = getattr(info.dataset, "transform", None)
     if hasattr(transform, "set_random_seed"):
-        transform.set_random_seed((torch.initial_seed() + 1_000_003 * _rank()) % 2**32)
+        transform.set_random_seed((torch.initial_seed() + 1_000_003 * get_rank()) % 2**32)
 
 
 def loader_kwargs(num_workers: int) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
+from visiontf.data.batching import pad_images
 from visiontf.data.io import read_image, read_mask
 from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
@@ -412,13 +413,8 @@ def resolve_classes(root: str | Path, layout: str, num_classes: int | None = Non
 def segmentation_collate(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack samples, padding bottom/right to the largest size: images with 0, masks with ``ignore_index``."""
-    h = max(img.shape[-2] for img, _ in batch)
-    w = max(img.shape[-1] for img, _ in batch)
-    images = batch[0][0].new_zeros((len(batch), batch[0][0].shape[0], h, w))
-    masks = torch.full((len(batch), h, w), ignore_index, dtype=torch.int64)
-    for k, (img, mask) in enumerate(batch):
-        images[k, :, : img.shape[-2], : img.shape[-1]] = img
-        masks[k, : mask.shape[-2], : mask.shape[-1]] = mask
+    images = pad_images([img for img, _ in batch]).images
+    masks = pad_images([torch.as_tensor(mask, dtype=torch.int64) for _, mask in batch], fill=ignore_index).images
     return images, masks
 
 

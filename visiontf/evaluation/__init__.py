@@ -10,6 +10,8 @@ _LAZY = {
     "CocoEvalError": "visiontf.evaluation.coco",
     "CocoStats": "visiontf.evaluation.coco",
     "STAT_NAMES": "visiontf.evaluation.coco",
+    "METRIC_NAMES": "visiontf.evaluation.coco",
+    "COCO_STATS": "visiontf.evaluation.coco",
     "CocoMetric": "visiontf.evaluation.coco_metric",
 }
 

@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from visiontf.distributed import is_distributed
 from visiontf.registry import create_model
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ class BaseTask(L.LightningModule):
     def check_finite(self, loss: Tensor, terms: dict[str, Tensor]) -> bool:
         """True when the step may proceed; handles the configured policy otherwise."""
         finite = torch.isfinite(loss.detach()).to(torch.float32)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if is_distributed():
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
         if finite.item() == 1.0:
             return True
         detail = ", ".join(f"{k}={float(v):.4g}" for k, v in terms.items() if torch.is_tensor(v) and v.numel() == 1)

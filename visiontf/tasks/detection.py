@@ -6,13 +6,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from visiontf.detection import HungarianMatcher, PostProcess, SetCriterion
+from visiontf.detection import HungarianMatcher, SetCriterion, build_postprocess
+from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler
 
-#: COCO's 12 summary numbers as logged (torchmetrics-style names)
-COCO_KEYS = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large",
-             "mar_1", "mar_10", "mar_100", "mar_small", "mar_medium", "mar_large")
 
 
 class DetectionTask(BaseTask):
@@ -54,7 +52,7 @@ class DetectionTask(BaseTask):
         weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         # the criterion's matcher runs outside any compiled graph: scipy needs the CPU
         self.criterion = SetCriterion(num_classes, matcher, weight_dict=weights, eos_coef=eos_coef)
-        self.postprocess = PostProcess()
+        self.postprocess = build_postprocess(self.model)
         self.metrics: dict[str, Any] = {}
         self._last_report: dict | None = None
 
@@ -107,7 +105,7 @@ class DetectionTask(BaseTask):
         table = getattr(metric, "last_table", None)
         if table:
             self._last_report["table"] = table
-        self.log_dict({f"{stage}/{k}": stats[k].float() for k in COCO_KEYS if k in stats}, sync_dist=False)
+        self.log_dict({f"{stage}/{k}": stats[k].float() for k in METRIC_NAMES if k in stats}, sync_dist=False)
         self.log(f"{stage}/mAP", stats["map"].float(), prog_bar=True, sync_dist=False)
         metric.reset()
 
