@@ -9,7 +9,7 @@ from torch import Tensor
 from visiontf.detection import HungarianMatcher, SetCriterion, build_postprocess
 from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, build_scheduler
+from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 
 
 
@@ -21,6 +21,10 @@ class DetectionTask(BaseTask):
     original annotation file (its ``area`` and ``iscrowd``), over every rank's predictions with
     repeated images de-duplicated by image id. Clip gradients with ``trainer.gradient_clip_val: 0.1``
     as the paper does.
+
+    Learning rates follow the model's own parameter groups (``model.param_group(name)``): ``lr``
+    for ``"default"``, ``lr_backbone`` for ``"backbone"`` and ``lr * lr_offsets_mult`` for
+    ``"offsets"`` (deformable attention's sampling offsets and reference points, where a model has them).
     """
 
     def __init__(
@@ -31,6 +35,7 @@ class DetectionTask(BaseTask):
         pretrained: str | None = None,
         lr: float = 1e-4,
         lr_backbone: float = 1e-5,
+        lr_offsets_mult: float = 0.1,
         weight_decay: float = 1e-4,
         schedule: Literal["step", "cosine", "constant"] = "step",
         lr_drop_epochs: int | None = 200,
@@ -125,11 +130,9 @@ class DetectionTask(BaseTask):
     # -- optimisation --------------------------------------------------------------------------
     def configure_optimizers(self):
         hp = self.hparams
-        backbone, rest = [], []
-        for name, p in self.model.named_parameters():
-            if p.requires_grad:
-                (backbone if "backbone" in name else rest).append(p)
-        groups = [{"params": rest, "lr": hp.lr}, {"params": backbone, "lr": hp.lr_backbone}]
+        lrs = {"default": hp.lr, "backbone": hp.lr_backbone, "offsets": hp.lr * hp.lr_offsets_mult}
+        # default and backbone are always there (possibly empty), so DETR's optimizer state keeps its layout
+        groups = lr_groups(group_parameters(self.model), lrs, always=("default", "backbone"))
         opt = build_optimizer("adamw", groups, hp.lr, hp.weight_decay)
         sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, step_epochs=hp.lr_drop_epochs)
         return {"optimizer": opt, "lr_scheduler": sched}

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -10,7 +10,7 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, build_scheduler
+from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 
 log = logging.getLogger(__name__)
 
@@ -186,12 +186,21 @@ class SegmentationTask(BaseTask):
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
         hp = self.hparams
-        backbone_prefixes = tuple(getattr(self.model, "backbone_prefixes", ("encoder.",)))
-        backbone, heads = [], []
-        for name, p in self.model.named_parameters():
-            if p.requires_grad:
-                (backbone if name.startswith(backbone_prefixes) else heads).append(p)
-        groups = [g for g in ({"params": backbone, "lr": hp.lr}, {"params": heads, "lr": hp.lr * hp.head_lr_mult}) if g["params"]]
+        groups = lr_groups(group_parameters(self.model, _legacy_group_of(self.model)),
+                           {"encoder": hp.lr, "head": hp.lr * hp.head_lr_mult})
         opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay, hp.momentum)
         sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, hp.power, min_lr=hp.min_lr)
         return {"optimizer": opt, "lr_scheduler": sched}
+
+
+def _legacy_group_of(model) -> Callable[[str], str] | None:
+    """The encoder/head split for a segmentation model that does not name its groups yet.
+
+    ``None`` when the model has ``param_group`` (SETR gains it with its registration rework); until
+    then SETR's ``backbone_prefixes`` (encoder and MLA neck at the base lr) decide, as before.
+    """
+    if hasattr(model, "param_group"):
+        return None
+    prefixes = tuple(getattr(model, "backbone_prefixes", ("encoder.",)))
+    return lambda name: "encoder" if name.startswith(prefixes) else "head"
+
