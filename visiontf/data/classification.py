@@ -21,7 +21,15 @@ from torch.utils.data import DataLoader, Dataset
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from visiontf.data.io import read_image
-from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError, default_num_workers, loader_kwargs
+from visiontf.data.loading import (
+    IMAGE_EXTENSIONS,
+    AugmentedDataset,
+    DatasetLayoutError,
+    EpochIndex,
+    TrainLoader,
+    default_num_workers,
+    loader_kwargs,
+)
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)
@@ -90,7 +98,7 @@ def find_classes(split_dir: str | Path) -> list[str]:
     return names
 
 
-class ImageFolderDataset(Dataset):
+class ImageFolderDataset(AugmentedDataset):
     """Images under ``root/<class_name>/**`` with integer labels.
 
     Args:
@@ -100,6 +108,8 @@ class ImageFolderDataset(Dataset):
         class_names: the class table (index = position). ``None`` derives it from ``root``'s sorted
             non-empty folders; pass the training split's table for val/test so indices agree. A folder of
             ``root`` that is not in the table raises :class:`DatasetLayoutError`.
+        seed: with the data modules' train sampler, each sample's augmentation is drawn from
+            (seed, epoch, index); see :class:`~visiontf.data.loading.AugmentedDataset`.
 
     Images are read with :func:`visiontf.data.io.read_image`: grayscale, RGBA, palette and 16-bit files
     become RGB uint8, and unreadable files raise ``ImageReadError`` naming the path.
@@ -110,9 +120,11 @@ class ImageFolderDataset(Dataset):
         root: str | Path,
         transform: Callable[..., dict[str, Any]] | None = None,
         class_names: Sequence[str] | None = None,
+        seed: int = 0,
     ) -> None:
         self.root = Path(root)
         self.transform = transform
+        self.seed = seed
         self.class_names = list(class_names) if class_names is not None else find_classes(self.root)
         index = {name: i for i, name in enumerate(self.class_names)}
         self.samples: list[tuple[Path, int]] = []
@@ -140,8 +152,8 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        path, label = self.samples[i]
+    def __getitem__(self, key: int | EpochIndex) -> tuple[Any, int]:
+        path, label = self.samples[self.sample_index(key)]
         image = read_image(path)
         if self.transform is not None:
             image = self.transform(image=image)["image"]
@@ -281,7 +293,8 @@ class ClassificationDataModule(L.LightningDataModule):
         )
 
     def _dataset(self, split: str, train: bool) -> ImageFolderDataset:
-        return ImageFolderDataset(self.root / split, self._transforms(train), class_names=self.class_names)
+        return ImageFolderDataset(self.root / split, self._transforms(train), class_names=self.class_names,
+                                  seed=self.hparams.seed)
 
     def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
@@ -300,19 +313,17 @@ class ClassificationDataModule(L.LightningDataModule):
         assert dataset is not None, "call setup() first"
         # under DDP each sample is scored exactly once (no padding repeats), so accuracy is exact
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=False,
-                          sampler=eval_sampler(dataset, self.trainer), **loader_kwargs(self.num_workers))
+                          sampler=eval_sampler(dataset, self.trainer), **loader_kwargs(self.num_workers, self.hparams.seed))
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_dataset is not None, "call setup('fit') first"
         n = len(self.train_dataset)
         # Dropping a ragged last batch keeps batch statistics steady, unless that would leave no batch at all.
         drop_last = n >= 2 * self.batch_size
-        # one process: an epoch-seeded sampler (exact resume); DDP: shuffle=True lets Lightning inject its own
+        # an epoch-seeded sampler whose keys seed each sample's augmentation (exact resume, any worker count)
         sampler = train_sampler(self.train_dataset, self.trainer, self.hparams.seed)
-        return DataLoader(
-            self.train_dataset, batch_size=self.batch_size, shuffle=sampler is None, sampler=sampler, drop_last=drop_last,
-            **loader_kwargs(self.num_workers),
-        )
+        return TrainLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler, drop_last=drop_last,
+                           **loader_kwargs(self.num_workers, self.hparams.seed))
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.val_dataset)

@@ -23,13 +23,13 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 from torchvision.ops import box_convert
 
 from visiontf.data import detection_transforms as DT
 from visiontf.data.batching import pad_images
 from visiontf.data.io import read_image
-from visiontf.data.loading import default_num_workers
+from visiontf.data.loading import AugmentedDataset, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 logger = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
     return index
 
 
-class CocoDetection(Dataset):
+class CocoDetection(AugmentedDataset):
     """Images and boxes of a COCO detection file.
 
     Args:
@@ -224,8 +224,9 @@ class CocoDetection(Dataset):
         transforms: an albumentations ``Compose`` called as ``t(image=, bboxes=, labels=, ann_index=)``
             with COCO ``xywh`` boxes and ending in a CHW tensor (see
             :mod:`visiontf.data.detection_transforms`); ``None`` only normalises.
-        seed: mixed into the per-worker reseeding of ``transforms`` so that DataLoader workers
-            draw different augmentations (each worker would otherwise copy the same RNG).
+        seed: with the data module's train sampler, each sample's augmentation is drawn from
+            (seed, epoch, index); with other loaders it is mixed into a per-worker reseeding so that
+            workers draw different augmentations (see :class:`~visiontf.data.loading.AugmentedDataset`).
 
     Item: ``(image, target)`` with ``image`` a normalised float CHW tensor and ``target`` holding
     ``boxes`` (N, 4) normalised ``cxcywh`` relative to the transformed unpadded image, ``labels``
@@ -249,9 +250,13 @@ class CocoDetection(Dataset):
                 f"{self.ann_file}: 'images' is empty, so this split has nothing to train or evaluate on; "
                 "check the file and the *_images/*_ann paths"
             )
-        self.transforms = transforms if transforms is not None else DT.build_normalize_transforms()
+        self.transform = transforms if transforms is not None else DT.build_normalize_transforms()
         self.seed = seed
-        self._seeded_for: tuple[int, int] | None = None
+
+    @property
+    def transforms(self) -> Callable[..., dict]:
+        """The albumentations pipeline (``transform``, the name the other datasets use)."""
+        return self.transform
 
     @property
     def class_names(self) -> list[str]:
@@ -272,18 +277,8 @@ class CocoDetection(Dataset):
     def __len__(self) -> int:
         return len(self.index.images)
 
-    def _reseed_for_worker(self) -> None:
-        info = get_worker_info()
-        if info is None or self._seeded_for == (info.id, info.seed):
-            return
-        # info.seed differs per worker and per epoch (non-persistent workers restart from the
-        # parent's pristine RNG every epoch) and follows torch's seed, so runs stay reproducible.
-        if hasattr(self.transforms, "set_random_seed"):
-            self.transforms.set_random_seed((self.seed * 1_000_003 + info.seed) % 2**32)
-        self._seeded_for = (info.id, info.seed)
-
-    def __getitem__(self, idx: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        self._reseed_for_worker()
+    def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor, dict[str, Any]]:
+        idx = self.sample_index(key)
         info = self.index.images[idx]
         image = read_image(self.img_dir / info["file_name"])
         h, w = image.shape[:2]
@@ -296,7 +291,7 @@ class CocoDetection(Dataset):
             )
         boxes = self.index.boxes[idx]
         labels = self.index.labels[idx]
-        out = self.transforms(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)))
+        out = self.transform(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)))
         img_t = out["image"]
         th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
         kept = np.asarray(out["ann_index"], dtype=np.int64)
@@ -369,9 +364,8 @@ class CocoDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = default_num_workers(num_workers)
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else (
-            persistent_workers and self.num_workers > 0)
+        resolved = loader_kwargs(self.num_workers, seed, pin_memory, persistent_workers)
+        self.pin_memory, self.persistent_workers = resolved["pin_memory"], resolved["persistent_workers"]
         self.scales, self.max_size = tuple(scales), max_size
         self.crop_scales, self.crop_size, self.val_size = tuple(crop_scales), tuple(crop_size), val_size
         self.size_divisibility = size_divisibility
@@ -411,19 +405,13 @@ class CocoDataModule(L.LightningDataModule):
     def _loader(self, ds: Dataset | None, batch_size: int, shuffle: bool, name: str) -> DataLoader:
         if ds is None:
             raise RuntimeError(f"CocoDataModule: {name} dataset not set up; call setup() with the matching stage first")
+        # train: epoch-seeded order whose keys seed each sample's augmentation (exact resume, any worker
+        # count); eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
         sampler = train_sampler(ds, self.trainer, self.seed) if shuffle else eval_sampler(ds, self.trainer)
-        return DataLoader(
-            ds,
-            batch_size=batch_size,
-            shuffle=shuffle and sampler is None,
-            # train: epoch-seeded order on one process (exact resume), Lightning's sampler under DDP;
-            # eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
-            sampler=sampler,
-            num_workers=self.num_workers,
-            collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers,
-        )
+        loader = TrainLoader if shuffle else DataLoader
+        return loader(ds, batch_size=batch_size, sampler=sampler,
+                      collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
+                      **loader_kwargs(self.num_workers, self.seed, self.pin_memory, self.persistent_workers))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, self.batch_size, True, "train")

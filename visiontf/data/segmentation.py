@@ -18,7 +18,7 @@ import lightning as L
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
-from visiontf.data.loading import DatasetLayoutError, default_num_workers, loader_kwargs
+from visiontf.data.loading import DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 from visiontf.data.segmentation_dataset import SegmentationDataset, _Collate, segmentation_collate
 from visiontf.data.segmentation_files import (
@@ -124,7 +124,7 @@ class SegmentationDataModule(L.LightningDataModule):
     def _dataset(self, split: str, train: bool) -> SegmentationDataset:
         pairs = PAIR_FINDERS[self.layout](self.root, split)
         return SegmentationDataset(pairs, self.num_classes, self.transforms(train), self.reduce_zero_label,
-                                   self.ignore_index, self.hparams.strict, self.class_names)
+                                   self.ignore_index, self.hparams.strict, self.class_names, seed=self.hparams.seed)
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_dataset is None:
@@ -143,11 +143,12 @@ class SegmentationDataModule(L.LightningDataModule):
         # under DDP every val image is scored exactly once (no padding repeats), so mIoU sums are exact
         extra: dict[str, Any] = {"sampler": eval_sampler(dataset, self.trainer)}
         if train:
-            # one process: an epoch-seeded sampler (exact resume); DDP: shuffle=True lets Lightning inject its own
+            # an epoch-seeded sampler whose keys seed each sample's augmentation (exact resume, any worker count)
             sampler = train_sampler(dataset, self.trainer, self.hparams.seed)
-            extra = {"shuffle": sampler is None, "sampler": sampler, "drop_last": len(dataset) >= 2 * batch_size}
-        return DataLoader(dataset, batch_size=batch_size, collate_fn=_Collate(self.ignore_index),
-                          **extra, **loader_kwargs(self.num_workers))
+            extra = {"sampler": sampler, "drop_last": len(dataset) >= 2 * batch_size}
+        loader = TrainLoader if train else DataLoader
+        return loader(dataset, batch_size=batch_size, collate_fn=_Collate(self.ignore_index),
+                      **extra, **loader_kwargs(self.num_workers, self.hparams.seed))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, self.batch_size, train=True)

@@ -8,17 +8,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from visiontf.data.batching import pad_images
 from visiontf.data.io import read_image, read_mask
-from visiontf.data.loading import DatasetLayoutError
+from visiontf.data.loading import AugmentedDataset, DatasetLayoutError, EpochIndex
 from visiontf.data.segmentation_labels import IGNORE_INDEX, LabelError, reduce_zero_label
 
 logger = logging.getLogger(__name__)
 
 
-class SegmentationDataset(Dataset):
+class SegmentationDataset(AugmentedDataset):
     """(image, mask) pairs read with :mod:`visiontf.data.io` and passed through an albumentations transform.
 
     Args:
@@ -29,6 +28,8 @@ class SegmentationDataset(Dataset):
         reduce_zero_label: apply the ADE20K mapping (0 -> ignore, others -1) before checking labels.
         strict: labels outside ``[0, K)`` raise :class:`LabelError`; otherwise they become ``ignore_index``,
             with a warning naming the first files and a running count.
+        seed: with the data modules' train sampler, each sample's augmentation is drawn from
+            (seed, epoch, index); see :class:`~visiontf.data.loading.AugmentedDataset`.
 
     Returns ``(image float32 (3, H, W), mask int64 (H, W))`` with a transform.
     """
@@ -45,12 +46,14 @@ class SegmentationDataset(Dataset):
         ignore_index: int = IGNORE_INDEX,
         strict: bool = False,
         class_names: Sequence[str] | None = None,
+        seed: int = 0,
     ) -> None:
         if not 1 <= num_classes <= 255 or (num_classes > ignore_index and 0 <= ignore_index < 256):
             raise ValueError(f"num_classes={num_classes} must be in 1..{min(255, ignore_index)} (ignore_index {ignore_index})")
         self.pairs = [(Path(i), Path(m)) for i, m in pairs]
         self.num_classes = num_classes
         self.transform = transform
+        self.seed = seed
         self.reduce_zero_label = reduce_zero_label
         self.ignore_index = ignore_index
         self.strict = strict
@@ -101,8 +104,8 @@ class SegmentationDataset(Dataset):
             mask = reduce_zero_label(mask, self.ignore_index)
         return image, self._check_labels(mask, mask_path)
 
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
-        image, mask = self.load(i)
+    def __getitem__(self, key: int | EpochIndex) -> tuple[Any, Any]:
+        image, mask = self.load(self.sample_index(key))
         if self.transform is None:
             return image, mask
         out = self.transform(image=image, mask=mask)

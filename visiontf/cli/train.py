@@ -17,16 +17,13 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from visiontf.callbacks import RNGStateCheckpoint
 
-# make every task and data module importable by short class_path (e.g. "ClassificationTask")
+# every task and data module, so that configs may name them by short class_path (e.g. "ClassificationTask")
+import visiontf.data.classification  # noqa: F401
+import visiontf.data.coco  # noqa: F401
+import visiontf.data.segmentation  # noqa: F401
 import visiontf.tasks.classification  # noqa: F401
-from visiontf.data import classification as _cls_data  # noqa: F401
-
-for _mod in ("visiontf.tasks.detection", "visiontf.tasks.segmentation", "visiontf.data.coco", "visiontf.data.segmentation"):
-    try:
-        __import__(_mod)
-    except ModuleNotFoundError as e:  # a family not installed in this checkout yet
-        if e.name != _mod:
-            raise
+import visiontf.tasks.detection  # noqa: F401
+import visiontf.tasks.segmentation  # noqa: F401
 
 
 class VisionCLI(LightningCLI):

@@ -1,0 +1,230 @@
+"""Command lines behind ``tools/predict.py`` and ``tools/export.py``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from visiontf.inference.predictor import (
+    LoadedImage,
+    Predictor,
+    load_checkpoint_model,
+    load_inputs,
+    predictor_kwargs_from_hparams,
+)
+
+log = logging.getLogger(__name__)
+
+_DATA_MODULES = ("visiontf.data.coco", "visiontf.data.classification", "visiontf.data.segmentation")
+
+
+# ---------------------------------------------------------------------------------------- config
+def datamodule_from_config(config: str | Path) -> tuple[Any | None, dict[str, Any]]:
+    """Instantiate the YAML's ``data`` section (for class names and category ids) and return its init args.
+
+    Returns ``(None, init_args)`` with a warning when the data module cannot be built (data moved).
+    """
+    import yaml
+
+    cfg = yaml.safe_load(Path(config).read_text()) or {}
+    data = cfg.get("data") or {}
+    class_path = data.get("class_path")
+    init_args = dict(data.get("init_args") or {})
+    if not class_path:
+        return None, init_args
+    try:
+        if "." in class_path:
+            mod, name = class_path.rsplit(".", 1)
+            cls = getattr(importlib.import_module(mod), name)
+        else:
+            cls = next(getattr(importlib.import_module(m), class_path) for m in _DATA_MODULES
+                       if hasattr(importlib.import_module(m), class_path))
+        return cls(**init_args), init_args
+    except Exception as e:  # noqa: BLE001 - the data is optional for prediction
+        log.warning("%s: could not build the data module %s (%s: %s); class names come from the checkpoint or "
+                    "fall back to class_<i>", config, class_path, type(e).__name__, e)
+        return None, init_args
+
+
+def build_predictor(args: argparse.Namespace) -> Predictor:
+    """A Predictor from ``--weights`` or ``--ckpt_path`` (+ ``--config`` for class names / preprocessing)."""
+    overrides: dict[str, Any] = {}
+    for key in ("min_size", "max_size", "batch_size", "device"):
+        if getattr(args, key, None) is not None:
+            overrides[key] = getattr(args, key)
+    if getattr(args, "seg_mode", None):
+        overrides["seg_mode"] = args.seg_mode
+    dm, dm_args = (None, {})
+    if getattr(args, "config", None):
+        dm, dm_args = datamodule_from_config(args.config)
+    names = getattr(dm, "class_names", None)
+    l2c = getattr(dm, "label_to_cat_id", None)
+    if l2c:
+        overrides["label_to_cat_id"] = l2c
+    if args.weights:
+        return Predictor.from_file(args.weights, class_names=names, **overrides)
+    if not args.ckpt_path:
+        raise SystemExit("give --weights model.safetensors, or --ckpt_path K.ckpt (optionally with --config C.yaml)")
+    model, info = load_checkpoint_model(args.ckpt_path)
+    kwargs = {**info.get("predictor_kwargs", {}), **predictor_kwargs_from_hparams(dm_args), **overrides}
+    return Predictor(model, class_names=names if names is not None else info.get("class_names"), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------- predict
+def _image_ids(files: Sequence[str | None], annotations: str | None) -> tuple[list[int | None], dict[int, int] | None]:
+    """COCO image ids by file name from an annotation file, else the numeric stem, else the input index."""
+    if annotations:
+        from visiontf.data.coco import load_coco_json, parse_categories
+
+        data = load_coco_json(annotations)
+        by_name = {Path(im["file_name"]).name: int(im["id"]) for im in data.get("images", [])}
+        ids = [by_name.get(Path(f).name) if f else None for f in files]
+        cat_ids, _ = parse_categories(data, Path(annotations))
+        return ids, dict(enumerate(cat_ids))
+    ids: list[int | None] = []
+    for i, f in enumerate(files):
+        stem = Path(f).stem if f else ""
+        ids.append(int(stem) if stem.isdigit() else i)
+    return ids, None
+
+
+def coco_results(results: Sequence[dict[str, Any]], image_ids: Sequence[int | None],
+                 label_to_cat_id: dict[int, int] | None) -> list[dict[str, Any]]:
+    """COCO results-format detections ``{"image_id", "category_id", "bbox" [x, y, w, h], "score"}``."""
+    out = []
+    for r, image_id in zip(results, image_ids):
+        if image_id is None:
+            continue
+        for box, score, label in zip(r["boxes"].tolist(), r["scores"].tolist(), r["labels"].tolist()):
+            x0, y0, x1, y1 = box
+            cat = label_to_cat_id.get(int(label), int(label)) if label_to_cat_id else int(label)
+            out.append({"image_id": int(image_id), "category_id": int(cat),
+                        "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)], "score": round(float(score), 5)})
+    return out
+
+
+def _unique_stems(images: Sequence[LoadedImage]) -> list[str]:
+    seen: dict[str, int] = {}
+    stems = []
+    for i, im in enumerate(images):
+        stem = Path(im.source).stem if im.source else f"image_{i:05d}"
+        if stem in seen:
+            seen[stem] += 1
+            stem = f"{stem}_{seen[stem]}"
+        else:
+            seen[stem] = 0
+        stems.append(stem)
+    return stems
+
+
+def predict_main(argv: Sequence[str] | None = None) -> int:
+    """``tools/predict.py``: annotated images, ``predictions.json`` and optional attention pictures."""
+    p = argparse.ArgumentParser(description="Predict with a visiontf checkpoint or exported model.")
+    p.add_argument("--config", help="training YAML (class names, category ids and eval preprocessing from its data section)")
+    p.add_argument("--ckpt_path", help="Lightning checkpoint (.ckpt)")
+    p.add_argument("--weights", help="exported model (.safetensors from tools/export.py) instead of config + checkpoint")
+    p.add_argument("--input", nargs="+", required=True, help="image files and/or folders")
+    p.add_argument("--output", required=True, help="output folder")
+    p.add_argument("--score-threshold", type=float, default=0.5, help="detection score threshold")
+    p.add_argument("--top-k", type=int, default=None, help="classes (classification, default 5) or max detections")
+    p.add_argument("--annotations", help="COCO annotation file: image ids (by file name) and category ids for predictions.json")
+    p.add_argument("--attention", action="store_true", help="also save DETR attention maps / ViT attention rollout")
+    p.add_argument("--min-size", dest="min_size", type=int, help="detection: shorter side (default: the model's / data's)")
+    p.add_argument("--max-size", dest="max_size", type=int, help="detection: longer side cap")
+    p.add_argument("--seg-mode", dest="seg_mode", choices=("whole", "slide"), help="segmentation inference")
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=None)
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    from visiontf.inference import visualize as V
+
+    predictor = build_predictor(args)
+    if args.annotations and predictor.class_names is None and predictor.task == "detection":
+        from visiontf.data.coco import load_coco_json, parse_categories
+
+        ids, names = parse_categories(load_coco_json(args.annotations), Path(args.annotations))
+        if predictor.num_classes in (None, len(names)):
+            predictor.class_names = names
+    images: list[LoadedImage] = []
+    for item in args.input:
+        images.extend(load_inputs(item))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    results = predictor(images, score_threshold=args.score_threshold, top_k=args.top_k)
+    stems = _unique_stems(images)
+    task = predictor.task
+    records: list[dict[str, Any]] = []
+    for im, r, stem in zip(images, results, stems):
+        if task == "detection":
+            V.save_image(V.draw_detections(im.uint8(), r), out / f"{stem}.png")
+        elif task == "classification":
+            V.save_image(V.draw_caption(im.uint8(), V.classification_caption(r)), out / f"{stem}.png")
+            records.append({"file": im.source, "labels": r["labels"].tolist(), "scores": r["scores"].tolist(),
+                            "class_names": r["class_names"]})
+        else:
+            V.save_image(V.draw_segmentation(im.uint8(), r["label_map"], predictor.num_classes), out / f"{stem}.png")
+            V.label_map_image(r["label_map"]).save(out / f"{stem}_labels.png")
+            records.append({"file": im.source, "label_map": f"{stem}_labels.png"})
+        if args.attention:
+            _save_attention(predictor, im, out, stem)
+    if task == "detection":
+        ids, ann_l2c = _image_ids([im.source for im in images], args.annotations)
+        missing = [im.source for im, i in zip(images, ids) if i is None]
+        if missing:
+            log.warning("%d images are not in %s and are left out of predictions.json (e.g. %s)",
+                        len(missing), args.annotations, missing[:3])
+        records = coco_results(results, ids, predictor.label_to_cat_id or ann_l2c)
+    (out / "predictions.json").write_text(json.dumps(records) + "\n")
+    log.info("%d images -> %s (%s)", len(images), out, task)
+    return 0
+
+
+def _save_attention(predictor: Predictor, im: LoadedImage, out: Path, stem: str) -> None:
+    from visiontf.inference import attention as A
+
+    if predictor.task == "detection":
+        maps = A.detr_attention_maps(predictor, [im.tensor])
+        A.save_detr_attention_figure(maps, out / f"{stem}_attention.png")
+    elif predictor.task == "classification" and hasattr(predictor.model, "forward_attention"):
+        x = predictor.preprocess_classification([im])
+        rollout = A.vit_attention_rollout(predictor.model, x, preprocess=False)[0]
+        from visiontf.inference.predictor import classification_view
+
+        view = classification_view(im.tensor, predictor.input_size, predictor.crop_pct, predictor.interpolation)
+        A.save_rollout_overlay(view, rollout, out / f"{stem}_rollout.png")
+    else:
+        log.warning("--attention: no attention picture for a %s model (%s)", predictor.task, type(predictor.model).__name__)
+
+
+# ---------------------------------------------------------------------------------------- export
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``tools/export.py``: safetensors + config (+ labels) and optionally ONNX checked with onnxruntime."""
+    p = argparse.ArgumentParser(description="Export a visiontf checkpoint to safetensors and ONNX.")
+    p.add_argument("--ckpt_path", required=True, help="Lightning checkpoint (.ckpt)")
+    p.add_argument("--config", help="training YAML (class names, category ids, eval preprocessing)")
+    p.add_argument("--output", required=True, help="model.safetensors")
+    p.add_argument("--onnx", help="also write this ONNX file")
+    p.add_argument("--image-size", dest="image_size", type=int, nargs=2, metavar=("H", "W"), help="ONNX example input size")
+    p.add_argument("--no-check", dest="check", action="store_false", help="skip the onnxruntime comparison")
+    p.add_argument("--atol", type=float, default=1e-4)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    from visiontf.inference.export import export_model
+
+    model, info = load_checkpoint_model(args.ckpt_path)
+    dm, dm_args = datamodule_from_config(args.config) if args.config else (None, {})
+    names = getattr(dm, "class_names", None) or info.get("class_names")
+    kwargs = {**info.get("predictor_kwargs", {}), **predictor_kwargs_from_hparams(dm_args)}
+    with torch.no_grad():
+        report = export_model(model, args.output, names, getattr(dm, "label_to_cat_id", None), kwargs,
+                              onnx=args.onnx, image_size=args.image_size, check=args.check, atol=args.atol)
+    print(json.dumps(report, indent=2))
+    return 0
+
