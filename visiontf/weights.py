@@ -10,7 +10,7 @@ import json
 import logging
 import pathlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -140,3 +140,44 @@ def read_config(path: str | Path) -> dict[str, Any] | None:
     if side.is_file():
         return json.loads(side.read_text())
     return None
+
+
+# ---------------------------------------------------------------------------------------- labels files
+def labels_path(weights_path: str | Path) -> Path:
+    """Where :func:`write_labels_file` keeps class names and preprocessing beside exported weights."""
+    p = Path(weights_path)
+    return p.with_name(p.stem + ".labels.json")
+
+
+def write_labels_file(weights_path: str | Path, class_names: Sequence[str] | None = None,
+                      label_to_cat_id: Mapping[int, int] | None = None, predictor_kwargs: Mapping[str, Any] | None = None,
+                      preprocess: Mapping[str, Any] | None = None) -> Path | None:
+    """Write ``<stem>.labels.json`` beside exported weights: class names, category ids, the eval
+    preprocessing (``preprocess``: complete, ``pretrained_cfg`` keys) and the overrides it was built
+    from (``predictor_kwargs``, as given)."""
+    plain = lambda d: {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}  # noqa: E731
+    data: dict[str, Any] = {}
+    if class_names:
+        data["class_names"] = list(class_names)
+    if label_to_cat_id:
+        data["label_to_cat_id"] = {str(k): int(v) for k, v in label_to_cat_id.items()}
+    if predictor_kwargs:
+        data["predictor_kwargs"] = plain(predictor_kwargs)
+    if preprocess:
+        data["preprocess"] = plain(preprocess)
+    if not data:
+        return None
+    out = labels_path(weights_path)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    return out
+
+
+def read_labels_file(weights_path: str | Path) -> dict[str, Any]:
+    """What :func:`write_labels_file` wrote (``{}`` when there is no labels file)."""
+    p = labels_path(weights_path)
+    if not p.is_file():
+        return {}
+    data = json.loads(p.read_text())
+    if "label_to_cat_id" in data:
+        data["label_to_cat_id"] = {int(k): int(v) for k, v in data["label_to_cat_id"].items()}
+    return data

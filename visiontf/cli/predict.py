@@ -1,4 +1,5 @@
-"""Command lines behind ``tools/predict.py`` and ``tools/export.py``."""
+"""Command lines behind ``tools/predict.py`` and ``tools/export.py``: a model from a checkpoint or an
+export, then the task's adapter does the rest (pictures, ``predictions.json``, attention, ONNX)."""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +11,10 @@ from typing import Any, Sequence
 
 import torch
 
-from visiontf.inference.predictor import (
-    LoadedImage,
-    Predictor,
-    load_checkpoint_model,
-    load_inputs,
-    predictor_kwargs_from_hparams,
-)
+from visiontf.adapters.base import canonical_cfg
+from visiontf.adapters.detection import coco_results
+from visiontf.checkpoints import legacy_eval_cfg, load_checkpoint_model
+from visiontf.inference.predictor import LoadedImage, Predictor, load_inputs
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +50,11 @@ def datamodule_from_config(config: str | Path) -> tuple[Any | None, dict[str, An
 
 
 def build_predictor(args: argparse.Namespace) -> Predictor:
-    """A Predictor from ``--weights`` or ``--ckpt_path`` (+ ``--config`` for class names / preprocessing)."""
+    """A Predictor from ``--weights`` or ``--ckpt_path`` (+ ``--config`` for class names and category ids).
+
+    Preprocessing: the settings saved with the checkpoint or export; what the ``--config`` data section
+    sets explicitly on top (read by :func:`visiontf.checkpoints.legacy_eval_cfg`); command-line options last.
+    """
     overrides: dict[str, Any] = {}
     for key in ("min_size", "max_size", "batch_size", "device"):
         if getattr(args, key, None) is not None:
@@ -71,43 +73,12 @@ def build_predictor(args: argparse.Namespace) -> Predictor:
     if not args.ckpt_path:
         raise SystemExit("give --weights model.safetensors, or --ckpt_path K.ckpt (optionally with --config C.yaml)")
     model, info = load_checkpoint_model(args.ckpt_path)
-    kwargs = {**info.get("predictor_kwargs", {}), **predictor_kwargs_from_hparams(dm_args), **overrides}
-    return Predictor(model, class_names=names if names is not None else info.get("class_names"), **kwargs)
+    preprocess = {**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)}
+    return Predictor(model, class_names=names if names is not None else info.get("class_names"), preprocess=preprocess,
+                     **overrides)
 
 
 # ---------------------------------------------------------------------------------------- predict
-def _image_ids(files: Sequence[str | None], annotations: str | None) -> tuple[list[int | None], dict[int, int] | None]:
-    """COCO image ids by file name from an annotation file, else the numeric stem, else the input index."""
-    if annotations:
-        from visiontf.data.coco import load_coco_json, parse_categories
-
-        data = load_coco_json(annotations)
-        by_name = {Path(im["file_name"]).name: int(im["id"]) for im in data.get("images", [])}
-        ids = [by_name.get(Path(f).name) if f else None for f in files]
-        cat_ids, _ = parse_categories(data, Path(annotations))
-        return ids, dict(enumerate(cat_ids))
-    ids: list[int | None] = []
-    for i, f in enumerate(files):
-        stem = Path(f).stem if f else ""
-        ids.append(int(stem) if stem.isdigit() else i)
-    return ids, None
-
-
-def coco_results(results: Sequence[dict[str, Any]], image_ids: Sequence[int | None],
-                 label_to_cat_id: dict[int, int] | None) -> list[dict[str, Any]]:
-    """COCO results-format detections ``{"image_id", "category_id", "bbox" [x, y, w, h], "score"}``."""
-    out = []
-    for r, image_id in zip(results, image_ids):
-        if image_id is None:
-            continue
-        for box, score, label in zip(r["boxes"].tolist(), r["scores"].tolist(), r["labels"].tolist()):
-            x0, y0, x1, y1 = box
-            cat = label_to_cat_id.get(int(label), int(label)) if label_to_cat_id else int(label)
-            out.append({"image_id": int(image_id), "category_id": int(cat),
-                        "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)], "score": round(float(score), 5)})
-    return out
-
-
 def _unique_stems(images: Sequence[LoadedImage]) -> list[str]:
     seen: dict[str, int] = {}
     stems = []
@@ -142,14 +113,11 @@ def predict_main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    from visiontf.inference import visualize as V
-
     predictor = build_predictor(args)
-    if args.annotations and predictor.class_names is None and predictor.task == "detection":
-        from visiontf.data.coco import load_coco_json, parse_categories
-
-        ids, names = parse_categories(load_coco_json(args.annotations), Path(args.annotations))
-        if predictor.num_classes in (None, len(names)):
+    adapter = predictor.adapter
+    if args.annotations and predictor.class_names is None:
+        names = adapter.annotation_class_names(args.annotations)
+        if names and predictor.num_classes in (None, len(names)):
             predictor.class_names = names
     images: list[LoadedImage] = []
     for item in args.input:
@@ -158,48 +126,13 @@ def predict_main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = predictor(images, score_threshold=args.score_threshold, top_k=args.top_k)
     stems = _unique_stems(images)
-    task = predictor.task
-    records: list[dict[str, Any]] = []
-    for im, r, stem in zip(images, results, stems):
-        if task == "detection":
-            V.save_image(V.draw_detections(im.uint8(), r), out / f"{stem}.png")
-        elif task == "classification":
-            V.save_image(V.draw_caption(im.uint8(), V.classification_caption(r)), out / f"{stem}.png")
-            records.append({"file": im.source, "labels": r["labels"].tolist(), "scores": r["scores"].tolist(),
-                            "class_names": r["class_names"]})
-        else:
-            V.save_image(V.draw_segmentation(im.uint8(), r["label_map"], predictor.num_classes), out / f"{stem}.png")
-            V.label_map_image(r["label_map"]).save(out / f"{stem}_labels.png")
-            records.append({"file": im.source, "label_map": f"{stem}_labels.png"})
-        if args.attention:
-            _save_attention(predictor, im, out, stem)
-    if task == "detection":
-        ids, ann_l2c = _image_ids([im.source for im in images], args.annotations)
-        missing = [im.source for im, i in zip(images, ids) if i is None]
-        if missing:
-            log.warning("%d images are not in %s and are left out of predictions.json (e.g. %s)",
-                        len(missing), args.annotations, missing[:3])
-        records = coco_results(results, ids, predictor.label_to_cat_id or ann_l2c)
+    records = adapter.write_predictions(images, results, stems, out, predictor, args.annotations)
+    if args.attention:
+        for im, stem in zip(images, stems):
+            adapter.save_attention(predictor, im, out, stem)
     (out / "predictions.json").write_text(json.dumps(records) + "\n")
-    log.info("%d images -> %s (%s)", len(images), out, task)
+    log.info("%d images -> %s (%s)", len(images), out, predictor.task)
     return 0
-
-
-def _save_attention(predictor: Predictor, im: LoadedImage, out: Path, stem: str) -> None:
-    from visiontf.inference import attention as A
-
-    if predictor.task == "detection":
-        maps = A.detr_attention_maps(predictor, [im.tensor])
-        A.save_detr_attention_figure(maps, out / f"{stem}_attention.png")
-    elif predictor.task == "classification" and hasattr(predictor.model, "forward_attention"):
-        x = predictor.preprocess_classification([im])
-        rollout = A.vit_attention_rollout(predictor.model, x, preprocess=False)[0]
-        from visiontf.inference.predictor import classification_view
-
-        view = classification_view(im.tensor, predictor.input_size, predictor.crop_pct, predictor.interpolation)
-        A.save_rollout_overlay(view, rollout, out / f"{stem}_rollout.png")
-    else:
-        log.warning("--attention: no attention picture for a %s model (%s)", predictor.task, type(predictor.model).__name__)
 
 
 # ---------------------------------------------------------------------------------------- export
@@ -221,10 +154,14 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     model, info = load_checkpoint_model(args.ckpt_path)
     dm, dm_args = datamodule_from_config(args.config) if args.config else (None, {})
     names = getattr(dm, "class_names", None) or info.get("class_names")
-    kwargs = {**info.get("predictor_kwargs", {}), **predictor_kwargs_from_hparams(dm_args)}
+    l2c = getattr(dm, "label_to_cat_id", None) or info.get("label_to_cat_id")
+    settings = canonical_cfg({**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)})
     with torch.no_grad():
-        report = export_model(model, args.output, names, getattr(dm, "label_to_cat_id", None), kwargs,
+        report = export_model(model, args.output, names, l2c, settings,
                               onnx=args.onnx, image_size=args.image_size, check=args.check, atol=args.atol)
     print(json.dumps(report, indent=2))
     return 0
 
+
+
+__all__ = ["build_predictor", "coco_results", "datamodule_from_config", "export_main", "predict_main"]

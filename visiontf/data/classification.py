@@ -284,6 +284,13 @@ class ClassificationDataModule(L.LightningDataModule):
         self.val_dataset: ImageFolderDataset | None = None
         self.test_dataset: ImageFolderDataset | None = None
 
+    def eval_cfg(self) -> dict[str, Any]:
+        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
+        that a Predictor preprocesses as validation did."""
+        hp = self.hparams
+        return {"input_size": (3, hp.image_size, hp.image_size), "crop_pct": float(hp.crop_pct),
+                "mean": tuple(hp.mean), "std": tuple(hp.std)}
+
     def _transforms(self, train: bool) -> A.Compose:
         hp = self.hparams
         rank = self.trainer.global_rank if self.trainer is not None else 0

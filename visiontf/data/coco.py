@@ -381,6 +381,12 @@ class CocoDataModule(L.LightningDataModule):
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None
 
+    def eval_cfg(self) -> dict[str, Any]:
+        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
+        that a Predictor preprocesses as validation did."""
+        return {"min_size": int(self.val_size), "max_size": int(self.max_size), "mean": tuple(DT.IMAGENET_MEAN),
+                "std": tuple(DT.IMAGENET_STD)}
+
     def _dataset(self, img_dir: Path, ann_file: Path, train: bool) -> CocoDetection:
         if train:
             tf = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size, seed=self.seed)

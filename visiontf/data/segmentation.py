@@ -111,6 +111,13 @@ class SegmentationDataModule(L.LightningDataModule):
         self.val_dataset: SegmentationDataset | None = None
         self.test_dataset: SegmentationDataset | None = None
 
+    def eval_cfg(self) -> dict[str, Any]:
+        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
+        that a Predictor preprocesses as validation did. ``resize``: the keep-ratio scale, or None."""
+        hp = self.hparams
+        resize = None if hp.val_resize is False else tuple(self.base_size if hp.val_resize is True else hp.val_resize)
+        return {"mean": tuple(hp.mean), "std": tuple(hp.std), "resize": resize}
+
     def transforms(self, train: bool) -> A.Compose:
         """The albumentations pipeline this module uses for training or evaluation."""
         hp = self.hparams

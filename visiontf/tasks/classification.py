@@ -23,6 +23,8 @@ class ClassificationTask(BaseTask):
     is ``(1 - alpha) * CE(class head) + alpha * CE(dist head, teacher argmax)``.
     """
 
+    task = "classification"
+
     def __init__(
         self,
         model_name: str = "vit_tiny_patch16_224",

@@ -27,6 +27,8 @@ class DetectionTask(BaseTask):
     ``"offsets"`` (deformable attention's sampling offsets and reference points, where a model has them).
     """
 
+    task = "detection"
+
     def __init__(
         self,
         model_name: str = "detr_tiny",

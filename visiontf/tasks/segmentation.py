@@ -26,6 +26,8 @@ class SegmentationTask(BaseTask):
     ``mIoU`` over classes present (union > 0), ``mAcc``, ``aAcc``, per-class IoU.
     """
 
+    task = "segmentation"
+
     def __init__(
         self,
         model_name: str = "setr_naive_vit_tiny_patch16",
@@ -60,6 +62,12 @@ class SegmentationTask(BaseTask):
         self.aux_weight = aux_weight if aux_weight is not None else getattr(self.model, "aux_weight", 0.4)
         self.confmat = MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
         self.last_eval: dict[str, Any] | None = None
+
+    def eval_cfg(self) -> dict[str, Any]:
+        """Whole or sliding-window inference, as validation runs it (``pretrained_cfg`` keys)."""
+        hp = self.hparams
+        return {k: v for k, v in {"test_mode": hp.inference_mode, "crop_size": hp.crop_size, "stride": hp.stride}.items()
+                if v is not None}
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int):
