@@ -33,7 +33,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ddp_utils import ROOT, run, subprocess_env
 
 pytestmark = pytest.mark.slow

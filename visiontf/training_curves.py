@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 
@@ -111,6 +111,7 @@ def plot_curves(df: pd.DataFrame, output: str | Path, title: str | None = None) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``tools/plot_logs.py RUN --output curves.png [--tensorboard]``."""
     import argparse
 
     p = argparse.ArgumentParser(description="Plot losses and validation metrics of a visiontf run.")

@@ -9,8 +9,9 @@ import argparse
 import json
 import logging
 import pathlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -50,6 +51,7 @@ def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu") 
 
 
 def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a ``.safetensors`` file (where :func:`save_model` keeps the config)."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:

@@ -8,9 +8,10 @@ family with another class-head convention also adds its case to
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from torch import Tensor, nn
 

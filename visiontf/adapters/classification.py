@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg

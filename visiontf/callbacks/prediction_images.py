@@ -10,7 +10,8 @@ In a YAML config::
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer

@@ -6,8 +6,9 @@ import argparse
 import importlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

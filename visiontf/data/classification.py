@@ -32,7 +32,7 @@ from visiontf.data.loading import (
 )
 from visiontf.data.samplers import eval_sampler, train_sampler
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 LAYOUT_HINT = "expected ImageFolder layout <root>/<split>/<class_name>/<image>.jpg|png"
@@ -58,9 +58,9 @@ def _class_dirs(split_dir: Path) -> list[Path]:
         elif _is_image(p):
             loose += 1
     if hidden:
-        logger.info("%s: ignoring hidden folders %s", split_dir, [p.name for p in hidden])
+        log.info("%s: ignoring hidden folders %s", split_dir, [p.name for p in hidden])
     if loose:
-        logger.warning(
+        log.warning(
             "%s: ignoring %d image(s) placed directly in the split folder; move them into a class folder (%s)",
             split_dir, loose, LAYOUT_HINT,
         )
@@ -91,7 +91,7 @@ def find_classes(split_dir: str | Path) -> list[str]:
             f"{split_dir}: all {len(dirs)} class folders are empty (no files with extensions {IMAGE_EXTENSIONS})"
         )
     if empty:
-        logger.warning(
+        log.warning(
             "%s: skipping %d empty class folder(s) %s; they get no class index (add images or delete them)",
             split_dir, len(empty), empty,
         )
@@ -143,9 +143,9 @@ class ImageFolderDataset(AugmentedDataset):
                 )
             self.samples.extend((p, index[d.name]) for p in images)
         if skipped_files:
-            logger.warning("%s: ignoring %d non-image file(s) in class folders", self.root, skipped_files)
+            log.warning("%s: ignoring %d non-image file(s) in class folders", self.root, skipped_files)
         if empty:
-            logger.warning("%s: %d class folder(s) hold no images: %s", self.root, len(empty), empty)
+            log.warning("%s: %d class folder(s) hold no images: %s", self.root, len(empty), empty)
         if not self.samples:
             raise DatasetLayoutError(f"{self.root}: no images found ({LAYOUT_HINT})")
 
@@ -181,7 +181,7 @@ def _rand_augment(spec: str) -> A.BaseCompose:
         elif key.group() == "n":
             n = int(value)
         else:
-            logger.info("auto_augment %r: option %r has no albumentations counterpart; ignored", spec, part)
+            log.info("auto_augment %r: option %r has no albumentations counterpart; ignored", spec, part)
     f = min(max(m, 0.0), 10.0) / 10.0
     ops = [
         A.Affine(rotate=(-30 * f, 30 * f), p=1.0),

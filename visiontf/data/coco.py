@@ -32,7 +32,7 @@ from visiontf.data.io import read_image
 from visiontf.data.loading import AugmentedDataset, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AnnotationError",
@@ -128,7 +128,7 @@ def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
 
 def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING) -> None:
     if ids:
-        logger.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)",
+        log.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)",
                    ann_file, action, len(ids), kind, ids[:_SHOW])
 
 
@@ -283,7 +283,7 @@ class CocoDetection(AugmentedDataset):
         image = read_image(self.img_dir / info["file_name"])
         h, w = image.shape[:2]
         if (info.get("width"), info.get("height")) not in ((w, h), (None, None)):
-            logger.warning(
+            log.warning(
                 "%s: image is %dx%d but %s says %sx%s (image id %s); boxes were clipped to the annotated size "
                 "and may be misplaced (EXIF rotation?)",
                 self.img_dir / info["file_name"], w, h, self.ann_file.name, info.get("width"), info.get("height"),

@@ -9,7 +9,6 @@ here as before.
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,6 @@ from visiontf.data.segmentation_transforms import (
     segmentation_transforms,
 )
 
-logger = logging.getLogger(__name__)
 
 
 class SegmentationDataModule(L.LightningDataModule):

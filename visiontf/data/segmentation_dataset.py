@@ -14,7 +14,7 @@ from visiontf.data.io import read_image, read_mask
 from visiontf.data.loading import AugmentedDataset, DatasetLayoutError, EpochIndex
 from visiontf.data.segmentation_labels import IGNORE_INDEX, LabelError, reduce_zero_label
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 class SegmentationDataset(AugmentedDataset):
@@ -81,10 +81,10 @@ class SegmentationDataset(AugmentedDataset):
             self.bad_label_pixels += n
             count = len(self.bad_label_files)
             if count <= self.MAX_NAMED_WARNINGS:
-                logger.warning("%s: %d pixel(s) with labels %s outside [0, %d) mapped to ignore %d",
+                log.warning("%s: %d pixel(s) with labels %s outside [0, %d) mapped to ignore %d",
                                path, n, values, self.num_classes, self.ignore_index)
             elif count % 100 == 0 or count == self.MAX_NAMED_WARNINGS + 1:
-                logger.warning("%d mask files so far had labels outside [0, %d), %d pixels mapped to ignore",
+                log.warning("%d mask files so far had labels outside [0, %d), %d pixels mapped to ignore",
                                count, self.num_classes, self.bad_label_pixels)
         mask = mask.copy()
         mask[bad] = self.ignore_index

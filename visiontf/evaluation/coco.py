@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 #: COCOeval's 12 ``stats`` in order, each as (its name in stats files and tables, its logged metric
 #: name, torchmetrics' ``MeanAveragePrecision`` naming). The one table of these names.

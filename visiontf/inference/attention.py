@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.inference.predictor import Predictor, load_inputs
 from visiontf.adapters.drawing import color_for, to_uint8_chw
+from visiontf.inference.predictor import Predictor, load_inputs
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,10 @@ segmentation label maps at the original resolution. Everything task-specific is 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -193,7 +194,7 @@ class Predictor:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_checkpoint(cls, ckpt_path: str | Path, class_names: Sequence[str] | None = None, **kwargs: Any) -> "Predictor":
+    def from_checkpoint(cls, ckpt_path: str | Path, class_names: Sequence[str] | None = None, **kwargs: Any) -> Predictor:
         """Rebuild the network of a visiontf Lightning checkpoint (read with ``weights_only=True``).
 
         Preprocessing is the one saved with the checkpoint (older checkpoints: derived from their data
@@ -206,7 +207,7 @@ class Predictor:
         return cls(model, class_names=class_names if class_names is not None else info.get("class_names"), **kwargs)
 
     @classmethod
-    def from_file(cls, path: str | Path, class_names: Sequence[str] | None = None, **kwargs: Any) -> "Predictor":
+    def from_file(cls, path: str | Path, class_names: Sequence[str] | None = None, **kwargs: Any) -> Predictor:
         """A model exported with :func:`visiontf.save_model` (``tools/export.py``), with the class names
         and preprocessing of its labels file."""
         from visiontf.registry import load_model

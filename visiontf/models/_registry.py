@@ -14,9 +14,10 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -65,6 +66,7 @@ def list_models(pattern: str | None = None) -> list[str]:
 
 
 def get_entry(name: str) -> ModelEntry:
+    """The registry entry of ``name``; an unknown name is an error listing the closest names."""
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=5, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""

@@ -12,9 +12,10 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import Tensor, nn
 
+from visiontf.models._registry import register_model, torch_hub_state_dict
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.detr_convert import convert_state_dict
 from visiontf.nn import (
@@ -25,7 +26,6 @@ from visiontf.nn import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
-from visiontf.models._registry import register_model, torch_hub_state_dict
 
 
 class MLP(nn.Module):
@@ -38,6 +38,7 @@ class MLP(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, outs))
 
     def forward(self, x: Tensor) -> Tensor:
+        """(..., input_dim) -> (..., output_dim)."""
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x) if i == last else F.relu(layer(x))

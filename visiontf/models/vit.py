@@ -6,15 +6,17 @@ made at another image size has its ``pos_embed`` resampled bicubically on load.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
-from torch import Tensor, nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.data import IMAGENET_INCEPTION_MEAN as INCEPTION_MEAN, IMAGENET_INCEPTION_STD as INCEPTION_STD
+from timm.data import IMAGENET_INCEPTION_MEAN as INCEPTION_MEAN
+from timm.data import IMAGENET_INCEPTION_STD as INCEPTION_STD
+from torch import Tensor, nn
 
-from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
 from visiontf.models._registry import register_model
+from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
 
 
 def _pair(x: int | Sequence[int]) -> tuple[int, int]:
@@ -43,6 +45,7 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """(B, C, H, W) -> tokens (B, H/p * W/p, D) and the patch grid (H/p, W/p)."""
         H, W = x.shape[-2:]
         if H % self.patch_size[0] or W % self.patch_size[1]:
             raise ValueError(f"input {H}x{W} is not divisible by the patch size {self.patch_size}; resize or pad the image")
@@ -155,6 +158,7 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Tokens (B, prefix + N, D) -> logits (B, K) (``pre_logits``: the (B, D) features they come from)."""
         if self.dist_token is None:
             x = self.head_drop(x[:, 0])
             return x if pre_logits else self.head(x)
@@ -167,6 +171,11 @@ class VisionTransformer(nn.Module):
         return merge_distilled((x, x_dist))
 
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Images (B, 3, H, W), normalised -> logits (B, K).
+
+        A distilled model in training with ``distilled_training`` returns (class logits, distillation
+        logits), both (B, K); :func:`merge_distilled` turns that into the inference output.
+        """
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] = 1, norm: bool = False) -> list[Tensor]:

@@ -70,6 +70,7 @@ class BaseTask(L.LightningModule):
         return {}
 
     def forward(self, *args, **kwargs):
+        """The network's forward (see the model's docstring for its inputs and outputs)."""
         return self.model(*args, **kwargs)
 
     def check_finite(self, loss: Tensor, terms: dict[str, Tensor]) -> bool:

@@ -12,7 +12,6 @@ from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 
 
-
 class DetectionTask(BaseTask):
     """DETR training and COCO evaluation.
 

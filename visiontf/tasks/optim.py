@@ -47,6 +47,7 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(name: str, param_groups: Iterable[dict], lr: float, weight_decay: float, momentum: float = 0.9) -> torch.optim.Optimizer:
+    """AdamW or SGD (with ``momentum``) over ``param_groups``; ``lr``/``weight_decay`` are the groups' defaults."""
     name = name.lower()
     if name == "adamw":
         return torch.optim.AdamW(param_groups, lr=lr, weight_decay=weight_decay)
