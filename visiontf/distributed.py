@@ -1,8 +1,8 @@
 """The one set of distributed helpers: this process's rank and the number of processes.
 
-Inside an initialised ``torch.distributed`` group they come from it. Before that (DataLoader
-workers, code run while Lightning is still launching) the launcher's environment variables tell:
-torchrun and Lightning set ``RANK``/``WORLD_SIZE``, SLURM ``SLURM_PROCID``/``SLURM_NTASKS``.
+Inside an initialised ``torch.distributed`` group they come from it. Outside one, the world size
+is 1 (collectives must not run), while the rank still follows the launcher's environment, which
+DataLoader workers of a DDP process need: torchrun and Lightning set ``RANK``, SLURM ``SLURM_PROCID``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import os
 import torch.distributed as dist
 
 _RANK_VARS = ("RANK", "GLOBAL_RANK", "SLURM_PROCID", "LOCAL_RANK")
-_WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS")
 
 
 def is_distributed() -> bool:
@@ -27,10 +26,8 @@ def get_rank() -> int:
 
 
 def get_world_size() -> int:
-    """How many processes take part: the process group's size, else the launcher's environment, else 1."""
-    if is_distributed():
-        return dist.get_world_size()
-    return _from_env(_WORLD_VARS, 1)
+    """How many processes take part in the initialised process group; 1 without one."""
+    return dist.get_world_size() if is_distributed() else 1
 
 
 def _from_env(names: tuple[str, ...], default: int) -> int:
