@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= outputs/demo
 
-.PHONY: install test demo bench clean
+.PHONY: install test lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# ruff's rules are in pyproject.toml ([tool.ruff]); lint reports, it never rewrites files
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 demo: $(STAMP)
 	$(PY) tools/demo.py --out $(DEMO_DIR)

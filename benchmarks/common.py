@@ -9,8 +9,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Sequence
 
 import torch
 
@@ -46,17 +46,17 @@ def sync(device: torch.device) -> None:
 
 
 def time_interleaved(
-    fns: Dict[str, Callable[[], object]],
+    fns: dict[str, Callable[[], object]],
     device: torch.device | str = "cpu",
     warmup: int = 1,
     repeats: int = 5,
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """Median seconds per call of each function, alternating the functions at every repeat.
 
     ``warmup`` untimed rounds first (allocator, oneDNN primitive caches, cuDNN autotuning).
     """
     device = torch.device(device)
-    times: Dict[str, List[float]] = {name: [] for name in fns}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(warmup + repeats):
         for name, fn in fns.items():
             sync(device)
@@ -89,7 +89,7 @@ def format_table(rows: Iterable[dict]) -> str:
     lines = [[str(r["benchmark"]), str(r.get("reference", "")), f"{r['ours_s']:.4f}", f"{r['ref_s']:.4f}",
               f"{r['ratio']:.2f}x", str(r["same_result"])] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
-    fmt = " | ".join("{:<%d}" % w for w in widths)
+    fmt = " | ".join(f"{{:<{w}}}" for w in widths)
     out = [fmt.format(*header), "-+-".join("-" * w for w in widths)]
     out += [fmt.format(*line) for line in lines]
     return "\n".join(out)
@@ -99,7 +99,7 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().float().cpu() - b.detach().float().cpu()).abs().max().item()
 
 
-def cli(run: Callable[..., List[dict]], doc: str, argv: Sequence[str] | None = None, extra: Callable | None = None) -> int:
+def cli(run: Callable[..., list[dict]], doc: str, argv: Sequence[str] | None = None, extra: Callable | None = None) -> int:
     """``--quick`` / ``--device`` command line around a ``run(quick, device, ...)`` function."""
     p = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")

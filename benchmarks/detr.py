@@ -251,7 +251,8 @@ def bench_compile(quick: bool, device: torch.device) -> list[dict]:
 
 def profile(quick: bool, device: torch.device, row_limit: int = 10) -> dict[str, str]:
     """torch.profiler top ops (self CPU time) of one train step of ours and of the original."""
-    from torch.profiler import ProfilerActivity, profile as tprofile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
 
     B, H, W = SIZES["quick" if quick else "full"]
     images, mask, targets = make_batch(B, H, W, device)

@@ -11,8 +11,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, List
 
 import torch
 from scipy.optimize import linear_sum_assignment
@@ -87,7 +87,7 @@ def _same(a, b) -> bool:
     )
 
 
-def run(quick: bool = False, device: str | None = None) -> List[Dict[str, object]]:
+def run(quick: bool = False, device: str | None = None) -> list[dict[str, object]]:
     """Time both matchers on batch 64 x 100 queries; rows for ``benchmarks/run_all.py``."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     outputs, targets = make_batch(64, 100, 91, 50, dev)

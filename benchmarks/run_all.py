@@ -15,9 +15,9 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import format_table, setup_torch  # noqa: E402

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 import visiontf
-from visiontf.inference.cli import export_main
+from visiontf.cli import export_main
 from visiontf.inference.export import example_inputs, export_model, export_onnx, onnx_max_abs_diff
 from visiontf.inference.predictor import Predictor, read_labels_file
 

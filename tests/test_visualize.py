@@ -59,7 +59,7 @@ def test_draw_segmentation_and_caption():
     lm[25:35, 30:45] = 3
     out = draw_segmentation(img, lm, num_classes=4, alpha=0.5)
     assert out.shape == img.shape and out.dtype == torch.uint8
-    expected = ((torch.tensor(color_for(1)) * 0.5 + 128 * 0.5)).to(torch.uint8)
+    expected = (torch.tensor(color_for(1)) * 0.5 + 128 * 0.5).to(torch.uint8)
     assert torch.allclose(out[:, 10, 10].float(), expected.float(), atol=1)
     assert not torch.equal(out[:, 30, 40], img[:, 30, 40])
     assert torch.equal(out[:, 0, 0], img[:, 0, 0]), "ignored pixels keep the image"
@@ -198,7 +198,7 @@ def test_plot_logs_from_fake_metrics_csv(tmp_path):
     assert proc.returncode == 0, proc.stderr
     pic = np.asarray(Image.open(out).convert("RGB"))
     assert pic.shape[1] >= 3 * 500 and pic.std() > 0, "three panels: loss, val metrics, lr"
-    from visiontf.inference.curves import load_run
+    from visiontf.training_curves import load_run
 
     df = load_run(run / "metrics.csv")
     assert set(df.name) == {"train/loss", "val/loss", "val/mAP", "lr-AdamW"}

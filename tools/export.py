@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from visiontf.inference.cli import export_main  # noqa: E402
+from visiontf.cli import export_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(export_main())

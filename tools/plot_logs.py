@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from visiontf.inference.curves import main  # noqa: E402
+from visiontf.training_curves import main  # noqa: E402
 
 if __name__ == "__main__":
     if "--vs-minutes" in sys.argv[1:]:

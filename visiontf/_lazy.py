@@ -1,8 +1,9 @@
 """Lazy package attributes (PEP 562), so light entry points never import torch or Lightning."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 
 def lazy_getattr(package: str, names: dict[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:

@@ -1,158 +1,22 @@
-"""Named model configurations, like timm's ``@register_model``.
+"""The model registry's public path: ``register_model``, ``create_model``, ``list_models``, ...
 
-``create_model(name, pretrained=None, num_classes=None, **kwargs)`` builds a plain ``nn.Module``.
-``pretrained`` is a local file (``.safetensors``, or ``.pth``/``.pt`` read with
-``weights_only=True``) or ``True`` to fetch the published weights through timm's / torch hub's own
-download code.
+The table itself lives in :mod:`visiontf.models._registry`, inside the ``models`` package, as
+timm keeps it: importing it first runs ``visiontf/models/__init__.py``, which imports every family
+so that each registers itself. This module resolves its names lazily and imports nothing at load
+time, so a family module may ``from visiontf.registry import register_model`` without an import
+cycle (``models/__init__`` -> family -> ``models._registry``; nothing points back up).
 """
-from __future__ import annotations
+from visiontf._lazy import lazy_getattr
 
-import difflib
-import fnmatch
-import logging
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+_LAZY = {
+    name: "visiontf.models._registry"
+    for name in (
+        "ModelEntry", "register_model", "list_models", "get_entry", "create_model", "load_pretrained",
+        "load_model", "torch_hub_state_dict",
+    )
+}
 
-import torch
-from torch import nn
-
-from visiontf.weights import load_state_dict_file, read_config
-
-log = logging.getLogger(__name__)
+__all__ = sorted(_LAZY)
 
 
-@dataclass
-class ModelEntry:
-    name: str
-    fn: Callable[..., nn.Module]
-    #: where ``pretrained=True`` gets weights: a callable returning a state dict, or None
-    fetch_pretrained: Callable[[], dict] | None = None
-    #: adapts a foreign state dict (original DETR, HF, timm at another size) to this model
-    filter_fn: Callable[[dict, nn.Module], dict] | None = None
-    tags: tuple[str, ...] = field(default_factory=tuple)
-
-
-_REGISTRY: dict[str, ModelEntry] = {}
-
-
-def register_model(fn=None, *, name: str | None = None, fetch_pretrained=None, filter_fn=None, tags=()):
-    """Decorator registering a model constructor under its function name (or ``name``)."""
-
-    def wrap(f):
-        key = name or f.__name__
-        if key in _REGISTRY:
-            raise ValueError(f"model {key!r} registered twice")
-        _REGISTRY[key] = ModelEntry(key, f, fetch_pretrained, filter_fn, tuple(tags))
-        return f
-
-    return wrap(fn) if fn is not None else wrap
-
-
-def _ensure_loaded() -> None:
-    import visiontf.models  # noqa: F401  (registers every family)
-
-
-def list_models(pattern: str | None = None) -> list[str]:
-    """Registered model names, optionally filtered by a shell-style pattern (``"detr_*"``)."""
-    _ensure_loaded()
-    names = sorted(_REGISTRY)
-    if pattern:
-        names = [n for n in names if fnmatch.fnmatch(n, pattern)]
-    return names
-
-
-def get_entry(name: str) -> ModelEntry:
-    _ensure_loaded()
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, _REGISTRY, n=5, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {name!r}.{hint} See visiontf.list_models() for all {len(_REGISTRY)} names.")
-    return _REGISTRY[name]
-
-
-def create_model(
-    name: str,
-    pretrained: bool | str | Path | None = None,
-    num_classes: int | None = None,
-    strict: bool = True,
-    **kwargs: Any,
-) -> nn.Module:
-    """Build a registered model; optionally load weights from a file or the published source."""
-    entry = get_entry(name)
-    if num_classes is not None:
-        kwargs["num_classes"] = num_classes
-    model = entry.fn(**kwargs)
-    model.model_name = name
-    model.model_kwargs = dict(kwargs)
-    if pretrained:
-        if pretrained is True:
-            if entry.fetch_pretrained is None:
-                raise ValueError(f"{name} has no published weights; pass a local file as pretrained=PATH")
-            state = entry.fetch_pretrained()
-        else:
-            state = load_state_dict_file(pretrained)
-        load_pretrained(model, state, entry, strict=strict, source=str(pretrained))
-    return model
-
-
-def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = None, strict: bool = True, source: str = "") -> None:
-    """Load a (possibly foreign-format) state dict, dropping heads whose class count differs."""
-    if entry is None:
-        entry = get_entry(model.model_name)
-    if entry.filter_fn is not None:
-        state = entry.filter_fn(state, model)
-    own = model.state_dict()
-    dropped = []
-    for key in list(state):
-        if key in own and state[key].shape != own[key].shape and _is_head_key(model, key):
-            dropped.append(f"{key} {tuple(state[key].shape)} -> {tuple(own[key].shape)}")
-            del state[key]
-    if dropped:
-        log.warning(
-            "%s: class head not loaded because the number of classes differs (fine-tuning): %s",
-            source or entry.name, "; ".join(dropped),
-        )
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    head_missing = [k for k in missing if _is_head_key(model, k)]
-    real_missing = [k for k in missing if k not in head_missing]
-    if strict and (real_missing or unexpected):
-        raise RuntimeError(
-            f"{source or entry.name}: weights do not fit {entry.name}: "
-            f"missing {len(real_missing)} keys (e.g. {real_missing[:5]}), "
-            f"unexpected {len(unexpected)} keys (e.g. {unexpected[:5]}). Pass strict=False to load what fits."
-        )
-    log.info("loaded %d tensors from %s (%d head tensors left at init)", len(state), source or "weights", len(head_missing))
-
-
-def _is_head_key(model: nn.Module, key: str) -> bool:
-    prefixes = getattr(model, "head_prefixes", ("head.", "head_dist."))
-    return key.startswith(tuple(prefixes))
-
-
-def load_model(path: str | Path, **overrides: Any) -> nn.Module:
-    """Rebuild a model saved by :func:`visiontf.save_model` (config stored with the weights)."""
-    config = read_config(path)
-    if config is None:
-        raise ValueError(
-            f"{path}: no visiontf config in the file's metadata nor a .json beside it; "
-            "use create_model(name, pretrained=path) and name the model yourself."
-        )
-    kwargs = {**config.get("model_kwargs", {}), **overrides}
-    return create_model(config["model_name"], pretrained=path, **kwargs)
-
-
-def torch_hub_state_dict(url: str, name: str) -> Callable[[], dict]:
-    """A fetcher that downloads through torch hub's own code, with a clear error offline."""
-
-    def fetch() -> dict:
-        try:
-            state = torch.hub.load_state_dict_from_url(url, map_location="cpu", weights_only=True, check_hash=False)
-        except Exception as e:
-            raise RuntimeError(
-                f"could not download {name} weights from {url} ({type(e).__name__}: {e}). "
-                f"Without network, download the file elsewhere and pass pretrained='/path/to/{Path(url).name}'."
-            ) from e
-        return state.get("model", state) if isinstance(state, dict) else state
-
-    return fetch
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

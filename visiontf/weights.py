@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import pathlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -23,7 +25,33 @@ class WeightsError(RuntimeError):
     """A weight file could not be read or does not fit the model."""
 
 
+#: the classes beyond tensors and plain data that a checkpoint may hold, all plain attribute data:
+#: the original DETR pickles its argparse Namespace ("args"); Lightning stores data-module
+#: hyper-parameters as given, which may be pathlib paths
+SAFE_GLOBALS = (argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+
+
+def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)`` allowing only :data:`SAFE_GLOBALS` beyond tensors.
+
+    The one reader of ``.pth``/``.pt``/``.ckpt`` files in visiontf (weight files and Lightning
+    checkpoints alike). Refused files raise :class:`WeightsError` naming the file and the fix.
+    """
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # the weights-only unpickler names the refused global
+        raise WeightsError(
+            f"{path}: refused to load with weights_only=True ({type(e).__name__}: {e}). "
+            "The file holds Python objects beyond tensors; visiontf never unpickles them. "
+            "Re-save it as a plain state dict or convert it to .safetensors (for a checkpoint, export the "
+            "model with tools/export.py from a trusted environment)."
+        ) from e
+
+
 def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a ``.safetensors`` file (where :func:`save_model` keeps the config)."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
@@ -45,17 +73,7 @@ def load_state_dict_file(path: str | Path, map_location: str | torch.device = "c
 
         state = load_file(str(path), device=str(map_location))
     else:
-        try:
-            # training checkpoints of the original DETR also pickle their argparse Namespace ("args");
-            # a Namespace is plain attribute data, so it is the one class allowed beyond tensors
-            with torch.serialization.safe_globals([argparse.Namespace]):
-                state = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as e:  # the weights-only unpickler names the refused global
-            raise WeightsError(
-                f"{path}: refused to load with weights_only=True ({type(e).__name__}: {e}). "
-                "The file holds Python objects beyond tensors; visiontf never unpickles them. "
-                "Re-save it as a plain state dict or convert it to .safetensors."
-            ) from e
+        state = safe_torch_load(path, map_location)
     state = _unwrap(state, path)
     return state
 
@@ -124,3 +142,44 @@ def read_config(path: str | Path) -> dict[str, Any] | None:
     if side.is_file():
         return json.loads(side.read_text())
     return None
+
+
+# ---------------------------------------------------------------------------------------- labels files
+def labels_path(weights_path: str | Path) -> Path:
+    """Where :func:`write_labels_file` keeps class names and preprocessing beside exported weights."""
+    p = Path(weights_path)
+    return p.with_name(p.stem + ".labels.json")
+
+
+def write_labels_file(weights_path: str | Path, class_names: Sequence[str] | None = None,
+                      label_to_cat_id: Mapping[int, int] | None = None, predictor_kwargs: Mapping[str, Any] | None = None,
+                      preprocess: Mapping[str, Any] | None = None) -> Path | None:
+    """Write ``<stem>.labels.json`` beside exported weights: class names, category ids, the eval
+    preprocessing (``preprocess``: complete, ``pretrained_cfg`` keys) and the overrides it was built
+    from (``predictor_kwargs``, as given)."""
+    plain = lambda d: {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}  # noqa: E731
+    data: dict[str, Any] = {}
+    if class_names:
+        data["class_names"] = list(class_names)
+    if label_to_cat_id:
+        data["label_to_cat_id"] = {str(k): int(v) for k, v in label_to_cat_id.items()}
+    if predictor_kwargs:
+        data["predictor_kwargs"] = plain(predictor_kwargs)
+    if preprocess:
+        data["preprocess"] = plain(preprocess)
+    if not data:
+        return None
+    out = labels_path(weights_path)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    return out
+
+
+def read_labels_file(weights_path: str | Path) -> dict[str, Any]:
+    """What :func:`write_labels_file` wrote (``{}`` when there is no labels file)."""
+    p = labels_path(weights_path)
+    if not p.is_file():
+        return {}
+    data = json.loads(p.read_text())
+    if "label_to_cat_id" in data:
+        data["label_to_cat_id"] = {int(k): int(v) for k, v in data["label_to_cat_id"].items()}
+    return data

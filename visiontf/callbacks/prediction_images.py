@@ -10,15 +10,15 @@ In a YAML config::
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
-from visiontf.inference.predictor import IMAGENET_MEAN, IMAGENET_STD, infer_task
-from visiontf.inference.visualize import draw_caption, draw_detections, draw_segmentation
+from visiontf.adapters import get_adapter
 
 log = logging.getLogger(__name__)
 
@@ -68,70 +68,23 @@ class LogPredictionImages(Callback):
     # ------------------------------------------------------------------ drawing
     @torch.no_grad()
     def render(self, trainer: Trainer | None, pl_module: LightningModule, batch: Any) -> list[Tensor]:
-        """The uint8 (3, H, W) pictures this callback logs for ``batch``."""
+        """The uint8 (3, H, W) pictures this callback logs for ``batch`` (drawn by the task's adapter)."""
         model = pl_module.model
-        task = infer_task(model)
-        mean, std = _normalisation(trainer, model)
-        names = _class_names(trainer)
-        n = self.num_images
-        if task == "detection":
-            images, mask, targets = batch
-            images, mask, targets = images[:n], mask[:n], targets[:n]
-            from visiontf.detection.postprocess import PostProcess
-
-            outputs = model(images, mask)
-            # boxes on the augmented (unpadded) image that is drawn, not on the original file
-            sizes = torch.stack([t["size"] for t in targets]).to(images.device)
-            preds = PostProcess()(outputs, sizes, score_threshold=self.score_threshold)
-            out = []
-            for img, p, t in zip(images, preds, targets):
-                h, w = (int(v) for v in t["size"])
-                out.append(draw_detections(_denorm(img[:, :h, :w], mean, std), p, names))
-            return out
-        if task == "segmentation":
-            images, masks = batch[0][:n], batch[1][:n]
-            logits = pl_module.predict_logits(images) if hasattr(pl_module, "predict_logits") else model(images)
-            pred = logits.argmax(dim=1)
-            k = getattr(model, "num_classes", None)
-            ignore = int((getattr(pl_module, "hparams", None) or {}).get("ignore_index", 255))
-            out = []
-            for img, p, gt in zip(images, pred, masks):
-                base = _denorm(img, mean, std)
-                gt_img = draw_segmentation(base, gt.cpu(), k, ignore_index=ignore)
-                pred_img = draw_segmentation(base, p.cpu(), k, ignore_index=ignore)
-                out.append(torch.cat([gt_img, pred_img], dim=-1))  # ground truth | prediction
-            return out
-        images, labels = batch[0][:n], batch[1][:n]
-        logits = model(images)
-        if isinstance(logits, (tuple, list)):
-            logits = (logits[0] + logits[1]) / 2
-        probs = logits.float().softmax(-1)
-        score, top = probs.max(-1)
-        name = lambda i: names[i] if names and 0 <= i < len(names) else f"class_{i}"  # noqa: E731
-        out = []
-        for img, s, t, y in zip(images, score, top, labels):
-            truth = int(y) if y.dim() == 0 else int(y.argmax())
-            out.append(draw_caption(_denorm(img, mean, std), [f"pred {name(int(t))} {float(s):.2f}", f"true {name(truth)}"]))
-        return out
+        adapter = get_adapter(model, getattr(pl_module, "task", None) or None)
+        mean, std = _normalisation(trainer, model, adapter)
+        return adapter.render_batch(pl_module, batch, mean, std, _class_names(trainer), self.num_images,
+                                               self.score_threshold)
 
 
-def _normalisation(trainer: Trainer | None, model: Any) -> tuple[Sequence[float], Sequence[float]]:
+def _normalisation(trainer: Trainer | None, model: Any, adapter: Any) -> tuple[Sequence[float], Sequence[float]]:
+    """The normalisation of the batches: the data module's eval settings when it states them, else the model's."""
     dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-    hp = getattr(dm, "hparams", None) or {}
-    if hp.get("mean") is not None and hp.get("std") is not None:
-        return tuple(hp["mean"]), tuple(hp["std"])
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    # visiontf's COCO data normalises with ImageNet statistics, as DETR
-    return tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD))
+    stated = dm.eval_cfg() if callable(getattr(dm, "eval_cfg", None)) else {}
+    cfg = adapter.eval_cfg(model, stated)
+    return tuple(cfg["mean"]), tuple(cfg["std"])
 
 
 def _class_names(trainer: Trainer | None) -> list[str] | None:
     dm = getattr(trainer, "datamodule", None) if trainer is not None else None
     names = getattr(dm, "class_names", None)
     return list(names) if names else None
-
-
-def _denorm(img: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
-    m = torch.tensor(mean, device=img.device, dtype=torch.float32)[:, None, None]
-    s = torch.tensor(std, device=img.device, dtype=torch.float32)[:, None, None]
-    return ((img.float() * s + m).clamp(0, 1) * 255).round().to(torch.uint8).cpu()

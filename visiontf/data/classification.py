@@ -21,10 +21,18 @@ from torch.utils.data import DataLoader, Dataset
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from visiontf.data.io import read_image
-from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError, default_num_workers, loader_kwargs
+from visiontf.data.loading import (
+    IMAGE_EXTENSIONS,
+    AugmentedDataset,
+    DatasetLayoutError,
+    EpochIndex,
+    TrainLoader,
+    default_num_workers,
+    loader_kwargs,
+)
 from visiontf.data.samplers import eval_sampler, train_sampler
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 LAYOUT_HINT = "expected ImageFolder layout <root>/<split>/<class_name>/<image>.jpg|png"
@@ -50,9 +58,9 @@ def _class_dirs(split_dir: Path) -> list[Path]:
         elif _is_image(p):
             loose += 1
     if hidden:
-        logger.info("%s: ignoring hidden folders %s", split_dir, [p.name for p in hidden])
+        log.info("%s: ignoring hidden folders %s", split_dir, [p.name for p in hidden])
     if loose:
-        logger.warning(
+        log.warning(
             "%s: ignoring %d image(s) placed directly in the split folder; move them into a class folder (%s)",
             split_dir, loose, LAYOUT_HINT,
         )
@@ -83,14 +91,14 @@ def find_classes(split_dir: str | Path) -> list[str]:
             f"{split_dir}: all {len(dirs)} class folders are empty (no files with extensions {IMAGE_EXTENSIONS})"
         )
     if empty:
-        logger.warning(
+        log.warning(
             "%s: skipping %d empty class folder(s) %s; they get no class index (add images or delete them)",
             split_dir, len(empty), empty,
         )
     return names
 
 
-class ImageFolderDataset(Dataset):
+class ImageFolderDataset(AugmentedDataset):
     """Images under ``root/<class_name>/**`` with integer labels.
 
     Args:
@@ -100,6 +108,8 @@ class ImageFolderDataset(Dataset):
         class_names: the class table (index = position). ``None`` derives it from ``root``'s sorted
             non-empty folders; pass the training split's table for val/test so indices agree. A folder of
             ``root`` that is not in the table raises :class:`DatasetLayoutError`.
+        seed: with the data modules' train sampler, each sample's augmentation is drawn from
+            (seed, epoch, index); see :class:`~visiontf.data.loading.AugmentedDataset`.
 
     Images are read with :func:`visiontf.data.io.read_image`: grayscale, RGBA, palette and 16-bit files
     become RGB uint8, and unreadable files raise ``ImageReadError`` naming the path.
@@ -110,9 +120,11 @@ class ImageFolderDataset(Dataset):
         root: str | Path,
         transform: Callable[..., dict[str, Any]] | None = None,
         class_names: Sequence[str] | None = None,
+        seed: int = 0,
     ) -> None:
         self.root = Path(root)
         self.transform = transform
+        self.seed = seed
         self.class_names = list(class_names) if class_names is not None else find_classes(self.root)
         index = {name: i for i, name in enumerate(self.class_names)}
         self.samples: list[tuple[Path, int]] = []
@@ -131,17 +143,17 @@ class ImageFolderDataset(Dataset):
                 )
             self.samples.extend((p, index[d.name]) for p in images)
         if skipped_files:
-            logger.warning("%s: ignoring %d non-image file(s) in class folders", self.root, skipped_files)
+            log.warning("%s: ignoring %d non-image file(s) in class folders", self.root, skipped_files)
         if empty:
-            logger.warning("%s: %d class folder(s) hold no images: %s", self.root, len(empty), empty)
+            log.warning("%s: %d class folder(s) hold no images: %s", self.root, len(empty), empty)
         if not self.samples:
             raise DatasetLayoutError(f"{self.root}: no images found ({LAYOUT_HINT})")
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        path, label = self.samples[i]
+    def __getitem__(self, key: int | EpochIndex) -> tuple[Any, int]:
+        path, label = self.samples[self.sample_index(key)]
         image = read_image(path)
         if self.transform is not None:
             image = self.transform(image=image)["image"]
@@ -169,7 +181,7 @@ def _rand_augment(spec: str) -> A.BaseCompose:
         elif key.group() == "n":
             n = int(value)
         else:
-            logger.info("auto_augment %r: option %r has no albumentations counterpart; ignored", spec, part)
+            log.info("auto_augment %r: option %r has no albumentations counterpart; ignored", spec, part)
     f = min(max(m, 0.0), 10.0) / 10.0
     ops = [
         A.Affine(rotate=(-30 * f, 30 * f), p=1.0),
@@ -272,6 +284,13 @@ class ClassificationDataModule(L.LightningDataModule):
         self.val_dataset: ImageFolderDataset | None = None
         self.test_dataset: ImageFolderDataset | None = None
 
+    def eval_cfg(self) -> dict[str, Any]:
+        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
+        that a Predictor preprocesses as validation did."""
+        hp = self.hparams
+        return {"input_size": (3, hp.image_size, hp.image_size), "crop_pct": float(hp.crop_pct),
+                "mean": tuple(hp.mean), "std": tuple(hp.std)}
+
     def _transforms(self, train: bool) -> A.Compose:
         hp = self.hparams
         rank = self.trainer.global_rank if self.trainer is not None else 0
@@ -281,7 +300,8 @@ class ClassificationDataModule(L.LightningDataModule):
         )
 
     def _dataset(self, split: str, train: bool) -> ImageFolderDataset:
-        return ImageFolderDataset(self.root / split, self._transforms(train), class_names=self.class_names)
+        return ImageFolderDataset(self.root / split, self._transforms(train), class_names=self.class_names,
+                                  seed=self.hparams.seed)
 
     def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
@@ -300,19 +320,17 @@ class ClassificationDataModule(L.LightningDataModule):
         assert dataset is not None, "call setup() first"
         # under DDP each sample is scored exactly once (no padding repeats), so accuracy is exact
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=False,
-                          sampler=eval_sampler(dataset, self.trainer), **loader_kwargs(self.num_workers))
+                          sampler=eval_sampler(dataset, self.trainer), **loader_kwargs(self.num_workers, self.hparams.seed))
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_dataset is not None, "call setup('fit') first"
         n = len(self.train_dataset)
         # Dropping a ragged last batch keeps batch statistics steady, unless that would leave no batch at all.
         drop_last = n >= 2 * self.batch_size
-        # one process: an epoch-seeded sampler (exact resume); DDP: shuffle=True lets Lightning inject its own
+        # an epoch-seeded sampler whose keys seed each sample's augmentation (exact resume, any worker count)
         sampler = train_sampler(self.train_dataset, self.trainer, self.hparams.seed)
-        return DataLoader(
-            self.train_dataset, batch_size=self.batch_size, shuffle=sampler is None, sampler=sampler, drop_last=drop_last,
-            **loader_kwargs(self.num_workers),
-        )
+        return TrainLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler, drop_last=drop_last,
+                           **loader_kwargs(self.num_workers, self.hparams.seed))
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.val_dataset)

@@ -23,15 +23,16 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 from torchvision.ops import box_convert
 
 from visiontf.data import detection_transforms as DT
+from visiontf.data.batching import pad_images
 from visiontf.data.io import read_image
-from visiontf.data.loading import default_num_workers
+from visiontf.data.loading import AugmentedDataset, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AnnotationError",
@@ -127,7 +128,7 @@ def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
 
 def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING) -> None:
     if ids:
-        logger.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)",
+        log.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)",
                    ann_file, action, len(ids), kind, ids[:_SHOW])
 
 
@@ -214,7 +215,7 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
     return index
 
 
-class CocoDetection(Dataset):
+class CocoDetection(AugmentedDataset):
     """Images and boxes of a COCO detection file.
 
     Args:
@@ -223,8 +224,9 @@ class CocoDetection(Dataset):
         transforms: an albumentations ``Compose`` called as ``t(image=, bboxes=, labels=, ann_index=)``
             with COCO ``xywh`` boxes and ending in a CHW tensor (see
             :mod:`visiontf.data.detection_transforms`); ``None`` only normalises.
-        seed: mixed into the per-worker reseeding of ``transforms`` so that DataLoader workers
-            draw different augmentations (each worker would otherwise copy the same RNG).
+        seed: with the data module's train sampler, each sample's augmentation is drawn from
+            (seed, epoch, index); with other loaders it is mixed into a per-worker reseeding so that
+            workers draw different augmentations (see :class:`~visiontf.data.loading.AugmentedDataset`).
 
     Item: ``(image, target)`` with ``image`` a normalised float CHW tensor and ``target`` holding
     ``boxes`` (N, 4) normalised ``cxcywh`` relative to the transformed unpadded image, ``labels``
@@ -248,9 +250,13 @@ class CocoDetection(Dataset):
                 f"{self.ann_file}: 'images' is empty, so this split has nothing to train or evaluate on; "
                 "check the file and the *_images/*_ann paths"
             )
-        self.transforms = transforms if transforms is not None else DT.build_normalize_transforms()
+        self.transform = transforms if transforms is not None else DT.build_normalize_transforms()
         self.seed = seed
-        self._seeded_for: tuple[int, int] | None = None
+
+    @property
+    def transforms(self) -> Callable[..., dict]:
+        """The albumentations pipeline (``transform``, the name the other datasets use)."""
+        return self.transform
 
     @property
     def class_names(self) -> list[str]:
@@ -271,23 +277,13 @@ class CocoDetection(Dataset):
     def __len__(self) -> int:
         return len(self.index.images)
 
-    def _reseed_for_worker(self) -> None:
-        info = get_worker_info()
-        if info is None or self._seeded_for == (info.id, info.seed):
-            return
-        # info.seed differs per worker and per epoch (non-persistent workers restart from the
-        # parent's pristine RNG every epoch) and follows torch's seed, so runs stay reproducible.
-        if hasattr(self.transforms, "set_random_seed"):
-            self.transforms.set_random_seed((self.seed * 1_000_003 + info.seed) % 2**32)
-        self._seeded_for = (info.id, info.seed)
-
-    def __getitem__(self, idx: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        self._reseed_for_worker()
+    def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor, dict[str, Any]]:
+        idx = self.sample_index(key)
         info = self.index.images[idx]
         image = read_image(self.img_dir / info["file_name"])
         h, w = image.shape[:2]
         if (info.get("width"), info.get("height")) not in ((w, h), (None, None)):
-            logger.warning(
+            log.warning(
                 "%s: image is %dx%d but %s says %sx%s (image id %s); boxes were clipped to the annotated size "
                 "and may be misplaced (EXIF rotation?)",
                 self.img_dir / info["file_name"], w, h, self.ann_file.name, info.get("width"), info.get("height"),
@@ -295,7 +291,7 @@ class CocoDetection(Dataset):
             )
         boxes = self.index.boxes[idx]
         labels = self.index.labels[idx]
-        out = self.transforms(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)))
+        out = self.transform(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)))
         img_t = out["image"]
         th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
         kept = np.asarray(out["ann_index"], dtype=np.int64)
@@ -320,20 +316,8 @@ def collate_detection(
 
     Returns ``(images (B,3,H,W), mask (B,H,W) bool True on padding, targets)``.
     """
-    images = [b[0] for b in batch]
-    targets = [b[1] for b in batch]
-    H = max(int(im.shape[-2]) for im in images)
-    W = max(int(im.shape[-1]) for im in images)
-    if size_divisibility > 0:
-        H = -(-H // size_divisibility) * size_divisibility
-        W = -(-W // size_divisibility) * size_divisibility
-    out = images[0].new_zeros((len(images), images[0].shape[0], H, W))
-    mask = torch.ones((len(images), H, W), dtype=torch.bool)
-    for i, im in enumerate(images):
-        h, w = im.shape[-2:]
-        out[i, :, :h, :w].copy_(im)
-        mask[i, :h, :w] = False
-    return out, mask, targets
+    images, mask = pad_images([b[0] for b in batch], size_divisibility)
+    return images, mask, [b[1] for b in batch]
 
 
 class CocoDataModule(L.LightningDataModule):
@@ -380,9 +364,8 @@ class CocoDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = default_num_workers(num_workers)
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else (
-            persistent_workers and self.num_workers > 0)
+        resolved = loader_kwargs(self.num_workers, seed, pin_memory, persistent_workers)
+        self.pin_memory, self.persistent_workers = resolved["pin_memory"], resolved["persistent_workers"]
         self.scales, self.max_size = tuple(scales), max_size
         self.crop_scales, self.crop_size, self.val_size = tuple(crop_scales), tuple(crop_size), val_size
         self.size_divisibility = size_divisibility
@@ -397,6 +380,12 @@ class CocoDataModule(L.LightningDataModule):
         self.train_dataset: CocoDetection | None = None
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None
+
+    def eval_cfg(self) -> dict[str, Any]:
+        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
+        that a Predictor preprocesses as validation did."""
+        return {"min_size": int(self.val_size), "max_size": int(self.max_size), "mean": tuple(DT.IMAGENET_MEAN),
+                "std": tuple(DT.IMAGENET_STD)}
 
     def _dataset(self, img_dir: Path, ann_file: Path, train: bool) -> CocoDetection:
         if train:
@@ -422,19 +411,13 @@ class CocoDataModule(L.LightningDataModule):
     def _loader(self, ds: Dataset | None, batch_size: int, shuffle: bool, name: str) -> DataLoader:
         if ds is None:
             raise RuntimeError(f"CocoDataModule: {name} dataset not set up; call setup() with the matching stage first")
+        # train: epoch-seeded order whose keys seed each sample's augmentation (exact resume, any worker
+        # count); eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
         sampler = train_sampler(ds, self.trainer, self.seed) if shuffle else eval_sampler(ds, self.trainer)
-        return DataLoader(
-            ds,
-            batch_size=batch_size,
-            shuffle=shuffle and sampler is None,
-            # train: epoch-seeded order on one process (exact resume), Lightning's sampler under DDP;
-            # eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
-            sampler=sampler,
-            num_workers=self.num_workers,
-            collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers,
-        )
+        loader = TrainLoader if shuffle else DataLoader
+        return loader(ds, batch_size=batch_size, sampler=sampler,
+                      collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
+                      **loader_kwargs(self.num_workers, self.seed, self.pin_memory, self.persistent_workers))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, self.batch_size, True, "train")

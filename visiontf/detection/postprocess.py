@@ -69,3 +69,18 @@ class PostProcess(nn.Module):
                 s, l, b = s[keep], l[keep], b[keep]
             results.append({"scores": s, "labels": l, "boxes": b})
         return results
+
+
+def build_postprocess(model: nn.Module) -> nn.Module:
+    """The post-processing that matches ``model``'s class head (its ``class_head`` attribute).
+
+    ``"softmax"`` (DETR: K + 1 logits, the last meaning "no object") gives :class:`PostProcess`.
+    Models without the attribute are taken to be softmax models, as every DETR checkpoint is.
+    """
+    head = getattr(model, "class_head", "softmax")
+    if head == "softmax":
+        return PostProcess()
+    raise ValueError(
+        f"{type(model).__name__}.class_head = {head!r}: no post-processing for it in this version of "
+        "visiontf.detection.build_postprocess (known: 'softmax'); a family with another class head must add its case here"
+    )

@@ -1,4 +1,4 @@
-"""Evaluation metrics.
+"""Evaluation metrics of every task: COCO box mAP (detection) and mIoU (segmentation).
 
 Names resolve lazily: ``visiontf.evaluation.coco`` must stay importable without torch (fast
 command-line evaluation of results files), while ``CocoMetric`` needs torchmetrics.
@@ -10,7 +10,10 @@ _LAZY = {
     "CocoEvalError": "visiontf.evaluation.coco",
     "CocoStats": "visiontf.evaluation.coco",
     "STAT_NAMES": "visiontf.evaluation.coco",
+    "METRIC_NAMES": "visiontf.evaluation.coco",
+    "COCO_STATS": "visiontf.evaluation.coco",
     "CocoMetric": "visiontf.evaluation.coco_metric",
+    "segmentation_scores": "visiontf.evaluation.segmentation",
 }
 
 __all__ = sorted(_LAZY)

@@ -16,13 +16,20 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
-#: Names of COCOeval's 12 ``stats``, in order.
-STAT_NAMES = (
-    "AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large",
-    "AR_1", "AR_10", "AR_100", "AR_small", "AR_medium", "AR_large",
+#: COCOeval's 12 ``stats`` in order, each as (its name in stats files and tables, its logged metric
+#: name, torchmetrics' ``MeanAveragePrecision`` naming). The one table of these names.
+COCO_STATS = (
+    ("AP", "map"), ("AP50", "map_50"), ("AP75", "map_75"),
+    ("AP_small", "map_small"), ("AP_medium", "map_medium"), ("AP_large", "map_large"),
+    ("AR_1", "mar_1"), ("AR_10", "mar_10"), ("AR_100", "mar_100"),
+    ("AR_small", "mar_small"), ("AR_medium", "mar_medium"), ("AR_large", "mar_large"),
 )
+#: The stats' names as :func:`evaluate_coco` returns them.
+STAT_NAMES = tuple(name for name, _ in COCO_STATS)
+#: The stats' names as :class:`~visiontf.evaluation.coco_metric.CocoMetric` returns and the tasks log them.
+METRIC_NAMES = tuple(metric for _, metric in COCO_STATS)
 # (ap, iouThr, areaRng, maxDets) of each line of COCOeval.summarize(), to print the same table.
 _LINES = (
     (1, None, "all", 100), (1, 0.5, "all", 100), (1, 0.75, "all", 100),
@@ -33,7 +40,7 @@ _LINES = (
 BACKENDS = ("auto", "pycocotools", "faster_coco_eval")
 _SHOW = 5
 
-__all__ = ["BACKENDS", "STAT_NAMES", "CocoEvalError", "CocoStats", "evaluate_coco", "format_table",
+__all__ = ["BACKENDS", "COCO_STATS", "METRIC_NAMES", "STAT_NAMES", "CocoEvalError", "CocoStats", "evaluate_coco", "format_table",
            "resolve_backend", "main"]
 
 

@@ -18,13 +18,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 from torchvision.ops import box_convert
 
-from visiontf.evaluation.coco import CocoEvalError, evaluate_coco
-
-#: Our output names (torchmetrics MeanAveragePrecision's) for COCOeval's 12 stats, in order.
-METRIC_NAMES = (
-    "map", "map_50", "map_75", "map_small", "map_medium", "map_large",
-    "mar_1", "mar_10", "mar_100", "mar_small", "mar_medium", "mar_large",
-)
+from visiontf.distributed import get_rank as _rank
+from visiontf.evaluation.coco import METRIC_NAMES, CocoEvalError, evaluate_coco
 
 __all__ = ["METRIC_NAMES", "CocoMetric"]
 
@@ -37,12 +32,6 @@ def _cat(state: list[torch.Tensor] | torch.Tensor) -> torch.Tensor | None:
     if isinstance(state, list) and not state:
         return None
     return dim_zero_cat(state)
-
-
-def _rank() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return 0
 
 
 class CocoMetric(Metric):

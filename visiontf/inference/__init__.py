@@ -1,4 +1,4 @@
-"""Inference on raw images, drawing, attention maps, export and training curves.
+"""Inference on raw images (the Predictor), attention maps and export; drawing re-exported from the adapters.
 
 Names resolve lazily so ``import visiontf.inference`` stays light.
 """
@@ -7,12 +7,12 @@ from visiontf._lazy import lazy_getattr
 _LAZY = {
     "Predictor": "visiontf.inference.predictor",
     "load_inputs": "visiontf.inference.predictor",
-    "infer_task": "visiontf.inference.predictor",
-    "draw_detections": "visiontf.inference.visualize",
-    "draw_segmentation": "visiontf.inference.visualize",
-    "draw_caption": "visiontf.inference.visualize",
-    "save_image": "visiontf.inference.visualize",
-    "PALETTE": "visiontf.inference.visualize",
+    "infer_task": "visiontf.adapters.base",
+    "draw_detections": "visiontf.adapters.drawing",
+    "draw_segmentation": "visiontf.adapters.drawing",
+    "draw_caption": "visiontf.adapters.drawing",
+    "save_image": "visiontf.adapters.drawing",
+    "PALETTE": "visiontf.adapters.drawing",
     "detr_attention_maps": "visiontf.inference.attention",
     "save_detr_attention_figure": "visiontf.inference.attention",
     "vit_attention_rollout": "visiontf.inference.attention",

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from visiontf.adapters.drawing import color_for, to_uint8_chw
 from visiontf.inference.predictor import Predictor, load_inputs
-from visiontf.inference.visualize import color_for, to_uint8_chw
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def detr_attention_maps(
         ``points`` (m, 2), ``enc_attn`` (m, H, W) and ``enc_attn_grid`` (m, h, w), ``feature_size``
         (h, w), and ``class_names`` (list).
     """
-    from visiontf.detection.postprocess import PostProcess
+    from visiontf.detection import build_postprocess
 
     pred = model if isinstance(model, Predictor) else Predictor(model, task="detection", **predictor_kwargs)
     images = load_inputs(image)
@@ -89,13 +90,13 @@ def detr_attention_maps(
         raise ValueError(f"detr_attention_maps takes one image, got {len(images)}")
     im = images[0]
     H, W = im.size
-    batch, _, sizes = pred.preprocess_detection(images)
-    out = pred.model(batch, None, need_weights=True)
+    batch, sizes = pred.preprocess([im.tensor.to(pred.device)])
+    out = pred.model(batch.images, None, need_weights=True)
     if "dec_attn" not in out or out["dec_attn"] is None:
         raise ValueError(f"{type(pred.model).__name__} returned no attention maps; it needs forward(..., need_weights=True)")
     h, w = out["feature_size"]
-    stride = 2 ** round(math.log2(batch.shape[-2] / h))
-    det = PostProcess()({"pred_logits": out["pred_logits"], "pred_boxes": out["pred_boxes"]}, [(H, W)])[0]
+    stride = 2 ** round(math.log2(batch.images.shape[-2] / h))
+    det = build_postprocess(pred.model)({"pred_logits": out["pred_logits"], "pred_boxes": out["pred_boxes"]}, [(H, W)])[0]
     scores, labels, boxes = det["scores"].cpu(), det["labels"].cpu(), det["boxes"].cpu()
     if query_indices is None:
         order = scores.argsort(descending=True)
@@ -217,7 +218,7 @@ def vit_attention_rollout(model: nn.Module, images: Any, preprocess: bool = True
         raise ValueError(f"{type(model).__name__} has no forward_attention(x); attention rollout needs a visiontf ViT")
     if preprocess:
         pred = Predictor(model, task="classification", **predictor_kwargs)
-        x = pred.preprocess_classification(load_inputs(images))
+        x = pred.preprocess([im.tensor.to(pred.device) for im in load_inputs(images)])
     else:
         x = images.to(next(model.parameters()).device)
     model.eval()
@@ -231,6 +232,6 @@ def vit_attention_rollout(model: nn.Module, images: Any, preprocess: bool = True
 
 def save_rollout_overlay(image: Any, rollout: Tensor | np.ndarray, path: str | Path, alpha: float = 0.5, cmap: str = "jet") -> Path:
     """Save a rollout map (gh, gw) blended over ``image`` (the crop the model saw) as a PNG."""
-    from visiontf.inference.visualize import save_image
+    from visiontf.adapters.drawing import save_image
 
     return save_image(heatmap_overlay(image, rollout, alpha=alpha, cmap=cmap), path)

@@ -1,14 +1,6 @@
-"""Plain nn.Module models; importing this package registers every family."""
-from importlib import import_module
-
+"""Plain nn.Module models. Importing this package imports every family, and each registers its
+model names with :func:`visiontf.registry.register_model` as it loads."""
+from visiontf.models import detr, setr, vit  # noqa: F401  (registration happens on import)
 from visiontf.models.vit import VisionTransformer
-
-# families written in their own modules register themselves on import; absent ones are skipped
-for _mod in ("visiontf.models.detr", "visiontf.models.setr"):
-    try:
-        import_module(_mod)
-    except ModuleNotFoundError as e:
-        if e.name != _mod:
-            raise
 
 __all__ = ["VisionTransformer"]

@@ -8,12 +8,14 @@ HuggingFace ``DetrForObjectDetection`` weights load through :mod:`visiontf.model
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import Tensor, nn
 
+from visiontf.models._registry import register_model, torch_hub_state_dict
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.detr_convert import convert_state_dict
 from visiontf.nn import (
@@ -24,7 +26,6 @@ from visiontf.nn import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
-from visiontf.registry import register_model, torch_hub_state_dict
 
 
 class MLP(nn.Module):
@@ -37,6 +38,7 @@ class MLP(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, outs))
 
     def forward(self, x: Tensor) -> Tensor:
+        """(..., input_dim) -> (..., output_dim)."""
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x) if i == last else F.relu(layer(x))
@@ -110,6 +112,8 @@ class DETR(nn.Module):
     """
 
     head_prefixes = ("class_embed.",)
+    #: K + 1 logits per query, the last meaning "no object" (see visiontf.detection.build_postprocess)
+    class_head = "softmax"
 
     def __init__(
         self,
@@ -158,6 +162,15 @@ class DETR(nn.Module):
             "min_size": 800,
             "max_size": 1333,
         }
+
+    # ------------------------------------------------------------------ optimiser knowledge (timm style)
+    def no_weight_decay(self) -> set[str]:
+        """Parameters trained without weight decay: none (the original decays every parameter)."""
+        return set()
+
+    def param_group(self, name: str) -> str:
+        """The learning-rate group of a parameter: ``"backbone"`` (the CNN) or ``"default"``."""
+        return "backbone" if name.startswith("backbone.") else "default"
 
     def forward(self, images: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> dict:
         """Predict ``num_queries`` boxes per image.
@@ -208,32 +221,65 @@ class DETR(nn.Module):
         return result
 
 
-ORIGINAL_URLS = {
-    "detr_resnet50": "https://dl.fbaipublicfiles.com/detr/detr-r50-e632da11.pth",
-    "detr_resnet50_dc5": "https://dl.fbaipublicfiles.com/detr/detr-r50-dc5-f0fb7ef5.pth",
-    "detr_resnet101": "https://dl.fbaipublicfiles.com/detr/detr-r101-2c7b67e5.pth",
-    "detr_resnet101_dc5": "https://dl.fbaipublicfiles.com/detr/detr-r101-dc5-a2e86def.pth",
-}
+class _Variant(NamedTuple):
+    """A registered name's settings: where its published weights are (or None), and its constructor arguments."""
 
-
-def _register(name: str, doc: str, url: str | None = None, **cfg) -> None:
-    def build(**kwargs) -> DETR:
-        return DETR(**{**cfg, **kwargs})
-
-    build.__name__ = name
-    build.__doc__ = doc
-    fetch = torch_hub_state_dict(url, name) if url else None
-    register_model(build, fetch_pretrained=fetch, filter_fn=convert_state_dict, tags=("detection", "detr"))
+    url: str | None
+    settings: dict
 
 
 # channels-last: about 20 % faster convolutions on CPU (oneDNN) and on tensor cores; docs/benchmarks.md
 _CL = dict(channels_last=True)
-_register("detr_resnet50", "DETR R50 (42.0 COCO AP)", ORIGINAL_URLS["detr_resnet50"], backbone="resnet50", **_CL)
-_register("detr_resnet50_dc5", "DETR R50-DC5 (43.3 COCO AP)", ORIGINAL_URLS["detr_resnet50_dc5"], backbone="resnet50", dilation=True, **_CL)
-_register("detr_resnet101", "DETR R101 (43.5 COCO AP)", ORIGINAL_URLS["detr_resnet101"], backbone="resnet101", **_CL)
-_register("detr_resnet101_dc5", "DETR R101-DC5 (44.9 COCO AP)", ORIGINAL_URLS["detr_resnet101_dc5"], backbone="resnet101", dilation=True, **_CL)
-_register(
-    "detr_tiny",
-    "A small DETR (ResNet-18, 128 dims, 3+3 layers) that trains on CPU with 128-256 px images",
-    backbone="resnet18", hidden_dim=128, nheads=4, enc_layers=3, dec_layers=3, dim_feedforward=512, num_queries=50,
-)
+_TAGS = ("detection", "detr")
+
+#: every registered DETR variant: the original checkpoints (facebookresearch/detr) and a CPU-sized one
+DEFAULT_CFGS: dict[str, _Variant] = {
+    "detr_resnet50": _Variant("https://dl.fbaipublicfiles.com/detr/detr-r50-e632da11.pth",
+                              dict(backbone="resnet50", **_CL)),
+    "detr_resnet50_dc5": _Variant("https://dl.fbaipublicfiles.com/detr/detr-r50-dc5-f0fb7ef5.pth",
+                                  dict(backbone="resnet50", dilation=True, **_CL)),
+    "detr_resnet101": _Variant("https://dl.fbaipublicfiles.com/detr/detr-r101-2c7b67e5.pth",
+                               dict(backbone="resnet101", **_CL)),
+    "detr_resnet101_dc5": _Variant("https://dl.fbaipublicfiles.com/detr/detr-r101-dc5-a2e86def.pth",
+                                   dict(backbone="resnet101", dilation=True, **_CL)),
+    "detr_tiny": _Variant(None, dict(backbone="resnet18", hidden_dim=128, nheads=4, enc_layers=3, dec_layers=3,
+                                     dim_feedforward=512, num_queries=50)),
+}
+
+
+def _create(name: str, **kwargs) -> DETR:
+    return DETR(**{**DEFAULT_CFGS[name].settings, **kwargs})
+
+
+def _original(name: str):
+    return torch_hub_state_dict(DEFAULT_CFGS[name].url, name)
+
+
+@register_model(fetch_pretrained=_original("detr_resnet50"), filter_fn=convert_state_dict, tags=_TAGS)
+def detr_resnet50(**kwargs) -> DETR:
+    """DETR R50 (42.0 COCO AP)."""
+    return _create("detr_resnet50", **kwargs)
+
+
+@register_model(fetch_pretrained=_original("detr_resnet50_dc5"), filter_fn=convert_state_dict, tags=_TAGS)
+def detr_resnet50_dc5(**kwargs) -> DETR:
+    """DETR R50-DC5 (43.3 COCO AP)."""
+    return _create("detr_resnet50_dc5", **kwargs)
+
+
+@register_model(fetch_pretrained=_original("detr_resnet101"), filter_fn=convert_state_dict, tags=_TAGS)
+def detr_resnet101(**kwargs) -> DETR:
+    """DETR R101 (43.5 COCO AP)."""
+    return _create("detr_resnet101", **kwargs)
+
+
+@register_model(fetch_pretrained=_original("detr_resnet101_dc5"), filter_fn=convert_state_dict, tags=_TAGS)
+def detr_resnet101_dc5(**kwargs) -> DETR:
+    """DETR R101-DC5 (44.9 COCO AP)."""
+    return _create("detr_resnet101_dc5", **kwargs)
+
+
+@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+def detr_tiny(**kwargs) -> DETR:
+    """A small DETR (ResNet-18, 128 dims, 3+3 layers) that trains on CPU with 128-256 px images."""
+    return _create("detr_tiny", **kwargs)

@@ -6,19 +6,32 @@ made at another image size has its ``pos_embed`` resampled bicubically on load.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
-from torch import Tensor, nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.data import IMAGENET_INCEPTION_MEAN as INCEPTION_MEAN, IMAGENET_INCEPTION_STD as INCEPTION_STD
+from timm.data import IMAGENET_INCEPTION_MEAN as INCEPTION_MEAN
+from timm.data import IMAGENET_INCEPTION_STD as INCEPTION_STD
+from torch import Tensor, nn
 
+from visiontf.models._registry import register_model
 from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
-from visiontf.registry import register_model
 
 
 def _pair(x: int | Sequence[int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def merge_distilled(out: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+    """DeiT's inference output: the mean of the class and distillation heads, (B, K) from two (B, K).
+
+    A plain tensor (a model without a distillation head, or one already in eval mode) passes through,
+    so consumers of any ViT's output call this once instead of checking for the training form.
+    """
+    if isinstance(out, (tuple, list)):
+        return (out[0] + out[1]) / 2
+    return out
 
 
 class PatchEmbed(nn.Module):
@@ -33,6 +46,7 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """(B, C, H, W) -> tokens (B, H/p * W/p, D) and the patch grid (H/p, W/p)."""
         H, W = x.shape[-2:]
         if H % self.patch_size[0] or W % self.patch_size[1]:
             raise ValueError(f"input {H}x{W} is not divisible by the patch size {self.patch_size}; resize or pad the image")
@@ -148,18 +162,24 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Tokens (B, prefix + N, D) -> logits (B, K) (``pre_logits``: the (B, D) features they come from)."""
         if self.dist_token is None:
             x = self.head_drop(x[:, 0])
             return x if pre_logits else self.head(x)
         x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
         if pre_logits:
-            return (x + x_dist) / 2
+            return merge_distilled((x, x_dist))
         x, x_dist = self.head(x), self.head_dist(x_dist)
         if self.distilled_training and self.training:
             return x, x_dist
-        return (x + x_dist) / 2  # DeiT's inference: the mean of both heads
+        return merge_distilled((x, x_dist))
 
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Images (B, 3, H, W), normalised -> logits (B, K).
+
+        A distilled model in training with ``distilled_training`` returns (class logits, distillation
+        logits), both (B, K); :func:`merge_distilled` turns that into the inference output.
+        """
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] = 1, norm: bool = False) -> list[Tensor]:
@@ -191,6 +211,15 @@ class VisionTransformer(nn.Module):
             maps.append(attn)
         return maps
 
+    # ------------------------------------------------------------------ optimiser knowledge (timm's)
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names trained without weight decay besides biases and norms (timm's set)."""
+        return {"pos_embed", "cls_token"} | ({"dist_token"} if self.dist_token is not None else set())
+
+    def param_group(self, name: str) -> str:
+        """The learning-rate group of a parameter: one group for the whole ViT."""
+        return "default"
+
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -198,10 +227,59 @@ class VisionTransformer(nn.Module):
             self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
 
-def _timm_fetcher(timm_name: str):
+class _Variant(NamedTuple):
+    """A registered name's settings: timm's name of its published weights, and its constructor arguments."""
+
+    hub: str
+    settings: dict
+
+
+_SIZES = {
+    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "small": dict(embed_dim=384, depth=12, num_heads=6),
+    "base": dict(embed_dim=768, depth=12, num_heads=12),
+    "large": dict(embed_dim=1024, depth=24, num_heads=16),
+}
+#: DeiT was trained with ImageNet statistics (ViT's augreg weights use Inception's, the class default)
+_DEIT = dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
+_TAGS = ("classification", "vit")
+
+#: every registered ViT / DeiT variant (384-px models are evaluated without a crop margin, as timm's)
+DEFAULT_CFGS: dict[str, _Variant] = {
+    "vit_tiny_patch16_224": _Variant("vit_tiny_patch16_224.augreg_in21k_ft_in1k", dict(**_SIZES["tiny"], patch_size=16, img_size=224)),
+    "vit_tiny_patch16_384": _Variant("vit_tiny_patch16_384.augreg_in21k_ft_in1k", dict(**_SIZES["tiny"], patch_size=16, img_size=384, crop_pct=1.0)),
+    "vit_small_patch16_224": _Variant("vit_small_patch16_224.augreg_in21k_ft_in1k", dict(**_SIZES["small"], patch_size=16, img_size=224)),
+    "vit_small_patch16_384": _Variant("vit_small_patch16_384.augreg_in21k_ft_in1k", dict(**_SIZES["small"], patch_size=16, img_size=384, crop_pct=1.0)),
+    "vit_base_patch16_224": _Variant("vit_base_patch16_224.augreg_in21k_ft_in1k", dict(**_SIZES["base"], patch_size=16, img_size=224)),
+    "vit_base_patch16_384": _Variant("vit_base_patch16_384.augreg_in21k_ft_in1k", dict(**_SIZES["base"], patch_size=16, img_size=384, crop_pct=1.0)),
+    "vit_large_patch16_224": _Variant("vit_large_patch16_224.augreg_in21k_ft_in1k", dict(**_SIZES["large"], patch_size=16, img_size=224)),
+    "vit_large_patch16_384": _Variant("vit_large_patch16_384.augreg_in21k_ft_in1k", dict(**_SIZES["large"], patch_size=16, img_size=384, crop_pct=1.0)),
+    "vit_base_patch32_224": _Variant("vit_base_patch32_224.augreg_in21k_ft_in1k", dict(**_SIZES["base"], patch_size=32, img_size=224)),
+    "vit_base_patch32_384": _Variant("vit_base_patch32_384.augreg_in21k_ft_in1k", dict(**_SIZES["base"], patch_size=32, img_size=384, crop_pct=1.0)),
+    "vit_large_patch32_224": _Variant("vit_large_patch32_224.orig_in21k_ft_in1k", dict(**_SIZES["large"], patch_size=32, img_size=224)),
+    "vit_large_patch32_384": _Variant("vit_large_patch32_384.orig_in21k_ft_in1k", dict(**_SIZES["large"], patch_size=32, img_size=384, crop_pct=1.0)),
+    "deit_tiny_patch16_224": _Variant("deit_tiny_patch16_224", dict(**_SIZES["tiny"], patch_size=16, img_size=224, **_DEIT, crop_pct=0.875)),
+    "deit_tiny_distilled_patch16_224": _Variant("deit_tiny_distilled_patch16_224", dict(**_SIZES["tiny"], patch_size=16, img_size=224, distilled=True, **_DEIT, crop_pct=0.875)),
+    "deit_small_patch16_224": _Variant("deit_small_patch16_224", dict(**_SIZES["small"], patch_size=16, img_size=224, **_DEIT, crop_pct=0.875)),
+    "deit_small_distilled_patch16_224": _Variant("deit_small_distilled_patch16_224", dict(**_SIZES["small"], patch_size=16, img_size=224, distilled=True, **_DEIT, crop_pct=0.875)),
+    "deit_base_patch16_224": _Variant("deit_base_patch16_224", dict(**_SIZES["base"], patch_size=16, img_size=224, **_DEIT, crop_pct=0.875)),
+    "deit_base_distilled_patch16_224": _Variant("deit_base_distilled_patch16_224", dict(**_SIZES["base"], patch_size=16, img_size=224, distilled=True, **_DEIT, crop_pct=0.875)),
+    "deit_base_patch16_384": _Variant("deit_base_patch16_384", dict(**_SIZES["base"], patch_size=16, img_size=384, **_DEIT, crop_pct=1.0)),
+    "deit_base_distilled_patch16_384": _Variant("deit_base_distilled_patch16_384", dict(**_SIZES["base"], patch_size=16, img_size=384, distilled=True, **_DEIT, crop_pct=1.0)),
+}
+
+
+def _create(name: str, **kwargs) -> VisionTransformer:
+    return VisionTransformer(**{**DEFAULT_CFGS[name].settings, **kwargs})
+
+
+def _timm_weights(name: str) -> Callable[[], dict]:
+    """Fetch ``name``'s published weights through timm's own download code (a clear error offline)."""
+
     def fetch() -> dict:
         import timm
 
+        timm_name = DEFAULT_CFGS[name].hub
         try:
             return timm.create_model(timm_name, pretrained=True).state_dict()
         except Exception as e:
@@ -213,37 +291,121 @@ def _timm_fetcher(timm_name: str):
     return fetch
 
 
-_VIT_SIZES = {
-    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
-    "small": dict(embed_dim=384, depth=12, num_heads=6),
-    "base": dict(embed_dim=768, depth=12, num_heads=12),
-    "large": dict(embed_dim=1024, depth=24, num_heads=16),
-}
-_DEIT = dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=0.875)
+@register_model(fetch_pretrained=_timm_weights("vit_tiny_patch16_224"), tags=_TAGS)
+def vit_tiny_patch16_224(**kwargs) -> VisionTransformer:
+    """ViT-tiny/16 at 224 px."""
+    return _create("vit_tiny_patch16_224", **kwargs)
 
 
-def _make(name: str, size: str, patch: int, img: int, timm_name: str | None = None, **extra) -> None:
-    cfg = dict(_VIT_SIZES[size], patch_size=patch, img_size=img, **extra)
-    if img == 384:
-        cfg.setdefault("crop_pct", 1.0)
-
-    def build(**kwargs) -> VisionTransformer:
-        return VisionTransformer(**{**cfg, **kwargs})
-
-    build.__name__ = name
-    build.__doc__ = f"{name}: {size} ViT, patch {patch}, {img}px" + (" (distilled)" if extra.get("distilled") else "")
-    register_model(build, fetch_pretrained=_timm_fetcher(timm_name or name), tags=("classification", "vit"))
+@register_model(fetch_pretrained=_timm_weights("vit_tiny_patch16_384"), tags=_TAGS)
+def vit_tiny_patch16_384(**kwargs) -> VisionTransformer:
+    """ViT-tiny/16 at 384 px."""
+    return _create("vit_tiny_patch16_384", **kwargs)
 
 
-for _size in ("tiny", "small", "base", "large"):
-    for _img in (224, 384):
-        _make(f"vit_{_size}_patch16_{_img}", _size, 16, _img, timm_name=f"vit_{_size}_patch16_{_img}.augreg_in21k_ft_in1k")
-for _size in ("base", "large"):
-    for _img in (224, 384):
-        _make(f"vit_{_size}_patch32_{_img}", _size, 32, _img, timm_name=f"vit_{_size}_patch32_{_img}.augreg_in21k_ft_in1k" if _size == "base" else f"vit_{_size}_patch32_{_img}.orig_in21k_ft_in1k")
-for _size in ("tiny", "small", "base"):
-    _make(f"deit_{_size}_patch16_224", _size, 16, 224, **_DEIT)
-    _make(f"deit_{_size}_distilled_patch16_224", _size, 16, 224, distilled=True, **_DEIT)
-_make("deit_base_patch16_384", "base", 16, 384, **{**_DEIT, "crop_pct": 1.0})
-_make("deit_base_distilled_patch16_384", "base", 16, 384, distilled=True, **{**_DEIT, "crop_pct": 1.0})
+@register_model(fetch_pretrained=_timm_weights("vit_small_patch16_224"), tags=_TAGS)
+def vit_small_patch16_224(**kwargs) -> VisionTransformer:
+    """ViT-small/16 at 224 px."""
+    return _create("vit_small_patch16_224", **kwargs)
 
+
+@register_model(fetch_pretrained=_timm_weights("vit_small_patch16_384"), tags=_TAGS)
+def vit_small_patch16_384(**kwargs) -> VisionTransformer:
+    """ViT-small/16 at 384 px."""
+    return _create("vit_small_patch16_384", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("vit_base_patch16_224"), tags=_TAGS)
+def vit_base_patch16_224(**kwargs) -> VisionTransformer:
+    """ViT-base/16 at 224 px."""
+    return _create("vit_base_patch16_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("vit_base_patch16_384"), tags=_TAGS)
+def vit_base_patch16_384(**kwargs) -> VisionTransformer:
+    """ViT-base/16 at 384 px."""
+    return _create("vit_base_patch16_384", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("vit_large_patch16_224"), tags=_TAGS)
+def vit_large_patch16_224(**kwargs) -> VisionTransformer:
+    """ViT-large/16 at 224 px."""
+    return _create("vit_large_patch16_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("vit_large_patch16_384"), tags=_TAGS)
+def vit_large_patch16_384(**kwargs) -> VisionTransformer:
+    """ViT-large/16 at 384 px."""
+    return _create("vit_large_patch16_384", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("vit_base_patch32_224"), tags=_TAGS)
+def vit_base_patch32_224(**kwargs) -> VisionTransformer:
+    """ViT-base/32 at 224 px."""
+    return _create("vit_base_patch32_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("vit_base_patch32_384"), tags=_TAGS)
+def vit_base_patch32_384(**kwargs) -> VisionTransformer:
+    """ViT-base/32 at 384 px."""
+    return _create("vit_base_patch32_384", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("vit_large_patch32_224"), tags=_TAGS)
+def vit_large_patch32_224(**kwargs) -> VisionTransformer:
+    """ViT-large/32 at 224 px."""
+    return _create("vit_large_patch32_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("vit_large_patch32_384"), tags=_TAGS)
+def vit_large_patch32_384(**kwargs) -> VisionTransformer:
+    """ViT-large/32 at 384 px."""
+    return _create("vit_large_patch32_384", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("deit_tiny_patch16_224"), tags=_TAGS)
+def deit_tiny_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-tiny/16 at 224 px."""
+    return _create("deit_tiny_patch16_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("deit_tiny_distilled_patch16_224"), tags=_TAGS)
+def deit_tiny_distilled_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-tiny/16 at 224 px, with a distillation token and head."""
+    return _create("deit_tiny_distilled_patch16_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("deit_small_patch16_224"), tags=_TAGS)
+def deit_small_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-small/16 at 224 px."""
+    return _create("deit_small_patch16_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("deit_small_distilled_patch16_224"), tags=_TAGS)
+def deit_small_distilled_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-small/16 at 224 px, with a distillation token and head."""
+    return _create("deit_small_distilled_patch16_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("deit_base_patch16_224"), tags=_TAGS)
+def deit_base_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-base/16 at 224 px."""
+    return _create("deit_base_patch16_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("deit_base_distilled_patch16_224"), tags=_TAGS)
+def deit_base_distilled_patch16_224(**kwargs) -> VisionTransformer:
+    """DeiT-base/16 at 224 px, with a distillation token and head."""
+    return _create("deit_base_distilled_patch16_224", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("deit_base_patch16_384"), tags=_TAGS)
+def deit_base_patch16_384(**kwargs) -> VisionTransformer:
+    """DeiT-base/16 at 384 px."""
+    return _create("deit_base_patch16_384", **kwargs)
+
+
+@register_model(fetch_pretrained=_timm_weights("deit_base_distilled_patch16_384"), tags=_TAGS)
+def deit_base_distilled_patch16_384(**kwargs) -> VisionTransformer:
+    """DeiT-base/16 at 384 px, with a distillation token and head."""
+    return _create("deit_base_distilled_patch16_384", **kwargs)

@@ -6,9 +6,10 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from visiontf.adapters.base import adapter_for_task
+from visiontf.distributed import is_distributed
 from visiontf.registry import create_model
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,14 @@ class BaseTask(L.LightningModule):
     ``on_nonfinite``: ``"raise"`` stops with a message naming the step and every loss term;
     ``"skip"`` skips that optimizer step (on every rank at once under DDP, so ranks stay in step)
     and counts it in the ``train/nonfinite_steps`` metric.
+
+    Checkpoints also carry ``preprocess``: the eval preprocessing (``pretrained_cfg`` keys) resolved by
+    the task's adapter from the model, the data module's ``eval_cfg()`` and the task's own
+    :meth:`eval_cfg`, so that :class:`~visiontf.inference.Predictor` needs neither the data nor guesses.
     """
+
+    #: the task's name, for its adapter (:mod:`visiontf.adapters`)
+    task: str = ""
 
     def __init__(
         self,
@@ -48,21 +56,28 @@ class BaseTask(L.LightningModule):
             self._compiled = True
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # what a Predictor needs to name its outputs, without the dataset at hand
+        # what a Predictor needs to name its outputs and preprocess as validation did, without the data
         dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         for key in ("class_names", "label_to_cat_id"):
             value = getattr(dm, key, None)
             if value is not None:
                 checkpoint[key] = dict(value) if isinstance(value, dict) else list(value)
+        stated = dm.eval_cfg() if callable(getattr(dm, "eval_cfg", None)) else {}
+        checkpoint["preprocess"] = adapter_for_task(self.task).eval_cfg(self.model, {**stated, **self.eval_cfg()})
+
+    def eval_cfg(self) -> dict[str, Any]:
+        """Inference settings of this task in ``pretrained_cfg`` keys (saved with checkpoints)."""
+        return {}
 
     def forward(self, *args, **kwargs):
+        """The network's forward (see the model's docstring for its inputs and outputs)."""
         return self.model(*args, **kwargs)
 
     def check_finite(self, loss: Tensor, terms: dict[str, Tensor]) -> bool:
         """True when the step may proceed; handles the configured policy otherwise."""
         finite = torch.isfinite(loss.detach()).to(torch.float32)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if is_distributed():
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
         if finite.item() == 1.0:
             return True
         detail = ", ".join(f"{k}={float(v):.4g}" for k, v in terms.items() if torch.is_tensor(v) and v.numel() == 1)

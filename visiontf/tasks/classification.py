@@ -12,7 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from visiontf.registry import create_model
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, build_scheduler
+from visiontf.tasks.optim import build_optimizer, build_scheduler, decay_groups
 
 
 class ClassificationTask(BaseTask):
@@ -22,6 +22,8 @@ class ClassificationTask(BaseTask):
     student (``deit_*_distilled_*``); the distillation head learns the teacher's argmax and the loss
     is ``(1 - alpha) * CE(class head) + alpha * CE(dist head, teacher argmax)``.
     """
+
+    task = "classification"
 
     def __init__(
         self,
@@ -109,13 +111,7 @@ class ClassificationTask(BaseTask):
 
     def configure_optimizers(self):
         hp = self.hparams
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            # timm's rule: no weight decay on biases, norms, tokens and position embeddings
-            (no_decay if p.ndim <= 1 or name.endswith(("cls_token", "dist_token", "pos_embed")) else decay).append(p)
-        groups = [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay)
+        # timm's rule: no weight decay on biases, norms and what the model names (tokens, position embeddings)
+        opt = build_optimizer(hp.optimizer, decay_groups(self.model, hp.weight_decay), hp.lr, hp.weight_decay)
         warmup = int(hp.warmup_epochs * self.steps_per_epoch())
         return {"optimizer": opt, "lr_scheduler": build_scheduler(opt, hp.schedule, self.total_steps(), warmup)}

@@ -6,13 +6,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from visiontf.detection import HungarianMatcher, PostProcess, SetCriterion
+from visiontf.detection import HungarianMatcher, SetCriterion, build_postprocess
+from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, build_scheduler
-
-#: COCO's 12 summary numbers as logged (torchmetrics-style names)
-COCO_KEYS = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large",
-             "mar_1", "mar_10", "mar_100", "mar_small", "mar_medium", "mar_large")
+from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 
 
 class DetectionTask(BaseTask):
@@ -23,7 +20,13 @@ class DetectionTask(BaseTask):
     original annotation file (its ``area`` and ``iscrowd``), over every rank's predictions with
     repeated images de-duplicated by image id. Clip gradients with ``trainer.gradient_clip_val: 0.1``
     as the paper does.
+
+    Learning rates follow the model's own parameter groups (``model.param_group(name)``): ``lr``
+    for ``"default"``, ``lr_backbone`` for ``"backbone"`` and ``lr * lr_offsets_mult`` for
+    ``"offsets"`` (deformable attention's sampling offsets and reference points, where a model has them).
     """
+
+    task = "detection"
 
     def __init__(
         self,
@@ -33,6 +36,7 @@ class DetectionTask(BaseTask):
         pretrained: str | None = None,
         lr: float = 1e-4,
         lr_backbone: float = 1e-5,
+        lr_offsets_mult: float = 0.1,
         weight_decay: float = 1e-4,
         schedule: Literal["step", "cosine", "constant"] = "step",
         lr_drop_epochs: int | None = 200,
@@ -54,7 +58,7 @@ class DetectionTask(BaseTask):
         weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         # the criterion's matcher runs outside any compiled graph: scipy needs the CPU
         self.criterion = SetCriterion(num_classes, matcher, weight_dict=weights, eos_coef=eos_coef)
-        self.postprocess = PostProcess()
+        self.postprocess = build_postprocess(self.model)
         self.metrics: dict[str, Any] = {}
         self._last_report: dict | None = None
 
@@ -107,7 +111,7 @@ class DetectionTask(BaseTask):
         table = getattr(metric, "last_table", None)
         if table:
             self._last_report["table"] = table
-        self.log_dict({f"{stage}/{k}": stats[k].float() for k in COCO_KEYS if k in stats}, sync_dist=False)
+        self.log_dict({f"{stage}/{k}": stats[k].float() for k in METRIC_NAMES if k in stats}, sync_dist=False)
         self.log(f"{stage}/mAP", stats["map"].float(), prog_bar=True, sync_dist=False)
         metric.reset()
 
@@ -127,11 +131,9 @@ class DetectionTask(BaseTask):
     # -- optimisation --------------------------------------------------------------------------
     def configure_optimizers(self):
         hp = self.hparams
-        backbone, rest = [], []
-        for name, p in self.model.named_parameters():
-            if p.requires_grad:
-                (backbone if "backbone" in name else rest).append(p)
-        groups = [{"params": rest, "lr": hp.lr}, {"params": backbone, "lr": hp.lr_backbone}]
+        lrs = {"default": hp.lr, "backbone": hp.lr_backbone, "offsets": hp.lr * hp.lr_offsets_mult}
+        # default and backbone are always there (possibly empty), so DETR's optimizer state keeps its layout
+        groups = lr_groups(group_parameters(self.model), lrs, always=("default", "backbone"))
         opt = build_optimizer("adamw", groups, hp.lr, hp.weight_decay)
         sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, step_epochs=hp.lr_drop_epochs)
         return {"optimizer": opt, "lr_scheduler": sched}

@@ -2,12 +2,52 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
+from torch import nn
+
+
+def group_parameters(model: nn.Module, group_of: Callable[[str], str] | None = None) -> dict[str, list[nn.Parameter]]:
+    """Trainable parameters by group name, each group in ``named_parameters()`` order.
+
+    The group of a parameter is the model's own answer, ``model.param_group(name)`` (timm style: the
+    model knows which of its parameters are backbone, heads or deformable offsets); ``group_of``
+    stands in for models that do not say.
+    """
+    group_of = group_of or getattr(model, "param_group", None)
+    if group_of is None:
+        raise TypeError(f"{type(model).__name__} has no param_group(name); the task cannot tell its parameter groups")
+    groups: dict[str, list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            groups.setdefault(group_of(name), []).append(p)
+    return groups
+
+
+def lr_groups(groups: dict[str, list[nn.Parameter]], lrs: dict[str, float], always: Sequence[str] = ()) -> list[dict]:
+    """Optimizer param groups ``{"params", "lr"}`` in the order of ``lrs``; a group the model does not
+    have is left out unless named in ``always`` (kept, possibly empty, so the optimizer state keeps its
+    layout and old checkpoints resume)."""
+    unknown = sorted(set(groups) - set(lrs))
+    if unknown:
+        raise ValueError(f"the model names parameter group(s) {unknown}; this task sets learning rates for {sorted(lrs)}")
+    return [{"params": groups.get(g, []), "lr": lr} for g, lr in lrs.items() if g in groups or g in always]
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """timm's weight-decay split: biases, norms (every parameter with ndim <= 1) and the names in
+    ``model.no_weight_decay()`` get none; two groups, decayed first."""
+    skip = set(getattr(model, "no_weight_decay", set)())
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def build_optimizer(name: str, param_groups: Iterable[dict], lr: float, weight_decay: float, momentum: float = 0.9) -> torch.optim.Optimizer:
+    """AdamW or SGD (with ``momentum``) over ``param_groups``; ``lr``/``weight_decay`` are the groups' defaults."""
     name = name.lower()
     if name == "adamw":
         return torch.optim.AdamW(param_groups, lr=lr, weight_decay=weight_decay)

@@ -2,50 +2,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Sequence
+from collections.abc import Callable
+from typing import Any, Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from visiontf.evaluation.segmentation import format_table, segmentation_scores
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, build_scheduler
+from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 
 log = logging.getLogger(__name__)
-
-
-def segmentation_scores(confmat: Tensor) -> dict[str, Tensor]:
-    """mmseg's metrics from a dataset-level confusion matrix (rows: ground truth, columns: prediction).
-
-    Per class: IoU = TP / (GT + pred - TP) and Acc = TP / GT; a class whose union (for IoU) or
-    ground truth (for Acc) is empty over the whole set is NaN and left out of the means.
-    ``aAcc`` = correct / labelled pixels.
-    """
-    cm = confmat.double()
-    tp = cm.diagonal()
-    gt, pred = cm.sum(1), cm.sum(0)
-    union = gt + pred - tp
-    nan = torch.full_like(tp, float("nan"))
-    iou = torch.where(union > 0, tp / union.clamp_min(1), nan)
-    acc = torch.where(gt > 0, tp / gt.clamp_min(1), nan)
-    total = gt.sum()
-    return {
-        "IoU": iou,
-        "Acc": acc,
-        "mIoU": iou.nanmean() if (union > 0).any() else torch.tensor(float("nan"), dtype=cm.dtype),
-        "mAcc": acc.nanmean() if (gt > 0).any() else torch.tensor(float("nan"), dtype=cm.dtype),
-        "aAcc": tp.sum() / total if total > 0 else torch.tensor(float("nan"), dtype=cm.dtype),
-    }
-
-
-def format_table(names: Sequence[str], iou: Tensor, acc: Tensor) -> str:
-    """A per-class IoU / Acc table in percent, like mmseg's evaluation printout."""
-    width = max([len("Class")] + [len(n) for n in names])
-    lines = [f"{'Class':<{width}} | {'IoU':>6} | {'Acc':>6}", f"{'-' * width}-+-{'-' * 6}-+-{'-' * 6}"]
-    for n, i, a in zip(names, iou.tolist(), acc.tolist()):
-        lines.append(f"{n:<{width}} | {i * 100:6.2f} | {a * 100:6.2f}")
-    return "\n".join(lines)
 
 
 class SegmentationTask(BaseTask):
@@ -58,6 +26,8 @@ class SegmentationTask(BaseTask):
     metrics from a dataset-level confusion matrix (synchronised across DDP ranks on compute):
     ``mIoU`` over classes present (union > 0), ``mAcc``, ``aAcc``, per-class IoU.
     """
+
+    task = "segmentation"
 
     def __init__(
         self,
@@ -93,6 +63,12 @@ class SegmentationTask(BaseTask):
         self.aux_weight = aux_weight if aux_weight is not None else getattr(self.model, "aux_weight", 0.4)
         self.confmat = MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
         self.last_eval: dict[str, Any] | None = None
+
+    def eval_cfg(self) -> dict[str, Any]:
+        """Whole or sliding-window inference, as validation runs it (``pretrained_cfg`` keys)."""
+        hp = self.hparams
+        return {k: v for k, v in {"test_mode": hp.inference_mode, "crop_size": hp.crop_size, "stride": hp.stride}.items()
+                if v is not None}
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int):
@@ -186,12 +162,21 @@ class SegmentationTask(BaseTask):
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
         hp = self.hparams
-        backbone_prefixes = tuple(getattr(self.model, "backbone_prefixes", ("encoder.",)))
-        backbone, heads = [], []
-        for name, p in self.model.named_parameters():
-            if p.requires_grad:
-                (backbone if name.startswith(backbone_prefixes) else heads).append(p)
-        groups = [g for g in ({"params": backbone, "lr": hp.lr}, {"params": heads, "lr": hp.lr * hp.head_lr_mult}) if g["params"]]
+        groups = lr_groups(group_parameters(self.model, _legacy_group_of(self.model)),
+                           {"encoder": hp.lr, "head": hp.lr * hp.head_lr_mult})
         opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay, hp.momentum)
         sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, hp.power, min_lr=hp.min_lr)
         return {"optimizer": opt, "lr_scheduler": sched}
+
+
+def _legacy_group_of(model) -> Callable[[str], str] | None:
+    """The encoder/head split for a segmentation model that does not name its groups yet.
+
+    ``None`` when the model has ``param_group`` (SETR gains it with its registration rework); until
+    then SETR's ``backbone_prefixes`` (encoder and MLA neck at the base lr) decide, as before.
+    """
+    if hasattr(model, "param_group"):
+        return None
+    prefixes = tuple(getattr(model, "backbone_prefixes", ("encoder.",)))
+    return lambda name: "encoder" if name.startswith(prefixes) else "head"
+

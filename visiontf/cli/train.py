@@ -15,21 +15,20 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from visiontf.callbacks import RNGStateCheckpoint
-
-# make every task and data module importable by short class_path (e.g. "ClassificationTask")
+# every task and data module, so that configs may name them by short class_path (e.g. "ClassificationTask")
+import visiontf.data.classification  # noqa: F401
+import visiontf.data.coco  # noqa: F401
+import visiontf.data.segmentation  # noqa: F401
 import visiontf.tasks.classification  # noqa: F401
-from visiontf.data import classification as _cls_data  # noqa: F401
-
-for _mod in ("visiontf.tasks.detection", "visiontf.tasks.segmentation", "visiontf.data.coco", "visiontf.data.segmentation"):
-    try:
-        __import__(_mod)
-    except ModuleNotFoundError as e:  # a family not installed in this checkout yet
-        if e.name != _mod:
-            raise
+import visiontf.tasks.detection  # noqa: F401
+import visiontf.tasks.segmentation  # noqa: F401
+from visiontf.callbacks import RNGStateCheckpoint
 
 
 class VisionCLI(LightningCLI):
+    """LightningCLI with visiontf's defaults: ``data.num_classes`` linked into the task, a
+    ``last.ckpt`` in ``<root>/checkpoints``, CSV + TensorBoard logs, the RNG-state callback."""
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -66,6 +65,7 @@ def _trainer_defaults() -> dict:
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
+    """The CLI (subclass mode: the YAML's ``class_path``s choose task and data), run on ``args``."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return VisionCLI(
         L.LightningModule,
@@ -81,6 +81,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
 
 
 def train_main(args: list[str] | None = None) -> None:
+    """``tools/train.py fit|validate|test|predict --config C.yaml ...``."""
     make_cli(args)
 
 

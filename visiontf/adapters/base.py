@@ -1,0 +1,184 @@
+"""The adapter interface, the task -> adapter table and the lookup through the registry's tags.
+
+Adding a task means writing one adapter module and adding one line to :data:`ADAPTERS`. Adding a
+model family of an existing task means registering its names with the task's tag; a detection
+family with another class-head convention also adds its case to
+:func:`visiontf.detection.build_postprocess`, which the detection adapter calls.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from importlib import import_module
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+Task = Literal["classification", "detection", "segmentation"]
+
+#: task -> "module:class" of its adapter (imported on first use, so a light import stays light)
+ADAPTERS: dict[str, str] = {
+    "classification": "visiontf.adapters.classification:ClassificationAdapter",
+    "detection": "visiontf.adapters.detection:DetectionAdapter",
+    "segmentation": "visiontf.adapters.segmentation:SegmentationAdapter",
+}
+TASKS: tuple[str, ...] = tuple(ADAPTERS)
+
+#: the Predictor's older keyword names -> the ``pretrained_cfg`` keys they set
+_PREDICTOR_ALIASES = {"seg_mode": "test_mode", "seg_crop": "crop_size", "seg_stride": "stride", "seg_scale": "resize"}
+
+_INSTANCES: dict[str, TaskAdapter] = {}
+
+
+def canonical_cfg(settings: dict[str, Any] | None) -> dict[str, Any]:
+    """Preprocessing settings in ``pretrained_cfg`` keys: the Predictor's older names (``seg_mode``,
+    ``seg_crop``, ``seg_stride``, ``seg_scale``) are renamed, ``None`` values dropped."""
+    return {_PREDICTOR_ALIASES.get(k, k): v for k, v in (settings or {}).items() if v is not None}
+
+
+def adapter_for_task(task: str) -> TaskAdapter:
+    """The adapter of ``task`` (one of :data:`TASKS`)."""
+    if task not in ADAPTERS:
+        raise ValueError(f"task={task!r}; use one of {TASKS}")
+    if task not in _INSTANCES:
+        module, cls = ADAPTERS[task].split(":")
+        _INSTANCES[task] = getattr(import_module(module), cls)()
+    return _INSTANCES[task]
+
+
+def infer_task(model: nn.Module) -> Task:
+    """The task of a model built by ``create_model``: the first of its registry tags that names a task."""
+    model_name = getattr(model, "model_name", None)
+    if model_name:
+        from visiontf.registry import get_entry
+
+        for tag in get_entry(model_name).tags:
+            if tag in ADAPTERS:
+                return tag  # type: ignore[return-value]
+    raise ValueError(
+        f"cannot tell the task of a {type(model).__name__} (it was not built by visiontf.create_model, or its "
+        f"registry tags name no task); pass task='classification'|'detection'|'segmentation'"
+    )
+
+
+def get_adapter(model: nn.Module, task: str | None = None) -> TaskAdapter:
+    """The adapter for ``model``: ``task``'s when given, else the one its registry tags name."""
+    return adapter_for_task(task or infer_task(model))
+
+
+class TaskAdapter:
+    """What one task's models need outside training. Subclasses fill in every method.
+
+    ONNX graphs take already normalised images; :attr:`input_names` / :attr:`output_names` name the
+    graph's tensors, :meth:`dynamic_axes` their dynamic dimensions.
+    """
+
+    task: str = ""
+    input_names: tuple[str, ...] = ("images",)
+    output_names: tuple[str, ...] = ()
+    #: batch size of the example the ONNX graph is traced with
+    trace_batch_size: int = 1
+
+    # ------------------------------------------------------------------ preprocessing
+    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The complete eval preprocessing: the model's ``pretrained_cfg`` with ``overrides`` on top
+        (either key style, see :func:`canonical_cfg`) and this task's defaults for what neither sets."""
+        raise NotImplementedError
+
+    def build_preprocess(self, cfg: dict[str, Any]) -> nn.Module:
+        """The preprocessing module of a complete ``cfg`` (see :meth:`eval_cfg`)."""
+        raise NotImplementedError
+
+    def preprocess(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> nn.Module:
+        return self.build_preprocess(self.eval_cfg(model, overrides))
+
+    # ------------------------------------------------------------------ inference
+    def normalize_outputs(self, outputs: Any) -> Any:
+        """The model's output in its inference form (one tensor, or DETR's dict)."""
+        return outputs
+
+    def predict(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor], *,
+                score_threshold: float | None = None, top_k: int | None = None,
+                class_name: Callable[[int], str] = lambda i: f"class_{i}") -> list[dict[str, Any]]:
+        """Results for float (3, H, W) images in [0, 1], mapped back to each image's original pixels."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ pictures
+    def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
+        """A uint8 (3, H, W) picture of ``result`` on the uint8 (3, H, W) ``image``."""
+        raise NotImplementedError
+
+    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+                     class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
+        """Pictures of a validation batch (as the data module yields it) for TensorBoard."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ tools/predict.py
+    def annotation_class_names(self, annotations: str | Path) -> list[str] | None:
+        """Class names read from an annotation file given to ``tools/predict.py``, if the task has them."""
+        return None
+
+    def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
+                          out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:
+        """Write one picture per image into ``out`` and return the records of ``predictions.json``."""
+        raise NotImplementedError
+
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
+        """The task's attention picture of one image, if its models have one."""
+        log.warning("--attention: no attention picture for a %s model (%s)", self.task, type(predictor.model).__name__)
+        return None
+
+    # ------------------------------------------------------------------ export
+    def onnx_wrapper(self, model: nn.Module) -> nn.Module:
+        """A module whose ``forward(*inputs)`` takes :attr:`input_names` and returns :attr:`output_names`;
+        by default ``images -> normalize_outputs(model(images))``."""
+        return ImagesToTensorGraph(model, self)
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        return {name: {0: "batch"} for name in (*self.input_names, *self.output_names)}
+
+    def default_export_size(self, model: nn.Module) -> tuple[int, int]:
+        cfg = getattr(model, "pretrained_cfg", {}) or {}
+        size = cfg.get("crop_size") or cfg.get("input_size", (3, 224, 224))
+        return int(size[-2]), int(size[-1])
+
+    def example_inputs(self, model: nn.Module, image_size: Sequence[int] | None = None, batch_size: int = 1,
+                       pad: bool = False) -> dict[str, Tensor]:
+        """Random normalised inputs of the graph's signature."""
+        import torch
+
+        h, w = tuple(image_size) if image_size else self.default_export_size(model)
+        return {"images": torch.randn(batch_size, 3, h, w)}
+
+
+def pretrained_cfg(model: nn.Module) -> dict[str, Any]:
+    """The model's ``pretrained_cfg`` (empty for models without one)."""
+    return dict(getattr(model, "pretrained_cfg", {}) or {})
+
+
+class PreprocessModule(nn.Module):
+    """Base of the eval preprocessing modules: a complete, plain-data ``cfg`` (what checkpoints and
+    exports store) and no parameters."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.cfg = dict(cfg)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.cfg.items())
+
+
+class ImagesToTensorGraph(nn.Module):
+    """ONNX graph of a one-input, one-output model: ``images`` (B, 3, H, W) normalised -> the adapter's
+    normalised output (classification logits (B, K), segmentation logits (B, K, H, W))."""
+
+    def __init__(self, model: nn.Module, adapter: TaskAdapter) -> None:
+        super().__init__()
+        self.model = model
+        self.adapter = adapter
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.adapter.normalize_outputs(self.model(images))

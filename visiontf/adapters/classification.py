@@ -1,0 +1,125 @@
+"""The classification adapter (ViT, DeiT): timm's eval crop, softmax top-k, captions, logits export."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import Tensor, nn
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as TF
+
+from visiontf.adapters import drawing
+from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.models.vit import merge_distilled
+
+_INTERPOLATION = {"bicubic": InterpolationMode.BICUBIC, "nearest": InterpolationMode.NEAREST}
+
+
+def interpolation_mode(name: str | None) -> InterpolationMode:
+    """torchvision's mode for a ``pretrained_cfg`` ``interpolation`` name (bilinear when unknown)."""
+    return _INTERPOLATION.get(name or "", InterpolationMode.BILINEAR)
+
+
+def classification_view(image: Tensor, input_size: Sequence[int], crop_pct: float, interpolation: str = "bicubic") -> Tensor:
+    """timm's eval transform before normalisation: shorter side to ``size / crop_pct``, centre crop.
+
+    ``image``: float (3, H, W) in [0, 1]; returns (3, h, w) with (h, w) = ``input_size[-2:]``.
+    """
+    h, w = int(input_size[-2]), int(input_size[-1])
+    scale = math.floor(min(h, w) / crop_pct)
+    x = TF.resize(image, [scale], interpolation=interpolation_mode(interpolation), antialias=True)
+    return TF.center_crop(x, [h, w]).clamp(0.0, 1.0)
+
+
+class ClassificationPreprocess(PreprocessModule):
+    """timm's eval preprocessing: resize the shorter side to ``input_size / crop_pct``, centre-crop
+    ``input_size``, normalise.
+
+    ``forward(images)``: float (3, H_i, W_i) images in [0, 1] -> (B, 3, h, w) normalised.
+    ``cfg``: ``input_size`` ((3,) h, w), ``crop_pct``, ``interpolation``, ``mean``, ``std``.
+    """
+
+    def view(self, image: Tensor) -> Tensor:
+        """The crop the model sees, before normalisation: (3, h, w) in [0, 1]."""
+        c = self.cfg
+        return classification_view(image, c["input_size"], c["crop_pct"], c["interpolation"])
+
+    def forward(self, images: Sequence[Tensor]) -> Tensor:
+        views = torch.stack([self.view(im) for im in images])
+        return TF.normalize(views, list(self.cfg["mean"]), list(self.cfg["std"]))
+
+
+class ClassificationAdapter(TaskAdapter):
+    """Image classification: ``(B, 3, H, W) -> logits (B, K)``; DeiT's two heads are averaged."""
+
+    task = "classification"
+    output_names = ("logits",)
+
+    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
+        size = cfg.get("input_size", (3, 224, 224))
+        return {
+            "input_size": (3, int(size[-2]), int(size[-1])),
+            "crop_pct": float(cfg.get("crop_pct", 1.0)),
+            "interpolation": cfg.get("interpolation", "bicubic"),
+            "mean": tuple(cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
+            "std": tuple(cfg.get("std", IMAGENET_DEFAULT_STD)),
+        }
+
+    def build_preprocess(self, cfg: dict[str, Any]) -> ClassificationPreprocess:
+        return ClassificationPreprocess(cfg)
+
+    def normalize_outputs(self, outputs: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        """(B, K) logits; a distilled model left in its training form gives (class, distillation) logits."""
+        return merge_distilled(outputs)
+
+    def predict(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor], *,
+                score_threshold: float | None = None, top_k: int | None = None,
+                class_name: Callable[[int], str] = lambda i: f"class_{i}") -> list[dict[str, Any]]:
+        """``labels`` (k,), ``scores`` (k,) softmax probabilities and ``class_names`` of the ``top_k``
+        classes (default 5, at most the number of classes)."""
+        probs = self.normalize_outputs(model(preprocess(images))).float().softmax(dim=-1)
+        k = max(1, min(5 if top_k is None else int(top_k), probs.shape[-1]))
+        scores, labels = probs.topk(k, dim=-1)
+        return [{"labels": l.cpu(), "scores": s.cpu(), "class_names": [class_name(int(i)) for i in l]}
+                for s, l in zip(scores, labels)]
+
+    def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
+        return drawing.draw_caption(image, drawing.classification_caption(result))
+
+    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+                     class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
+        """A caption with the top prediction and the true class on each of the first images."""
+        images, labels = batch[0][:num_images], batch[1][:num_images]
+        probs = self.normalize_outputs(pl_module.model(images)).float().softmax(-1)
+        score, top = probs.max(-1)
+        name = lambda i: class_names[i] if class_names and 0 <= i < len(class_names) else f"class_{i}"  # noqa: E731
+        out = []
+        for img, s, t, y in zip(images, score, top, labels):
+            truth = int(y) if y.dim() == 0 else int(y.argmax())
+            lines = [f"pred {name(int(t))} {float(s):.2f}", f"true {name(truth)}"]
+            out.append(drawing.draw_caption(drawing.denormalize(img, mean, std), lines))
+        return out
+
+    def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
+                          out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:
+        records = []
+        for im, r, stem in zip(images, results, stems):
+            drawing.save_image(self.draw(im.uint8(), r), out / f"{stem}.png")
+            records.append({"file": im.source, "labels": r["labels"].tolist(), "scores": r["scores"].tolist(),
+                            "class_names": r["class_names"]})
+        return records
+
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
+        """ViT attention rollout over the crop the model saw (models with ``forward_attention``)."""
+        if not hasattr(predictor.model, "forward_attention"):
+            return super().save_attention(predictor, image, out, stem)
+        from visiontf.inference.attention import save_rollout_overlay, vit_attention_rollout
+
+        x = predictor.preprocess([image.tensor.to(predictor.device)])
+        rollout = vit_attention_rollout(predictor.model, x, preprocess=False)[0]
+        return save_rollout_overlay(predictor.preprocess.view(image.tensor), rollout, out / f"{stem}_rollout.png")

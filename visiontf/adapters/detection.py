@@ -1,0 +1,209 @@
+"""The detection adapter (DETR and every family with its output convention): DETR's eval resize,
+padded batches, post-processing to original pixels, boxes, COCO results files and the detector export.
+
+A detection model takes ``(images (B, 3, H, W), mask (B, H, W) bool, True on padding, or None)`` and
+returns ``pred_logits`` and ``pred_boxes`` (normalised cxcywh relative to each unpadded image). How
+logits become scores is the model's ``class_head``; :func:`visiontf.detection.build_postprocess`
+picks the matching post-processing, so a new family plugs in without changes here.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import Tensor, nn
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as TF
+
+from visiontf.adapters import drawing
+from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.data.batching import PaddedBatch, pad_images
+from visiontf.data.detection_transforms import resized_hw
+from visiontf.detection import build_postprocess
+
+log = logging.getLogger(__name__)
+
+
+def detection_resize(image: Tensor, min_size: int, max_size: int | None) -> Tensor:
+    """DETR's eval resize of a float (3, H, W) image: shorter side ``min_size``, longer at most ``max_size``."""
+    h, w = image.shape[-2:]
+    out = resized_hw(int(h), int(w), int(min_size), None if max_size is None else int(max_size))
+    if tuple(out) == (h, w):
+        return image
+    return TF.resize(image, list(out), interpolation=InterpolationMode.BILINEAR, antialias=True).clamp(0.0, 1.0)
+
+
+class DetectionPreprocess(PreprocessModule):
+    """DETR's eval preprocessing: resize (shorter side ``min_size``, longer at most ``max_size``),
+    normalise, zero-pad to a common size.
+
+    ``forward(images)``: float (3, H_i, W_i) images in [0, 1] -> (:class:`PaddedBatch` with images
+    (B, 3, H, W) and mask (B, H, W), the resized (h_i, w_i) of each image).
+    ``cfg``: ``min_size``, ``max_size`` (None: no cap), ``mean``, ``std``.
+    """
+
+    def forward(self, images: Sequence[Tensor]) -> tuple[PaddedBatch, list[tuple[int, int]]]:
+        c = self.cfg
+        resized = [detection_resize(im, c["min_size"], c["max_size"]) for im in images]
+        sizes = [(int(r.shape[-2]), int(r.shape[-1])) for r in resized]
+        return pad_images([TF.normalize(r, list(c["mean"]), list(c["std"])) for r in resized]), sizes
+
+
+class DetectionAdapter(TaskAdapter):
+    """Object detection: ``(images, mask) -> pred_logits (B, Q, C), pred_boxes (B, Q, 4)``."""
+
+    task = "detection"
+    input_names = ("images", "mask")
+    output_names = ("pred_logits", "pred_boxes")
+    trace_batch_size = 2  # the second example image is padded, so the padded path is traced
+
+    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
+        max_size = cfg.get("max_size", 1333)
+        return {
+            "min_size": int(cfg.get("min_size", 800)),
+            "max_size": None if max_size is None else int(max_size),
+            "mean": tuple(cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
+            "std": tuple(cfg.get("std", IMAGENET_DEFAULT_STD)),
+        }
+
+    def build_preprocess(self, cfg: dict[str, Any]) -> DetectionPreprocess:
+        return DetectionPreprocess(cfg)
+
+    def predict(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor], *,
+                score_threshold: float | None = None, top_k: int | None = None,
+                class_name: Callable[[int], str] = lambda i: f"class_{i}") -> list[dict[str, Any]]:
+        """``boxes`` (N, 4) xyxy in original pixels, ``scores``, ``labels``, ``class_names``: detections
+        with ``score > score_threshold`` (None keeps all), at most ``top_k``, sorted by score."""
+        batch, _ = preprocess(images)
+        # no mask when nothing is padded: the model then takes its fused attention path
+        outputs = model(batch.images, batch.mask if batch.padded else None)
+        # boxes are relative to each image's unpadded extent, so the original (h, w) maps them straight
+        # back to original pixels, whatever the resize and padding were
+        orig = torch.tensor([tuple(im.shape[-2:]) for im in images], device=batch.images.device)
+        k = None if top_k is None else int(top_k)
+        if k is None and score_threshold is not None:
+            k = int(outputs["pred_logits"].shape[1])  # sorted by score
+        preds = build_postprocess(model)(outputs, orig, score_threshold=score_threshold, top_k=k)
+        results = []
+        for p in preds:
+            labels = p["labels"].cpu()
+            results.append({"boxes": p["boxes"].cpu(), "scores": p["scores"].cpu(), "labels": labels,
+                            "class_names": [class_name(int(i)) for i in labels]})
+        return results
+
+    def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
+        return drawing.draw_detections(image, result)
+
+    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+                     class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
+        """Boxes with ``score > score_threshold`` on the augmented (unpadded) images of the batch."""
+        model = pl_module.model
+        images, mask, targets = batch
+        images, mask, targets = images[:num_images], mask[:num_images], targets[:num_images]
+        outputs = model(images, mask)
+        # boxes on the augmented (unpadded) image that is drawn, not on the original file
+        sizes = torch.stack([t["size"] for t in targets]).to(images.device)
+        preds = build_postprocess(model)(outputs, sizes, score_threshold=score_threshold)
+        out = []
+        for img, p, t in zip(images, preds, targets):
+            h, w = (int(v) for v in t["size"])
+            out.append(drawing.draw_detections(drawing.denormalize(img[:, :h, :w], mean, std), p, class_names))
+        return out
+
+    def annotation_class_names(self, annotations: str | Path) -> list[str] | None:
+        from visiontf.data.coco import load_coco_json, parse_categories
+
+        return parse_categories(load_coco_json(annotations), Path(annotations))[1]
+
+    def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
+                          out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:
+        """Pictures with boxes, and COCO results-format detections (image ids from ``annotations`` by file
+        name, else the numeric file stem, else the input index)."""
+        for im, r, stem in zip(images, results, stems):
+            drawing.save_image(self.draw(im.uint8(), r), out / f"{stem}.png")
+        ids, ann_l2c = image_ids([im.source for im in images], annotations)
+        missing = [im.source for im, i in zip(images, ids) if i is None]
+        if missing:
+            log.warning("%d images are not in %s and are left out of predictions.json (e.g. %s)",
+                        len(missing), annotations, missing[:3])
+        return coco_results(results, ids, predictor.label_to_cat_id or ann_l2c)
+
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
+        """DETR's decoder and encoder attention maps (the paper's figures)."""
+        from visiontf.inference.attention import detr_attention_maps, save_detr_attention_figure
+
+        maps = detr_attention_maps(predictor, [image.tensor])
+        return save_detr_attention_figure(maps, out / f"{stem}_attention.png")
+
+    def onnx_wrapper(self, model: nn.Module) -> nn.Module:
+        return _DetectorGraph(model)
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        return {"images": {0: "batch", 2: "height", 3: "width"}, "mask": {0: "batch", 1: "height", 2: "width"},
+                "pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}}
+
+    def default_export_size(self, model: nn.Module) -> tuple[int, int]:
+        s = int(pretrained_cfg(model).get("min_size", 800))
+        return s, s
+
+    def example_inputs(self, model: nn.Module, image_size: Sequence[int] | None = None, batch_size: int = 1,
+                       pad: bool = False) -> dict[str, Tensor]:
+        """Random normalised images and an all-False mask; with ``pad`` the images after the first are padded."""
+        h, w = tuple(image_size) if image_size else self.default_export_size(model)
+        images = torch.randn(batch_size, 3, h, w)
+        mask = torch.zeros(batch_size, h, w, dtype=torch.bool)
+        if pad and batch_size > 1:
+            mask[1:, h * 3 // 4 :, :] = True
+            mask[1:, :, w * 2 // 3 :] = True
+            images[1:] = images[1:].masked_fill(mask[1:, None], 0.0)
+        return {"images": images, "mask": mask}
+
+
+class _DetectorGraph(nn.Module):
+    """ONNX: ``images`` (B, 3, H, W) normalised, ``mask`` (B, H, W) bool -> ``pred_logits``, ``pred_boxes``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        out = self.model(images, mask)
+        return out["pred_logits"], out["pred_boxes"]
+
+
+def image_ids(files: Sequence[str | None], annotations: str | Path | None) -> tuple[list[int | None], dict[int, int] | None]:
+    """COCO image ids by file name from an annotation file, else the numeric stem, else the input index;
+    with an annotation file also its label -> category id table."""
+    if annotations:
+        from visiontf.data.coco import load_coco_json, parse_categories
+
+        data = load_coco_json(annotations)
+        by_name = {Path(im["file_name"]).name: int(im["id"]) for im in data.get("images", [])}
+        ids = [by_name.get(Path(f).name) if f else None for f in files]
+        cat_ids, _ = parse_categories(data, Path(annotations))
+        return ids, dict(enumerate(cat_ids))
+    ids: list[int | None] = []
+    for i, f in enumerate(files):
+        stem = Path(f).stem if f else ""
+        ids.append(int(stem) if stem.isdigit() else i)
+    return ids, None
+
+
+def coco_results(results: Sequence[dict[str, Any]], image_ids: Sequence[int | None],
+                 label_to_cat_id: dict[int, int] | None) -> list[dict[str, Any]]:
+    """COCO results-format detections ``{"image_id", "category_id", "bbox" [x, y, w, h], "score"}``."""
+    out = []
+    for r, image_id in zip(results, image_ids):
+        if image_id is None:
+            continue
+        for box, score, label in zip(r["boxes"].tolist(), r["scores"].tolist(), r["labels"].tolist()):
+            x0, y0, x1, y1 = box
+            cat = label_to_cat_id.get(int(label), int(label)) if label_to_cat_id else int(label)
+            out.append({"image_id": int(image_id), "category_id": int(cat),
+                        "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)], "score": round(float(score), 5)})
+    return out

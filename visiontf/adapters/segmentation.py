@@ -1,0 +1,111 @@
+"""The segmentation adapter (SETR): mmseg's keep-ratio resize, whole or sliding-window inference,
+label maps at the original resolution, mask overlays and the logits export."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import Tensor, nn
+from torchvision.transforms.v2 import functional as TF
+
+from visiontf.adapters import drawing
+from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.data.segmentation_transforms import keep_ratio_size
+
+
+class SegmentationPreprocess(PreprocessModule):
+    """mmseg's test pipeline: optional keep-ratio resize to ``resize`` (long, short), then normalise.
+
+    ``forward(image)``: one float (3, H, W) image in [0, 1] -> (1, 3, h, w) normalised.
+    ``cfg``: ``mean``, ``std``, ``resize`` ((long, short) or None: keep the original size), and the
+    inference settings the adapter reads: ``test_mode`` ("whole" | "slide"), ``crop_size`` and
+    ``stride`` ((h, w), an int, or None: the model's defaults).
+    """
+
+    def forward(self, image: Tensor) -> Tensor:
+        c = self.cfg
+        x = image
+        if c["resize"] is not None:
+            H, W = image.shape[-2:]
+            x = TF.resize(x, list(keep_ratio_size(int(H), int(W), c["resize"])), antialias=True).clamp(0, 1)
+        return TF.normalize(x, list(c["mean"]), list(c["std"]))[None]
+
+
+class SegmentationAdapter(TaskAdapter):
+    """Semantic segmentation: ``(B, 3, H, W) -> logits (B, K, H, W)`` (SETR's training dict unwrapped)."""
+
+    task = "segmentation"
+    output_names = ("logits",)
+
+    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
+        resize = cfg.get("resize")
+        return {
+            "mean": tuple(cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
+            "std": tuple(cfg.get("std", IMAGENET_DEFAULT_STD)),
+            "resize": tuple(resize) if resize is not None else None,
+            "test_mode": cfg.get("test_mode", "whole"),
+            "crop_size": cfg.get("crop_size"),
+            "stride": cfg.get("stride"),
+        }
+
+    def build_preprocess(self, cfg: dict[str, Any]) -> SegmentationPreprocess:
+        return SegmentationPreprocess(cfg)
+
+    def normalize_outputs(self, outputs: Tensor | dict[str, Any]) -> Tensor:
+        """Main-head logits: SETR in training mode returns ``{"out": logits, "aux": [...]}``."""
+        return outputs["out"] if isinstance(outputs, dict) else outputs
+
+    def logits(self, model: nn.Module, preprocess: SegmentationPreprocess, image: Tensor) -> Tensor:
+        """Logits (1, K, H, W) at the original size of one float (3, H, W) image in [0, 1]."""
+        H, W = image.shape[-2:]
+        x = preprocess(image)
+        c = preprocess.cfg
+        if hasattr(model, "inference"):
+            logits = model.inference(x, c["test_mode"], crop=c["crop_size"], stride=c["stride"])
+        else:
+            logits = self.normalize_outputs(model(x))
+        if logits.shape[-2:] != (H, W):
+            logits = F.interpolate(logits.float(), size=(int(H), int(W)), mode="bilinear", align_corners=False)
+        return logits
+
+    def predict(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor], *,
+                score_threshold: float | None = None, top_k: int | None = None,
+                class_name: Callable[[int], str] = lambda i: f"class_{i}") -> list[dict[str, Any]]:
+        """``label_map`` (H, W) int64 at each image's original resolution."""
+        # one image per pass: sizes differ and whole/slide inference pads each image itself
+        return [{"label_map": self.logits(model, preprocess, im).argmax(dim=1)[0].to(torch.int64).cpu()} for im in images]
+
+    def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
+        return drawing.draw_segmentation(image, result["label_map"], num_classes)
+
+    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+                     class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
+        """Ground truth | prediction overlays, side by side."""
+        model = pl_module.model
+        images, masks = batch[0][:num_images], batch[1][:num_images]
+        logits = pl_module.predict_logits(images) if hasattr(pl_module, "predict_logits") else model(images)
+        pred = self.normalize_outputs(logits).argmax(dim=1)
+        k = getattr(model, "num_classes", None)
+        ignore = int((getattr(pl_module, "hparams", None) or {}).get("ignore_index", 255))
+        out = []
+        for img, p, gt in zip(images, pred, masks):
+            base = drawing.denormalize(img, mean, std)
+            gt_img = drawing.draw_segmentation(base, gt.cpu(), k, ignore_index=ignore)
+            pred_img = drawing.draw_segmentation(base, p.cpu(), k, ignore_index=ignore)
+            out.append(torch.cat([gt_img, pred_img], dim=-1))
+        return out
+
+    def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
+                          out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:
+        """Overlays, and the label maps as palette PNGs (pixel value = class) named in the records."""
+        records = []
+        for im, r, stem in zip(images, results, stems):
+            drawing.save_image(self.draw(im.uint8(), r, predictor.num_classes), out / f"{stem}.png")
+            drawing.label_map_image(r["label_map"]).save(out / f"{stem}_labels.png")
+            records.append({"file": im.source, "label_map": f"{stem}_labels.png"})
+        return records

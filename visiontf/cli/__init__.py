@@ -1,0 +1,26 @@
+"""The command lines behind ``tools/``, in one package.
+
+* :mod:`visiontf.cli.train`: one LightningCLI for every task (``tools/train.py``, ``tools/eval.py``).
+* :mod:`visiontf.cli.predict`: prediction and export from a checkpoint or an exported model
+  (``tools/predict.py``, ``tools/export.py``).
+
+Names resolve lazily, so the predict/export path never imports Lightning's CLI machinery.
+"""
+from visiontf._lazy import lazy_getattr
+
+_LAZY = {
+    "VisionCLI": "visiontf.cli.train",
+    "make_cli": "visiontf.cli.train",
+    "train_main": "visiontf.cli.train",
+    "eval_main": "visiontf.cli.train",
+    "predict_main": "visiontf.cli.predict",
+    "export_main": "visiontf.cli.predict",
+    "build_predictor": "visiontf.cli.predict",
+    "datamodule_from_config": "visiontf.cli.predict",
+    "coco_results": "visiontf.cli.predict",
+}
+
+__all__ = sorted(_LAZY)
+
+
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
