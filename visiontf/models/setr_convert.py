@@ -167,12 +167,10 @@ def describe(state: Mapping[str, Tensor]) -> str:
 @functools.lru_cache(maxsize=1)
 def _registered_layouts() -> dict[str, tuple[dict[str, tuple[int, ...]], int | None]]:
     """Decoder structure and class count of every registered SETR, built on the meta device (no memory, fast)."""
-    from visiontf.registry import create_model, get_entry, list_models
+    from visiontf.registry import create_model, list_models
 
     out = {}
     for name in list_models("setr_*"):
-        if "segmentation" not in get_entry(name).tags:
-            continue
         with torch.device("meta"):
             state = create_model(name).state_dict()
         out[name] = (_structure(state), _num_classes(state))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch.nn.functional as F
@@ -162,21 +161,8 @@ class SegmentationTask(BaseTask):
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
         hp = self.hparams
-        groups = lr_groups(group_parameters(self.model, _legacy_group_of(self.model)),
+        groups = lr_groups(group_parameters(self.model),
                            {"encoder": hp.lr, "head": hp.lr * hp.head_lr_mult})
         opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay, hp.momentum)
         sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, hp.power, min_lr=hp.min_lr)
         return {"optimizer": opt, "lr_scheduler": sched}
-
-
-def _legacy_group_of(model) -> Callable[[str], str] | None:
-    """The encoder/head split for a segmentation model that does not name its groups yet.
-
-    ``None`` when the model has ``param_group`` (SETR gains it with its registration rework); until
-    then SETR's ``backbone_prefixes`` (encoder and MLA neck at the base lr) decide, as before.
-    """
-    if hasattr(model, "param_group"):
-        return None
-    prefixes = tuple(getattr(model, "backbone_prefixes", ("encoder.",)))
-    return lambda name: "encoder" if name.startswith(prefixes) else "head"
-
