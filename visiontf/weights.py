@@ -15,13 +15,15 @@ from typing import Any
 
 import torch
 
+from visiontf.errors import UserError
+
 log = logging.getLogger(__name__)
 
 #: keys under which common training frameworks nest the state dict inside a checkpoint
 _NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_ema")
 
 
-class WeightsError(RuntimeError):
+class WeightsError(UserError, RuntimeError):
     """A weight file could not be read or does not fit the model."""
 
 

@@ -31,6 +31,7 @@ from visiontf.data.batching import pad_images
 from visiontf.data.io import read_image
 from visiontf.data.loading import AugmentedDataset, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
+from visiontf.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ __all__ = [
 _SHOW = 5
 
 
-class AnnotationError(ValueError):
+class AnnotationError(UserError, ValueError):
     """The annotation file cannot be used as it is; the message names the file, entry and fix."""
 
 

@@ -11,12 +11,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from visiontf.errors import UserError
+
 #: Pillow's own default (about 89 M pixels) guards against decompression bombs; keep it explicit.
 MAX_IMAGE_PIXELS = 178_956_970
 Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 
 
-class ImageReadError(RuntimeError):
+class ImageReadError(UserError, RuntimeError):
     """An image or mask file cannot be used; the message names the file and what to do."""
 
 

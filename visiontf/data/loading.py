@@ -19,11 +19,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from visiontf.distributed import get_rank
+from visiontf.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".gif")
 
 
-class DatasetLayoutError(ValueError):
+class DatasetLayoutError(UserError, ValueError):
     """The files on disk do not match the expected dataset layout; the message names path and fix."""
 
 

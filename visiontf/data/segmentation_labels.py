@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from visiontf.errors import UserError
+
 #: the label of unlabeled and padded pixels, left out of the loss and the metrics
 IGNORE_INDEX = 255
 
@@ -46,7 +48,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 }
 
 
-class LabelError(ValueError):
+class LabelError(UserError, ValueError):
     """A mask holds labels outside ``[0, num_classes)`` other than the ignore value (``strict=True``)."""
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from visiontf.errors import UserError
+
 log = logging.getLogger(__name__)
 
 #: COCOeval's 12 ``stats`` in order, each as (its name in stats files and tables, its logged metric
@@ -44,7 +46,7 @@ __all__ = ["BACKENDS", "COCO_STATS", "METRIC_NAMES", "STAT_NAMES", "CocoEvalErro
            "resolve_backend", "main"]
 
 
-class CocoEvalError(ValueError):
+class CocoEvalError(UserError, ValueError):
     """Inputs to a COCO evaluation are unusable; the message names the file, the entries and the fix."""
 
 

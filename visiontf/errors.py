@@ -1,0 +1,16 @@
+"""The one base class for mistakes a user can fix: bad input files, configs, checkpoints, arguments.
+
+Every such error names what is wrong (the file, the field, the entry) and how to fix it. The
+command-line tools print an :class:`UserError` as one line on stderr and exit with code 2; any
+other exception is a bug and keeps its traceback. Library code raises the specific subclasses
+(``AnnotationError``, ``WeightsError``, ...), which stay ``ValueError``/``RuntimeError`` as well so
+existing ``except`` clauses keep working.
+"""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the user's input, with a message that says how to fix it."""
+
+
+__all__ = ["UserError"]
