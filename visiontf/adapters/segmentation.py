@@ -14,11 +14,14 @@ from torchvision.transforms.v2 import functional as TF
 
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
-from visiontf.data.segmentation_transforms import keep_ratio_size
+from visiontf.data.segmentation_transforms import keep_ratio_size, resize_image_like_mmcv
 
 
 class SegmentationPreprocess(PreprocessModule):
     """mmseg's test pipeline: optional keep-ratio resize to ``resize`` (long, short), then normalise.
+
+    The resize is mmseg's: mmcv's ``rescale_size`` rule and cv2 bilinear (``INTER_LINEAR``, no
+    antialiasing) on the uint8 image, so a validation image and a predicted one are the same tensor.
 
     ``forward(image)``: one float (3, H, W) image in [0, 1] -> (1, 3, h, w) normalised.
     ``cfg``: ``mean``, ``std``, ``resize`` ((long, short) or None: keep the original size), and the
@@ -31,7 +34,7 @@ class SegmentationPreprocess(PreprocessModule):
         x = image
         if c["resize"] is not None:
             H, W = image.shape[-2:]
-            x = TF.resize(x, list(keep_ratio_size(int(H), int(W), c["resize"])), antialias=True).clamp(0, 1)
+            x = resize_image_like_mmcv(x, keep_ratio_size(int(H), int(W), c["resize"]))
         return TF.normalize(x, list(c["mean"]), list(c["std"]))[None]
 
 
