@@ -88,15 +88,24 @@ class SegmentationAdapter(TaskAdapter):
 
     def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
-        """Ground truth | prediction overlays, side by side."""
+        """Ground truth | prediction overlays, side by side.
+
+        Batches of mmseg's protocol (``(images, masks, sizes)``, masks at their original size) are drawn
+        at the image's size: the padding cropped, the annotation resized (nearest) to the image.
+        """
         model = pl_module.model
         images, masks = batch[0][:num_images], batch[1][:num_images]
         logits = pl_module.predict_logits(images) if hasattr(pl_module, "predict_logits") else model(images)
         pred = self.normalize_outputs(logits).argmax(dim=1)
         k = getattr(model, "num_classes", None)
         ignore = int((getattr(pl_module, "hparams", None) or {}).get("ignore_index", 255))
+        sizes = batch[2][:num_images].tolist() if len(batch) > 2 else [None] * len(images)
         out = []
-        for img, p, gt in zip(images, pred, masks):
+        for img, p, gt, size in zip(images, pred, masks, sizes):
+            if size is not None:
+                h, w, H0, W0 = size
+                img, p = img[:, :h, :w], p[:h, :w]
+                gt = F.interpolate(gt[None, None, :H0, :W0].float(), size=(h, w), mode="nearest")[0, 0].long()
             base = drawing.denormalize(img, mean, std)
             gt_img = drawing.draw_segmentation(base, gt.cpu(), k, ignore_index=ignore)
             pred_img = drawing.draw_segmentation(base, p.cpu(), k, ignore_index=ignore)
