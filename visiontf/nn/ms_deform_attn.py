@@ -1,0 +1,379 @@
+"""Multi-scale deformable attention (Zhu et al., 2021, "Deformable DETR"), batch-first, pure PyTorch.
+
+Each query attends to ``n_points`` sampled locations per head on each of ``n_levels`` feature
+maps. The sampling location is ``reference + offset / (W_l, H_l)`` (2-d point references) or
+``ref_xy + offset / n_points * ref_wh / 2`` (4-d box references); the value there is read by
+bilinear interpolation with zero padding and ``align_corners=False`` (``F.grid_sample``'s
+convention), and the samples are summed with weights softmax-normalised over levels x points.
+
+Two interchangeable cores compute the same thing (see :func:`ms_deform_attn_core`):
+
+* ``"gather"`` (default): one weighted gather-sum over all levels with no per-level Python loop.
+  The value is viewed as a table of (batch x position x head) rows; for every sample the four
+  bilinear corner rows and weights are computed with ``grid_sample``'s zero-padding semantics, the
+  attention weights are folded into the corner weights, and ``F.embedding_bag(mode="sum",
+  per_sample_weights=...)`` reduces them without materialising the (samples, head_dim) tensor.
+  Its backward covers the value table, the corner weights and, through them, the sampling
+  locations and attention weights. This is the fast path on CPU (docs: ``benchmarks/deformable_detr.py``).
+* ``"grid_sample"``: the original's pure-PyTorch design, one ``F.grid_sample`` per level. ONNX
+  exports it (GridSample, opset 16+), and the tests use it as a cross-check.
+
+Samples whose location is outside its map contribute zero, as in ``grid_sample``; a location
+that is NaN or infinite makes its query's output NaN in both cores (as ``grid_sample`` does), so a
+diverged model shows up in the loss instead of silently reading zeros or out-of-range memory.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SpatialShapes = Sequence[tuple[int, int]]
+METHODS = ("gather", "grid_sample")
+
+
+def level_start_index(spatial_shapes: SpatialShapes) -> list[int]:
+    """Offset of each level in the flattened sequence: ``[0, H0*W0, H0*W0 + H1*W1, ...]``."""
+    starts, total = [], 0
+    for h, w in spatial_shapes:
+        starts.append(total)
+        total += h * w
+    return starts
+
+
+def _as_shapes(spatial_shapes) -> list[tuple[int, int]]:
+    if isinstance(spatial_shapes, Tensor):
+        return [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
+    return [(int(h), int(w)) for h, w in spatial_shapes]
+
+
+def ms_deform_attn_core(
+    value: Tensor,
+    spatial_shapes: SpatialShapes,
+    sampling_locations: Tensor,
+    attention_weights: Tensor,
+    method: str = "gather",
+) -> Tensor:
+    """Weighted bilinear samples of multi-level value maps.
+
+    Args:
+        value: (N, S, M, D), the levels flattened row-major and concatenated, S = sum(H_l * W_l).
+        spatial_shapes: (H_l, W_l) of each level, Python ints (a (L, 2) tensor is accepted too).
+        sampling_locations: (N, Lq, M, L, P, 2) normalised (x, y), (0, 0) the top-left corner of
+            the map and (1, 1) its bottom-right corner.
+        attention_weights: (N, Lq, M, L, P), already normalised.
+        method: ``"gather"`` or ``"grid_sample"`` (see the module docstring).
+
+    Returns:
+        (N, Lq, M * D).
+    """
+    shapes = _as_shapes(spatial_shapes)
+    N, S, M, D = value.shape
+    if sum(h * w for h, w in shapes) != S:
+        raise ValueError(f"spatial_shapes {shapes} hold {sum(h * w for h, w in shapes)} positions, but value has S = {S}")
+    if method == "gather":
+        return _core_gather(value, shapes, sampling_locations, attention_weights)
+    if method == "grid_sample":
+        return _core_grid_sample(value, shapes, sampling_locations, attention_weights)
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+def _core_grid_sample(value: Tensor, shapes: list[tuple[int, int]], loc: Tensor, attn: Tensor) -> Tensor:
+    N, S, M, D = value.shape
+    _, Lq, _, L, P, _ = loc.shape
+    grids = 2 * loc.to(value.dtype) - 1
+    # (N, S, M, D) -> (N, M, D, S): each level is then a contiguous (N*M, D, H, W) slice
+    per_level = value.permute(0, 2, 3, 1).split([h * w for h, w in shapes], dim=-1)
+    samples = []
+    for lvl, (h, w) in enumerate(shapes):
+        v = per_level[lvl].reshape(N * M, D, h, w)
+        # (N, Lq, M, P, 2) -> (N*M, Lq, P, 2)
+        g = grids[:, :, :, lvl].transpose(1, 2).flatten(0, 1)
+        samples.append(F.grid_sample(v, g, mode="bilinear", padding_mode="zeros", align_corners=False))
+    # (N*M, D, Lq, L, P) weighted by (N*M, 1, Lq, L, P)
+    stacked = torch.stack(samples, dim=-2)
+    weights = attn.to(value.dtype).transpose(1, 2).reshape(N * M, 1, Lq, L, P)
+    out = (stacked * weights).sum((-1, -2)).view(N, M * D, Lq)
+    return out.transpose(1, 2)
+
+
+def _float(t: Tensor) -> Tensor:
+    """float32, or float64 when given float64 (gradcheck): locations never run in half precision."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+#: zero border around every level map in the gather table: 1 before, 2 after (a location clamped
+#: to x = W has its corners at W and W + 1), so no corner ever needs an in-range test or wraps into
+#: the next row, level or image
+_PAD_LO, _PAD_HI = 1, 2
+
+
+@functools.lru_cache(maxsize=64)
+def _bordered_layout(shapes: tuple[tuple[int, int], ...], device: torch.device) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Layout of the zero-bordered level maps, computed once per set of shapes.
+
+    Returns ``(interior, start, width, total)``: ``interior`` (S,) the bordered position of each
+    value position; ``start`` (L,) and ``width`` (L,) each bordered map's offset and row length;
+    ``total`` the number of bordered positions.
+    """
+    hw = torch.tensor(shapes, dtype=torch.int64)
+    h, w = hw[:, 0], hw[:, 1]
+    wp = w + _PAD_LO + _PAD_HI
+    sizes = (h + _PAD_LO + _PAD_HI) * wp
+    start = sizes.cumsum(0) - sizes
+    level = torch.repeat_interleave(torch.arange(len(shapes)), h * w)
+    local = torch.arange(int((h * w).sum())) - ((h * w).cumsum(0) - h * w)[level]
+    i, j = local // w[level], local % w[level]
+    interior = start[level] + (i + _PAD_LO) * wp[level] + j + _PAD_LO
+    return interior.to(device), start.to(device), wp.to(device), int(sizes.sum())
+
+
+class _BilinearGatherSum(torch.autograd.Function):
+    """Bilinear samples of the bordered table, weighted and summed per (image, query, head).
+
+    Shapes (N images, Q queries, M heads, L levels, P points; broadcastable where marked *):
+
+    * ``table`` (R, D): rows ordered (image, bordered position, head);
+    * ``pix`` (N, Q, M, L, P, 2): pixel coordinates ``loc * (W, H) - 0.5``;
+    * ``attn`` (N, Q, M, L, P): attention weights;
+    * ``key_base`` (N, 1, M, L, 1)*: row of the bordered map's corner (-1, -1) for that image/head/level;
+    * ``row_stride`` (L, 1)*: rows per bordered map row (its width times M);
+    * ``corner`` (L, 1, 4)*: row offsets of the 4 corners from the top-left one;
+    * ``size`` (L, 1, 2)*: (W, H) per level.
+
+    Forward: ``F.embedding_bag`` with the 4 corner weights of every sample as per-sample weights,
+    which never materialises the gathered (samples, D) rows. Backward, written out rather than
+    left to autograd (one pass instead of a graph of broadcast products): the corner-weight
+    gradient is a sampled dense-dense product on the same sparsity pattern
+    (``torch.sparse.sampled_addmm``), from which the location and attention gradients follow in
+    closed form; the table gradient sorts the top-left keys (see :func:`_table_grad`).
+    """
+
+    @staticmethod
+    def forward(ctx, table, pix, attn, key_base, row_stride, corner, size):
+        N, Q, M, L, P, _ = pix.shape
+        # A non-finite location gives NaN (as in grid_sample) through its attention weight; before
+        # the integer cast every location is clamped to [-1, size], where the zero border makes
+        # far-away points read zeros.
+        if pix.device.type != "cpu" or not bool(torch.isfinite(pix).all()):
+            attn = torch.where(torch.isfinite(pix).all(-1), attn, float("nan"))
+        clamped = torch.minimum(pix.nan_to_num(nan=-1.0).clamp_min(-1.0), size)
+        floor = clamped.floor()
+        fx, fy = (clamped - floor).unbind(-1)
+        # top-left corner rows; int32 (faster to build, gather and sort) whenever the table allows
+        index_dtype = torch.int32 if table.shape[0] + int(corner.max()) < 2**31 else torch.int64
+        cell = floor.to(index_dtype)
+        keys = cell[..., 1] * row_stride.to(index_dtype) + cell[..., 0] * M + key_base.to(index_dtype)
+        ay0, ay1 = attn * (1 - fy), attn * fy
+        weights = torch.stack((ay0 * (1 - fx), ay0 * fx, ay1 * (1 - fx), ay1 * fx), -1)  # (N, Q, M, L, P, 4)
+        rows = (keys.unsqueeze(-1) + corner.to(index_dtype)).view(N * Q * M, L * P * 4)
+        out = F.embedding_bag(rows, table, per_sample_weights=weights.view(N * Q * M, L * P * 4), mode="sum")
+        ctx.save_for_backward(table, pix, fx, fy, attn, weights, keys, corner, size)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        table, pix, fx, fy, attn, weights, keys, corner, size = ctx.saved_tensors
+        N, Q, M, L, P, _ = pix.shape
+        grad = grad.contiguous()
+        grad_table = grad_pix = grad_attn = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            rows = (keys.long().unsqueeze(-1) + corner).view(-1)
+            nnz = rows.numel()
+            crow = torch.arange(0, nnz + 1, L * P * 4, device=rows.device)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+                # beta=0 still reads the values (0 * NaN = NaN): they must be zeros
+                products = torch.sparse_csr_tensor(crow, rows, grad.new_zeros(nnz), size=(grad.shape[0], table.shape[0]))
+                torch.sparse.sampled_addmm(products, grad, table.t(), beta=0.0, out=products)  # in place: no copy
+            g00, g01, g10, g11 = products.values().view(N, Q, M, L, P, 4).unbind(-1)
+            if ctx.needs_input_grad[2]:
+                grad_attn = (1 - fy) * ((1 - fx) * g00 + fx * g01) + fy * ((1 - fx) * g10 + fx * g11)
+            if ctx.needs_input_grad[1]:
+                grad_fx = attn * ((1 - fy) * (g01 - g00) + fy * (g11 - g10))
+                grad_fy = attn * ((1 - fx) * (g10 - g00) + fx * (g11 - g01))
+                # locations clamped at either end get no gradient: everything outside reads zeros
+                grad_pix = torch.stack((grad_fx, grad_fy), -1) * ((pix > -1.0) & (pix < size))
+        if ctx.needs_input_grad[0]:
+            grad_table = _table_grad(
+                grad, weights.view(-1, L * P, 4), keys.view(-1, L * P), corner.expand(L, P, 4).reshape(L * P, 4), table.shape[0]
+            )
+        return grad_table, grad_pix, grad_attn, None, None, None, None
+
+
+def _table_grad(grad: Tensor, weights: Tensor, keys: Tensor, corner: Tensor, rows: int) -> Tensor:
+    """``d out / d table``: each bag's gradient, weighted, summed into its samples' 4 corner rows.
+
+    ``grad`` (B, D), ``weights`` (B, J, 4), ``keys`` (B, J) top-left rows, ``corner`` (J, 4) row
+    offsets. The B*J keys are sorted once (as int32 when they fit: several times faster); per
+    corner, one ``embedding_bag`` over the sorted samples sums them per key, and the sums are
+    added at the corner's rows. With more samples than rows (the encoder) the per-key sums are
+    dense over all rows, empty bags included; otherwise (the decoder) only over the keys present.
+    """
+    B, J = keys.shape
+    flat = keys.reshape(-1)
+    sorted_keys, order = torch.sort(flat)
+    dense = flat.numel() >= rows
+    if dense:
+        counts = torch.bincount(sorted_keys, minlength=rows)
+        targets = torch.arange(rows, device=grad.device)
+    else:
+        targets, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
+        targets = targets.long()
+    offsets = counts.cumsum(0) - counts
+    bag = torch.div(order, J, rounding_mode="floor")
+    # corner offsets of each key, from its first sample (all samples of a key share its level);
+    # keys with no sample (dense case) get some in-range value: their sums are zero
+    key_corner = corner[(order % J)[offsets.clamp_max(flat.numel() - 1)]]
+    sorted_weights = weights.reshape(B * J, 4).index_select(0, order)
+    grad_table = torch.zeros(rows, grad.shape[1], dtype=grad.dtype, device=grad.device)
+    for c in range(4):
+        per_key = F.embedding_bag(bag, grad, offsets, per_sample_weights=sorted_weights[:, c].contiguous(), mode="sum")
+        if dense and c == 0:
+            grad_table += per_key
+        else:
+            grad_table.index_put_(((targets + key_corner[:, c]).clamp_max(rows - 1),), per_key, accumulate=True)
+    return grad_table
+
+
+def _core_gather(value: Tensor, shapes: list[tuple[int, int]], loc: Tensor, attn: Tensor) -> Tensor:
+    N, S, M, D = value.shape
+    _, Lq, _, L, P, _ = loc.shape
+    device = loc.device
+    dtype = torch.float64 if value.dtype == torch.float64 else torch.float32
+    interior, start, width, total = _bordered_layout(tuple(shapes), device)
+    # the table: every level map inside its zero border, rows ordered (image, position, head);
+    # one row copy forward (index_copy) and one gather backward
+    into = (torch.arange(N, device=device).view(N, 1) * total + interior).view(-1)
+    table = value.new_zeros(N * total, M * D, dtype=dtype).index_copy(0, into, value.reshape(N * S, M * D).to(dtype))
+    table = table.view(N * total * M, D)
+    size = torch.tensor([(w, h) for h, w in shapes], dtype=dtype, device=device).view(L, 1, 2)
+    # grid_sample's align_corners=False convention: pixel coordinate = loc * size - 0.5
+    pix = loc.to(dtype) * size - 0.5
+    # row of bordered position (-1, -1) of each level, per image and head
+    key_base = (
+        (torch.arange(N, device=device).view(N, 1, 1, 1, 1) * total + start.view(1, 1, 1, L, 1)) * M
+        + torch.arange(M, device=device).view(1, 1, M, 1, 1)
+        + (width.view(1, 1, 1, L, 1) + 1) * M * _PAD_LO
+    )
+    row_stride = (width * M).view(L, 1)
+    ones = torch.ones_like(width)
+    corner = (torch.stack([ones * 0, ones, width, width + 1], -1) * M).view(L, 1, 4)
+    out = _BilinearGatherSum.apply(table, pix, attn.to(dtype), key_base, row_stride, corner, size)
+    return out.view(N, Lq, M * D).to(value.dtype)
+
+
+class MSDeformAttn(nn.Module):
+    """Multi-scale deformable attention with the original's parameters and initialisation.
+
+    Parameters (the original names, so its checkpoints load unchanged): ``sampling_offsets``
+    Linear(d, heads*levels*points*2), ``attention_weights`` Linear(d, heads*levels*points),
+    ``value_proj`` and ``output_proj`` Linear(d, d).
+
+    Args:
+        d_model: channels of queries and values.
+        n_levels: feature levels sampled.
+        n_heads: attention heads; ``d_model`` must be divisible by it.
+        n_points: sampling points per head and level.
+        method: core used in ``forward``, ``"gather"`` (fast) or ``"grid_sample"`` (exportable).
+    """
+
+    def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4, method: str = "gather") -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        self.d_model = d_model
+        self.n_levels = n_levels
+        self.n_heads = n_heads
+        self.n_points = n_points
+        self.method = method
+        self.sampling_offsets = nn.Linear(d_model, n_heads * n_levels * n_points * 2)
+        self.attention_weights = nn.Linear(d_model, n_heads * n_levels * n_points)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.output_proj = nn.Linear(d_model, d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The original's: offsets start on a per-head direction scaled by the point index, weights at zero."""
+        nn.init.zeros_(self.sampling_offsets.weight)
+        thetas = torch.arange(self.n_heads, dtype=torch.float32) * (2.0 * math.pi / self.n_heads)
+        grid = torch.stack([thetas.cos(), thetas.sin()], -1)
+        # the largest of |x|, |y| becomes 1, so head h looks one pixel (times the point index) away
+        grid = grid / grid.abs().max(-1, keepdim=True)[0]
+        grid = grid.view(self.n_heads, 1, 1, 2).repeat(1, self.n_levels, self.n_points, 1)
+        grid = grid * torch.arange(1, self.n_points + 1, dtype=torch.float32).view(1, 1, -1, 1)
+        with torch.no_grad():
+            self.sampling_offsets.bias.copy_(grid.view(-1))
+        nn.init.zeros_(self.attention_weights.weight)
+        nn.init.zeros_(self.attention_weights.bias)
+        nn.init.xavier_uniform_(self.value_proj.weight)
+        nn.init.zeros_(self.value_proj.bias)
+        nn.init.xavier_uniform_(self.output_proj.weight)
+        nn.init.zeros_(self.output_proj.bias)
+
+    def sampling(self, query: Tensor, reference_points: Tensor, spatial_shapes: SpatialShapes) -> tuple[Tensor, Tensor]:
+        """Sampling locations (N, Lq, M, L, P, 2) in float32 and attention weights (N, Lq, M, L, P)."""
+        N, Lq, _ = query.shape
+        M, L, P = self.n_heads, self.n_levels, self.n_points
+        offsets = _float(self.sampling_offsets(query).view(N, Lq, M, L, P, 2))
+        weights = _float(self.attention_weights(query).view(N, Lq, M, L * P)).softmax(-1).view(N, Lq, M, L, P)
+        ref = _float(reference_points)
+        if ref.shape[-1] == 2:
+            # offsets are in pixels of each level: divide by (W_l, H_l)
+            normalizer = torch.tensor([(w, h) for h, w in _as_shapes(spatial_shapes)], dtype=offsets.dtype, device=query.device)
+            loc = ref[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
+        elif ref.shape[-1] == 4:
+            # box references: offsets are fractions of half the box size, spread over the points
+            loc = ref[:, :, None, :, None, :2] + offsets / P * ref[:, :, None, :, None, 2:] * 0.5
+        else:
+            raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes) coordinates, got {tuple(reference_points.shape)}")
+        return loc, weights
+
+    def forward(
+        self,
+        query: Tensor,
+        reference_points: Tensor,
+        value: Tensor,
+        spatial_shapes: SpatialShapes,
+        value_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Attend from every query to its sampled points.
+
+        Args:
+            query: (N, Lq, C), position embedding already added.
+            reference_points: (N, Lq, L, 2) normalised (x, y), or (N, Lq, L, 4) boxes (cx, cy, w, h),
+                per level (the decoder scales them by each level's valid ratio).
+            value: (N, S, C) flattened multi-level input, S = sum(H_l * W_l).
+            spatial_shapes: (H_l, W_l) of each level.
+            value_padding_mask: (N, S) bool, True on padded positions (their values are zeroed).
+
+        Returns:
+            (N, Lq, C).
+        """
+        N, Lq, C = query.shape
+        S = value.shape[1]
+        shapes = _as_shapes(spatial_shapes)
+        if len(shapes) != self.n_levels:
+            raise ValueError(f"MSDeformAttn has n_levels={self.n_levels}, got spatial_shapes for {len(shapes)} levels")
+        if reference_points.shape[:3] != (N, Lq, self.n_levels):
+            raise ValueError(
+                f"reference_points must be (N, Lq, n_levels, 2|4) = ({N}, {Lq}, {self.n_levels}, ·), got {tuple(reference_points.shape)}"
+            )
+        v = self.value_proj(value)
+        if value_padding_mask is not None:
+            v = v.masked_fill(value_padding_mask[..., None], 0.0)
+        v = v.view(N, S, self.n_heads, C // self.n_heads)
+        loc, weights = self.sampling(query, reference_points, shapes)
+        out = ms_deform_attn_core(v, shapes, loc, weights, self.method)
+        return self.output_proj(out)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, n_points={self.n_points}, method={self.method!r}"
