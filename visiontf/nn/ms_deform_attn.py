@@ -133,18 +133,39 @@ def _bordered_layout(shapes: tuple[tuple[int, int], ...], device: torch.device) 
     return interior.to(device), start.to(device), wp.to(device), int(sizes.sum())
 
 
+@functools.lru_cache(maxsize=64)
+def _gather_constants(shapes: tuple[tuple[int, int], ...], N: int, M: int, P: int, device: torch.device) -> dict:
+    """Per-sample constants of the gather core in its (N, Q, M, J = L * P) layout, one set per shapes.
+
+    ``key_base`` (N, 1, M, J): table row of bordered position (-1, -1) of the sample's level, image
+    and head; ``row_stride`` (J,): rows per bordered map row; ``corner`` (4, J): row offsets of the 4
+    bilinear corners (y0x0, y0x1, y1x0, y1x1) from the top-left one; ``size`` (2, 1, J): (W, H).
+    """
+    _, start, width, total = _bordered_layout(shapes, device)
+    L = len(shapes)
+    per_sample = lambda t: t.repeat_interleave(P, dim=-1)  # noqa: E731  level -> (level, point)
+    base = (start + (width + 1) * _PAD_LO) * M  # (L,)
+    key_base = (
+        torch.arange(N, device=device).view(N, 1, 1, 1) * (total * M)
+        + torch.arange(M, device=device).view(1, 1, M, 1)
+        + per_sample(base).view(1, 1, 1, L * P)
+    )
+    ones = torch.ones_like(width)
+    corner = per_sample(torch.stack([ones * 0, ones, width, width + 1]) * M)  # (4, J)
+    size = per_sample(torch.tensor([[w for _, w in shapes], [h for h, _ in shapes]], device=device)).view(2, 1, L * P)
+    return {"key_base": key_base, "row_stride": per_sample(width * M), "corner": corner, "size": size, "total": total}
+
+
 class _BilinearGatherSum(torch.autograd.Function):
     """Bilinear samples of the bordered table, weighted and summed per (image, query, head).
 
-    Shapes (N images, Q queries, M heads, L levels, P points; broadcastable where marked *):
+    Inputs (N images, Q queries, M heads, J = levels x points samples; everything contiguous in J,
+    so every elementwise step vectorises):
 
     * ``table`` (R, D): rows ordered (image, bordered position, head);
-    * ``pix`` (N, Q, M, L, P, 2): pixel coordinates ``loc * (W, H) - 0.5``;
-    * ``attn`` (N, Q, M, L, P): attention weights;
-    * ``key_base`` (N, 1, M, L, 1)*: row of the bordered map's corner (-1, -1) for that image/head/level;
-    * ``row_stride`` (L, 1)*: rows per bordered map row (its width times M);
-    * ``corner`` (L, 1, 4)*: row offsets of the 4 corners from the top-left one;
-    * ``size`` (L, 1, 2)*: (W, H) per level.
+    * ``pix`` (N, Q, 2, M, J): pixel coordinates x (plane 0) and y (plane 1), ``loc * size - 0.5``;
+    * ``attn`` (N, Q, M, J): attention weights;
+    * ``consts``: from :func:`_gather_constants`.
 
     Forward: ``F.embedding_bag`` with the 4 corner weights of every sample as per-sample weights,
     which never materialises the gathered (samples, D) rows. Backward, written out rather than
@@ -155,71 +176,75 @@ class _BilinearGatherSum(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, table, pix, attn, key_base, row_stride, corner, size):
-        N, Q, M, L, P, _ = pix.shape
+    def forward(ctx, table, pix, attn, consts):
+        N, Q, _, M, J = pix.shape
+        size = consts["size"].to(pix.dtype)
         # A non-finite location gives NaN (as in grid_sample) through its attention weight; before
         # the integer cast every location is clamped to [-1, size], where the zero border makes
         # far-away points read zeros.
         if pix.device.type != "cpu" or not bool(torch.isfinite(pix).all()):
-            attn = torch.where(torch.isfinite(pix).all(-1), attn, float("nan"))
+            attn = torch.where(torch.isfinite(pix).all(2), attn, float("nan"))
         clamped = torch.minimum(pix.nan_to_num(nan=-1.0).clamp_min(-1.0), size)
         floor = clamped.floor()
-        fx, fy = (clamped - floor).unbind(-1)
+        fx, fy = (clamped - floor).unbind(2)
         # top-left corner rows; int32 (faster to build, gather and sort) whenever the table allows
-        index_dtype = torch.int32 if table.shape[0] + int(corner.max()) < 2**31 else torch.int64
-        cell = floor.to(index_dtype)
-        keys = cell[..., 1] * row_stride.to(index_dtype) + cell[..., 0] * M + key_base.to(index_dtype)
+        index_dtype = torch.int32 if table.shape[0] + int(consts["corner"].max()) < 2**31 else torch.int64
+        cx, cy = floor.to(index_dtype).unbind(2)
+        keys = cy * consts["row_stride"].to(index_dtype) + cx * M + consts["key_base"].to(index_dtype)  # (N, Q, M, J)
         ay0, ay1 = attn * (1 - fy), attn * fy
-        weights = torch.stack((ay0 * (1 - fx), ay0 * fx, ay1 * (1 - fx), ay1 * fx), -1)  # (N, Q, M, L, P, 4)
-        rows = (keys.unsqueeze(-1) + corner.to(index_dtype)).view(N * Q * M, L * P * 4)
-        out = F.embedding_bag(rows, table, per_sample_weights=weights.view(N * Q * M, L * P * 4), mode="sum")
-        ctx.save_for_backward(table, pix, fx, fy, attn, weights, keys, corner, size)
+        weights = torch.stack((ay0 * (1 - fx), ay0 * fx, ay1 * (1 - fx), ay1 * fx), 3)  # (N, Q, M, 4, J)
+        rows = keys.unsqueeze(3) + consts["corner"].to(index_dtype)
+        out = F.embedding_bag(rows.view(N * Q * M, 4 * J), table, per_sample_weights=weights.view(N * Q * M, 4 * J), mode="sum")
+        ctx.save_for_backward(table, pix, fx, fy, attn, keys)
+        ctx.consts = consts
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        table, pix, fx, fy, attn, weights, keys, corner, size = ctx.saved_tensors
-        N, Q, M, L, P, _ = pix.shape
+        table, pix, fx, fy, attn, keys = ctx.saved_tensors
+        consts = ctx.consts
+        N, Q, _, M, J = pix.shape
+        B = N * Q * M
         grad = grad.contiguous()
         grad_table = grad_pix = grad_attn = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            rows = (keys.long().unsqueeze(-1) + corner).view(-1)
+            rows = (keys.long().unsqueeze(3) + consts["corner"]).view(-1)
             nnz = rows.numel()
-            crow = torch.arange(0, nnz + 1, L * P * 4, device=rows.device)
+            crow = torch.arange(0, nnz + 1, 4 * J, device=rows.device)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
                 # beta=0 still reads the values (0 * NaN = NaN): they must be zeros
-                products = torch.sparse_csr_tensor(crow, rows, grad.new_zeros(nnz), size=(grad.shape[0], table.shape[0]))
+                products = torch.sparse_csr_tensor(crow, rows, grad.new_zeros(nnz), size=(B, table.shape[0]))
                 torch.sparse.sampled_addmm(products, grad, table.t(), beta=0.0, out=products)  # in place: no copy
-            g00, g01, g10, g11 = products.values().view(N, Q, M, L, P, 4).unbind(-1)
+            g00, g01, g10, g11 = products.values().view(N, Q, M, 4, J).unbind(3)
             if ctx.needs_input_grad[2]:
                 grad_attn = (1 - fy) * ((1 - fx) * g00 + fx * g01) + fy * ((1 - fx) * g10 + fx * g11)
             if ctx.needs_input_grad[1]:
                 grad_fx = attn * ((1 - fy) * (g01 - g00) + fy * (g11 - g10))
                 grad_fy = attn * ((1 - fx) * (g10 - g00) + fx * (g11 - g01))
                 # locations clamped at either end get no gradient: everything outside reads zeros
-                grad_pix = torch.stack((grad_fx, grad_fy), -1) * ((pix > -1.0) & (pix < size))
+                grad_pix = torch.stack((grad_fx, grad_fy), 2) * ((pix > -1.0) & (pix < consts["size"]))
         if ctx.needs_input_grad[0]:
-            grad_table = _table_grad(
-                grad, weights.view(-1, L * P, 4), keys.view(-1, L * P), corner.expand(L, P, 4).reshape(L * P, 4), table.shape[0]
-            )
-        return grad_table, grad_pix, grad_attn, None, None, None, None
+            grad_table = _table_grad(grad, fx.reshape(B * J), fy.reshape(B * J), attn.reshape(B * J), keys.view(B, J), consts["corner"], table.shape[0])
+        return grad_table, grad_pix, grad_attn, None
 
 
-def _table_grad(grad: Tensor, weights: Tensor, keys: Tensor, corner: Tensor, rows: int) -> Tensor:
+def _table_grad(grad: Tensor, fx: Tensor, fy: Tensor, attn: Tensor, keys: Tensor, corner: Tensor, rows: int) -> Tensor:
     """``d out / d table``: each bag's gradient, weighted, summed into its samples' 4 corner rows.
 
-    ``grad`` (B, D), ``weights`` (B, J, 4), ``keys`` (B, J) top-left rows, ``corner`` (J, 4) row
-    offsets. The B*J keys are sorted once (as int32 when they fit: several times faster); per
-    corner, one ``embedding_bag`` over the sorted samples sums them per key, and the sums are
-    added at the corner's rows. With more samples than rows (the encoder) the per-key sums are
-    dense over all rows, empty bags included; otherwise (the decoder) only over the keys present.
+    ``grad`` (B, D); per sample (B*J,): fractional position ``fx``, ``fy`` and attention weight;
+    ``keys`` (B, J) top-left rows; ``corner`` (4, J) row offsets. The B*J keys are sorted once
+    (int32 when they fit: several times faster than int64); per corner, one ``embedding_bag`` over
+    the sorted samples sums them per key, and the sums are added at the corner's rows. With more
+    samples than rows (the encoder) the per-key sums are dense over all rows, empty bags included;
+    otherwise (the decoder) only over the keys present.
     """
     B, J = keys.shape
     flat = keys.reshape(-1)
     sorted_keys, order = torch.sort(flat)
-    dense = flat.numel() >= rows
+    # dense per-key sums write every row 4 times: worth it only when samples far outnumber rows
+    dense = flat.numel() >= 4 * rows
     if dense:
         counts = torch.bincount(sorted_keys, minlength=rows)
         targets = torch.arange(rows, device=grad.device)
@@ -227,46 +252,66 @@ def _table_grad(grad: Tensor, weights: Tensor, keys: Tensor, corner: Tensor, row
         targets, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
         targets = targets.long()
     offsets = counts.cumsum(0) - counts
+    order = order.to(sorted_keys.dtype)
     bag = torch.div(order, J, rounding_mode="floor")
     # corner offsets of each key, from its first sample (all samples of a key share its level);
     # keys with no sample (dense case) get some in-range value: their sums are zero
-    key_corner = corner[(order % J)[offsets.clamp_max(flat.numel() - 1)]]
-    sorted_weights = weights.reshape(B * J, 4).index_select(0, order)
+    key_corner = corner[:, order[offsets.clamp_max(flat.numel() - 1)].long() % J]  # (4, U)
+    # the 4 corner weights in sorted order, from 3 gathered factors
+    fx, fy, attn = (t.index_select(0, order) for t in (fx, fy, attn))
+    ay = (attn * (1 - fy), attn * fy)
     grad_table = torch.zeros(rows, grad.shape[1], dtype=grad.dtype, device=grad.device)
     for c in range(4):
-        per_key = F.embedding_bag(bag, grad, offsets, per_sample_weights=sorted_weights[:, c].contiguous(), mode="sum")
+        weight = ay[c // 2] * (fx if c % 2 else 1 - fx)
+        per_key = F.embedding_bag(bag, grad, offsets.to(bag.dtype), per_sample_weights=weight, mode="sum")
         if dense and c == 0:
             grad_table += per_key
         else:
-            grad_table.index_put_(((targets + key_corner[:, c]).clamp_max(rows - 1),), per_key, accumulate=True)
+            grad_table.index_put_(((targets + key_corner[c]).clamp_max(rows - 1),), per_key, accumulate=True)
     return grad_table
 
 
-def _core_gather(value: Tensor, shapes: list[tuple[int, int]], loc: Tensor, attn: Tensor) -> Tensor:
+def _bordered_table(value: Tensor, shapes: tuple[tuple[int, int], ...], dtype: torch.dtype) -> Tensor:
+    """(N * total * M, D): every level map inside its zero border, rows ordered (image, position, head).
+
+    One row copy forward (``index_copy`` into zeros) and one gather backward.
+    """
     N, S, M, D = value.shape
-    _, Lq, _, L, P, _ = loc.shape
-    device = loc.device
-    dtype = torch.float64 if value.dtype == torch.float64 else torch.float32
-    interior, start, width, total = _bordered_layout(tuple(shapes), device)
-    # the table: every level map inside its zero border, rows ordered (image, position, head);
-    # one row copy forward (index_copy) and one gather backward
-    into = (torch.arange(N, device=device).view(N, 1) * total + interior).view(-1)
+    interior, _, _, total = _bordered_layout(shapes, value.device)
+    into = (torch.arange(N, device=value.device).view(N, 1) * total + interior).view(-1)
     table = value.new_zeros(N * total, M * D, dtype=dtype).index_copy(0, into, value.reshape(N * S, M * D).to(dtype))
-    table = table.view(N * total * M, D)
-    size = torch.tensor([(w, h) for h, w in shapes], dtype=dtype, device=device).view(L, 1, 2)
+    return table.view(N * total * M, D)
+
+
+def gather_core(value: Tensor, spatial_shapes: SpatialShapes, pix: Tensor, attn: Tensor) -> Tensor:
+    """The ``"gather"`` core in its native layout (what :class:`MSDeformAttn` calls).
+
+    Args:
+        value: (N, S, M, D).
+        pix: (N, Q, 2, M, J) pixel coordinates ``loc * (W, H) - 0.5`` of each sample, x then y
+            planes, J = L * P ordered (level, point).
+        attn: (N, Q, M, J) attention weights.
+
+    Returns:
+        (N, Q, M * D), in ``value``'s dtype (computed in float32, or float64 for float64 inputs).
+    """
+    shapes = tuple(_as_shapes(spatial_shapes))
+    N, S, M, D = value.shape
+    _, Q, _, _, J = pix.shape
+    dtype = torch.float64 if value.dtype == torch.float64 else torch.float32
+    consts = _gather_constants(shapes, N, M, J // len(shapes), value.device)
+    table = _bordered_table(value, shapes, dtype)
+    out = _BilinearGatherSum.apply(table, pix.to(dtype).contiguous(), attn.to(dtype).contiguous(), consts)
+    return out.view(N, Q, M * D).to(value.dtype)
+
+
+def _core_gather(value: Tensor, shapes: list[tuple[int, int]], loc: Tensor, attn: Tensor) -> Tensor:
+    N, Q, M, L, P, _ = loc.shape
+    dtype = torch.float64 if value.dtype == torch.float64 else torch.float32
+    size = torch.tensor([(w, h) for h, w in shapes], dtype=dtype, device=loc.device).view(L, 1, 2)
     # grid_sample's align_corners=False convention: pixel coordinate = loc * size - 0.5
-    pix = loc.to(dtype) * size - 0.5
-    # row of bordered position (-1, -1) of each level, per image and head
-    key_base = (
-        (torch.arange(N, device=device).view(N, 1, 1, 1, 1) * total + start.view(1, 1, 1, L, 1)) * M
-        + torch.arange(M, device=device).view(1, 1, M, 1, 1)
-        + (width.view(1, 1, 1, L, 1) + 1) * M * _PAD_LO
-    )
-    row_stride = (width * M).view(L, 1)
-    ones = torch.ones_like(width)
-    corner = (torch.stack([ones * 0, ones, width, width + 1], -1) * M).view(L, 1, 4)
-    out = _BilinearGatherSum.apply(table, pix, attn.to(dtype), key_base, row_stride, corner, size)
-    return out.view(N, Lq, M * D).to(value.dtype)
+    pix = (loc.to(dtype) * size - 0.5).permute(0, 1, 5, 2, 3, 4).reshape(N, Q, 2, M, L * P)
+    return gather_core(value, shapes, pix, attn.reshape(N, Q, M, L * P))
 
 
 class MSDeformAttn(nn.Module):
@@ -371,9 +416,44 @@ class MSDeformAttn(nn.Module):
         if value_padding_mask is not None:
             v = v.masked_fill(value_padding_mask[..., None], 0.0)
         v = v.view(N, S, self.n_heads, C // self.n_heads)
-        loc, weights = self.sampling(query, reference_points, shapes)
-        out = ms_deform_attn_core(v, shapes, loc, weights, self.method)
+        if reference_points.shape[-1] not in (2, 4):
+            raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes) coordinates, got {tuple(reference_points.shape)}")
+        if self.method == "gather":
+            pix, weights = self._pixel_sampling(query, reference_points, shapes)
+            out = gather_core(v, shapes, pix, weights)
+        else:
+            loc, weights = self.sampling(query, reference_points, shapes)
+            out = ms_deform_attn_core(v, shapes, loc, weights, self.method)
         return self.output_proj(out)
+
+    def _pixel_sampling(self, query: Tensor, reference_points: Tensor, shapes: list[tuple[int, int]]) -> tuple[Tensor, Tensor]:
+        """The gather core's inputs: pixel coordinates (N, Lq, 2, M, L*P) and weights (N, Lq, M, L*P).
+
+        The same locations as :meth:`sampling`, laid out for vectorised elementwise work: one GEMM
+        (offsets and attention logits together, the offset rows reordered) gives contiguous x and y
+        planes (instead of (x, y) pairs),
+        and the per-level terms are folded into (L*P,)-long rows: for points, pixel =
+        ``offset + ref * size - 0.5``; for boxes, ``offset * ref_wh * size / (2P) + ref_xy * size - 0.5``.
+        """
+        N, Lq, C = query.shape
+        M, L, P = self.n_heads, self.n_levels, self.n_points
+        K = M * L * P
+        # one GEMM for offsets (rows reordered x-plane, y-plane) and attention logits
+        w = torch.cat([self.sampling_offsets.weight.view(K, 2, C).transpose(0, 1).reshape(2 * K, C), self.attention_weights.weight])
+        b = torch.cat([self.sampling_offsets.bias.view(K, 2).t().reshape(-1), self.attention_weights.bias])
+        offsets, logits = F.linear(query, w, b).split([2 * K, K], dim=-1)
+        offsets = _float(offsets).reshape(N, Lq, 2, M, L * P)
+        weights = _float(logits).reshape(N, Lq, M, L * P).softmax(-1)
+        ref = _float(reference_points)
+        size = torch.tensor([(w_, h_) for h_, w_ in shapes], dtype=ref.dtype, device=ref.device)  # (L, 2)
+        # (N, Lq, L, 2) -> (N, Lq, 2, 1, L*P): one value per (image, query, axis, level), repeated per point
+        per_point = lambda t: t.transpose(2, 3).repeat_interleave(P, dim=-1).unsqueeze(3)  # noqa: E731
+        base = per_point(ref[..., :2] * size - 0.5)
+        if ref.shape[-1] == 2:
+            pix = offsets + base
+        else:
+            pix = offsets * per_point(ref[..., 2:] * size * (0.5 / P)) + base
+        return pix, weights
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, n_points={self.n_points}, method={self.method!r}"
