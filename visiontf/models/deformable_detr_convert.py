@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 
+import torch
 from torch import Tensor, nn
 
 from visiontf.models.detr_convert import Rules, _fuse_qkv, _hf_resnet_name, _rename
@@ -91,12 +92,28 @@ def detect_format(state: dict[str, Tensor]) -> str:
 
 
 def checkpoint_variant(state: dict[str, Tensor]) -> str:
-    """``"two_stage"``, ``"box_refine"`` or ``"plain"``, from the keys of any known layout."""
+    """``"two_stage"``, ``"box_refine"`` or ``"plain"``, from the keys of any known layout.
+
+    Refinement shows as the heads' second registration in the decoder (original; HF unless a
+    de-duplicating save dropped it) or, in any layout, as per-layer box heads that differ (the plain
+    model's are one head, repeated or tied).
+    """
     if any(re.match(r"^(transformer|model)\.enc_output\.", k) for k in state):
         return "two_stage"
-    # refinement heads are registered twice in foreign layouts; visiontf's has one head per layer
-    refine = r"^bbox_embed\.1\." if detect_format(state) == "visiontf" else r"^(transformer|model)\.decoder\.bbox_embed\."
-    return "box_refine" if any(re.match(refine, k) for k in state) else "plain"
+    if any(re.match(r"^(transformer|model)\.decoder\.bbox_embed\.", k) for k in state):
+        return "box_refine"
+    first = {k[len("bbox_embed.0."):]: v for k, v in state.items() if k.startswith("bbox_embed.0.")}
+    second = {k[len("bbox_embed.1."):]: v for k, v in state.items() if k.startswith("bbox_embed.1.")}
+    if second and (detect_format(state) == "visiontf" or any(not _same(v, first.get(k)) for k, v in second.items())):
+        return "box_refine"
+    return "plain"
+
+
+def _same(a: Tensor, b: Tensor | None) -> bool:
+    if b is None or a.shape != b.shape:
+        return False
+    # tensors without data (meta device: key-layout checks) cannot differ in value
+    return a.is_meta or b.is_meta or torch.equal(a, b)
 
 
 def model_variant(model: nn.Module) -> str:
@@ -114,13 +131,6 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
     counters = [k for k in state if k.endswith("num_batches_tracked")]
     state = {k: v for k, v in state.items() if k not in set(counters)}
     fmt = detect_format(state)
-    found, expected = checkpoint_variant(state), model_variant(model)
-    if found != expected:
-        raise ValueError(
-            f"this {fmt} checkpoint is a {found.replace('_', '-')} Deformable DETR (it fits {VARIANT_MODELS[found]!r}), but the "
-            f"model being loaded is {expected.replace('_', '-')} ({getattr(model, 'model_name', VARIANT_MODELS[expected])!r}); "
-            f"use create_model({VARIANT_MODELS[found]!r}, pretrained=...) for these weights"
-        )
     if fmt == "visiontf":
         own = model.state_dict()
         unmatched = [k for k in state if k not in own]
@@ -130,13 +140,25 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
                 f"fundamentalvision/Deformable-DETR names, HuggingFace DeformableDetrForObjectDetection names nor visiontf's, "
                 f"e.g. {unmatched[:8]}"
             )
+    found, expected = checkpoint_variant(state), model_variant(model)
+    if found != expected:
+        flags = f"with_box_refine={found != 'plain'}, two_stage={found == 'two_stage'}"
+        raise ValueError(
+            f"this {fmt} checkpoint is a {found.replace('_', '-')} Deformable DETR (it fits {VARIANT_MODELS[found]!r}), but the "
+            f"model being loaded is {expected.replace('_', '-')} ({getattr(model, 'model_name', VARIANT_MODELS[expected])!r}); "
+            f"use create_model({VARIANT_MODELS[found]!r}, pretrained=...) for these weights (or build the model with {flags})"
+        )
+    if fmt == "visiontf":
         return state
     rules = _ORIGINAL_RULES if fmt == "original" else _HF_RULES
     out: dict[str, Tensor] = {}
     unmatched, duplicates = [], 0
+    second_copies: dict[str, Tensor] = {}
     shared_heads = len(model.class_embed) == 1
     for key, value in state.items():
-        if _DUPLICATE_HEADS.match(key):
+        dup = _DUPLICATE_HEADS.match(key)
+        if dup:
+            second_copies[key[dup.end(1) + len(".decoder."):]] = value
             duplicates += 1
             continue
         new = _rename(key, rules)
@@ -155,8 +177,28 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
         )
     if fmt == "hf":
         out = _fuse_qkv(out)
+    _fill_tied_heads(out, second_copies, model)
     log.info(
         "converted %d tensors from the %s Deformable DETR layout (%d duplicate head tensors and %d BatchNorm counters dropped)",
         len(out), fmt, duplicates, len(counters),
     )
     return out
+
+
+def _fill_tied_heads(out: dict[str, Tensor], second_copies: dict[str, Tensor], model: nn.Module) -> None:
+    """Heads a file stores once because they are tied (HF's ``save_pretrained`` drops tied copies).
+
+    A missing ``class_embed.i`` / ``bbox_embed.i`` comes from its second registration in the
+    decoder when the file has that one, else from head 0, to which HuggingFace ties the others.
+    """
+    filled = []
+    for key in model.state_dict():
+        m = re.match(r"^(class_embed|bbox_embed)\.(\d+)\.(.*)$", key)
+        if m is None or key in out:
+            continue
+        source = second_copies.get(key, out.get(f"{m.group(1)}.0.{m.group(3)}"))
+        if source is not None:
+            out[key] = source
+            filled.append(key)
+    if filled:
+        log.info("filled %d tied head tensors from their shared copy (e.g. %s)", len(filled), filled[0])
