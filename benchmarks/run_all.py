@@ -26,11 +26,12 @@ log = logging.getLogger(__name__)
 
 
 def _benchmarks(device: str) -> dict[str, Callable[[bool], list[dict]]]:
-    from benchmarks import coco_eval, data_pipeline, detr, matcher, memory, vit_vs_timm
+    from benchmarks import coco_eval, data_pipeline, deformable_detr, detr, matcher, memory, vit_vs_timm
 
     return {
         "vit": lambda quick: vit_vs_timm.run(quick, device),
         "detr": lambda quick: detr.run(quick, device),
+        "deformable_detr": lambda quick: deformable_detr.run(quick, device),
         "matcher": lambda quick: matcher.run(quick, device),
         "memory": lambda quick: memory.run(quick, device),
         # whole-process / data-loader benchmarks: CPU only by design
