@@ -183,3 +183,22 @@ def test_bad_shapes_name_the_problem():
         ours(query, torch.rand(1, 3, 4, 3), value, SHAPES)
     with pytest.raises(ValueError, match="hold 47 positions, but value has S = 70"):
         ms_deform_attn_core(torch.randn(1, 70, 2, 8), SHAPES, torch.rand(1, 3, 2, 4, 2, 2), torch.rand(1, 3, 2, 4, 2))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_packed_tokens_equal_the_padded_batch(method):
+    """Self-attention over the unpadded tokens only gives the padded batch's result at those tokens."""
+    from visiontf.nn.ms_deform_attn import PackedTokens
+
+    ours, _ = _module_pair()
+    ours.method = method
+    N, S = 2, sum(h * w for h, w in SHAPES)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(N, S, 16, generator=g, dtype=torch.float64)
+    refs = torch.rand(N, S, 4, 2, generator=g, dtype=torch.float64)
+    pad = torch.rand(N, S, generator=g) < 0.3
+    packed = PackedTokens.from_mask(pad)
+    full = ours(x, refs, x, SHAPES, pad)
+    got = ours(packed.pack(x)[None], packed.pack(refs)[None], packed.pack(x)[None], SHAPES, packed=packed)
+    torch.testing.assert_close(got[0], packed.pack(full), rtol=0, atol=1e-12)
+    assert torch.equal(packed.unpack(packed.pack(x))[~pad], x[~pad]) and packed.unpack(packed.pack(x))[pad].abs().max() == 0

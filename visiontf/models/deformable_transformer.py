@@ -28,6 +28,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from visiontf.nn import MSDeformAttn, MultiheadAttention
+from visiontf.nn.ms_deform_attn import PackedTokens
 
 
 def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
@@ -121,21 +122,37 @@ class DeformableEncoderLayer(nn.Module):
         self.mlp = Mlp(d_model, dim_feedforward, act_layer=nn.ReLU, drop=dropout)
         self.norm2 = nn.LayerNorm(d_model)
 
-    def forward(self, src: Tensor, pos: Tensor, reference_points: Tensor, spatial_shapes, padding_mask: Tensor | None) -> Tensor:
-        src = self.norm1(src + self.drop1(self.self_attn(src + pos, reference_points, src, spatial_shapes, padding_mask)))
+    def forward(
+        self, src: Tensor, pos: Tensor, reference_points: Tensor, spatial_shapes, padding_mask: Tensor | None, packed: PackedTokens | None = None
+    ) -> Tensor:
+        attn = self.self_attn(src + pos, reference_points, src, spatial_shapes, padding_mask, packed)
+        src = self.norm1(src + self.drop1(attn))
         return self.norm2(src + self.mlp(src))
 
 
 class DeformableTransformerEncoder(nn.Module):
+    """Deformable encoder stack.
+
+    With padding it runs on the unpadded tokens only (:class:`~visiontf.nn.ms_deform_attn.PackedTokens`):
+    the original's output at padded positions is never read (every reader zeroes it), so its
+    projections, FFN and attention queries there are wasted work, a quarter or more of it in
+    batches of mixed aspect ratios. The returned memory is zero at padded positions.
+    """
+
     def __init__(self, layer: DeformableEncoderLayer, num_layers: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
 
     def forward(self, src: Tensor, pos: Tensor, reference_points: Tensor, spatial_shapes, padding_mask: Tensor | None) -> Tensor:
         """src/pos (B, S, C), reference_points (B, S, L, 2), padding_mask (B, S) or None -> (B, S, C)."""
+        packed = None
+        if padding_mask is not None and all(layer.self_attn.method == "gather" for layer in self.layers):
+            packed = PackedTokens.from_mask(padding_mask)
+            src, pos, reference_points = (packed.pack(t).unsqueeze(0) for t in (src, pos, reference_points))
+            padding_mask = None
         for layer in self.layers:
-            src = layer(src, pos, reference_points, spatial_shapes, padding_mask)
-        return src
+            src = layer(src, pos, reference_points, spatial_shapes, padding_mask, packed)
+        return src if packed is None else packed.unpack(src[0])
 
 
 class DeformableDecoderLayer(nn.Module):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -35,6 +36,42 @@ from torch import Tensor, nn
 
 SpatialShapes = Sequence[tuple[int, int]]
 METHODS = ("gather", "grid_sample")
+
+
+@dataclass(frozen=True)
+class PackedTokens:
+    """The unpadded positions of a (N, S) batch of flattened maps, packed into T rows.
+
+    Deformable DETR's encoder output at padded positions is never used (those values are zeroed
+    wherever they are read), so its per-token work (projections, FFN, attention queries) can skip
+    them: :class:`~visiontf.models.deformable_transformer.DeformableTransformerEncoder` packs the
+    tokens with this and the attention reads packed queries and values.
+
+    Attributes:
+        index: (T,) flat position ``n * S + s`` of each packed token, increasing.
+        image: (T,) its image n; ``position``: (T,) its position s.
+        padding_mask: (N, S) the mask it was made from (True on padding).
+    """
+
+    index: Tensor
+    image: Tensor
+    position: Tensor
+    padding_mask: Tensor
+
+    @classmethod
+    def from_mask(cls, padding_mask: Tensor) -> "PackedTokens":
+        N, S = padding_mask.shape
+        index = (~padding_mask).flatten().nonzero().squeeze(1)
+        return cls(index, torch.div(index, S, rounding_mode="floor"), index % S, padding_mask)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(N, S, ...) -> (T, ...)."""
+        return x.flatten(0, 1).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(T, ...) -> (N, S, ...) with zeros at padded positions."""
+        N, S = self.padding_mask.shape
+        return x.new_zeros((N * S, *x.shape[1:])).index_copy(0, self.index, x).view(N, S, *x.shape[1:])
 
 
 def level_start_index(spatial_shapes: SpatialShapes) -> list[int]:
@@ -271,19 +308,23 @@ def _table_grad(grad: Tensor, fx: Tensor, fy: Tensor, attn: Tensor, keys: Tensor
     return grad_table
 
 
-def _bordered_table(value: Tensor, shapes: tuple[tuple[int, int], ...], dtype: torch.dtype) -> Tensor:
+def _bordered_table(value: Tensor, shapes: tuple[tuple[int, int], ...], dtype: torch.dtype, N: int, packed: PackedTokens | None) -> Tensor:
     """(N * total * M, D): every level map inside its zero border, rows ordered (image, position, head).
 
+    ``value`` is (N, S, M, D), or (1, T, M, D) ``packed`` rows (padded positions then stay zero).
     One row copy forward (``index_copy`` into zeros) and one gather backward.
     """
-    N, S, M, D = value.shape
+    _, _, M, D = value.shape
     interior, _, _, total = _bordered_layout(shapes, value.device)
-    into = (torch.arange(N, device=value.device).view(N, 1) * total + interior).view(-1)
-    table = value.new_zeros(N * total, M * D, dtype=dtype).index_copy(0, into, value.reshape(N * S, M * D).to(dtype))
+    if packed is None:
+        into = (torch.arange(N, device=value.device).view(N, 1) * total + interior).view(-1)
+    else:
+        into = packed.image * total + interior[packed.position]
+    table = value.new_zeros(N * total, M * D, dtype=dtype).index_copy(0, into, value.reshape(-1, M * D).to(dtype))
     return table.view(N * total * M, D)
 
 
-def gather_core(value: Tensor, spatial_shapes: SpatialShapes, pix: Tensor, attn: Tensor) -> Tensor:
+def gather_core(value: Tensor, spatial_shapes: SpatialShapes, pix: Tensor, attn: Tensor, packed: PackedTokens | None = None) -> Tensor:
     """The ``"gather"`` core in its native layout (what :class:`MSDeformAttn` calls).
 
     Args:
@@ -291,18 +332,25 @@ def gather_core(value: Tensor, spatial_shapes: SpatialShapes, pix: Tensor, attn:
         pix: (N, Q, 2, M, J) pixel coordinates ``loc * (W, H) - 0.5`` of each sample, x then y
             planes, J = L * P ordered (level, point).
         attn: (N, Q, M, J) attention weights.
+        packed: queries and values are the packed tokens of a self-attention: value (1, T, M, D),
+            pix (1, T, 2, M, J), attn (1, T, M, J).
 
     Returns:
-        (N, Q, M * D), in ``value``'s dtype (computed in float32, or float64 for float64 inputs).
+        (N, Q, M * D) (packed: (1, T, M * D)), in ``value``'s dtype (computed in float32, or
+        float64 for float64 inputs).
     """
     shapes = tuple(_as_shapes(spatial_shapes))
-    N, S, M, D = value.shape
-    _, Q, _, _, J = pix.shape
+    Q, J = pix.shape[1], pix.shape[-1]
+    M, D = value.shape[2:]
+    N = value.shape[0] if packed is None else packed.padding_mask.shape[0]
     dtype = torch.float64 if value.dtype == torch.float64 else torch.float32
     consts = _gather_constants(shapes, N, M, J // len(shapes), value.device)
-    table = _bordered_table(value, shapes, dtype)
+    if packed is not None:
+        # each packed query's own image
+        consts = {**consts, "key_base": consts["key_base"].squeeze(1).index_select(0, packed.image).unsqueeze(0)}
+    table = _bordered_table(value, shapes, dtype, N, packed)
     out = _BilinearGatherSum.apply(table, pix.to(dtype).contiguous(), attn.to(dtype).contiguous(), consts)
-    return out.view(N, Q, M * D).to(value.dtype)
+    return out.view(pix.shape[0], Q, M * D).to(value.dtype)
 
 
 def _core_gather(value: Tensor, shapes: list[tuple[int, int]], loc: Tensor, attn: Tensor) -> Tensor:
@@ -389,6 +437,7 @@ class MSDeformAttn(nn.Module):
         value: Tensor,
         spatial_shapes: SpatialShapes,
         value_padding_mask: Tensor | None = None,
+        packed: PackedTokens | None = None,
     ) -> Tensor:
         """Attend from every query to its sampled points.
 
@@ -399,9 +448,11 @@ class MSDeformAttn(nn.Module):
             value: (N, S, C) flattened multi-level input, S = sum(H_l * W_l).
             spatial_shapes: (H_l, W_l) of each level.
             value_padding_mask: (N, S) bool, True on padded positions (their values are zeroed).
+            packed: self-attention over the unpadded tokens only: query, reference_points and
+                value are their packed rows, (1, T, ·) (see :class:`PackedTokens`).
 
         Returns:
-            (N, Lq, C).
+            (N, Lq, C), or (1, T, C) packed.
         """
         N, Lq, C = query.shape
         S = value.shape[1]
@@ -412,15 +463,19 @@ class MSDeformAttn(nn.Module):
             raise ValueError(
                 f"reference_points must be (N, Lq, n_levels, 2|4) = ({N}, {Lq}, {self.n_levels}, ·), got {tuple(reference_points.shape)}"
             )
+        if reference_points.shape[-1] not in (2, 4):
+            raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes) coordinates, got {tuple(reference_points.shape)}")
+        if packed is not None and self.method != "gather":
+            # the grid_sample core needs whole maps: unpack, attend, pack
+            out = self.forward(*(packed.unpack(t[0]) for t in (query, reference_points, value)), shapes, packed.padding_mask)
+            return packed.pack(out).unsqueeze(0)
         v = self.value_proj(value)
         if value_padding_mask is not None:
             v = v.masked_fill(value_padding_mask[..., None], 0.0)
         v = v.view(N, S, self.n_heads, C // self.n_heads)
-        if reference_points.shape[-1] not in (2, 4):
-            raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes) coordinates, got {tuple(reference_points.shape)}")
         if self.method == "gather":
             pix, weights = self._pixel_sampling(query, reference_points, shapes)
-            out = gather_core(v, shapes, pix, weights)
+            out = gather_core(v, shapes, pix, weights, packed)
         else:
             loc, weights = self.sampling(query, reference_points, shapes)
             out = ms_deform_attn_core(v, shapes, loc, weights, self.method)
