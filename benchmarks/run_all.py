@@ -4,7 +4,8 @@
 
 ``ratio`` is always "how many times better ours is": reference time / ours for timings, reference
 peak / ours for memory (``unit`` MiB), our images/s / reference images/s for the augmentation.
-``--quick`` (smaller inputs, fewer repeats) takes about 6-8 minutes on a quiet 2-core CPU.
+``--quick`` (smaller inputs, fewer repeats) takes about 6-8 minutes on a quiet 2-core CPU, plus a
+few minutes for ``deformable_detr`` (the original design's train step is the slow part).
 """
 from __future__ import annotations
 

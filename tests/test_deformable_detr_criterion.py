@@ -41,7 +41,7 @@ def _model_outputs(B=3, Q=20, S=50) -> dict:
 def test_focal_matcher_equals_the_original():
     outputs, targets = _outputs(3, 30, 0), _targets([4, 0, 7])
     matcher = HungarianMatcher(cost_class=2.0, class_cost="focal")
-    cost, sizes, _ = matcher.cost_blocks(outputs, targets)
+    cost, _, _ = matcher.cost_blocks(outputs, targets)
     # the original's batch-wide (B*Q, T) matrix; ours is its diagonal blocks, target-major
     labels, boxes = torch.cat([t["labels"] for t in targets]), torch.cat([t["boxes"] for t in targets])
     pred = outputs["pred_boxes"].flatten(0, 1)

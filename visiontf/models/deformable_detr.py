@@ -13,7 +13,6 @@ The forward is composed of steps the DINO-style options can reuse or replace:
 """
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path

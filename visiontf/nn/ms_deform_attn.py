@@ -9,12 +9,14 @@ convention), and the samples are summed with weights softmax-normalised over lev
 Two interchangeable cores compute the same thing (see :func:`ms_deform_attn_core`):
 
 * ``"gather"`` (default): one weighted gather-sum over all levels with no per-level Python loop.
-  The value is viewed as a table of (batch x position x head) rows; for every sample the four
-  bilinear corner rows and weights are computed with ``grid_sample``'s zero-padding semantics, the
-  attention weights are folded into the corner weights, and ``F.embedding_bag(mode="sum",
-  per_sample_weights=...)`` reduces them without materialising the (samples, head_dim) tensor.
-  Its backward covers the value table, the corner weights and, through them, the sampling
-  locations and attention weights. This is the fast path on CPU (docs: ``benchmarks/deformable_detr.py``).
+  The value is copied into a table of (image x position x head) rows in which every level map has
+  a zero border, so ``grid_sample``'s zero padding needs no per-corner range test; for every
+  sample the four bilinear corner rows and weights are computed, the attention weight is folded
+  into the corner weights, and ``F.embedding_bag(mode="sum", per_sample_weights=...)`` reduces
+  them without materialising the (samples, head_dim) tensor. The backward is written out: the
+  corner-weight gradient (hence the locations' and attention weights') is a sampled dense-dense
+  product on the same sparsity pattern, the table's a sort of the samples' top-left rows and one
+  ``embedding_bag`` per corner. This is the fast path on CPU (``benchmarks/deformable_detr.py``).
 * ``"grid_sample"``: the original's pure-PyTorch design, one ``F.grid_sample`` per level. ONNX
   exports it (GridSample, opset 16+), and the tests use it as a cross-check.
 
@@ -74,15 +76,6 @@ class PackedTokens:
         return x.new_zeros((N * S, *x.shape[1:])).index_copy(0, self.index, x).view(N, S, *x.shape[1:])
 
 
-def level_start_index(spatial_shapes: SpatialShapes) -> list[int]:
-    """Offset of each level in the flattened sequence: ``[0, H0*W0, H0*W0 + H1*W1, ...]``."""
-    starts, total = [], 0
-    for h, w in spatial_shapes:
-        starts.append(total)
-        total += h * w
-    return starts
-
-
 def _as_shapes(spatial_shapes) -> list[tuple[int, int]]:
     if isinstance(spatial_shapes, Tensor):
         return [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
@@ -110,7 +103,7 @@ def ms_deform_attn_core(
         (N, Lq, M * D).
     """
     shapes = _as_shapes(spatial_shapes)
-    N, S, M, D = value.shape
+    S = value.shape[1]
     if sum(h * w for h, w in shapes) != S:
         raise ValueError(f"spatial_shapes {shapes} hold {sum(h * w for h, w in shapes)} positions, but value has S = {S}")
     if method == "gather":
@@ -277,7 +270,7 @@ def _table_grad(grad: Tensor, fx: Tensor, fy: Tensor, attn: Tensor, keys: Tensor
     samples than rows (the encoder) the per-key sums are dense over all rows, empty bags included;
     otherwise (the decoder) only over the keys present.
     """
-    B, J = keys.shape
+    J = keys.shape[1]
     flat = keys.reshape(-1)
     sorted_keys, order = torch.sort(flat)
     # dense per-key sums write every row 4 times: worth it only when samples far outnumber rows
