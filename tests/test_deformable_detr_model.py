@@ -15,7 +15,7 @@ from deformable_helpers import TOY, VARIANTS, inputs, original, randomize
 from benchmarks.reference_deformable_detr import _Encoder, _Transformer
 from visiontf.detection import SetCriterion
 from visiontf.models.deformable_detr import DeformableDETR
-from visiontf.models.deformable_transformer import encoder_reference_points, level_layout, valid_counts
+from visiontf.models.deformable_transformer import encoder_reference_points, level_layout, refine_boxes, valid_counts
 from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.registry import create_model, list_models
 
@@ -148,6 +148,11 @@ def test_decoder_query_groups_and_mask():
     assert [r.shape[-1] for r in out["references"]] == [2, 4]
     assert not out["references"][1].requires_grad and out["new_references"][0].requires_grad
     assert torch.equal(out["references"][1], out["new_references"][0].detach())
+    # look forward twice: layer 1's boxes from layer 0's undetached boxes and layer 1's delta
+    lft = refine_boxes(out["new_references"][0], out["deltas"][1])
+    torch.testing.assert_close(lft.detach(), out["new_references"][1].detach())
+    lft.sum().backward()
+    assert model.bbox_embed[0].layers[0].weight.grad is not None  # reaches layer 0's head
     # external 4-d reference boxes and queries (denoising queries will come this way)
     boxes = torch.rand(2, 5, 4)
     ext = model.decode({"tgt": torch.randn(2, 5, 64), "query_pos": torch.randn(2, 5, 64), "reference": boxes}, enc)

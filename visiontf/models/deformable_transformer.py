@@ -230,14 +230,16 @@ class DeformableTransformerDecoder(nn.Module):
 
         Returns:
             ``hidden`` (num_layers, B, Q, C); ``references``: the reference each layer used
-            (list, detached between layers); ``new_references``: with ``box_heads``, each layer's
-            refined boxes (B, Q, 4) float32, not detached (= its predicted boxes), else None.
+            (list, detached between layers); with ``box_heads``, ``new_references``: each layer's
+            refined boxes (B, Q, 4) float32, not detached (= its predicted boxes), and ``deltas``:
+            each head's raw output (B, Q, 4) float32, so that "look forward twice" can predict
+            layer i's boxes as ``refine_boxes(new_references[i - 1], deltas[i])``; else None.
         """
         if num_groups < 1 or tgt.shape[1] % num_groups:
             raise ValueError(f"num_groups={num_groups} must divide the number of queries {tgt.shape[1]}")
         if box_heads is not None and len(box_heads) < self.num_layers:
             raise ValueError(f"box refinement needs {self.num_layers} box heads, got {len(box_heads)}")
-        hidden, references, new_references = [], [], []
+        hidden, references, new_references, deltas = [], [], [], []
         ref = reference_points
         for i, layer in enumerate(self.layers):
             scale = valid_ratios if ref.shape[-1] == 2 else torch.cat([valid_ratios, valid_ratios], -1)
@@ -246,10 +248,16 @@ class DeformableTransformerDecoder(nn.Module):
             hidden.append(tgt)
             references.append(ref)
             if box_heads is not None:
-                new_ref = refine_boxes(ref, box_heads[i](tgt))
-                new_references.append(new_ref)
-                ref = new_ref.detach()
-        return {"hidden": torch.stack(hidden), "references": references, "new_references": new_references if box_heads is not None else None}
+                deltas.append(box_heads[i](tgt).float())
+                new_references.append(refine_boxes(ref, deltas[-1]))
+                ref = new_references[-1].detach()
+        refined = box_heads is not None
+        return {
+            "hidden": torch.stack(hidden),
+            "references": references,
+            "new_references": new_references if refined else None,
+            "deltas": deltas if refined else None,
+        }
 
 
 def refine_boxes(reference: Tensor, delta: Tensor) -> Tensor:
