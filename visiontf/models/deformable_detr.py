@@ -295,10 +295,11 @@ DEFAULT_CFGS: dict[str, dict] = {
     # every position, so its points dominate the attention cost) and 4 decoder points (cheap: 100
     # queries), 2 encoder + 3 decoder layers (set prediction needs decoder depth more than encoder
     # depth), FFN 512, 100 queries (few objects per image), refinement on (cheap, converges faster),
-    # dropout 0 (short schedules, as DINO and D-FINE)
+    # dropout 0 (short schedules, as DINO and D-FINE), channels-last (the ResNet-18 is most of a CPU
+    # train step; oneDNN convolutions made it 1.5x faster at batch 8, 256 px)
     "deformable_detr_tiny": dict(
         backbone="resnet18", num_feature_levels=3, hidden_dim=128, nheads=4, enc_layers=2, dec_layers=3, dim_feedforward=512,
-        num_queries=100, enc_n_points=2, dec_n_points=4, with_box_refine=True, dropout=0.0,
+        num_queries=100, enc_n_points=2, dec_n_points=4, with_box_refine=True, dropout=0.0, channels_last=True,
     ),
 }
 
