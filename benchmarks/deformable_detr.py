@@ -13,6 +13,10 @@ Rows (ratio = reference / ours, > 1: ours better):
 * ``inference``: eval-mode forward under ``no_grad``.
 * ``peak memory``: each model in a fresh subprocess, one train step; peak RSS (``VmHWM``) on CPU,
   ``torch.cuda.max_memory_allocated`` on CUDA. Ratio = reference peak / ours.
+* ``attention``: one ``MSDeformAttn`` (d 256, 8 heads, 4 levels, 4 points), forward + backward,
+  visiontf's gather core against the original module with its ``ms_deform_attn_core_pytorch``, at
+  the encoder's size (every position queries, at the train step's image size) and the decoder's
+  (300 queries), same weights.
 
 Ours and the reference are timed in the same process, alternating one repeat each
 (:func:`benchmarks.common.time_interleaved`), so load from other processes hits both alike.
@@ -126,6 +130,47 @@ def bench_speed(quick: bool, device: torch.device, tiny: bool = False) -> list[d
     return rows
 
 
+# ------------------------------------------------------------------------------ attention alone
+def bench_attention(quick: bool, device: torch.device, tiny: bool = False) -> list[dict]:
+    """One deformable attention, forward + backward: ours (gather core) vs the original module."""
+    from benchmarks.reference_deformable_detr import MSDeformAttn as OriginalMSDeformAttn
+    from visiontf.nn import MSDeformAttn
+
+    B, H, W = SIZES["tiny" if tiny else "quick" if quick else "full"]
+    shapes = [(-(-H // s), -(-W // s)) for s in (8, 16, 32, 64)]
+    S = sum(h * w for h, w in shapes)
+    torch.manual_seed(0)
+    ours = MSDeformAttn(256, 4, 8, 4).to(device)
+    with torch.no_grad():  # trained-like offsets and weights (both start at zero)
+        ours.sampling_offsets.weight.normal_(0, 0.01)
+        ours.attention_weights.weight.normal_(0, 0.01)
+    ref = OriginalMSDeformAttn(256, 4, 8, 4).to(device)
+    ref.load_state_dict(ours.state_dict())
+    spatial = torch.tensor(shapes, device=device)
+    start = torch.cat([spatial.new_zeros(1), spatial.prod(1).cumsum(0)[:-1]])
+    centres = [torch.stack(torch.meshgrid((torch.arange(w) + 0.5) / w, (torch.arange(h) + 0.5) / h, indexing="xy"), -1).view(-1, 2)
+               for h, w in shapes]
+    cases = {"encoder": (S, torch.cat(centres)[None, :, None].expand(B, S, 4, 2)), "decoder": (300, torch.rand(B, 300, 4, 2))}
+    warmup, repeats = _repeats(quick, tiny)
+    rows = []
+    for name, (Q, points) in cases.items():
+        points = points.contiguous().to(device)
+        query, value = torch.randn(B, Q, 256, device=device), torch.randn(B, S, 256, device=device)
+
+        def run(module, original):
+            q, v = query.clone().requires_grad_(), value.clone().requires_grad_()
+            out = module(q, points, v, spatial, start) if original else module(q, points, v, shapes)
+            out.square().sum().backward()
+            return out.detach(), q.grad, v.grad
+
+        got, expected = run(ours, False), run(ref, True)
+        same = all(torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(got, expected))
+        t = time_interleaved({"ours": lambda: run(ours, False), "ref": lambda: run(ref, True)}, device, warmup, repeats)
+        rows.append(row(f"ms_deform_attn {name} fwd+bwd b{B} {Q} queries, {S} values", t["ours"], t["ref"], same,
+                        "original ms_deform_attn_core_pytorch", device=str(device)))
+    return rows
+
+
 # ------------------------------------------------------------------------------ peak memory
 def _memory_child(kind: str, size: str, device: str, weights: str) -> dict:
     """In a fresh process: build one model from the shared weights, one train step, peak memory."""
@@ -202,7 +247,7 @@ def run(quick: bool = False, device: str = "cpu", tiny: bool = False, memory: bo
     rows = bench_speed(quick, dev, tiny)
     if memory:
         rows += bench_memory(quick, dev, tiny)
-    return rows
+    return rows + bench_attention(quick, dev, tiny)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ def test_deformable_detr_vs_original_tiny():
     rows = deformable_detr.run(tiny=True)
     assert [r["benchmark"].split(" b2")[0] for r in rows] == [
         "deformable_detr_r50_box_refine train step", "deformable_detr_r50_box_refine inference",
-        "deformable_detr_r50_box_refine train step peak memory",
+        "deformable_detr_r50_box_refine train step peak memory", "ms_deform_attn encoder fwd+bwd", "ms_deform_attn decoder fwd+bwd",
     ]
     for r in rows:
         assert set(common.ROW_KEYS) <= set(r) and r["ours_s"] > 0 and r["ref_s"] > 0
