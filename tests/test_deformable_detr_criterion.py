@@ -119,5 +119,5 @@ def test_build_postprocess_follows_the_class_head():
     assert isinstance(build_postprocess(DeformableDETR(num_classes=3, backbone="resnet18", hidden_dim=32, nheads=2, enc_layers=1,
                                                        dec_layers=1, num_queries=4, num_feature_levels=1)), DeformablePostProcess)
     assert isinstance(build_postprocess(nn.Linear(1, 1)), PostProcess)  # DETR checkpoints carry no class_head
-    with pytest.raises(ValueError, match="class_head = 'mystery'.*known: 'softmax', 'sigmoid'"):
+    with pytest.raises(ValueError, match=r"class_head = 'mystery'.*known: \['sigmoid', 'softmax'\]"):
         build_postprocess(Unknown())
