@@ -14,7 +14,7 @@ import torch
 
 from visiontf.adapters.base import canonical_cfg
 from visiontf.adapters.detection import coco_results
-from visiontf.checkpoints import legacy_eval_cfg, load_checkpoint_model
+from visiontf.checkpoints import config_checkpoint_dir, legacy_eval_cfg, load_checkpoint_model, resolve_checkpoint
 from visiontf.inference.predictor import LoadedImage, Predictor, load_inputs
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def build_predictor(args: argparse.Namespace) -> Predictor:
         return Predictor.from_file(args.weights, class_names=names, **overrides)
     if not args.ckpt_path:
         raise SystemExit("give --weights model.safetensors, or --ckpt_path K.ckpt (optionally with --config C.yaml)")
-    model, info = load_checkpoint_model(args.ckpt_path)
+    model, info = load_checkpoint_model(resolve_checkpoint(args.ckpt_path, config_checkpoint_dir(args.config)))
     preprocess = {**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)}
     return Predictor(model, class_names=names if names is not None else info.get("class_names"), preprocess=preprocess,
                      **overrides)
@@ -152,7 +152,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
 
     from visiontf.inference.export import export_model
 
-    model, info = load_checkpoint_model(args.ckpt_path)
+    model, info = load_checkpoint_model(resolve_checkpoint(args.ckpt_path, config_checkpoint_dir(args.config)))
     dm, dm_args = datamodule_from_config(args.config) if args.config else (None, {})
     names = getattr(dm, "class_names", None) or info.get("class_names")
     l2c = getattr(dm, "label_to_cat_id", None) or info.get("label_to_cat_id")
