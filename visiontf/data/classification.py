@@ -20,6 +20,16 @@ from albumentations.pytorch import ToTensorV2
 from torch.utils.data import DataLoader, Dataset
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
+from visiontf.config_checks import (
+    check_config,
+    each,
+    fraction,
+    non_negative,
+    non_negative_int,
+    optional,
+    positive_int,
+    unit_interval_open_left,
+)
 from visiontf.data.io import read_image
 from visiontf.data.loading import (
     IMAGE_EXTENSIONS,
@@ -271,12 +281,21 @@ class ClassificationDataModule(L.LightningDataModule):
         crop_pct: float = 0.875,
         seed: int = 0,
     ) -> None:
+        check_config(type(self).__name__, "data", image_size=(image_size, positive_int), batch_size=(batch_size, positive_int),
+                     num_workers=(num_workers, optional(non_negative_int)), crop_pct=(crop_pct, unit_interval_open_left),
+                     hflip=(hflip, fraction), color_jitter=(color_jitter, optional(non_negative)),
+                     scale=(scale, each(unit_interval_open_left, 2)))
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
         self.batch_size = batch_size
         self.num_workers = default_num_workers(num_workers)
         self.class_names: list[str] = find_classes(self.root / train_split)
+        if len(self.class_names) < 2:
+            raise DatasetLayoutError(
+                f"{self.root / train_split}: one class folder with images ({self.class_names[0]!r}); classification "
+                f"needs two classes or more ({LAYOUT_HINT}). Add a folder for the other class(es)"
+            )
         self.num_classes: int = len(self.class_names)
         if auto_augment:
             _rand_augment(auto_augment)  # fail at construction, not in a worker

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.ops import box_convert
 
+from visiontf.config_checks import check_config, each, non_negative_int, optional, positive_int
 from visiontf.data import detection_transforms as DT
 from visiontf.data.batching import pad_images
 from visiontf.data.io import read_image
@@ -355,6 +356,12 @@ class CocoDataModule(L.LightningDataModule):
         persistent_workers: bool | None = None,
         seed: int = 0,
     ):
+        check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
+                     val_batch_size=(val_batch_size, optional(positive_int)),
+                     num_workers=(num_workers, optional(non_negative_int)), scales=(scales, each(positive_int)),
+                     max_size=(max_size, positive_int), crop_scales=(crop_scales, each(positive_int)),
+                     crop_size=(crop_size, each(positive_int, 2)), val_size=(val_size, positive_int),
+                     size_divisibility=(size_divisibility, non_negative_int))
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)

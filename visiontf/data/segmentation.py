@@ -17,6 +17,7 @@ import lightning as L
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
+from visiontf.config_checks import check_config, each, fraction, non_negative_int, optional, positive, positive_int
 from visiontf.data.loading import DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 from visiontf.data.segmentation_dataset import SegmentationDataset, _Collate, segmentation_collate
@@ -83,6 +84,10 @@ class SegmentationDataModule(L.LightningDataModule):
         std: tuple[float, float, float] = IMAGENET_DEFAULT_STD,
         seed: int = 0,
     ) -> None:
+        check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
+                     val_batch_size=(val_batch_size, positive_int), num_workers=(num_workers, optional(non_negative_int)),
+                     hflip=(hflip, fraction), cat_max_ratio=(cat_max_ratio, unit_interval_open_left),
+                     ratio_range=(ratio_range, each(positive, 2)))
         super().__init__()
         self.save_hyperparameters()
         if layout not in LAYOUTS:

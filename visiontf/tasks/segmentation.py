@@ -8,6 +8,16 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from visiontf.config_checks import (
+    check_config,
+    non_negative,
+    non_negative_int,
+    one_of,
+    optional,
+    positive,
+    positive_int,
+    unit_interval_open_right,
+)
 from visiontf.evaluation.segmentation import format_table, segmentation_scores
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
@@ -54,6 +64,11 @@ class SegmentationTask(BaseTask):
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
+        check_config(type(self).__name__, "model", lr=(lr, positive), momentum=(momentum, unit_interval_open_right),
+                     weight_decay=(weight_decay, non_negative), head_lr_mult=(head_lr_mult, non_negative),
+                     power=(power, non_negative), min_lr=(min_lr, non_negative), warmup_steps=(warmup_steps, non_negative_int),
+                     aux_weight=(aux_weight, optional(non_negative)), crop_size=(crop_size, optional(positive_int)),
+                     stride=(stride, optional(positive_int)), optimizer=(optimizer, one_of("sgd", "adamw")))
         super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
         self.save_hyperparameters()
         if inference_mode not in ("whole", "slide"):
