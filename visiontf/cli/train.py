@@ -25,6 +25,7 @@ import visiontf.tasks.segmentation  # noqa: F401
 from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
 from visiontf.checkpoint_io import install_atomic_checkpoint_io
 from visiontf.checkpoints import check_checkpoint_task, resolve_checkpoint, run_checkpoint_dir
+from visiontf.errors import UserError
 
 
 class VisionCLI(LightningCLI):
@@ -65,6 +66,18 @@ class VisionCLI(LightningCLI):
         install_atomic_checkpoint_io(trainer)
         return trainer
 
+    def instantiate_classes(self) -> None:
+        # jsonargparse wraps an error raised in a data module's or task's __init__ (ConfigError, a
+        # missing dataset folder) in "Does not validate against any of the Union subtypes"; the user's
+        # mistake is the cause, so it is what gets raised (named, one line for the CLI)
+        try:
+            super().instantiate_classes()
+        except ValueError as e:
+            cause = _user_error_in_chain(e)
+            if cause is None:
+                raise
+            raise cause from e
+
     def _parse_ckpt_path(self) -> None:
         # Lightning reads --ckpt_path here, before anything is built, and merges the checkpoint's
         # hyper-parameters into the model's config. First: which file "last" means, whether it is
@@ -80,6 +93,17 @@ class VisionCLI(LightningCLI):
             if resolved is not None and Path(resolved).is_file():
                 check_checkpoint_task(resolved, cfg.get("model.class_path"))
         super()._parse_ckpt_path()
+
+
+def _user_error_in_chain(error: BaseException) -> UserError | None:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UserError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _trainer_defaults() -> dict:

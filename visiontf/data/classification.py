@@ -17,8 +17,8 @@ import albumentations as A
 import lightning as L
 import torch
 from albumentations.pytorch import ToTensorV2
-from torch.utils.data import DataLoader, Dataset
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import DataLoader, Dataset
 
 from visiontf.config_checks import (
     check_config,
@@ -77,10 +77,21 @@ def _class_dirs(split_dir: Path) -> list[Path]:
     return dirs
 
 
-def _images_in(class_dir: Path) -> tuple[list[Path], int]:
-    files = sorted(p for p in class_dir.rglob("*") if p.is_file() and not p.name.startswith("."))
-    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
-    return images, len(files) - len(images)
+def _images_in(class_dir: Path) -> tuple[list[Path], int, list[Path]]:
+    """Image files under ``class_dir``, how many other files, and the broken symbolic links (which
+    ``is_file()`` alone would drop without a word)."""
+    images, others, broken = [], 0, []
+    for p in sorted(class_dir.rglob("*")):
+        if p.name.startswith("."):
+            continue
+        if p.is_file():
+            if p.suffix.lower() in IMAGE_EXTENSIONS:
+                images.append(p)
+            else:
+                others += 1
+        elif p.is_symlink() and not p.exists():
+            broken.append(p)
+    return images, others, broken
 
 
 def find_classes(split_dir: str | Path) -> list[str]:
@@ -138,10 +149,11 @@ class ImageFolderDataset(AugmentedDataset):
         self.class_names = list(class_names) if class_names is not None else find_classes(self.root)
         index = {name: i for i, name in enumerate(self.class_names)}
         self.samples: list[tuple[Path, int]] = []
-        empty, skipped_files = [], 0
+        empty, skipped_files, broken = [], 0, []
         for d in _class_dirs(self.root):
-            images, others = _images_in(d)
+            images, others, links = _images_in(d)
             skipped_files += others
+            broken += links
             if not images:
                 empty.append(d.name)
                 continue
@@ -154,6 +166,9 @@ class ImageFolderDataset(AugmentedDataset):
             self.samples.extend((p, index[d.name]) for p in images)
         if skipped_files:
             log.warning("%s: ignoring %d non-image file(s) in class folders", self.root, skipped_files)
+        if broken:
+            log.warning("%s: left out %d broken symbolic link(s) (e.g. %s); fix or remove them", self.root, len(broken),
+                        [str(p.relative_to(self.root)) for p in broken[:5]])
         if empty:
             log.warning("%s: %d class folder(s) hold no images: %s", self.root, len(empty), empty)
         if not self.samples:
@@ -291,12 +306,10 @@ class ClassificationDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = default_num_workers(num_workers)
         self.class_names: list[str] = find_classes(self.root / train_split)
-        if len(self.class_names) < 2:
-            raise DatasetLayoutError(
-                f"{self.root / train_split}: one class folder with images ({self.class_names[0]!r}); classification "
-                f"needs two classes or more ({LAYOUT_HINT}). Add a folder for the other class(es)"
-            )
         self.num_classes: int = len(self.class_names)
+        if self.num_classes < 2:  # allowed here (the data can be inspected); ClassificationTask refuses it
+            log.warning("%s: one class folder with images (%r); a classifier needs two classes or more",
+                        self.root / train_split, self.class_names[0])
         if auto_augment:
             _rand_augment(auto_augment)  # fail at construction, not in a worker
         self.train_dataset: ImageFolderDataset | None = None
