@@ -24,8 +24,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from visiontf.callbacks import LastAndBestCheckpoint, ModelEMA
 from visiontf.atomic_write import atomic_save
+from visiontf.callbacks import LastAndBestCheckpoint, ModelEMA
 from visiontf.checkpoint_io import AtomicCheckpointIO
 
 ROOT = Path(__file__).resolve().parents[1]

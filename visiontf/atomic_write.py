@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 log = logging.getLogger(__name__)
 
 #: temporary files are ``.<name>.<random>.tmp``: hidden, and not ``*.ckpt``, so neither Lightning's

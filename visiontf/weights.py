@@ -73,7 +73,6 @@ def describe_load_failure(path: Path, error: BaseException) -> WeightsError | No
         )
     if not path.is_file():
         return None
-    size = path.stat().st_size
     text = str(error)
     corrupt = (
         isinstance(error, (EOFError, pickle.UnpicklingError, zipfile.BadZipFile))

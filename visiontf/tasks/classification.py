@@ -26,7 +26,8 @@ from visiontf.tasks.optim import build_optimizer, build_scheduler, decay_groups
 def at_least_two_classes(n: object) -> str | None:
     """Classification needs two classes or more: softmax over one class is always 1 (torchmetrics refuses it)."""
     ok = isinstance(n, int) and not isinstance(n, bool) and n >= 2
-    return None if ok else "an integer >= 2 (one class leaves nothing to classify: add a second class folder)"
+    return None if ok else ("an integer >= 2: one class leaves nothing to classify (it is linked from data.num_classes, "
+                            "the training split's class folders with images: add a folder for another class)")
 
 
 class ClassificationTask(BaseTask):

@@ -21,6 +21,7 @@ from visiontf.config_checks import (
 from visiontf.evaluation.segmentation import format_table, segmentation_scores
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
+from visiontf.tasks.segmentation_loss import labelled_cross_entropy
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,10 @@ class SegmentationTask(BaseTask):
         images, masks = batch
         out = self.model(images)
         logits, aux = (out["out"], out.get("aux", [])) if isinstance(out, dict) else (out, [])
-        ce = lambda x: F.cross_entropy(x, masks, ignore_index=self.hparams.ignore_index)  # noqa: E731
+        # 0, not NaN, when every pixel of the batch is ignored; such batches are counted in the log
+        ce = lambda x: labelled_cross_entropy(x, masks, self.hparams.ignore_index)[0]  # noqa: E731
+        unlabelled = (masks != self.hparams.ignore_index).sum() == 0
+        self.log("train/unlabelled_batches", unlabelled.float(), reduce_fx="sum", on_step=False, on_epoch=True)
         terms = {"loss_main": ce(logits)}
         for i, a in enumerate(aux):
             terms[f"loss_aux{i}"] = ce(a)
@@ -135,7 +139,7 @@ class SegmentationTask(BaseTask):
         images, masks = batch
         scores = self.predict_logits(images)
         if self.test_scales == [1.0] and not self.hparams.test_flip:
-            self.log(f"{prefix}/loss", F.cross_entropy(scores, masks, ignore_index=self.hparams.ignore_index), sync_dist=True)
+            self.log(f"{prefix}/loss", labelled_cross_entropy(scores, masks, self.hparams.ignore_index)[0], sync_dist=True)
         self.confmat.update(scores.argmax(dim=1), masks)
 
     def _class_names(self) -> list[str]:
