@@ -161,3 +161,23 @@ def test_resolver_keeps_best_and_names_broken_links(tmp_path):
     with pytest.raises(CheckpointError, match="is a folder"):
         resolve_checkpoint(tmp_path / "d")
     shutil.rmtree(tmp_path / "d")
+
+
+def test_cli_resumes_a_moved_run_folder_onto_its_own_last_checkpoint_atomically(trained, tmp_path):
+    """tools/train.py's trainer: LastAndBestCheckpoint and the atomic writer; a copied run folder resumes
+    with --ckpt_path last and overwrites its last.ckpt (no last-v1.ckpt), keeping its best checkpoint."""
+    from visiontf.callbacks import LastAndBestCheckpoint
+    from visiontf.checkpoint_io import AtomicCheckpointIO
+
+    moved = tmp_path / "moved"
+    shutil.copytree(trained["tmp"] / "run", moved)
+    before = sorted(p.name for p in (moved / "checkpoints").iterdir())
+    cli = make_cli(["fit", *_args(trained["data"], moved), "--trainer.max_epochs=2", "--ckpt_path=last"])
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    assert isinstance(cli.trainer.checkpoint_callback, LastAndBestCheckpoint)
+    after = sorted(p.name for p in (moved / "checkpoints").iterdir())
+    assert "last.ckpt" in after and not [n for n in after if n.startswith("last-v")], after
+    assert torch.load(moved / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 2
+    best = cli.trainer.checkpoint_callback.best_model_path
+    assert best.startswith(str(moved)), best  # tracked in the new folder, not the old one
+    assert len(after) <= len(before) + 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -180,14 +181,14 @@ def resolve_checkpoint(ckpt_path: str | Path | None, checkpoint_dir: str | Path 
       None there is an error (:class:`CheckpointError` naming the folder and what it holds), except
       when fitting (``for_fit``): then one INFO line says the run starts fresh (a requeued job's first
       start uses the same command line as its resumes).
-    * ``"best"``, ``"hpc"``: returned as they are (Lightning resolves them inside one process).
+    * ``"best"``, ``"hpc"``, ``"registry:..."``: returned as they are (Lightning resolves them).
     * a path: it must be a complete checkpoint file; a missing or truncated file is a
       :class:`CheckpointError`, also when fitting (a typo must not silently start a new run).
     """
     if ckpt_path is None:
         return None
     text = str(ckpt_path)
-    if text in ("best", "hpc"):
+    if text in ("best", "hpc") or text.startswith("registry:"):
         return text
     if text == "last":
         if checkpoint_dir is None:
@@ -255,7 +256,7 @@ def check_checkpoint_task(path: str | Path, task_class_path: str | None) -> None
         return
     path = Path(path)
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as e:
         raise (describe_load_failure(path, e) or e) from e
     ck_task = checkpoint_task(ckpt) if isinstance(ckpt, dict) else None

@@ -140,10 +140,11 @@ def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
     return ids, [cats[c] for c in ids]
 
 
-def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING) -> None:
+def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING,
+                 note: str = "") -> None:
     if ids:
-        log.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)",
-                   ann_file, action, len(ids), kind, ids[:_SHOW])
+        log.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)%s",
+                ann_file, action, len(ids), kind, ids[:_SHOW], note)
 
 
 def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
@@ -221,8 +222,9 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
 
     _log_dropped(ann_file, "an image_id not in 'images'", unknown_image, "dropped")
     _log_dropped(ann_file, "a degenerate bbox (width or height <= 0, or not finite)", degenerate, "dropped")
-    _log_dropped(ann_file, "a bbox entirely outside its image", outside, "dropped")  # (kept if the file is larger)
-    _log_dropped(ann_file, "a bbox reaching outside its image", clipped, "clipped", logging.INFO)
+    real = "; judged by the annotated width/height: an image file of another size is clipped to its real size instead"
+    _log_dropped(ann_file, "a bbox entirely outside its image", outside, "dropped", note=real)
+    _log_dropped(ann_file, "a bbox reaching outside its image", clipped, "clipped", logging.INFO, note=real)
     _log_dropped(ann_file, "iscrowd=1 (kept for evaluation)", crowd, "not training on", logging.INFO)
 
     index = CocoIndex(ann_file, images, category_ids, class_names)
@@ -280,18 +282,37 @@ class CocoDetection(AugmentedDataset):
             )
         self.transform = transforms if transforms is not None else DT.build_normalize_transforms()
         self.seed = seed
-        # which images had another size than annotated: shared with DataLoader workers (fork or spawn)
-        self._size_mismatch = mp.Array(ctypes.c_bool, len(self.index.images), lock=True)
+        # which images had another size than annotated: made here, before any DataLoader worker starts,
+        # so that workers share it (inherited with fork, passed along with spawn)
+        self._size_mismatch: Any = mp.Array(ctypes.c_bool, len(self.index.images), lock=True)
+
+    def _flags(self) -> Any:
+        if self._size_mismatch is None:
+            self._size_mismatch = mp.Array(ctypes.c_bool, len(self.index.images), lock=True)
+        return self._size_mismatch
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        from multiprocessing import context
+
+        if context.get_spawning_popen() is None:  # pickle/deepcopy outside a worker start: nothing shared
+            state["_size_mismatch"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def size_mismatches(self) -> list[int]:
         """Positions of the images loaded so far whose real size differs from their annotated width/height."""
-        with self._size_mismatch.get_lock():
-            return [i for i, flag in enumerate(self._size_mismatch) if flag]
+        flags = self._flags()
+        with flags.get_lock():
+            return [i for i, flag in enumerate(flags) if flag]
 
     def _note_size_mismatch(self, idx: int, path: Path, real: tuple[int, int], annotated: tuple[Any, Any]) -> None:
-        with self._size_mismatch.get_lock():
-            first = not any(self._size_mismatch)
-            self._size_mismatch[idx] = True
+        flags = self._flags()
+        with flags.get_lock():
+            first = not any(flags)
+            flags[idx] = True
         if first:
             log.warning("%s: image is %dx%d but %s says %sx%s (image id %s); using the real size (boxes clipped to it). "
                         "Further cases are counted, not named", path, real[0], real[1], self.ann_file.name, annotated[0],
