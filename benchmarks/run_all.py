@@ -4,7 +4,7 @@
 
 ``ratio`` is always "how many times better ours is": reference time / ours for timings, reference
 peak / ours for memory (``unit`` MiB), our images/s / reference images/s for the augmentation.
-``--quick`` (smaller inputs, fewer repeats) takes about 6-8 minutes on a quiet 2-core CPU, plus a
+``--quick`` (smaller inputs, fewer repeats) takes about 7-9 minutes on a quiet 2-core CPU, plus a
 few minutes for ``deformable_detr`` (the original design's train step is the slow part).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def _benchmarks(device: str) -> dict[str, Callable[[bool], list[dict]]]:
-    from benchmarks import coco_eval, data_pipeline, deformable_detr, detr, matcher, memory, vit_vs_timm
+    from benchmarks import coco_eval, data_pipeline, deformable_detr, detr, matcher, memory, predict_memory, vit_vs_timm
 
     return {
         "vit": lambda quick: vit_vs_timm.run(quick, device),
@@ -38,6 +38,7 @@ def _benchmarks(device: str) -> dict[str, Callable[[bool], list[dict]]]:
         # whole-process / data-loader benchmarks: CPU only by design
         "coco_eval": lambda quick: coco_eval.run(quick),
         "data_pipeline": lambda quick: data_pipeline.run(quick),
+        "predict_memory": lambda quick: predict_memory.run(quick),
     }
 
 

@@ -13,14 +13,23 @@ store the settings themselves).
 from __future__ import annotations
 
 import logging
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from visiontf.weights import safe_torch_load
+from visiontf.errors import UserError
+from visiontf.weights import WeightsError, corrupt_file_error, damaged_record, describe_load_failure, safe_torch_load
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint cannot be used as asked (missing, incomplete, of another task, model or number of
+    classes); the message names the file and the fix."""
 
 #: kwargs that point at weight files used only to initialise training; a checkpoint has all weights
 INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
@@ -42,13 +51,11 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     """
     from visiontf.registry import WeightsLayoutError, convert_state, create_model
 
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+    path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
     hp = dict(ckpt.get("hyper_parameters") or {})
     if "model_name" not in hp or "state_dict" not in ckpt:
-        raise ValueError(
+        raise CheckpointError(
             f"{path}: not a visiontf task checkpoint (needs 'hyper_parameters.model_name' and 'state_dict'; "
             f"has keys {sorted(ckpt)[:10]}). For a plain state dict use create_model(name, pretrained=path)."
         )
@@ -71,8 +78,9 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
             state = convert_state(model, dict(saved), strict=strict)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if strict and (missing or unexpected):
-        raise RuntimeError(
-            f"{path}: weights do not fit {hp['model_name']}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        raise CheckpointError(
+            f"{path}: weights do not fit {hp['model_name']} built from the checkpoint's own hyper-parameters: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}; the file was written by other code or edited"
         )
     if missing:
         log.warning("%s: %d tensors of %s left at init (strict=False), e.g. %s", path, len(missing), hp["model_name"],
@@ -142,3 +150,183 @@ def _fits_as_saved(model: nn.Module, state: dict[str, Any]) -> bool:
     """Whether ``state`` has exactly ``model``'s keys and shapes (a checkpoint of this visiontf)."""
     own = model.state_dict()
     return own.keys() == state.keys() and all(tuple(own[k].shape) == tuple(state[k].shape) for k in own)
+
+
+# ---------------------------------------------------------------------------------------- which file
+#: ``last.ckpt``, and the ``last-v1.ckpt`` copies older Lightning runs wrote next to it
+_LAST = re.compile(r"last(-v\d+)?\.ckpt")
+
+
+def _listing(folder: Path) -> str:
+    found = sorted(p.name for p in folder.glob("*.ckpt")) if folder.is_dir() else []
+    if not found:
+        return f"{folder} holds no .ckpt files" if folder.is_dir() else f"{folder} does not exist"
+    return f"{folder} holds {', '.join(found[:8])}{' ...' if len(found) > 8 else ''}"
+
+
+def run_checkpoint_dir(default_root_dir: str | Path | None, dirpath: str | Path | None = None) -> Path:
+    """Where ``tools/train.py`` keeps a run's checkpoints: ``checkpoint.dirpath`` when set, else
+    ``<trainer.default_root_dir>/checkpoints`` (``outputs/checkpoints`` without one)."""
+    if dirpath:
+        return Path(dirpath)
+    return Path(default_root_dir or "outputs") / "checkpoints"
+
+
+def config_checkpoint_dir(config: str | Path | None) -> Path | None:
+    """:func:`run_checkpoint_dir` of a training YAML (None without a config)."""
+    if not config:
+        return None
+    import yaml
+
+    cfg = yaml.safe_load(Path(config).read_text()) or {}
+    trainer, checkpoint = cfg.get("trainer") or {}, cfg.get("checkpoint") or {}
+    return run_checkpoint_dir(trainer.get("default_root_dir"), checkpoint.get("dirpath"))
+
+
+def find_last_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """``<checkpoint_dir>/last.ckpt`` (the newest of ``last.ckpt`` / ``last-vN.ckpt`` if an older run
+    left copies), or None."""
+    folder = Path(checkpoint_dir)
+    if not folder.is_dir():
+        return None
+    found = [p for p in folder.iterdir() if _LAST.fullmatch(p.name) and p.is_file()]
+    if not found:
+        return None
+    newest = max(found, key=lambda p: p.stat().st_mtime)
+    if len(found) > 1:
+        log.info("%s: %d last checkpoints (%s); using the newest, %s", folder, len(found),
+                 ", ".join(sorted(p.name for p in found)), newest.name)
+    return newest
+
+
+def resolve_checkpoint(ckpt_path: str | Path | None, checkpoint_dir: str | Path | None = None, *,
+                       for_fit: bool = False) -> str | None:
+    """The checkpoint file that ``--ckpt_path`` means, checked; the one resolver of every tool.
+
+    * ``None``: None (no checkpoint).
+    * ``"last"``: the run's ``last.ckpt`` in ``checkpoint_dir`` (``<default_root_dir>/checkpoints``).
+      None there is an error (:class:`CheckpointError` naming the folder and what it holds), except
+      when fitting (``for_fit``): then one INFO line says the run starts fresh (a requeued job's first
+      start uses the same command line as its resumes).
+    * ``"best"``, ``"hpc"``, ``"registry:..."``: returned as they are (Lightning resolves them).
+    * a path: it must be a complete checkpoint file; a missing or truncated file is a
+      :class:`CheckpointError`, also when fitting (a typo must not silently start a new run).
+    """
+    if ckpt_path is None:
+        return None
+    text = str(ckpt_path)
+    if text in ("best", "hpc") or text.startswith("registry:"):
+        return text
+    if text == "last":
+        if checkpoint_dir is None:
+            raise CheckpointError(
+                "--ckpt_path last: no run folder to look in; pass the checkpoint's path "
+                "(<trainer.default_root_dir>/checkpoints/last.ckpt) or the training --config"
+            )
+        found = find_last_checkpoint(checkpoint_dir)
+        if found is None:
+            if for_fit:
+                log.info("--ckpt_path last: no last.ckpt in %s yet; starting a fresh run", checkpoint_dir)
+                return None
+            raise CheckpointError(
+                f"--ckpt_path last: no last.ckpt in {checkpoint_dir} ({_listing(Path(checkpoint_dir))}); check "
+                "trainer.default_root_dir (the run folder) or pass the checkpoint's path; nothing was evaluated"
+            )
+        path = found
+    else:
+        path = Path(text).expanduser()
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder, not a checkpoint ({_listing(path)}); pass the .ckpt file")
+    if not path.is_file():
+        broken = " (a broken symbolic link)" if path.is_symlink() else ""
+        raise CheckpointError(f"{path}: checkpoint not found{broken}; {_listing(path.parent)}")
+    _check_complete(path)
+    return str(path)
+
+
+def _check_complete(path: Path) -> None:
+    """Refuse a file that is not a complete torch archive, before Lightning or torch.load reads it."""
+    damaged = "the file is empty" if path.stat().st_size == 0 else damaged_record(path)
+    if damaged:
+        raise CheckpointError(str(corrupt_file_error(path, damaged)))
+
+
+# ---------------------------------------------------------------------------------------- does it fit
+def checkpoint_task(ckpt: dict[str, Any]) -> str | None:
+    """The task a visiontf checkpoint was trained for: saved since visiontf stores it (``task``), else
+    found through the registry tags of its ``model_name``; None for other checkpoints."""
+    if ckpt.get("task"):
+        return str(ckpt["task"])
+    name = (ckpt.get("hyper_parameters") or {}).get("model_name")
+    if not name:
+        return None
+    from visiontf.adapters.base import TASKS
+    from visiontf.registry import get_entry
+
+    try:
+        tags = get_entry(name).tags
+    except Exception:  # noqa: BLE001 - a name this version does not know: nothing to compare
+        return None
+    return next((t for t in tags if t in TASKS), None)
+
+
+def check_checkpoint_task(path: str | Path, task_class_path: str | None) -> None:
+    """Refuse a checkpoint of another task than the config's ``model.class_path`` (read memory-mapped,
+    so a large checkpoint costs nothing here)."""
+    import importlib
+
+    if not task_class_path or "." not in str(task_class_path):
+        return
+    module, name = str(task_class_path).rsplit(".", 1)
+    task = getattr(getattr(importlib.import_module(module), name, None), "task", None)
+    if not task:
+        return
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except Exception as e:
+        raise (describe_load_failure(path, e) or e) from e
+    ck_task = checkpoint_task(ckpt) if isinstance(ckpt, dict) else None
+    if ck_task is not None and ck_task != task:
+        hp = ckpt.get("hyper_parameters") or {}
+        raise CheckpointError(
+            f"{path}: a {ck_task} checkpoint ({hp.get('model_name')}), but this config builds a {task} model "
+            f"({name}); use the config the checkpoint was trained with"
+        )
+
+
+def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task: str, model_name: str,
+                          num_classes: int | None) -> None:
+    """Refuse, before any weight is copied, a checkpoint of another task, model or number of classes.
+
+    Called by the tasks when Lightning restores ``--ckpt_path`` (fit, validate, test, predict); the
+    message names the file, both sides and the fix. Checkpoints without visiontf hyper-parameters
+    pass (Lightning's own key check then applies).
+    """
+    hp = ckpt.get("hyper_parameters") or {}
+    if "model_name" not in hp:
+        return
+    where = str(path) if path else "the checkpoint"
+    ck_task, ck_model, ck_classes = checkpoint_task(ckpt), hp["model_name"], hp.get("num_classes")
+    if ck_task is not None and ck_task != task:
+        raise CheckpointError(
+            f"{where}: a {ck_task} checkpoint ({ck_model}), but this config builds a {task} model ({model_name}); "
+            "use the config the checkpoint was trained with"
+        )
+    if ck_model != model_name:
+        raise CheckpointError(
+            f"{where}: a checkpoint of {ck_model}, but this config builds {model_name}; use the config it was trained "
+            f"with (--model.init_args.model_name={ck_model}), or start a new run from its weights with "
+            f"--model.init_args.pretrained={where}"
+        )
+    if ck_classes is not None and num_classes is not None and int(ck_classes) != int(num_classes):
+        raise CheckpointError(
+            f"{where}: trained for {ck_classes} classes, but this run has {num_classes} (from the data); --ckpt_path "
+            f"resumes or evaluates that same model. To fine-tune with a new head, start a new run with "
+            f"`--model.init_args.pretrained={where}` instead of --ckpt_path"
+        )
+
+
+__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "WeightsError", "check_checkpoint_fits", "check_checkpoint_task", "checkpoint_task",
+           "config_checkpoint_dir", "find_last_checkpoint", "legacy_eval_cfg", "load_checkpoint_model",
+           "resolve_checkpoint", "run_checkpoint_dir"]

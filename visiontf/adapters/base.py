@@ -126,6 +126,12 @@ class TaskAdapter:
         """Write one picture per image into ``out`` and return the records of ``predictions.json``."""
         raise NotImplementedError
 
+    def prediction_writer(self, out: Path, predictor: Any, sources: Sequence[str | None],
+                          annotations: str | Path | None = None) -> PredictionWriter:
+        """A writer that takes images batch by batch (``tools/predict.py`` streams them); ``sources`` are
+        every input's path (or None), known before any is decoded, so that a task can check them first."""
+        return PredictionWriter(self, out, predictor, annotations)
+
     def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
         """The task's attention picture of one image, if its models have one."""
         log.warning("--attention: no attention picture for a %s model (%s)", self.task, type(predictor.model).__name__)
@@ -152,6 +158,26 @@ class TaskAdapter:
 
         h, w = tuple(image_size) if image_size else self.default_export_size(model)
         return {"images": torch.randn(batch_size, 3, h, w)}
+
+
+class PredictionWriter:
+    """Writes ``tools/predict.py``'s pictures as results come (:meth:`add`), and returns the records of
+    ``predictions.json`` at the end (:meth:`finish`); by default through
+    :meth:`TaskAdapter.write_predictions`."""
+
+    def __init__(self, adapter: TaskAdapter, out: Path, predictor: Any, annotations: str | Path | None = None) -> None:
+        self.adapter, self.out, self.predictor, self.annotations = adapter, Path(out), predictor, annotations
+        self.records: list[dict[str, Any]] = []
+
+    def add(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str]) -> None:
+        self.records.extend(self.adapter.write_predictions(images, results, stems, self.out, self.predictor,
+                                                           self.annotations))
+
+    def skip(self, count: int = 1) -> None:
+        """``count`` inputs were not predicted (failed); a writer that tracks inputs by position moves on."""
+
+    def finish(self) -> list[dict[str, Any]]:
+        return self.records
 
 
 def pretrained_cfg(model: nn.Module) -> dict[str, Any]:

@@ -31,8 +31,23 @@ def classification_view(image: Tensor, input_size: Sequence[int], crop_pct: floa
     """
     h, w = int(input_size[-2]), int(input_size[-1])
     scale = math.floor(min(h, w) / crop_pct)
-    x = TF.resize(image, [scale], interpolation=interpolation_mode(interpolation), antialias=True)
+    H, W = int(image.shape[-2]), int(image.shape[-1])
+    if max(H, W) * scale > _MAX_STRETCH * min(H, W) * max(h, w):
+        # an extreme aspect ratio (10 x 10000) would be resized to 256 x 256000 before the crop keeps
+        # 224 x 224 of it: crop the part the centre crop keeps first (plus a margin for the filter)
+        keep_h = min(H, math.ceil(h * min(H, W) / scale) + 4)
+        keep_w = min(W, math.ceil(w * min(H, W) / scale) + 4)
+        image = TF.center_crop(image, [keep_h, keep_w])
+        size = [max(1, round(keep_h * scale / min(H, W))), max(1, round(keep_w * scale / min(H, W)))]
+        x = TF.resize(image, size, interpolation=interpolation_mode(interpolation), antialias=True)
+    else:
+        x = TF.resize(image, [scale], interpolation=interpolation_mode(interpolation), antialias=True)
     return TF.center_crop(x, [h, w]).clamp(0.0, 1.0)
+
+
+#: above this aspect ratio (times the crop's), classification_view crops before resizing; below it,
+#: timm's exact order (resize, then crop)
+_MAX_STRETCH = 8
 
 
 class ClassificationPreprocess(PreprocessModule):

@@ -20,7 +20,7 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
 from visiontf.adapters import drawing
-from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.adapters.base import PredictionWriter, PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
 from visiontf.data.batching import PaddedBatch, pad_images
 from visiontf.data.detection_transforms import resized_hw
 from visiontf.detection import build_postprocess
@@ -124,14 +124,16 @@ class DetectionAdapter(TaskAdapter):
                           out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:
         """Pictures with boxes, and COCO results-format detections (image ids from ``annotations`` by file
         name, else the numeric file stem, else the input index)."""
-        for im, r, stem in zip(images, results, stems):
-            drawing.save_image(self.draw(im.uint8(), r), out / f"{stem}.png")
-        ids, ann_l2c = image_ids([im.source for im in images], annotations)
-        missing = [im.source for im, i in zip(images, ids) if i is None]
-        if missing:
-            log.warning("%d images are not in %s and are left out of predictions.json (e.g. %s)",
-                        len(missing), annotations, missing[:3])
-        return coco_results(results, ids, predictor.label_to_cat_id or ann_l2c)
+        writer = self.prediction_writer(out, predictor, [im.source for im in images], annotations)
+        writer.add(images, results, stems)
+        return writer.finish()
+
+    def prediction_writer(self, out: Path, predictor: Any, sources: Sequence[str | None],
+                          annotations: str | Path | None = None) -> _DetectionWriter:
+        """Image ids for every input are matched before any inference (:func:`image_ids`), so an
+        ambiguous match stops the run before it starts."""
+        ids, ann_l2c = image_ids(list(sources), annotations)
+        return _DetectionWriter(self, out, predictor, annotations, ids, ann_l2c)
 
     def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
         """DETR's decoder and encoder attention maps (the paper's figures)."""
@@ -164,6 +166,36 @@ class DetectionAdapter(TaskAdapter):
         return {"images": images, "mask": mask}
 
 
+class _DetectionWriter(PredictionWriter):
+    """Pictures with boxes as results come, COCO results-format records with the ids matched up front."""
+
+    def __init__(self, adapter: DetectionAdapter, out: Path, predictor: Any, annotations: str | Path | None,
+                 ids: Sequence[int | None], ann_l2c: dict[int, int] | None) -> None:
+        super().__init__(adapter, out, predictor, annotations)
+        self.ids, self.ann_l2c = list(ids), ann_l2c
+        self.position = 0
+        self.missing: list[str | None] = []
+
+    def add(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str]) -> None:
+        ids = self.ids[self.position : self.position + len(images)]
+        self.position += len(images)
+        for im, r, stem, i in zip(images, results, stems, ids):
+            drawing.save_image(self.adapter.draw(im.uint8(), r), self.out / f"{stem}.png")
+            if i is None:
+                self.missing.append(im.source)
+        self.records.extend(coco_results(results, ids, self.predictor.label_to_cat_id or self.ann_l2c))
+
+    def skip(self, count: int = 1) -> None:
+        """Inputs that were not predicted (failed): their ids are passed over."""
+        self.position += count
+
+    def finish(self) -> list[dict[str, Any]]:
+        if self.missing and self.annotations:
+            log.warning("%d images are not in %s and are left out of predictions.json (e.g. %s)",
+                        len(self.missing), self.annotations, self.missing[:3])
+        return self.records
+
+
 class _DetectorGraph(nn.Module):
     """ONNX: ``images`` (B, 3, H, W) normalised, ``mask`` (B, H, W) bool -> ``pred_logits``, ``pred_boxes``."""
 
@@ -177,14 +209,15 @@ class _DetectorGraph(nn.Module):
 
 
 def image_ids(files: Sequence[str | None], annotations: str | Path | None) -> tuple[list[int | None], dict[int, int] | None]:
-    """COCO image ids by file name from an annotation file, else the numeric stem, else the input index;
-    with an annotation file also its label -> category id table."""
+    """COCO image ids from an annotation file, matched by its relative ``file_name``
+    (:func:`visiontf.data.image_ids.match_image_ids`: an ambiguous match is an error listing the clashes),
+    else the numeric stem, else the input index; with an annotation file also its label -> category id table."""
     if annotations:
         from visiontf.data.coco import load_coco_json, parse_categories
+        from visiontf.data.image_ids import match_image_ids
 
         data = load_coco_json(annotations)
-        by_name = {Path(im["file_name"]).name: int(im["id"]) for im in data.get("images", [])}
-        ids = [by_name.get(Path(f).name) if f else None for f in files]
+        ids = match_image_ids(files, data.get("images", []), annotations)
         cat_ids, _ = parse_categories(data, Path(annotations))
         return ids, dict(enumerate(cat_ids))
     ids: list[int | None] = []

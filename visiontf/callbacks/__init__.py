@@ -7,6 +7,7 @@ from visiontf._lazy import lazy_getattr
 
 _LAZY = {
     "ElapsedTime": "visiontf.callbacks.elapsed_time",
+    "LastAndBestCheckpoint": "visiontf.callbacks.checkpoint",
     "RNGStateCheckpoint": "visiontf.callbacks.rng_state",
     "LogPredictionImages": "visiontf.callbacks.prediction_images",
     "ModelEMA": "visiontf.callbacks.ema",

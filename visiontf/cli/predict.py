@@ -14,8 +14,9 @@ import torch
 
 from visiontf.adapters.base import canonical_cfg
 from visiontf.adapters.detection import coco_results
-from visiontf.checkpoints import legacy_eval_cfg, load_checkpoint_model
-from visiontf.inference.predictor import LoadedImage, Predictor, load_inputs
+from visiontf.checkpoints import config_checkpoint_dir, legacy_eval_cfg, load_checkpoint_model, resolve_checkpoint
+from visiontf.inference.predict_files import predict_to_folder
+from visiontf.inference.predictor import Predictor
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def build_predictor(args: argparse.Namespace) -> Predictor:
     sets explicitly on top (read by :func:`visiontf.checkpoints.legacy_eval_cfg`); command-line options last.
     """
     overrides: dict[str, Any] = {}
-    for key in ("min_size", "max_size", "batch_size", "device"):
+    for key in ("min_size", "max_size", "batch_size", "device", "num_workers"):
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     if getattr(args, "seg_mode", None):
@@ -73,27 +74,13 @@ def build_predictor(args: argparse.Namespace) -> Predictor:
         return Predictor.from_file(args.weights, class_names=names, **overrides)
     if not args.ckpt_path:
         raise SystemExit("give --weights model.safetensors, or --ckpt_path K.ckpt (optionally with --config C.yaml)")
-    model, info = load_checkpoint_model(args.ckpt_path)
+    model, info = load_checkpoint_model(resolve_checkpoint(args.ckpt_path, config_checkpoint_dir(args.config)))
     preprocess = {**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)}
     return Predictor(model, class_names=names if names is not None else info.get("class_names"), preprocess=preprocess,
                      **overrides)
 
 
 # ---------------------------------------------------------------------------------------- predict
-def _unique_stems(images: Sequence[LoadedImage]) -> list[str]:
-    seen: dict[str, int] = {}
-    stems = []
-    for i, im in enumerate(images):
-        stem = Path(im.source).stem if im.source else f"image_{i:05d}"
-        if stem in seen:
-            seen[stem] += 1
-            stem = f"{stem}_{seen[stem]}"
-        else:
-            seen[stem] = 0
-        stems.append(stem)
-    return stems
-
-
 def predict_main(argv: Sequence[str] | None = None) -> int:
     """``tools/predict.py``: annotated images, ``predictions.json`` and optional attention pictures."""
     p = argparse.ArgumentParser(description="Predict with a visiontf checkpoint or exported model.")
@@ -110,6 +97,8 @@ def predict_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-size", dest="max_size", type=int, help="detection: longer side cap")
     p.add_argument("--seg-mode", dest="seg_mode", choices=("whole", "slide"), help="segmentation inference")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=None)
+    p.add_argument("--num-workers", dest="num_workers", type=int, default=None,
+                   help="processes decoding the images (default: up to 4 when there is more than one batch)")
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -120,19 +109,9 @@ def predict_main(argv: Sequence[str] | None = None) -> int:
         names = adapter.annotation_class_names(args.annotations)
         if names and predictor.num_classes in (None, len(names)):
             predictor.class_names = names
-    images: list[LoadedImage] = []
-    for item in args.input:
-        images.extend(load_inputs(item))
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    results = predictor(images, score_threshold=args.score_threshold, top_k=args.top_k)
-    stems = _unique_stems(images)
-    records = adapter.write_predictions(images, results, stems, out, predictor, args.annotations)
-    if args.attention:
-        for im, stem in zip(images, stems):
-            adapter.save_attention(predictor, im, out, stem)
-    (out / "predictions.json").write_text(json.dumps(records) + "\n")
-    log.info("%d images -> %s (%s)", len(images), out, predictor.task)
+    # streamed: files decoded in DataLoader workers, each result written as it comes
+    predict_to_folder(predictor, args.input, args.output, annotations=args.annotations,
+                      score_threshold=args.score_threshold, top_k=args.top_k, attention=args.attention)
     return 0
 
 
@@ -152,7 +131,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
 
     from visiontf.inference.export import export_model
 
-    model, info = load_checkpoint_model(args.ckpt_path)
+    model, info = load_checkpoint_model(resolve_checkpoint(args.ckpt_path, config_checkpoint_dir(args.config)))
     dm, dm_args = datamodule_from_config(args.config) if args.config else (None, {})
     names = getattr(dm, "class_names", None) or info.get("class_names")
     l2c = getattr(dm, "label_to_cat_id", None) or info.get("label_to_cat_id")

@@ -22,16 +22,22 @@ import visiontf.data.segmentation  # noqa: F401
 import visiontf.tasks.classification  # noqa: F401
 import visiontf.tasks.detection  # noqa: F401
 import visiontf.tasks.segmentation  # noqa: F401
-from visiontf.callbacks import RNGStateCheckpoint
+from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
+from visiontf.checkpoint_io import install_atomic_checkpoint_io
+from visiontf.checkpoints import check_checkpoint_task, resolve_checkpoint, run_checkpoint_dir
+from visiontf.errors import UserError
 
 
 class VisionCLI(LightningCLI):
     """LightningCLI with visiontf's defaults: ``data.num_classes`` linked into the task, a
-    ``last.ckpt`` in ``<root>/checkpoints``, CSV + TensorBoard logs, the RNG-state callback."""
+    ``last.ckpt`` in ``<root>/checkpoints`` that is always the latest state
+    (:class:`~visiontf.callbacks.LastAndBestCheckpoint`) and written atomically
+    (:class:`~visiontf.checkpoint_io.AtomicCheckpointIO`), ``--ckpt_path`` checked by
+    :func:`~visiontf.checkpoints.resolve_checkpoint`, CSV + TensorBoard logs, the RNG-state callback."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(LastAndBestCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.save_last": True,
@@ -55,8 +61,49 @@ class VisionCLI(LightningCLI):
         for cb in callbacks + list(config.get("callbacks") or []):
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
                 # a fixed folder, so a new process finds last.ckpt with --ckpt_path last
-                cb.dirpath = str(root / "checkpoints")
-        return super()._instantiate_trainer(config, callbacks)
+                cb.dirpath = str(run_checkpoint_dir(root))
+        trainer = super()._instantiate_trainer(config, callbacks)
+        install_atomic_checkpoint_io(trainer)
+        return trainer
+
+    def instantiate_classes(self) -> None:
+        # jsonargparse wraps an error raised in a data module's or task's __init__ (ConfigError, a
+        # missing dataset folder) in "Does not validate against any of the Union subtypes"; the user's
+        # mistake is the cause, so it is what gets raised (named, one line for the CLI)
+        try:
+            super().instantiate_classes()
+        except ValueError as e:
+            cause = _user_error_in_chain(e)
+            if cause is None:
+                raise
+            raise cause from e
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads --ckpt_path here, before anything is built, and merges the checkpoint's
+        # hyper-parameters into the model's config. First: which file "last" means, whether it is
+        # complete, and whether it is a checkpoint of this config's task at all (merging another task's
+        # hyper-parameters fails far from the cause). "last" with nothing there: fit starts fresh (one
+        # INFO line, the requeue case); validate/test/predict refuse, never evaluating random weights.
+        subcommand = self.config.get("subcommand")
+        if subcommand and self.config[subcommand].get("ckpt_path") is not None:
+            cfg = self.config[subcommand]
+            folder = run_checkpoint_dir(cfg.get("trainer.default_root_dir"), cfg.get("checkpoint.dirpath"))
+            resolved = resolve_checkpoint(cfg["ckpt_path"], folder, for_fit=subcommand == "fit")
+            cfg["ckpt_path"] = resolved
+            if resolved is not None and Path(resolved).is_file():
+                check_checkpoint_task(resolved, cfg.get("model.class_path"))
+        super()._parse_ckpt_path()
+
+
+def _user_error_in_chain(error: BaseException) -> UserError | None:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UserError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _trainer_defaults() -> dict:

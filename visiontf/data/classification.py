@@ -17,9 +17,19 @@ import albumentations as A
 import lightning as L
 import torch
 from albumentations.pytorch import ToTensorV2
-from torch.utils.data import DataLoader, Dataset
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import DataLoader, Dataset
 
+from visiontf.config_checks import (
+    check_config,
+    each,
+    fraction,
+    non_negative,
+    non_negative_int,
+    optional,
+    positive_int,
+    unit_interval_open_left,
+)
 from visiontf.data.io import read_image
 from visiontf.data.loading import (
     IMAGE_EXTENSIONS,
@@ -67,10 +77,21 @@ def _class_dirs(split_dir: Path) -> list[Path]:
     return dirs
 
 
-def _images_in(class_dir: Path) -> tuple[list[Path], int]:
-    files = sorted(p for p in class_dir.rglob("*") if p.is_file() and not p.name.startswith("."))
-    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
-    return images, len(files) - len(images)
+def _images_in(class_dir: Path) -> tuple[list[Path], int, list[Path]]:
+    """Image files under ``class_dir``, how many other files, and the broken symbolic links (which
+    ``is_file()`` alone would drop without a word)."""
+    images, others, broken = [], 0, []
+    for p in sorted(class_dir.rglob("*")):
+        if p.name.startswith("."):
+            continue
+        if p.is_file():
+            if p.suffix.lower() in IMAGE_EXTENSIONS:
+                images.append(p)
+            else:
+                others += 1
+        elif p.is_symlink() and not p.exists():
+            broken.append(p)
+    return images, others, broken
 
 
 def find_classes(split_dir: str | Path) -> list[str]:
@@ -128,10 +149,11 @@ class ImageFolderDataset(AugmentedDataset):
         self.class_names = list(class_names) if class_names is not None else find_classes(self.root)
         index = {name: i for i, name in enumerate(self.class_names)}
         self.samples: list[tuple[Path, int]] = []
-        empty, skipped_files = [], 0
+        empty, skipped_files, broken = [], 0, []
         for d in _class_dirs(self.root):
-            images, others = _images_in(d)
+            images, others, links = _images_in(d)
             skipped_files += others
+            broken += links
             if not images:
                 empty.append(d.name)
                 continue
@@ -144,6 +166,9 @@ class ImageFolderDataset(AugmentedDataset):
             self.samples.extend((p, index[d.name]) for p in images)
         if skipped_files:
             log.warning("%s: ignoring %d non-image file(s) in class folders", self.root, skipped_files)
+        if broken:
+            log.warning("%s: left out %d broken symbolic link(s) (e.g. %s); fix or remove them", self.root, len(broken),
+                        [str(p.relative_to(self.root)) for p in broken[:5]])
         if empty:
             log.warning("%s: %d class folder(s) hold no images: %s", self.root, len(empty), empty)
         if not self.samples:
@@ -271,6 +296,10 @@ class ClassificationDataModule(L.LightningDataModule):
         crop_pct: float = 0.875,
         seed: int = 0,
     ) -> None:
+        check_config(type(self).__name__, "data", image_size=(image_size, positive_int), batch_size=(batch_size, positive_int),
+                     num_workers=(num_workers, optional(non_negative_int)), crop_pct=(crop_pct, unit_interval_open_left),
+                     hflip=(hflip, fraction), color_jitter=(color_jitter, optional(non_negative)),
+                     scale=(scale, each(unit_interval_open_left, 2)))
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
@@ -278,6 +307,9 @@ class ClassificationDataModule(L.LightningDataModule):
         self.num_workers = default_num_workers(num_workers)
         self.class_names: list[str] = find_classes(self.root / train_split)
         self.num_classes: int = len(self.class_names)
+        if self.num_classes < 2:  # allowed here (the data can be inspected); ClassificationTask refuses it
+            log.warning("%s: one class folder with images (%r); a classifier needs two classes or more",
+                        self.root / train_split, self.class_names[0])
         if auto_augment:
             _rand_augment(auto_augment)  # fail at construction, not in a worker
         self.train_dataset: ImageFolderDataset | None = None

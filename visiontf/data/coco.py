@@ -6,13 +6,21 @@ is not four numbers) raise :class:`AnnotationError` naming the file, the entry a
 Problems confined to single annotations are repaired or dropped, counted, and logged in one line
 per kind: annotations for unknown images (dropped), degenerate or non-finite boxes (dropped),
 boxes reaching outside the image (clipped; dropped when nothing is left), crowd regions (kept in
-the file for evaluation, not trained on).
+the file for evaluation, not trained on). Image ids and annotations' ``image_id`` must be integers
+(a string id is an error naming the entry).
+
+An image whose real size differs from the annotation's ``width``/``height`` (EXIF rotation, a
+re-encoded copy) is used at its real size: its boxes are clipped to the real image, not the
+annotated one. The first such image is named in a warning; the data module's ``teardown`` logs one
+line counting them all (counted across DataLoader workers).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import math
+import multiprocessing as mp
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.ops import box_convert
 
+from visiontf.config_checks import check_config, each, non_negative_int, optional, positive_int
 from visiontf.data import detection_transforms as DT
 from visiontf.data.batching import pad_images
 from visiontf.data.io import read_image
@@ -99,6 +108,10 @@ class CocoIndex:
     labels: list[np.ndarray] = field(default_factory=list)
     ann_ids: list[np.ndarray] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    #: every valid (finite, positive-size, non-crowd) box of ``images[i]`` before clipping to the
+    #: annotated size, and its label: what the real size is applied to when the sizes disagree
+    raw_boxes: list[np.ndarray] = field(default_factory=list)
+    raw_labels: list[np.ndarray] = field(default_factory=list)
 
     @property
     def cat_id_to_label(self) -> dict[int, int]:
@@ -127,10 +140,11 @@ def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
     return ids, [cats[c] for c in ids]
 
 
-def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING) -> None:
+def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING,
+                 note: str = "") -> None:
     if ids:
-        log.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)",
-                   ann_file, action, len(ids), kind, ids[:_SHOW])
+        log.log(level, "%s: %s %d annotation(s) with %s (e.g. annotation ids %s)%s",
+                ann_file, action, len(ids), kind, ids[:_SHOW], note)
 
 
 def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
@@ -144,12 +158,18 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
     for i, img in enumerate(data["images"]):
         if not isinstance(img, dict) or "id" not in img or "file_name" not in img:
             raise AnnotationError(f"{ann_file}: images[{i}] needs 'id' and 'file_name' (got {str(img)[:80]})")
+        if not isinstance(img["id"], int) or isinstance(img["id"], bool):
+            raise AnnotationError(
+                f"{ann_file}: images[{i}] ({img['file_name']!r}) has id {img['id']!r}, a {type(img['id']).__name__}; "
+                "COCO image ids are integers (convert them, and the annotations' image_id, to numbers)"
+            )
         if img["id"] in image_pos:
             raise AnnotationError(f"{ann_file}: image id {img['id']} appears twice in 'images'; ids must be unique")
         image_pos[img["id"]] = i
         images.append(img)
 
     per_image: dict[int, list[tuple[list[float], int, int]]] = defaultdict(list)
+    raw: dict[int, list[tuple[list[float], int]]] = defaultdict(list)
     unknown_image, degenerate, outside, clipped, crowd = [], [], [], [], []
     for i, ann in enumerate(data["annotations"]):
         if not isinstance(ann, dict):
@@ -162,6 +182,11 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
             raise AnnotationError(
                 f"{ann_file}: annotation id {aid} has category_id {ann['category_id']!r}, which is not in "
                 f"'categories' (ids {category_ids}); add the category or remove the annotation"
+            )
+        if not isinstance(ann["image_id"], int) or isinstance(ann["image_id"], bool):
+            raise AnnotationError(
+                f"{ann_file}: annotation id {aid} has image_id {ann['image_id']!r}, a {type(ann['image_id']).__name__}; "
+                "COCO image ids are integers (convert them to numbers)"
             )
         bbox = ann["bbox"]
         if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(
@@ -181,6 +206,7 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
         if not all(math.isfinite(v) for v in (x, y, w, h)) or w <= 0 or h <= 0:
             degenerate.append(aid)
             continue
+        raw[pos].append(([x, y, w, h], cat_to_label[ann["category_id"]]))
         img = images[pos]
         iw, ih = img.get("width"), img.get("height")
         if iw is not None and ih is not None:
@@ -196,8 +222,9 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
 
     _log_dropped(ann_file, "an image_id not in 'images'", unknown_image, "dropped")
     _log_dropped(ann_file, "a degenerate bbox (width or height <= 0, or not finite)", degenerate, "dropped")
-    _log_dropped(ann_file, "a bbox entirely outside its image", outside, "dropped")
-    _log_dropped(ann_file, "a bbox reaching outside its image", clipped, "clipped", logging.INFO)
+    real = "; judged by the annotated width/height: an image file of another size is clipped to its real size instead"
+    _log_dropped(ann_file, "a bbox entirely outside its image", outside, "dropped", note=real)
+    _log_dropped(ann_file, "a bbox reaching outside its image", clipped, "clipped", logging.INFO, note=real)
     _log_dropped(ann_file, "iscrowd=1 (kept for evaluation)", crowd, "not training on", logging.INFO)
 
     index = CocoIndex(ann_file, images, category_ids, class_names)
@@ -206,6 +233,8 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
         index.boxes.append(np.array([e[0] for e in entries], dtype=np.float32).reshape(-1, 4))
         index.labels.append(np.array([e[1] for e in entries], dtype=np.int64))
         index.ann_ids.append(np.array([e[2] for e in entries], dtype=np.int64))
+        index.raw_boxes.append(np.array([e[0] for e in raw.get(pos, [])], dtype=np.float32).reshape(-1, 4))
+        index.raw_labels.append(np.array([e[1] for e in raw.get(pos, [])], dtype=np.int64))
     index.counts = {
         "unknown_image": len(unknown_image),
         "degenerate": len(degenerate),
@@ -253,6 +282,51 @@ class CocoDetection(AugmentedDataset):
             )
         self.transform = transforms if transforms is not None else DT.build_normalize_transforms()
         self.seed = seed
+        # which images had another size than annotated: made here, before any DataLoader worker starts,
+        # so that workers share it (inherited with fork, passed along with spawn)
+        self._size_mismatch: Any = mp.Array(ctypes.c_bool, len(self.index.images), lock=True)
+
+    def _flags(self) -> Any:
+        if self._size_mismatch is None:
+            self._size_mismatch = mp.Array(ctypes.c_bool, len(self.index.images), lock=True)
+        return self._size_mismatch
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        from multiprocessing import context
+
+        if context.get_spawning_popen() is None:  # pickle/deepcopy outside a worker start: nothing shared
+            state["_size_mismatch"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def size_mismatches(self) -> list[int]:
+        """Positions of the images loaded so far whose real size differs from their annotated width/height."""
+        flags = self._flags()
+        with flags.get_lock():
+            return [i for i, flag in enumerate(flags) if flag]
+
+    def _note_size_mismatch(self, idx: int, path: Path, real: tuple[int, int], annotated: tuple[Any, Any]) -> None:
+        flags = self._flags()
+        with flags.get_lock():
+            first = not any(flags)
+            flags[idx] = True
+        if first:
+            log.warning("%s: image is %dx%d but %s says %sx%s (image id %s); using the real size (boxes clipped to it). "
+                        "Further cases are counted, not named", path, real[0], real[1], self.ann_file.name, annotated[0],
+                        annotated[1], self.index.images[idx]["id"])
+
+    def log_size_mismatches(self) -> int:
+        """One line counting the images whose real size differed from the annotation (see the module docstring)."""
+        found = self.size_mismatches()
+        if found:
+            names = [self.index.images[i]["file_name"] for i in found[:_SHOW]]
+            log.warning("%s: %d image(s) whose real size differs from their annotated width/height (e.g. %s); the real "
+                        "size was used. Fix width/height in the file (EXIF rotation?) to silence this",
+                        self.ann_file, len(found), names)
+        return len(found)
 
     @property
     def transforms(self) -> Callable[..., dict]:
@@ -281,17 +355,16 @@ class CocoDetection(AugmentedDataset):
     def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor, dict[str, Any]]:
         idx = self.sample_index(key)
         info = self.index.images[idx]
-        image = read_image(self.img_dir / info["file_name"])
+        path = self.img_dir / info["file_name"]
+        image = read_image(path)
         h, w = image.shape[:2]
-        if (info.get("width"), info.get("height")) not in ((w, h), (None, None)):
-            log.warning(
-                "%s: image is %dx%d but %s says %sx%s (image id %s); boxes were clipped to the annotated size "
-                "and may be misplaced (EXIF rotation?)",
-                self.img_dir / info["file_name"], w, h, self.ann_file.name, info.get("width"), info.get("height"),
-                info["id"],
-            )
-        boxes = self.index.boxes[idx]
-        labels = self.index.labels[idx]
+        annotated = (info.get("width"), info.get("height"))
+        if annotated == (w, h):
+            boxes, labels = self.index.boxes[idx], self.index.labels[idx]
+        else:  # no size in the file, or another one: the real image decides
+            if annotated != (None, None):
+                self._note_size_mismatch(idx, path, (w, h), annotated)
+            boxes, labels = clip_boxes(self.index.raw_boxes[idx], self.index.raw_labels[idx], w, h)
         out = self.transform(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)))
         img_t = out["image"]
         th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
@@ -307,6 +380,19 @@ class CocoDetection(AugmentedDataset):
             "size": torch.tensor([th, tw]),
         }
         return img_t, target
+
+
+def clip_boxes(boxes: np.ndarray, labels: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """COCO ``xywh`` boxes (N, 4) clipped to a ``width`` x ``height`` image; boxes left empty are dropped."""
+    if len(boxes) == 0:
+        return boxes, labels
+    x0 = np.clip(boxes[:, 0], 0, width)
+    y0 = np.clip(boxes[:, 1], 0, height)
+    x1 = np.clip(boxes[:, 0] + boxes[:, 2], 0, width)
+    y1 = np.clip(boxes[:, 1] + boxes[:, 3], 0, height)
+    keep = (x1 > x0) & (y1 > y0)
+    out = np.stack([x0, y0, x1 - x0, y1 - y0], axis=1)[keep].astype(np.float32)
+    return out, labels[keep]
 
 
 def collate_detection(
@@ -355,6 +441,12 @@ class CocoDataModule(L.LightningDataModule):
         persistent_workers: bool | None = None,
         seed: int = 0,
     ):
+        check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
+                     val_batch_size=(val_batch_size, optional(positive_int)),
+                     num_workers=(num_workers, optional(non_negative_int)), scales=(scales, each(positive_int)),
+                     max_size=(max_size, positive_int), crop_scales=(crop_scales, each(positive_int)),
+                     crop_size=(crop_size, each(positive_int, 2)), val_size=(val_size, positive_int),
+                     size_divisibility=(size_divisibility, non_negative_int))
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
@@ -400,6 +492,12 @@ class CocoDataModule(L.LightningDataModule):
                 "num_classes was read from; every split must list the same categories"
             )
         return ds
+
+    def teardown(self, stage: str | None = None) -> None:
+        # one line per split counting the images whose real size differed from the annotation
+        for ds in (self.train_dataset, self.val_dataset, self.test_dataset):
+            if ds is not None:
+                ds.log_size_mismatches()
 
     def setup(self, stage: str | None = None) -> None:
         if stage in ("fit", None) and self.train_dataset is None:

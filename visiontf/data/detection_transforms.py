@@ -56,17 +56,18 @@ def resized_hw(height: int, width: int, size: int, max_size: int | None = None) 
 
     Same rounding as DETR's ``get_size_with_aspect_ratio``: the target shorter side is lowered to
     ``round(max_size * short / long)`` when needed, the longer side is truncated (``int``), and an
-    image already at the target size is left alone.
+    image already at the target size is left alone. No side goes below 1 pixel: an extreme aspect
+    ratio (10 x 10000) gives a 1-pixel side instead of 0, which resizing refuses.
     """
     if max_size is not None:
         short, long = float(min(height, width)), float(max(height, width))
         if long / short * size > max_size:
-            size = int(round(max_size * short / long))
+            size = max(1, int(round(max_size * short / long)))
     if (width <= height and width == size) or (height <= width and height == size):
         return height, width
     if width < height:
-        return int(size * height / width), size
-    return size, int(size * width / height)
+        return max(1, int(size * height / width)), size
+    return size, max(1, int(size * width / height))
 
 
 class RandomShortestSideResize(A.DualTransform):

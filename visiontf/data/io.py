@@ -1,11 +1,22 @@
 """Reading images and masks with clear errors.
 
 Every reader converts what it can (grayscale, RGBA, CMYK, palette, 16-bit, EXIF rotation) and
-raises :class:`ImageReadError` naming the file and the fix for what it cannot (missing, empty,
-truncated, not an image, larger than the decompression-bomb limit).
+raises :class:`ImageReadError` naming the file and the fix for what it cannot (missing, empty, a
+broken symbolic link, truncated, not an image, no pixels, larger than the decompression-bomb limit,
+a mask stored as JPEG).
+
+The decompression-bomb limit: Pillow has two thresholds on one global, ``PIL.Image.MAX_IMAGE_PIXELS``
+(default 89,478,485): above it ``Image.open`` only *warns* (``DecompressionBombWarning``), above twice
+it it *refuses* (``DecompressionBombError``). So a limit quoted from that global was off by 2x in
+one direction or the other. visiontf has one limit, :data:`MAX_IMAGE_PIXELS` (178,956,970 pixels, about
+13,400 x 13,400), sets Pillow's global to it, and refuses any image above 1x it (width x height), with
+a message quoting it. Raise it for trusted data with :func:`set_max_image_pixels`.
 """
 from __future__ import annotations
 
+import logging
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,29 +24,64 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from visiontf.errors import UserError
 
-#: Pillow's own default (about 89 M pixels) guards against decompression bombs; keep it explicit.
+log = logging.getLogger(__name__)
+
+#: The one decompression-bomb limit (pixels, width x height) of visiontf's readers; see the module docstring.
 MAX_IMAGE_PIXELS = 178_956_970
 Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+
+
+def set_max_image_pixels(limit: int | None) -> None:
+    """Set the decompression-bomb limit (visiontf's and Pillow's global alike); ``None`` disables it.
+
+    Set it in the process that reads the images: DataLoader workers started with ``fork`` (Linux's
+    default) inherit it, ``spawn`` workers start from the default again.
+    """
+    global MAX_IMAGE_PIXELS
+    MAX_IMAGE_PIXELS = limit  # type: ignore[assignment]
+    Image.MAX_IMAGE_PIXELS = limit
 
 
 class ImageReadError(UserError, RuntimeError):
     """An image or mask file cannot be used; the message names the file and what to do."""
 
 
+def _bomb(path: Path, pixels: int | None, size: tuple[int, int] | None, limit: int) -> ImageReadError:
+    shape = f"{size[0]}x{size[1]} = {pixels:,} pixels" if size and pixels else (f"{pixels:,} pixels" if pixels else "")
+    return ImageReadError(
+        f"{path}: image larger than the decompression-bomb limit of {limit:,} pixels{' (' + shape + ')' if shape else ''}"
+        " (visiontf.data.io.MAX_IMAGE_PIXELS); downscale it, or if the file is trusted raise the limit with "
+        "visiontf.data.io.set_max_image_pixels(N)"
+    )
+
+
+def _missing(path: Path) -> ImageReadError:
+    if path.is_symlink():
+        return ImageReadError(f"{path}: broken symbolic link (to {path.readlink()}); fix the link or remove it")
+    return ImageReadError(f"{path}: file not found (check the dataset root and the annotation's file_name)")
+
+
 def _open(path: str | Path) -> Image.Image:
     path = Path(path)
     if not path.is_file():
-        raise ImageReadError(f"{path}: file not found (check the dataset root and the annotation's file_name)")
+        raise _missing(path)
     if path.stat().st_size == 0:
         raise ImageReadError(f"{path}: file is empty (0 bytes); re-copy it or remove it from the annotations")
+    limit = Image.MAX_IMAGE_PIXELS
     try:
-        img = Image.open(path)
+        with warnings.catch_warnings():
+            # Pillow warns between 1x and 2x its limit; visiontf refuses there itself (below)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(path)
+        w, h = img.size
+        if limit is not None and w * h > limit:
+            raise _bomb(path, w * h, (w, h), limit)
+        if w == 0 or h == 0:
+            raise ImageReadError(f"{path}: image of {w}x{h} pixels has no pixels; re-export it or remove it")
         img.load()
-    except Image.DecompressionBombError as e:
-        raise ImageReadError(
-            f"{path}: image larger than the decompression-bomb limit of {MAX_IMAGE_PIXELS} pixels ({e}); "
-            "downscale it, or raise visiontf.data.io.MAX_IMAGE_PIXELS and PIL.Image.MAX_IMAGE_PIXELS if it is trusted"
-        ) from e
+    except Image.DecompressionBombError as e:  # above 2x: Pillow refused before giving the size
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        raise _bomb(path, int(found.group(1)) if found else None, None, limit) from e
     except UnidentifiedImageError as e:
         raise ImageReadError(f"{path}: not a readable image (wrong extension or corrupt header)") from e
     except (OSError, SyntaxError, ValueError) as e:
@@ -59,9 +105,30 @@ def read_image(path: str | Path) -> np.ndarray:
     return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
 
 
-def read_mask(path: str | Path) -> np.ndarray:
-    """A label map (H, W) uint8 from a grayscale or palette PNG (palette indices are the labels)."""
+#: folders whose JPEG masks were read on request (allow_jpeg=True), each warned about once
+_JPEG_MASK_FOLDERS: set[Path] = set()
+
+
+def read_mask(path: str | Path, allow_jpeg: bool = False) -> np.ndarray:
+    """A label map (H, W) uint8 from a grayscale or palette PNG (palette indices are the labels).
+
+    A mask holding JPEG data, whatever its extension, is refused: lossy compression changes label
+    values along every edge, moving pixels to other (valid) classes without a trace. ``allow_jpeg``
+    reads it anyway (one warning per folder), for data that has no other copy.
+    """
     img = _open(path)
+    if img.format in ("JPEG", "MPO"):
+        path = Path(path)
+        if not allow_jpeg:
+            named = "" if path.suffix.lower() in (".jpg", ".jpeg") else f" although it is named {path.suffix}"
+            raise ImageReadError(
+                f"{path}: the mask is JPEG data{named}; JPEG's lossy compression changes labels along edges, "
+                "moving pixels to other classes. Save masks as PNG (lossless), or, to read these anyway, set "
+                "allow_jpeg_masks: true (data.init_args.allow_jpeg_masks)"
+            )
+        if path.parent not in _JPEG_MASK_FOLDERS:
+            _JPEG_MASK_FOLDERS.add(path.parent)
+            log.warning("%s: reading JPEG masks as asked (allow_jpeg_masks); labels along edges may be wrong", path.parent)
     if img.mode == "P" or img.mode == "L":
         return np.asarray(img, dtype=np.uint8).copy()
     if img.mode in ("I;16", "I", "I;16B", "I;16L"):
@@ -83,10 +150,16 @@ def read_mask(path: str | Path) -> np.ndarray:
 def image_size(path: str | Path) -> tuple[int, int]:
     """(width, height) after EXIF rotation, reading only the header."""
     path = Path(path)
+    if not path.is_file():
+        raise _missing(path)
     try:
-        with Image.open(path) as img:
-            w, h = img.size
-            orientation = img.getexif().get(0x0112, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                w, h = img.size
+                orientation = img.getexif().get(0x0112, 1)
+    except Image.DecompressionBombError as e:
+        raise _bomb(path, None, None, Image.MAX_IMAGE_PIXELS) from e
     except (OSError, UnidentifiedImageError) as e:
         raise ImageReadError(f"{path}: cannot read image header ({e})") from e
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)

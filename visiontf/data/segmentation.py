@@ -17,6 +17,16 @@ import lightning as L
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
+from visiontf.config_checks import (
+    check_config,
+    each,
+    fraction,
+    non_negative_int,
+    optional,
+    positive,
+    positive_int,
+    unit_interval_open_left,
+)
 from visiontf.data.loading import DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 from visiontf.data.segmentation_dataset import SegmentationDataset, _Collate, segmentation_collate
@@ -46,7 +56,6 @@ from visiontf.data.segmentation_transforms import (
 )
 
 
-
 class SegmentationDataModule(L.LightningDataModule):
     """Semantic segmentation data for the generic, ADE20K and Cityscapes layouts.
 
@@ -67,6 +76,8 @@ class SegmentationDataModule(L.LightningDataModule):
       ``postprocess_result`` and ``IoUMetric``. This is the protocol of mmseg's published mIoU.
     * ``"resized"``: the annotation is resized with the image (nearest) and scored at that size;
       batches are ``(images, masks)``. visiontf's protocol before; cheaper, not mmseg's number.
+
+    Masks stored as JPEG are refused (lossy labels) unless ``allow_jpeg_masks: true``.
     """
 
     def __init__(
@@ -94,7 +105,12 @@ class SegmentationDataModule(L.LightningDataModule):
         std: tuple[float, float, float] = IMAGENET_DEFAULT_STD,
         seed: int = 0,
         eval_protocol: Literal["mmseg", "resized"] | None = None,
+        allow_jpeg_masks: bool = False,
     ) -> None:
+        check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
+                     val_batch_size=(val_batch_size, positive_int), num_workers=(num_workers, optional(non_negative_int)),
+                     hflip=(hflip, fraction), cat_max_ratio=(cat_max_ratio, unit_interval_open_left),
+                     ratio_range=(ratio_range, each(positive, 2)))
         super().__init__()
         self.save_hyperparameters()
         if layout not in LAYOUTS:
@@ -146,7 +162,8 @@ class SegmentationDataModule(L.LightningDataModule):
     def _dataset(self, split: str, train: bool) -> SegmentationDataset:
         pairs = PAIR_FINDERS[self.layout](self.root, split)
         return SegmentationDataset(pairs, self.num_classes, self.transforms(train), self.reduce_zero_label,
-                                   self.ignore_index, self.hparams.strict, self.class_names, seed=self.hparams.seed)
+                                   self.ignore_index, self.hparams.strict, self.class_names, seed=self.hparams.seed,
+                                   allow_jpeg_masks=self.hparams.allow_jpeg_masks)
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_dataset is None:

@@ -30,6 +30,8 @@ class SegmentationDataset(AugmentedDataset):
             with a warning naming the first files and a running count.
         seed: with the data modules' train sampler, each sample's augmentation is drawn from
             (seed, epoch, index); see :class:`~visiontf.data.loading.AugmentedDataset`.
+        allow_jpeg_masks: read masks stored as JPEG (refused by default: lossy labels, see
+            :func:`~visiontf.data.io.read_mask`).
 
     Returns ``(image float32 (3, H, W), mask int64 (H, W))`` with a transform.
     """
@@ -47,6 +49,7 @@ class SegmentationDataset(AugmentedDataset):
         strict: bool = False,
         class_names: Sequence[str] | None = None,
         seed: int = 0,
+        allow_jpeg_masks: bool = False,
     ) -> None:
         if not 1 <= num_classes <= 255 or (num_classes > ignore_index and 0 <= ignore_index < 256):
             raise ValueError(f"num_classes={num_classes} must be in 1..{min(255, ignore_index)} (ignore_index {ignore_index})")
@@ -57,6 +60,7 @@ class SegmentationDataset(AugmentedDataset):
         self.reduce_zero_label = reduce_zero_label
         self.ignore_index = ignore_index
         self.strict = strict
+        self.allow_jpeg_masks = allow_jpeg_masks
         self.class_names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]
         self.bad_label_files: set[Path] = set()
         self.bad_label_pixels = 0
@@ -94,7 +98,7 @@ class SegmentationDataset(AugmentedDataset):
         """The checked uint8 image (H, W, 3) and label map (H, W) of sample ``i``, before the transform."""
         img_path, mask_path = self.pairs[i]
         image = read_image(img_path)
-        mask = read_mask(mask_path)
+        mask = read_mask(mask_path, allow_jpeg=self.allow_jpeg_masks)
         if image.shape[:2] != mask.shape:
             raise DatasetLayoutError(
                 f"{img_path} is {image.shape[1]}x{image.shape[0]} (WxH) but its mask {mask_path} is "

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -43,7 +44,7 @@ BACKENDS = ("auto", "pycocotools", "faster_coco_eval")
 _SHOW = 5
 
 __all__ = ["BACKENDS", "COCO_STATS", "METRIC_NAMES", "STAT_NAMES", "CocoEvalError", "CocoStats", "evaluate_coco", "format_table",
-           "resolve_backend", "main"]
+           "invalid_results", "resolve_backend", "main"]
 
 
 class CocoEvalError(UserError, ValueError):
@@ -145,6 +146,7 @@ def _validate(dets: list[dict], gt: dict, det_name: str, gt_name: str, iou_type:
             f"{det_name}: {len(bad)} result(s) with a non-numeric score or a bbox that is not [x, y, w, h], "
             f"e.g. #{bad[0]}: {str(dets[bad[0]])[:100]}"
         )
+    _refuse_invalid_values(dets, det_name, iou_type)
     unknown = sorted(img_ids - {img["id"] for img in gt["images"]}, key=str)
     if unknown:
         n = sum(1 for d in dets if d["image_id"] in set(unknown))
@@ -157,6 +159,41 @@ def _validate(dets: list[dict], gt: dict, det_name: str, gt_name: str, iou_type:
         raise CocoEvalError(
             f"{det_name}: results use category id(s) {unknown[:_SHOW]} not in {gt_name}; results must carry the "
             "file's category ids (not contiguous training labels)"
+        )
+
+
+def invalid_results(dets: Sequence[dict], iou_type: str = "bbox") -> dict[str, list[int]]:
+    """Indices of results whose values make COCOeval's numbers wrong without a word: a score that is
+    NaN, infinite or negative (pycocotools sorts a NaN score last, so a false positive stops costing
+    precision and AP rises), or a bbox with a non-finite value or a negative width or height (it
+    matches nothing, so AP falls)."""
+    def finite(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    out: dict[str, list[int]] = {"score": [], "bbox": []}
+    for i, d in enumerate(dets):
+        if not finite(d["score"]) or d["score"] < 0:
+            out["score"].append(i)
+        box = d.get("bbox")
+        if iou_type == "bbox" or box is not None:
+            if box is None or not all(finite(v) for v in box) or box[2] < 0 or box[3] < 0:
+                out["bbox"].append(i)
+    return out
+
+
+def _refuse_invalid_values(dets: list[dict], det_name: str, iou_type: str) -> None:
+    invalid = invalid_results(dets, iou_type)
+    problems = []
+    for what, rule in (("score", "NaN, infinite or negative"), ("bbox", "non-finite, or a negative width or height")):
+        idx = invalid[what]
+        if idx:
+            shown = "; ".join(f"#{i}: {str(dets[i])[:90]}" for i in idx[:_SHOW])
+            problems.append(f"{len(idx)} result(s) with a {what} that is {rule} (e.g. {shown})")
+    if problems:
+        raise CocoEvalError(
+            f"{det_name}: " + "; ".join(problems) + ". COCOeval would score them silently wrong (NaN scores sort "
+            "last, negative boxes match nothing); fix or drop these results (scores are probabilities in [0, 1], "
+            "bbox is [x, y, width, height] in pixels)"
         )
 
 

@@ -8,6 +8,7 @@ COCOeval against the ORIGINAL annotation file, so areas and crowd regions are CO
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from visiontf.distributed import get_rank as _rank
 from visiontf.evaluation.coco import METRIC_NAMES, CocoEvalError, evaluate_coco
 
 __all__ = ["METRIC_NAMES", "CocoMetric"]
+
+log = logging.getLogger(__name__)
 
 # Sample keys are rank * _RANK_STRIDE + a per-rank counter: unique across ranks after gathering.
 _RANK_STRIDE = 1 << 40
@@ -120,6 +123,14 @@ class CocoMetric(Metric):
             )
         cat_ids = np.array([self.label_to_cat_id[int(l)] for l in labels.tolist()], dtype=np.int64)
         image_of_det = [key_to_image[k] for k in det_keys[keep].tolist()]
+        # a model's non-finite outputs (a diverging run) are no detections: dropped and counted, since
+        # evaluate_coco refuses them (they would score silently wrong) and validation should not stop
+        finite = np.isfinite(boxes).all(axis=1) & np.isfinite(scores) & (boxes[:, 2] >= 0) & (boxes[:, 3] >= 0)
+        if not finite.all():
+            log.warning("CocoMetric: dropped %d of %d detections with non-finite scores or boxes (the model's outputs "
+                        "are not finite; check the training loss)", int((~finite).sum()), len(finite))
+            boxes, scores, cat_ids = boxes[finite], scores[finite], cat_ids[finite]
+            image_of_det = [i for i, ok in zip(image_of_det, finite.tolist()) if ok]
         results = [
             {"image_id": i, "category_id": c, "bbox": b, "score": s}
             for i, c, b, s in zip(image_of_det, cat_ids.tolist(), boxes.tolist(), scores.tolist())

@@ -4,127 +4,39 @@
 ``pretrained_cfg``, or the settings saved with a checkpoint or export), batches images of different
 sizes, and maps every result back to the original image: detection boxes in original pixels,
 segmentation label maps at the original resolution. Everything task-specific is the adapter's
-(:mod:`visiontf.adapters`); this module reads inputs and loops over batches.
+(:mod:`visiontf.adapters`); this module loops over batches, which :mod:`visiontf.inference.inputs`
+streams (files decoded in DataLoader workers, so memory does not grow with the number of files).
+
+An image that cannot be predicted (unreadable, no pixels, NaN values, or one the model fails on
+alone) gets ``{"source", "error", "image_size"}`` and a warning naming it; the others still run.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from visiontf.adapters.base import TASKS, Task, canonical_cfg, get_adapter, infer_task
 from visiontf.checkpoints import load_checkpoint_model
-from visiontf.data.loading import IMAGE_EXTENSIONS
+from visiontf.inference.inputs import (
+    InputError,
+    InputFailure,
+    LoadedImage,
+    expand_inputs,
+    iter_batches,
+    list_image_files,
+    load_inputs,
+)
 from visiontf.weights import labels_path, read_labels_file, write_labels_file
 
 log = logging.getLogger(__name__)
 
-
-# ---------------------------------------------------------------------------------------- inputs
-@dataclass
-class LoadedImage:
-    """An input image as float (3, H, W) in [0, 1] and where it came from (a path or ``None``)."""
-
-    tensor: Tensor
-    source: str | None = None
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return int(self.tensor.shape[-2]), int(self.tensor.shape[-1])
-
-    def uint8(self) -> Tensor:
-        """The image as uint8 (3, H, W), for drawing."""
-        return (self.tensor * 255.0).round().clamp(0, 255).to(torch.uint8)
-
-
-def list_image_files(folder: str | Path) -> list[Path]:
-    """Image files directly inside ``folder``, sorted by name."""
-    folder = Path(folder)
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-    skipped = [p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() not in IMAGE_EXTENSIONS]
-    if skipped:
-        log.info("%s: %d non-image files skipped (e.g. %s)", folder, len(skipped), skipped[:3])
-    if not files:
-        raise FileNotFoundError(f"{folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in this folder")
-    return files
-
-
-def _from_array(arr: np.ndarray, what: str) -> Tensor:
-    if arr.ndim == 2:
-        arr = arr[..., None]
-    if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4):
-        raise ValueError(f"{what}: numpy images must be HxW or HxWxC with C in 1/3/4, got shape {arr.shape}")
-    if arr.shape[-1] == 4:
-        log.info("%s: alpha channel dropped", what)
-        arr = arr[..., :3]
-    # a private copy: inputs may be read-only (PIL buffers) and must not be changed in place
-    t = torch.from_numpy(np.array(arr, copy=True)).permute(2, 0, 1)
-    return _to_float(t, what)
-
-
-def _to_float(t: Tensor, what: str) -> Tensor:
-    if t.shape[0] == 1:
-        t = t.expand(3, -1, -1)
-    if t.shape[0] != 3:
-        raise ValueError(f"{what}: expected 1 or 3 channels first (C, H, W), got shape {tuple(t.shape)}")
-    if t.dtype == torch.uint8:
-        return t.float() / 255.0
-    if not t.is_floating_point():
-        raise ValueError(f"{what}: integer images must be uint8 (0-255), got {t.dtype}")
-    t = t.float()
-    if t.numel() and (t.min() < -1e-3 or t.max() > 1.0 + 1e-3):
-        raise ValueError(
-            f"{what}: float images must hold values in [0, 1], got [{float(t.min()):.3g}, {float(t.max()):.3g}]; "
-            "pass uint8 0-255 or divide by 255 (do not normalise: the Predictor does that)"
-        )
-    return t
-
-
-def load_inputs(inputs: Any) -> list[LoadedImage]:
-    """Turn any supported input into a flat list of images.
-
-    Accepts a path (file or folder), a list of any of these, PIL images, numpy HxWxC uint8 (or float
-    0-1) arrays, and CHW / BCHW tensors (uint8 0-255 or float 0-1).
-    """
-    from PIL import Image
-
-    from visiontf.data.io import read_image
-
-    if isinstance(inputs, (str, Path)):
-        path = Path(inputs)
-        if path.is_dir():
-            return [LoadedImage(_from_array(read_image(p), str(p)), str(p)) for p in list_image_files(path)]
-        return [LoadedImage(_from_array(read_image(path), str(path)), str(path))]
-    if isinstance(inputs, Image.Image):
-        return [LoadedImage(_from_array(np.asarray(inputs.convert("RGB")), "PIL image"))]
-    if isinstance(inputs, np.ndarray):
-        if inputs.ndim == 4:
-            return [LoadedImage(_from_array(a, f"array[{i}]")) for i, a in enumerate(inputs)]
-        return [LoadedImage(_from_array(inputs, "numpy image"))]
-    if isinstance(inputs, Tensor):
-        t = inputs.detach().cpu()
-        if t.dim() == 4:
-            return [LoadedImage(_to_float(x, f"tensor[{i}]")) for i, x in enumerate(t)]
-        if t.dim() == 3:
-            return [LoadedImage(_to_float(t, "tensor"))]
-        if t.dim() == 2:
-            return [LoadedImage(_to_float(t[None], "tensor"))]
-        raise ValueError(f"tensor inputs must be (C, H, W) or (B, C, H, W), got shape {tuple(t.shape)}")
-    if isinstance(inputs, (list, tuple)):
-        out: list[LoadedImage] = []
-        for item in inputs:
-            out.extend(load_inputs(item))
-        return out
-    raise TypeError(
-        f"unsupported input type {type(inputs).__name__}; pass a path, a folder, PIL images, numpy HxWxC arrays "
-        "or (B,)C,H,W tensors, or a list of them"
-    )
+#: what a model raises on an image it cannot take (sizes too small for a layer, empty tensors)
+_MODEL_ERRORS = (RuntimeError, ValueError, ZeroDivisionError, IndexError)
 
 
 # ---------------------------------------------------------------------------------------- predictor
@@ -148,6 +60,8 @@ class Predictor:
         seg_scale: mmseg-style keep-ratio resize scale ``(long, short)`` before segmentation
             (``resize``); ``None`` segments at the original resolution.
         label_to_cat_id: detection label -> dataset category id (for COCO results files).
+        num_workers: DataLoader workers decoding image files (default: up to 4 when there is more than
+            one batch of files; 0 decodes in this process).
     """
 
     def __init__(
@@ -170,6 +84,7 @@ class Predictor:
         seg_stride: int | Sequence[int] | None = None,
         seg_scale: Sequence[int] | None = None,
         label_to_cat_id: dict[int, int] | None = None,
+        num_workers: int | None = None,
     ) -> None:
         self.adapter = get_adapter(model, task)
         self.task: Task = self.adapter.task  # type: ignore[assignment]
@@ -178,6 +93,7 @@ class Predictor:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
+        self.num_workers = num_workers
         overrides = canonical_cfg(dict(mean=mean, std=std, input_size=input_size, crop_pct=crop_pct, min_size=min_size,
                                        max_size=max_size, seg_mode=seg_mode, seg_crop=seg_crop, seg_stride=seg_stride,
                                        seg_scale=seg_scale))
@@ -245,7 +161,7 @@ class Predictor:
     # ------------------------------------------------------------------ inference
     @torch.inference_mode()
     def __call__(self, inputs: Any, score_threshold: float | None = 0.5, top_k: int | None = None) -> list[dict[str, Any]]:
-        """Predict every image in ``inputs`` (see :func:`load_inputs`); one dict per image.
+        """Predict every image in ``inputs`` (see :func:`load_inputs`); one dict per image, in order.
 
         * classification: ``labels`` (k,), ``scores`` (k,) softmax probabilities, ``class_names``;
           ``top_k`` classes (default 5, at most the number of classes).
@@ -253,17 +169,74 @@ class Predictor:
           ``class_names``; detections with ``score > score_threshold`` (``None`` keeps all), at most
           ``top_k`` (default: no limit), sorted by score.
         * segmentation: ``label_map`` (H, W) int64 at the original resolution.
+
+        Every dict also has ``source`` and ``image_size``; an image that could not be predicted has
+        ``error`` instead of results (see the module docstring); when no image could, the first error
+        is raised. For many files use :meth:`stream`, which holds one batch at a time.
         """
-        images = inputs if isinstance(inputs, list) and inputs and all(isinstance(i, LoadedImage) for i in inputs) else load_inputs(inputs)
-        results: list[dict[str, Any]] = []
-        for start in range(0, len(images), self.batch_size):
-            chunk = [im.tensor.to(self.device) for im in images[start : start + self.batch_size]]
-            results.extend(self.adapter.predict(self.model, self.preprocess, chunk, score_threshold=score_threshold,
-                                                top_k=top_k, class_name=self.class_name))
-        for r, im in zip(results, images):
-            r["source"] = im.source
-            r["image_size"] = im.size
-        return results
+        pairs = list(self.stream(inputs, score_threshold=score_threshold, top_k=top_k))
+        if pairs and all("error" in r for _, r in pairs):
+            first = pairs[0][0]
+            if isinstance(first, InputFailure) and first.exception is not None:
+                raise first.exception
+            raise InputError(pairs[0][1]["error"])
+        return [r for _, r in pairs]
+
+    @torch.inference_mode()
+    def stream(self, inputs: Any, score_threshold: float | None = 0.5, top_k: int | None = None
+               ) -> Iterator[tuple[LoadedImage | InputFailure, dict[str, Any]]]:
+        """``(image, result)`` per input, in order, one batch in memory at a time (see :meth:`__call__`)."""
+        items = inputs if isinstance(inputs, list) and inputs and all(isinstance(i, LoadedImage) for i in inputs) else None
+        batches = ([items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)] if items is not None
+                   else iter_batches(inputs, self.batch_size, self.num_workers))
+        worked = False
+        for batch in batches:
+            images = [b for b in batch if isinstance(b, LoadedImage)]
+            predicted = self._predict_images(images, score_threshold, top_k, raise_if_all_fail=not worked)
+            worked = worked or any("error" not in r for r in predicted)
+            results = iter(predicted)
+            for b in batch:
+                if isinstance(b, InputFailure):
+                    log.warning("not predicted: %s", b.error)
+                    yield b, {"source": b.source, "error": b.error, "image_size": None}
+                else:
+                    r = next(results)
+                    r["source"], r["image_size"] = b.source, b.size
+                    yield b, r
+
+    def _predict_images(self, images: Sequence[LoadedImage], score_threshold: float | None, top_k: int | None,
+                        raise_if_all_fail: bool) -> list[dict[str, Any]]:
+        """Results for ``images``. When the batch fails, each image runs alone, so that an image the
+        model cannot take (e.g. 10 x 10000 pixels) fails alone, named, and the others still get results.
+        When every image fails and nothing has worked before (``raise_if_all_fail``), the first error is
+        raised: then the problem is the model or its settings, not an image."""
+        if not images:
+            return []
+
+        def run(ims: Sequence[LoadedImage]) -> list[dict[str, Any]]:
+            return self.adapter.predict(self.model, self.preprocess, [im.tensor.to(self.device) for im in ims],
+                                        score_threshold=score_threshold, top_k=top_k, class_name=self.class_name)
+
+        try:
+            return run(images)
+        except _MODEL_ERRORS as batch_error:
+            if raise_if_all_fail and len(images) == 1:
+                raise
+            results, errors = [], []
+            for im in images:
+                try:
+                    if len(images) == 1:  # it has just failed alone
+                        raise batch_error
+                    results.extend(run([im]))
+                except _MODEL_ERRORS as e:
+                    errors.append(e)
+                    what = f"{im.source or 'image'} ({im.size[1]}x{im.size[0]} px, WxH)"
+                    message = f"{what}: the model failed on this image: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    log.warning("%s", message)
+                    results.append({"error": message})
+            if raise_if_all_fail and len(errors) == len(images):
+                raise errors[0] from batch_error
+            return results
 
     def preprocess_classification(self, images: Sequence[LoadedImage]) -> Tensor:
         """Normalised (B, 3, H, W) crops as a classifier sees them."""
@@ -280,6 +253,6 @@ class Predictor:
 
 
 __all__ = [
-    "TASKS", "LoadedImage", "Predictor", "Task", "infer_task", "labels_path", "list_image_files", "load_checkpoint_model",
-    "load_inputs", "read_labels_file", "write_labels_file",
+    "TASKS", "InputError", "InputFailure", "LoadedImage", "Predictor", "Task", "expand_inputs", "infer_task", "labels_path",
+    "list_image_files", "load_checkpoint_model", "load_inputs", "read_labels_file", "write_labels_file",
 ]

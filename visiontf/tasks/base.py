@@ -9,6 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from visiontf.adapters.base import adapter_for_task
+from visiontf.checkpoints import check_checkpoint_fits
+from visiontf.config_checks import check_config, one_of, positive_int
 from visiontf.distributed import is_distributed
 from visiontf.registry import create_model
 
@@ -44,6 +46,9 @@ class BaseTask(L.LightningModule):
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__()
+        check_config(type(self).__name__, "model", num_classes=(num_classes, positive_int),
+                     on_nonfinite=(on_nonfinite, one_of("raise", "skip")))
+        self._model_name, self._num_classes = model_name, num_classes
         self.model: nn.Module = create_model(model_name, pretrained=pretrained, num_classes=num_classes, **(model_kwargs or {}))
         self.compile_model = compile
         self.on_nonfinite = on_nonfinite
@@ -64,6 +69,12 @@ class BaseTask(L.LightningModule):
                 checkpoint[key] = dict(value) if isinstance(value, dict) else list(value)
         stated = dm.eval_cfg() if callable(getattr(dm, "eval_cfg", None)) else {}
         checkpoint["preprocess"] = adapter_for_task(self.task).eval_cfg(self.model, {**stated, **self.eval_cfg()})
+        checkpoint["task"] = self.task
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # before Lightning copies any weight: another task, model or class count is refused by name
+        path = self._trainer.ckpt_path if self._trainer is not None else None
+        check_checkpoint_fits(checkpoint, path, task=self.task, model_name=self._model_name, num_classes=self._num_classes)
 
     def eval_cfg(self) -> dict[str, Any]:
         """Inference settings of this task in ``pretrained_cfg`` keys (saved with checkpoints)."""

@@ -10,9 +10,24 @@ from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
+from visiontf.config_checks import (
+    check_config,
+    fraction,
+    non_negative,
+    one_of,
+    positive,
+    unit_interval_open_right,
+)
 from visiontf.registry import create_model
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, decay_groups
+
+
+def at_least_two_classes(n: object) -> str | None:
+    """Classification needs two classes or more: softmax over one class is always 1 (torchmetrics refuses it)."""
+    ok = isinstance(n, int) and not isinstance(n, bool) and n >= 2
+    return None if ok else ("an integer >= 2: one class leaves nothing to classify (it is linked from data.num_classes, "
+                            "the training split's class folders with images: add a folder for another class)")
 
 
 class ClassificationTask(BaseTask):
@@ -45,6 +60,12 @@ class ClassificationTask(BaseTask):
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
+        check_config(type(self).__name__, "model", num_classes=(num_classes, at_least_two_classes), lr=(lr, positive),
+                     weight_decay=(weight_decay, non_negative), warmup_epochs=(warmup_epochs, non_negative),
+                     label_smoothing=(label_smoothing, unit_interval_open_right),
+                     mixup_alpha=(mixup_alpha, non_negative), cutmix_alpha=(cutmix_alpha, non_negative),
+                     distill_alpha=(distill_alpha, fraction), optimizer=(optimizer, one_of("adamw", "sgd")),
+                     schedule=(schedule, one_of("cosine", "constant")))
         super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
         self.save_hyperparameters()
         self.mixup = None

@@ -6,6 +6,16 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from visiontf.config_checks import (
+    check_config,
+    non_negative,
+    non_negative_int,
+    one_of,
+    optional,
+    positive,
+    positive_int,
+    unit_interval_open_left,
+)
 from visiontf.detection import HungarianMatcher, SetCriterion, build_postprocess
 from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.tasks.base import BaseTask
@@ -52,6 +62,14 @@ class DetectionTask(BaseTask):
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
+        check_config(type(self).__name__, "model", lr=(lr, positive), lr_backbone=(lr_backbone, non_negative),
+                     lr_offsets_mult=(lr_offsets_mult, non_negative), weight_decay=(weight_decay, non_negative),
+                     schedule=(schedule, one_of("step", "cosine", "constant")),
+                     lr_drop_epochs=(lr_drop_epochs, optional(positive_int)), warmup_steps=(warmup_steps, non_negative_int),
+                     cost_class=(cost_class, non_negative), cost_bbox=(cost_bbox, non_negative),
+                     cost_giou=(cost_giou, non_negative), loss_ce=(loss_ce, non_negative),
+                     loss_bbox=(loss_bbox, non_negative), loss_giou=(loss_giou, non_negative),
+                     eos_coef=(eos_coef, unit_interval_open_left))
         super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
         self.save_hyperparameters()
         matcher = HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou)

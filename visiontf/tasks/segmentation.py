@@ -9,9 +9,20 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from visiontf.config_checks import (
+    check_config,
+    non_negative,
+    non_negative_int,
+    one_of,
+    optional,
+    positive,
+    positive_int,
+    unit_interval_open_right,
+)
 from visiontf.evaluation.segmentation import format_table, segmentation_scores
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
+from visiontf.tasks.segmentation_loss import labelled_cross_entropy
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +79,11 @@ class SegmentationTask(BaseTask):
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
+        check_config(type(self).__name__, "model", lr=(lr, positive), momentum=(momentum, unit_interval_open_right),
+                     weight_decay=(weight_decay, non_negative), head_lr_mult=(head_lr_mult, non_negative),
+                     power=(power, non_negative), min_lr=(min_lr, non_negative), warmup_steps=(warmup_steps, non_negative_int),
+                     aux_weight=(aux_weight, optional(non_negative)), crop_size=(crop_size, optional(positive_int)),
+                     stride=(stride, optional(positive_int)), optimizer=(optimizer, one_of("sgd", "adamw")))
         super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
         self.save_hyperparameters()
         if inference_mode not in ("whole", "slide"):
@@ -91,7 +107,10 @@ class SegmentationTask(BaseTask):
         images, masks = batch
         out = self.model(images)
         logits, aux = (out["out"], out.get("aux", [])) if isinstance(out, dict) else (out, [])
-        ce = lambda x: F.cross_entropy(x, masks, ignore_index=self.hparams.ignore_index)  # noqa: E731
+        # 0, not NaN, when every pixel of the batch is ignored; such batches are counted in the log
+        ce = lambda x: labelled_cross_entropy(x, masks, self.hparams.ignore_index)[0]  # noqa: E731
+        unlabelled = (masks != self.hparams.ignore_index).sum() == 0
+        self.log("train/unlabelled_batches", unlabelled.float(), reduce_fx="sum", on_step=False, on_epoch=True)
         terms = {"loss_main": ce(logits)}
         for i, a in enumerate(aux):
             terms[f"loss_aux{i}"] = ce(a)
@@ -171,7 +190,7 @@ class SegmentationTask(BaseTask):
             masks = resized_masks(masks, sizes, images.shape[-2:], self.hparams.ignore_index)
         scores = self.predict_logits(images)
         if self._single_view():
-            self.log(f"{prefix}/loss", F.cross_entropy(scores, masks, ignore_index=self.hparams.ignore_index), sync_dist=True)
+            self.log(f"{prefix}/loss", labelled_cross_entropy(scores, masks, self.hparams.ignore_index)[0], sync_dist=True)
         self.confmat.update(scores.argmax(dim=1), masks)
 
     def _eval_original_size(self, images: Tensor, masks: Tensor, sizes: Tensor, prefix: str) -> None:

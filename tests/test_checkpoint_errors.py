@@ -1,0 +1,183 @@
+"""Checkpoint errors name the file and the fix (issue 15, item 3), through the real command lines,
+run in-process (``make_cli`` / ``eval_main`` / ``predict_main`` / ``export_main``).
+
+Cost: one 1-epoch fit of a 1-block ViT on 3x4 tiny images (module fixture), one fine-tuning fit,
+and a few refused commands that stop before any step: about 15 s on 2 shared cores.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from visiontf.checkpoints import CheckpointError, check_checkpoint_fits, resolve_checkpoint
+from visiontf.cli import eval_main, export_main, predict_main
+from visiontf.cli.train import make_cli
+
+CONFIG = "configs/vit/vit_tiny_synthetic.yaml"
+TINY = "{img_size: 32, patch_size: 8, depth: 1, embed_dim: 48, num_heads: 3}"
+
+
+def _args(data: Path, run: Path, *extra: str) -> list[str]:
+    return ["--config", CONFIG, f"--data.init_args.root={data}", "--data.init_args.image_size=32",
+            "--data.init_args.num_workers=0", "--data.init_args.batch_size=4", f"--model.init_args.model_kwargs={TINY}",
+            f"--trainer.default_root_dir={run}", "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false",
+            "--trainer.logger=false", "--trainer.enable_model_summary=false", *extra]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 3-class run trained with ``fit --ckpt_path last`` on an empty run folder (the requeue case)."""
+    from visiontf.data.synthetic.classification import make_classification_dataset
+
+    tmp = tmp_path_factory.mktemp("ckpt_errors")
+    data = make_classification_dataset(tmp / "data3", num_train=4, num_val=2, num_classes=3, image_size=32)
+    records = _Records()
+    logger = logging.getLogger("visiontf.checkpoints")
+    logger.addHandler(records)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            make_cli(["fit", *_args(data, tmp / "run"), "--ckpt_path=last"])
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    return {"tmp": tmp, "data": data, "ckpt": tmp / "run" / "checkpoints" / "last.ckpt", "log": records.lines,
+            "warnings": [str(w.message) for w in caught]}
+
+
+def test_fit_with_last_and_no_checkpoint_starts_fresh_with_one_info_line(trained):
+    fresh = [line for line in trained["log"] if "starting a fresh run" in line]
+    assert len(fresh) == 1 and str(trained["tmp"] / "run" / "checkpoints") in fresh[0]
+    assert not [w for w in trained["warnings"] if "no last checkpoint available" in w], "Lightning's misleading hint"
+    assert trained["ckpt"].is_file()
+
+
+def test_eval_predict_export_with_last_and_nothing_there_are_errors_not_random_weights(trained, tmp_path):
+    typo = tmp_path / "rnu"
+    stats = tmp_path / "stats.json"
+    with pytest.raises(CheckpointError, match=r"no last\.ckpt in .*rnu.*checkpoints.*does not exist") as info:
+        eval_main([*_args(trained["data"], typo), "--ckpt_path=last", "--output", str(stats)])
+    assert "nothing was evaluated" in str(info.value) and not stats.exists()
+    config = tmp_path / "c.yaml"
+    config.write_text(f"trainer:\n  default_root_dir: {typo}\n")
+    with pytest.raises(CheckpointError, match="no last.ckpt in"):
+        predict_main(["--config", str(config), "--ckpt_path", "last", "--input", str(trained["data"]), "--output",
+                      str(tmp_path / "out")])
+    with pytest.raises(CheckpointError, match="no last.ckpt in"):
+        export_main(["--config", str(config), "--ckpt_path", "last", "--output", str(tmp_path / "m.safetensors")])
+    with pytest.raises(CheckpointError, match="no run folder"):
+        export_main(["--ckpt_path", "last", "--output", str(tmp_path / "m.safetensors")])
+    # and "last" does resolve where the run is
+    assert resolve_checkpoint("last", trained["ckpt"].parent) == str(trained["ckpt"])
+
+
+def test_truncated_checkpoint_is_corrupt_or_incomplete_naming_the_file(trained, tmp_path):
+    cut = tmp_path / "cut.ckpt"
+    data = trained["ckpt"].read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    expected = rf"{cut}: corrupt or incomplete \({len(data) // 2:,} bytes\)"
+    with pytest.raises(CheckpointError, match=expected):
+        eval_main([*_args(trained["data"], tmp_path / "run"), f"--ckpt_path={cut}"])
+    with pytest.raises(CheckpointError, match=expected):
+        make_cli(["fit", *_args(trained["data"], tmp_path / "run"), f"--ckpt_path={cut}"])
+    with pytest.raises(CheckpointError, match=expected):
+        export_main(["--ckpt_path", str(cut), "--output", str(tmp_path / "m.safetensors")])
+    # a damaged middle (the archive's directory intact) fails in torch.load, with the same message
+    from visiontf.weights import WeightsError, safe_torch_load
+
+    bad = tmp_path / "bad.ckpt"
+    mid = len(data) // 2
+    bad.write_bytes(data[:mid] + bytes(4096) + data[mid + 4096:])
+    with pytest.raises(WeightsError, match=rf"{bad}: corrupt or incomplete"):
+        safe_torch_load(bad)
+    # a typo in an explicit path is an error for fit too (only "last" may start fresh)
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        make_cli(["fit", *_args(trained["data"], tmp_path / "run"), f"--ckpt_path={tmp_path / 'lats.ckpt'}"])
+
+
+def test_other_number_of_classes_points_to_pretrained_and_that_fine_tunes(trained, tmp_path):
+    from visiontf.data.synthetic.classification import make_classification_dataset
+
+    data4 = make_classification_dataset(tmp_path / "data4", num_train=4, num_val=2, num_classes=4, image_size=32)
+    with pytest.raises(CheckpointError, match=r"trained for 3 classes, but this run has 4.*--model.init_args.pretrained="):
+        make_cli(["fit", *_args(data4, tmp_path / "run"), f"--ckpt_path={trained['ckpt']}"])
+    with pytest.raises(CheckpointError, match="trained for 3 classes"):
+        eval_main([*_args(data4, tmp_path / "run"), f"--ckpt_path={trained['ckpt']}"])
+    # the fix the message names works: a new head on the checkpoint's weights
+    make_cli(["fit", *_args(data4, tmp_path / "ft"), f"--model.init_args.pretrained={trained['ckpt']}"])
+    tuned = torch.load(tmp_path / "ft" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert tuned["state_dict"]["model.head.weight"].shape[0] == 4
+
+
+def test_checkpoint_of_another_task_or_model_is_refused_before_loading(trained):
+    ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    assert ckpt["task"] == "classification"
+    with pytest.raises(CheckpointError, match=r"x\.ckpt: a classification checkpoint \(vit_tiny_patch16_224\), but this "
+                                              r"config builds a detection model \(detr_tiny\)"):
+        check_checkpoint_fits(ckpt, "x.ckpt", task="detection", model_name="detr_tiny", num_classes=3)
+    with pytest.raises(CheckpointError, match="a checkpoint of vit_tiny_patch16_224, but this config builds vit_small"):
+        check_checkpoint_fits(ckpt, "x.ckpt", task="classification", model_name="vit_small_patch16_224", num_classes=3)
+    del ckpt["task"]  # checkpoints written before visiontf saved the task: found through the registry tags
+    with pytest.raises(CheckpointError, match="a classification checkpoint"):
+        check_checkpoint_fits(ckpt, "x.ckpt", task="segmentation", model_name="setr_naive_vit_tiny_patch16", num_classes=3)
+
+
+@pytest.mark.slow
+def test_eval_with_a_detection_config_refuses_a_classification_checkpoint(trained, tmp_path):
+    """The tester's case: the checkpoint of another task used to load into the wrong model and fail
+    deep inside; now the error names the file and both tasks, before any weight is copied."""
+    from visiontf.data.synthetic.detection import make_detection_dataset
+
+    det = make_detection_dataset(tmp_path / "det", num_train=2, num_val=2, image_size=(64, 64))["root"]
+    args = ["--config", "configs/detr/detr_tiny_shapes.yaml", f"--data.init_args.root={det}",
+            "--data.init_args.num_workers=0", f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false", f"--ckpt_path={trained['ckpt']}"]
+    with pytest.raises(CheckpointError, match=rf"{trained['ckpt']}: a classification checkpoint .* detection model"):
+        eval_main(args)
+
+
+def test_resolver_keeps_best_and_names_broken_links(tmp_path):
+    assert resolve_checkpoint(None) is None and resolve_checkpoint("best", tmp_path) == "best"
+    link = tmp_path / "last.ckpt"
+    link.symlink_to(tmp_path / "gone.ckpt")
+    with pytest.raises(CheckpointError, match="broken symbolic link"):
+        resolve_checkpoint(link)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(CheckpointError, match="is a folder"):
+        resolve_checkpoint(tmp_path / "d")
+    shutil.rmtree(tmp_path / "d")
+
+
+def test_cli_resumes_a_moved_run_folder_onto_its_own_last_checkpoint_atomically(trained, tmp_path):
+    """tools/train.py's trainer: LastAndBestCheckpoint and the atomic writer; a copied run folder resumes
+    with --ckpt_path last and overwrites its last.ckpt (no last-v1.ckpt), keeping its best checkpoint."""
+    from visiontf.callbacks import LastAndBestCheckpoint
+    from visiontf.checkpoint_io import AtomicCheckpointIO
+
+    moved = tmp_path / "moved"
+    shutil.copytree(trained["tmp"] / "run", moved)
+    before = sorted(p.name for p in (moved / "checkpoints").iterdir())
+    cli = make_cli(["fit", *_args(trained["data"], moved), "--trainer.max_epochs=2", "--ckpt_path=last"])
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    assert isinstance(cli.trainer.checkpoint_callback, LastAndBestCheckpoint)
+    after = sorted(p.name for p in (moved / "checkpoints").iterdir())
+    assert "last.ckpt" in after and not [n for n in after if n.startswith("last-v")], after
+    assert torch.load(moved / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 2
+    best = cli.trainer.checkpoint_callback.best_model_path
+    assert best.startswith(str(moved)), best  # tracked in the new folder, not the old one
+    assert len(after) <= len(before) + 1
