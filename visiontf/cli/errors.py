@@ -80,10 +80,11 @@ def _items(text: str) -> list[str]:
             items.append((indent, s[2:]))
         elif items and indent > items[-1][0]:
             items[-1] = (items[-1][0], items[-1][1] + " " + s)
-    useful = [t for _, t in items if not _NONE_TYPE.match(t)]
-    # "Expected a path but X either not accessible or invalid" is the file-path reading of a value; rarely the point
-    useful.sort(key=lambda t: t.startswith("Expected a path but"))
-    return useful
+    useful = [(indent, t) for indent, t in items if not _NONE_TYPE.match(t)]
+    # the innermost error first; "Expected a path but X either not accessible or invalid" is the file-path
+    # reading of a value, rarely the point
+    useful.sort(key=lambda it: (-it[0], it[1].startswith("Expected a path but")))
+    return [t for _, t in useful]
 
 
 def _type_phrase(text: str) -> str:

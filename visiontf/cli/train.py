@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -51,18 +52,19 @@ def check_ckpt_file(ckpt_path: str | Path | None) -> Path | None:
     return checkpoint_file(ckpt_path, lightning_keywords=True)
 
 
-def check_ckpt_path(ckpt_path: str | Path | None, model: L.LightningModule) -> None:
+def check_ckpt_path(ckpt_path: str | Path | None, model: L.LightningModule, ckpt: dict | None = None) -> None:
     """Refuse, in one line, a ``--ckpt_path`` that is missing, not a Lightning checkpoint, or of another model.
 
     Lightning's own errors for these are a traceback ending in ``load_state_dict``'s list of keys.
-    ``last``/``best``/``hpc`` and ``registry:`` paths are left to Lightning.
+    ``last``/``best``/``hpc`` and ``registry:`` paths are left to Lightning. ``ckpt``: the file's
+    content when already loaded.
     """
     path = check_ckpt_file(ckpt_path)
     if path is None:
         return
     from visiontf.weights import safe_torch_load
 
-    ckpt = safe_torch_load(path)
+    ckpt = safe_torch_load(path) if ckpt is None else ckpt
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise UsageError(f"--ckpt_path {path}: not a Lightning checkpoint (no 'state_dict'); to start from these "
                          f"weights use --model.init_args.pretrained={path}")
@@ -140,23 +142,32 @@ class VisionCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def _parse_ckpt_path(self) -> None:
-        # LightningCLI reads the checkpoint's hyper-parameters into the config before anything is built:
-        # refuse what cannot be a checkpoint first, and read it with the same allow-list as visiontf
-        from visiontf.weights import SAFE_GLOBALS
+        # LightningCLI reads the checkpoint's hyper-parameters into the config before anything is built
+        # (so the checkpoint's model settings win over the config's): refuse first what cannot be this
+        # config's checkpoint, and read it with visiontf's allow-list
+        from visiontf.weights import SAFE_GLOBALS, safe_torch_load
 
         sub = self.config.get("subcommand")
-        path = self.config[sub].get("ckpt_path") if sub else None
-        check_ckpt_file(path)
-        try:
-            with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
-                super()._parse_ckpt_path()
-        except (argparse.ArgumentError, UserError):
-            raise
-        except Exception as e:  # noqa: BLE001 - torch.load's many ways to fail on a file that is not a checkpoint
-            raise UsageError(f"--ckpt_path {path}: not a readable checkpoint ({type(e).__name__}: {e})") from e
+        path = check_ckpt_file(self.config[sub].get("ckpt_path") if sub else None)
+        self._loaded_ckpt = None
+        if path is not None:
+            ckpt = safe_torch_load(path)
+            if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+                raise UsageError(f"--ckpt_path {path}: not a Lightning checkpoint (no 'state_dict'); to start from these "
+                                 f"weights use --model.init_args.pretrained={path}")
+            hp = ckpt.get("hyper_parameters") or {}
+            theirs, ours = hp.get("_class_path"), (self.config[sub].get("model") or {}).get("class_path")
+            if theirs and ours and theirs != ours:
+                raise CheckpointMismatchError(
+                    f"--ckpt_path {path} holds a {theirs.rsplit('.', 1)[-1]} ({hp.get('model_name', '?')}), but the config "
+                    f"trains a {ours.rsplit('.', 1)[-1]}: use the config it was trained with (config.yaml beside its logs)")
+            self._loaded_ckpt = (path, ckpt)
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            super()._parse_ckpt_path()
 
     def _check_ckpt(self) -> None:
-        check_ckpt_path(self.config_init[self.subcommand].get("ckpt_path"), self.model)
+        path, ckpt = getattr(self, "_loaded_ckpt", None) or (self.config_init[self.subcommand].get("ckpt_path"), None)
+        check_ckpt_path(path, self.model, ckpt)
 
     before_fit = before_validate = before_test = before_predict = _check_ckpt
 
@@ -170,6 +181,8 @@ def _trainer_defaults() -> dict:
 def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
     """The CLI (subclass mode: the YAML's ``class_path``s choose task and data), run on ``args``."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # eval.py and the tests pass args on purpose (eval.py adds "validate"); Lightning warns about that
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
     return VisionCLI(
         L.LightningModule,
         L.LightningDataModule,
