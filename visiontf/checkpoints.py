@@ -18,9 +18,14 @@ from typing import Any
 
 from torch import nn
 
-from visiontf.weights import safe_torch_load
+from visiontf.errors import UserError
+from visiontf.weights import WeightsError, safe_torch_load
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointError(UserError, ValueError):
+    """A file given as a visiontf task checkpoint that is not one."""
 
 #: kwargs that point at weight files used only to initialise training; a checkpoint has all weights
 INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
@@ -42,7 +47,7 @@ def load_checkpoint_model(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, A
     ckpt = safe_torch_load(path)
     hp = dict(ckpt.get("hyper_parameters") or {})
     if "model_name" not in hp or "state_dict" not in ckpt:
-        raise ValueError(
+        raise CheckpointError(
             f"{path}: not a visiontf task checkpoint (needs 'hyper_parameters.model_name' and 'state_dict'; "
             f"has keys {sorted(ckpt)[:10]}). For a plain state dict use create_model(name, pretrained=path)."
         )
@@ -53,7 +58,7 @@ def load_checkpoint_model(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, A
     state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise RuntimeError(
+        raise WeightsError(
             f"{path}: weights do not fit {hp['model_name']}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     dm = dict(ckpt.get("datamodule_hyper_parameters") or {})

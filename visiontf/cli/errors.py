@@ -155,12 +155,10 @@ def user_message(exc: BaseException) -> str | None:
     for e in chain:
         if isinstance(e, argparse.ArgumentError):
             return _argument_message(str(e))
-    if isinstance(exc, ValueError) and _UNION in str(exc):
-        # a class that jsonargparse could not build, for a reason that is not a UserError: a bug
-        return None
     for e in chain:
         if isinstance(e, _FILE_ERRORS):
             return _one_line(str(e))
+    # anything else, including a class jsonargparse could not build for another reason, is a bug
     return None
 
 

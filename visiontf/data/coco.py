@@ -28,7 +28,7 @@ from torchvision.ops import box_convert
 
 from visiontf.data import detection_transforms as DT
 from visiontf.data.batching import pad_images
-from visiontf.data.io import read_image
+from visiontf.data.io import ImageReadError, read_image
 from visiontf.data.loading import AugmentedDataset, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 from visiontf.errors import UserError
@@ -281,6 +281,9 @@ class CocoDetection(AugmentedDataset):
     def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor, dict[str, Any]]:
         idx = self.sample_index(key)
         info = self.index.images[idx]
+        if not (self.img_dir / info["file_name"]).is_file():
+            raise ImageReadError(f"{self.img_dir / info['file_name']}: image not found (image id {info['id']} in "
+                                 f"{self.ann_file.name}); check the dataset root, the *_images path and the file_name")
         image = read_image(self.img_dir / info["file_name"])
         h, w = image.shape[:2]
         if (info.get("width"), info.get("height")) not in ((w, h), (None, None)):

@@ -25,7 +25,8 @@ class ImageReadError(UserError, RuntimeError):
 def _open(path: str | Path) -> Image.Image:
     path = Path(path)
     if not path.is_file():
-        raise ImageReadError(f"{path}: file not found (check the dataset root and the annotation's file_name)")
+        # no dataset hint here: predicting reads user files too; datasets add their own (CocoDetection)
+        raise ImageReadError(f"{path}: file not found")
     if path.stat().st_size == 0:
         raise ImageReadError(f"{path}: file is empty (0 bytes); re-copy it or remove it from the annotations")
     try:

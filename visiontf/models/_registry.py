@@ -22,9 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from visiontf.weights import load_state_dict_file, read_config
+from visiontf.errors import UserError
+from visiontf.weights import WeightsError, load_state_dict_file, read_config
 
 log = logging.getLogger(__name__)
+
+
+class ModelNameError(UserError, ValueError):
+    """An unknown model name, or ``pretrained=True`` for a model without published weights."""
 
 
 @dataclass
@@ -70,7 +75,7 @@ def get_entry(name: str) -> ModelEntry:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=5, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {name!r}.{hint} See visiontf.list_models() for all {len(_REGISTRY)} names.")
+        raise ModelNameError(f"unknown model {name!r}.{hint} See visiontf.list_models() for all {len(_REGISTRY)} names.")
     return _REGISTRY[name]
 
 
@@ -91,7 +96,7 @@ def create_model(
     if pretrained:
         if pretrained is True:
             if entry.fetch_pretrained is None:
-                raise ValueError(f"{name} has no published weights; pass a local file as pretrained=PATH")
+                raise ModelNameError(f"{name} has no published weights; pass a local file as pretrained=PATH")
             state = entry.fetch_pretrained()
         else:
             state = load_state_dict_file(pretrained)
@@ -120,7 +125,7 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     head_missing = [k for k in missing if _is_head_key(model, k)]
     real_missing = [k for k in missing if k not in head_missing]
     if strict and (real_missing or unexpected):
-        raise RuntimeError(
+        raise WeightsError(
             f"{source or entry.name}: weights do not fit {entry.name}: "
             f"missing {len(real_missing)} keys (e.g. {real_missing[:5]}), "
             f"unexpected {len(unexpected)} keys (e.g. {unexpected[:5]}). Pass strict=False to load what fits."
