@@ -154,12 +154,15 @@ def torch_hub_state_dict(url: str, name: str) -> Callable[[], dict]:
     """A fetcher that downloads through torch hub's own code, with a clear error offline."""
 
     def fetch() -> dict:
+        from visiontf.downloads import DownloadError, check_torch_hub_download
+
+        fix = f"Without network, download the file elsewhere and pass pretrained='/path/to/{Path(url).name}'."
+        check_torch_hub_download(url, f"{name} weights", fix)  # offline: at once, not after the socket's timeout
         try:
             state = torch.hub.load_state_dict_from_url(url, map_location="cpu", weights_only=True, check_hash=False)
         except Exception as e:
-            raise RuntimeError(
-                f"could not download {name} weights from {url} ({type(e).__name__}: {e}). "
-                f"Without network, download the file elsewhere and pass pretrained='/path/to/{Path(url).name}'."
+            raise DownloadError(
+                f"could not download {name} weights from {url} ({type(e).__name__}: {e}). {fix}"
             ) from e
         return state.get("model", state) if isinstance(state, dict) else state
 
