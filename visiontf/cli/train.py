@@ -116,7 +116,8 @@ class VisionCLI(LightningCLI):
             if message.startswith("unrecognized arguments:"):
                 unknown = [a for a in message.split(":", 1)[1].split() if a.startswith("--")]
                 subparsers = getattr(self, "_subcommand_parsers", {}) or {}
-                sub = next((subparsers[a] for a in (args or []) if a in subparsers), parser)
+                given = sys.argv[1:] if args is None else args
+                sub = next((subparsers[a] for a in given if isinstance(a, str) and a in subparsers), parser)
                 close = close_options(unknown[0], sub._option_string_actions) if unknown else []
                 if close:
                     raise UsageError(f"{message}; did you mean {' or '.join(close)}?") from e
