@@ -403,6 +403,8 @@ class CocoDataModule(L.LightningDataModule):
         self.num_classes = len(self._category_ids)
         self.label_to_cat_id = dict(enumerate(self._category_ids))
         self.cat_id_to_label = {c: i for i, c in enumerate(self._category_ids)}
+        shown = ", ".join(f"{n} (id {c})" for c, n in list(zip(self._category_ids, self.class_names))[:10])
+        log.info("%d classes from %s: %s%s", self.num_classes, cat_file, shown, ", ..." if self.num_classes > 10 else "")
         self.train_dataset: CocoDetection | None = None
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None
