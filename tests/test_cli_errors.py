@@ -87,74 +87,82 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
         assert _one_line(proc, tool) == expected
 
 
-def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(tmp_path):
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory):
+    """The cases that import Lightning or build a model, run in one process: {name: (argv, result)}."""
     from visiontf.data.synthetic.detection import make_detection_dataset
 
-    four_classes = make_detection_dataset(tmp_path / "four", num_train=2, num_val=2, image_size=(64, 80))["root"]
-    ckpt = fake_checkpoint(tmp_path / "three_classes.ckpt")
+    tmp = tmp_path_factory.mktemp("cli")
+    four_classes = make_detection_dataset(tmp / "four", num_train=2, num_val=2, image_size=(64, 80))["root"]
+    same = make_dataset(tmp / "same", "coco")
+    ckpt = fake_checkpoint(tmp / "three_classes.ckpt")
+    (tmp / "broken.jpg").write_text("not an image")
     fit = ["tools/train.py", "fit", "--config", CONFIG]
-    cases = [
-        ([*fit, "--data.root", tmp_path / "nope"], f"{tmp_path / 'nope'}: dataset root not found (--data.root)"),
-        ([*fit, "--trainer.max_epoch", "3"], "unrecognized arguments: --trainer.max_epoch 3; did you mean --trainer.max_epochs?"),
-        ([*fit, "--trainer.max_epochs", "three"], "--trainer.max_epochs: expected an int, got three"),
-        ([*fit, "--model.init_args.schedule", "linear"], "--model.init_args.schedule: expected one of step, cosine, constant, got linear"),
-        ([*fit, "--data.rot", four_classes], "--data.init_args.rot: not an option of CocoDataModule; did you mean root?"),
-        (["tools/train.py", "fit", "--config", tmp_path / "nope.yaml"], f"--config: File does not exist: '{tmp_path / 'nope.yaml'}'"),
-        ([*fit, "--data.root", four_classes, "--model.init_args.model_name", "detr_tinyy"], "unknown model 'detr_tinyy'. Did you mean"),
-        (["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", tmp_path / "missing.ckpt"],
-         f"--ckpt_path {tmp_path / 'missing.ckpt'}: checkpoint not found"),
-        (["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", ckpt],
-         f"--ckpt_path {ckpt} holds detr_tiny with 3 classes, but the config and data build detr_tiny with 4 classes: use the "
-         f"config and data it was trained with (config.yaml beside its logs), or fine-tune from it with "
-         f"--model.init_args.pretrained={ckpt}"),
-        (["tools/eval.py", "--config", "configs/vit/vit_tiny_synthetic.yaml", "--ckpt_path", ckpt],
-         None),  # data first: the ViT config's data is not there
-    ]
-    debug = [{"argv": [*fit, "--data.root", tmp_path / "nope", "--debug"]},
-             {"argv": [*fit, "--data.root", tmp_path / "nope"], "env": {"VISIONTF_DEBUG": "1"}}]
-    results = run_tools([{"argv": argv} for argv, _ in cases] + debug, tmp_path)
-    for (argv, expected), result in zip(cases, results):
-        line = _one_line(result, Path(str(argv[0])).name)
-        if expected is not None:
-            assert line.startswith(expected), (line, expected)
-    for result in results[len(cases):]:
-        assert result["code"] == 1 and "Traceback (most recent call last)" in result["stderr"]
-        assert "DatasetLayoutError" in result["stderr"]
-
-
-def test_predict_takes_data_overrides_keeps_checkpoint_classes_and_hints_fit_predicting(tmp_path):
-    from visiontf.data.synthetic.detection import make_detection_dataset
-
-    ckpt = fake_checkpoint(tmp_path / "three_classes.ckpt")
-    same = make_dataset(tmp_path / "same", "coco")
-    four_classes = make_detection_dataset(tmp_path / "four", num_train=1, num_val=2, image_size=(64, 80))["root"]
-    (tmp_path / "broken.jpg").write_text("not an image")
-    images = same / "images" / "val"
+    predict = ["tools/predict.py", "--ckpt_path", ckpt, "--device", "cpu"]
     data_paths = ["--data.train_images", "images/train", "--data.val_images", "images/val",
                   "--data.init_args.train_ann", "annotations/train.json", "--data.init_args.val_ann", "annotations/val.json"]
-    predict = ["tools/predict.py", "--ckpt_path", ckpt, "--device", "cpu"]
-    cases = [
-        # train.py's data overrides, both spellings; the data's classes agree with the checkpoint's
-        {"argv": [*predict, "--config", CONFIG, "--data.root", same, *data_paths, "--input", images,
-                  "--output", tmp_path / "ok", "--score-threshold", "0.0", "--top-k", "2"]},
-        # a config whose data has other classes: the checkpoint's win, and the error says what to drop
-        {"argv": [*predict, "--config", CONFIG, "--data.root", four_classes, "--input", images, "--output", tmp_path / "x"]},
-        # an unreadable image while predicting: no dataset hint
-        {"argv": [*predict, "--input", tmp_path / "broken.jpg", "--output", tmp_path / "y"]},
-        # a bad data root the user asked for
-        {"argv": [*predict, "--config", CONFIG, "--data.root", tmp_path / "nope", "--input", images, "--output", tmp_path / "z"]},
-    ]
-    ok, conflict, broken, bad_root = run_tools(cases, tmp_path)
-    assert ok["code"] == 0, ok["stderr"][-3000:]
-    preds = json.loads((tmp_path / "ok" / "predictions.json").read_text())
+    images = same / "images" / "val"
+    cases = {
+        "bad root": [*fit, "--data.root", tmp / "nope"],
+        "abbreviation": [*fit, "--trainer.max_epoch", "3"],
+        "bad int": [*fit, "--trainer.max_epochs", "three"],
+        "bad choice": [*fit, "--model.init_args.schedule", "linear"],
+        "unknown data option": [*fit, "--data.rot", four_classes],
+        "missing config": ["tools/train.py", "fit", "--config", tmp / "nope.yaml"],
+        "unknown model": [*fit, "--data.root", four_classes, "--model.init_args.model_name", "detr_tinyy"],
+        "eval missing ckpt": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", tmp / "missing.ckpt"],
+        "eval other classes": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", ckpt],
+        "debug flag": [*fit, "--data.root", tmp / "nope", "--debug"],
+        "debug env": [*fit, "--data.root", tmp / "nope"],
+        # train.py's data overrides in both spellings, old option spellings; classes agree with the checkpoint's
+        "predict ok": [*predict, "--config", CONFIG, "--data.root", same, *data_paths, "--input", images,
+                       "--output", tmp / "ok", "--score-threshold", "0.0", "--top-k", "2"],
+        "predict conflict": [*predict, "--config", CONFIG, "--data.root", four_classes, "--input", images, "--output", tmp / "x"],
+        "predict broken image": [*predict, "--input", tmp / "broken.jpg", "--output", tmp / "y"],
+        "predict bad root": [*predict, "--config", CONFIG, "--data.root", tmp / "nope", "--input", images, "--output", tmp / "z"],
+    }
+    env = {"debug env": {"VISIONTF_DEBUG": "1"}}
+    results = run_tools([{"argv": argv, "env": env.get(name, {})} for name, argv in cases.items()], tmp)
+    return {"tmp": tmp, "ckpt": ckpt, **{name: r for name, r in zip(cases, results)}}
+
+
+def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy):
+    tmp, ckpt = heavy["tmp"], heavy["ckpt"]
+    expected = {
+        "bad root": f"{tmp / 'nope'}: dataset root not found (--data.root)",
+        "abbreviation": "unrecognized arguments: --trainer.max_epoch 3; did you mean --trainer.max_epochs?",
+        "bad int": "--trainer.max_epochs: expected an int, got three",
+        "bad choice": "--model.init_args.schedule: expected one of step, cosine, constant, got linear",
+        "unknown data option": "--data.init_args.rot: not an option of CocoDataModule; did you mean root?",
+        "missing config": f"--config: File does not exist: '{tmp / 'nope.yaml'}'",
+        "unknown model": "unknown model 'detr_tinyy'. Did you mean: detr_tiny,",
+        "eval missing ckpt": f"--ckpt_path {tmp / 'missing.ckpt'}: checkpoint not found",
+        "eval other classes": f"--ckpt_path {ckpt} holds detr_tiny with 3 classes, but the config and data build detr_tiny "
+                              f"with 4 classes: use the config and data it was trained with (config.yaml beside its logs), "
+                              f"or fine-tune from it with --model.init_args.pretrained={ckpt}",
+    }
+    for name, start in expected.items():
+        prog = "eval.py" if name.startswith("eval") else "train.py"
+        line = _one_line(heavy[name], prog)
+        assert line.startswith(start), (name, line)
+    for name in ("debug flag", "debug env"):
+        assert heavy[name]["code"] == 1 and "Traceback (most recent call last)" in heavy[name]["stderr"]
+        assert "DatasetLayoutError" in heavy[name]["stderr"]
+
+
+def test_predict_takes_data_overrides_keeps_checkpoint_classes_and_hints_fit_predicting(heavy):
+    tmp, ckpt = heavy["tmp"], heavy["ckpt"]
+    assert heavy["predict ok"]["code"] == 0, heavy["predict ok"]["stderr"][-3000:]
+    preds = json.loads((tmp / "ok" / "predictions.json").read_text())
     assert preds and {p["category_id"] for p in preds} <= set(IDS)  # the real ids, through the checkpoint
-    assert _one_line(conflict, "predict.py") == (
+    assert _one_line(heavy["predict conflict"], "predict.py") == (
         f"--ckpt_path {ckpt} was trained on 3 classes (circle=3, square=7, bar=12) but --config {CONFIG} has 4 classes "
         "(circle=1, square=2, triangle=3, star=5); drop --config (the checkpoint carries its classes), or give the "
         "config it was trained with")
-    line = _one_line(broken, "predict.py")
-    assert line == f"{tmp_path / 'broken.jpg'}: not a readable image (wrong extension or corrupt header)"
-    assert _one_line(bad_root, "predict.py") == f"{tmp_path / 'nope'}: dataset root not found (--data.root)"
+    # reading an image while predicting: the message names the file, without the dataset's hint
+    assert _one_line(heavy["predict broken image"], "predict.py") == (
+        f"{tmp / 'broken.jpg'}: not a readable image (wrong extension or corrupt header)")
+    assert _one_line(heavy["predict bad root"], "predict.py") == f"{tmp / 'nope'}: dataset root not found (--data.root)"
 
 
 def test_user_message_finds_the_cause_and_leaves_bugs_alone():
