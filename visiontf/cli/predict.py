@@ -99,6 +99,20 @@ def _apply_data_overrides(data: dict[str, Any], overrides: dict[str, str]) -> di
     return data
 
 
+def _check_init_args(cls: type, init_args: dict[str, Any], overrides: dict[str, str]) -> None:
+    """An override naming no argument of the data module is a UsageError with the closest names."""
+    import difflib
+    import inspect
+
+    params = set(inspect.signature(cls).parameters)
+    for key in overrides:
+        name = key.removeprefix("init_args.")
+        if key != "class_path" and name not in params:
+            close = difflib.get_close_matches(name, sorted(params), n=2, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise UsageError(f"--data.init_args.{name}: not an option of {cls.__name__}{hint}")
+
+
 def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] | None = None,
                            required: bool = False) -> tuple[Any | None, dict[str, Any]]:
     """Instantiate the YAML's ``data`` section (with ``--data.*`` ``overrides``) and return it and its init args.
@@ -131,6 +145,7 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
         else:
             cls = next(getattr(importlib.import_module(m), class_path) for m in _DATA_MODULES
                        if hasattr(importlib.import_module(m), class_path))
+        _check_init_args(cls, init_args, overrides or {})
         return cls(**init_args), init_args
     except Exception as e:  # noqa: BLE001 - the data is optional for prediction
         if required:
