@@ -1,10 +1,10 @@
 """Install settings: the SPDX licence string, and `make ... TORCH_INDEX=...` for CPU-only torch (issue 14)."""
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
