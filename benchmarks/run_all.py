@@ -4,7 +4,8 @@
 
 ``ratio`` is always "how many times better ours is": reference time / ours for timings, reference
 peak / ours for memory (``unit`` MiB), our images/s / reference images/s for the augmentation.
-``--quick`` (smaller inputs, fewer repeats) takes about 6-8 minutes on a quiet 2-core CPU.
+``--quick`` (smaller inputs, fewer repeats) takes about 6-8 minutes on a quiet 2-core CPU, plus a
+few minutes for ``deformable_detr`` (the original design's train step is the slow part).
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ log = logging.getLogger(__name__)
 
 
 def _benchmarks(device: str) -> dict[str, Callable[[bool], list[dict]]]:
-    from benchmarks import coco_eval, data_pipeline, detr, matcher, memory, vit_vs_timm
+    from benchmarks import coco_eval, data_pipeline, deformable_detr, detr, matcher, memory, vit_vs_timm
 
     return {
         "vit": lambda quick: vit_vs_timm.run(quick, device),
         "detr": lambda quick: detr.run(quick, device),
+        "deformable_detr": lambda quick: deformable_detr.run(quick, device),
         "matcher": lambda quick: matcher.run(quick, device),
         "memory": lambda quick: memory.run(quick, device),
         # whole-process / data-loader benchmarks: CPU only by design

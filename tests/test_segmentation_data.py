@@ -81,7 +81,7 @@ def test_each_layout_loads(roots, layout, expected_classes):
     assert m.shape == (2, 32, 32) and m.dtype == torch.int64
     ok = (m == 255) | ((m >= 0) & (m < 4))
     assert ok.all()
-    x, m = next(iter(dm.val_dataloader()))
+    x, m = next(iter(dm.val_dataloader()))[:2]  # ADE20K / Cityscapes eval batches also carry sizes (mmseg's protocol)
     # val: keep-ratio resize of 48x64 to the (96, 48) scale -> 48x64 (short side bound), no crop
     assert x.shape == (2, 3, 48, 64) and m.shape == (2, 48, 64)
     assert set(m.unique().tolist()) <= {0, 1, 2, 3, 255}

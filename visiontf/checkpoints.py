@@ -31,15 +31,21 @@ class CheckpointError(UserError, ValueError):
 INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
 
 
-def load_checkpoint_model(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **overrides: Any) -> tuple[nn.Module, dict[str, Any]]:
     """The plain network of a visiontf Lightning checkpoint, and what it knows about its data.
 
     Returns ``(model, info)``; ``info`` holds ``preprocess`` (eval settings in ``pretrained_cfg`` keys:
     complete for new checkpoints, what the old hyper-parameters named for legacy ones) and may hold
     ``class_names`` and ``label_to_cat_id``, besides the raw ``hyper_parameters`` and
     ``datamodule_hyper_parameters``.
+
+    Weights that do not fit the rebuilt model as saved (a checkpoint of an earlier visiontf whose
+    layout changed since) go through the family's ``filter_fn`` (:func:`visiontf.registry.convert_state`);
+    where it names constructor arguments that rebuild their structure exactly, the model is built
+    with them. ``strict=False`` loads what fits and leaves the rest at init; ``overrides`` are
+    constructor arguments on top of the saved ``model_kwargs``.
     """
-    from visiontf.registry import create_model
+    from visiontf.registry import WeightsLayoutError, convert_state, create_model
 
     path = Path(ckpt_path)
     if not path.is_file():
@@ -52,15 +58,30 @@ def load_checkpoint_model(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, A
             f"has keys {sorted(ckpt)[:10]}). For a plain state dict use create_model(name, pretrained=path)."
         )
     kwargs = {k: v for k, v in dict(hp.get("model_kwargs") or {}).items() if k not in INIT_ONLY_KWARGS}
+    kwargs.update(overrides)
     model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **kwargs)
-    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    saved = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     # nn.Module.compile keeps names, but torch.compile(model) adds "_orig_mod."
-    state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}
+    saved = {k.replace("_orig_mod.", ""): v for k, v in saved.items()}
+    state = saved
+    if not _fits_as_saved(model, saved):
+        try:
+            state = convert_state(model, dict(saved), strict=strict)
+        except WeightsLayoutError as e:
+            if not e.fits_kwargs or set(e.fits_kwargs) & set(overrides):
+                raise
+            log.warning("%s: written by an earlier visiontf; rebuilt as %s with %s, the structure of its weights",
+                        path, hp["model_name"], e.fits_kwargs)
+            model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **{**kwargs, **e.fits_kwargs})
+            state = convert_state(model, dict(saved), strict=strict)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
+    if strict and (missing or unexpected):
         raise WeightsError(
             f"{path}: weights do not fit {hp['model_name']}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
+    if missing:
+        log.warning("%s: %d tensors of %s left at init (strict=False), e.g. %s", path, len(missing), hp["model_name"],
+                    missing[:5])
     dm = dict(ckpt.get("datamodule_hyper_parameters") or {})
     info: dict[str, Any] = {"hyper_parameters": hp, "datamodule_hyper_parameters": dm}
     names = ckpt.get("class_names") or hp.get("class_names") or dm.get("class_names")
@@ -120,3 +141,9 @@ def legacy_eval_cfg(datamodule_hparams: dict[str, Any] | None, task_hparams: dic
         if hp.get("stride"):
             cfg["stride"] = hp["stride"]
     return cfg
+
+
+def _fits_as_saved(model: nn.Module, state: dict[str, Any]) -> bool:
+    """Whether ``state`` has exactly ``model``'s keys and shapes (a checkpoint of this visiontf)."""
+    own = model.state_dict()
+    return own.keys() == state.keys() and all(tuple(own[k].shape) == tuple(state[k].shape) for k in own)

@@ -12,7 +12,7 @@ _LAZY = {
     name: "visiontf.models._registry"
     for name in (
         "ModelEntry", "register_model", "list_models", "get_entry", "create_model", "load_pretrained",
-        "load_model", "torch_hub_state_dict",
+        "load_model", "torch_hub_state_dict", "convert_state", "WeightsLayoutError",
     )
 }
 

@@ -14,11 +14,14 @@ from torchvision.transforms.v2 import functional as TF
 
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
-from visiontf.data.segmentation_transforms import keep_ratio_size
+from visiontf.data.segmentation_transforms import keep_ratio_size, resize_image_like_mmcv
 
 
 class SegmentationPreprocess(PreprocessModule):
     """mmseg's test pipeline: optional keep-ratio resize to ``resize`` (long, short), then normalise.
+
+    The resize is mmseg's: mmcv's ``rescale_size`` rule and cv2 bilinear (``INTER_LINEAR``, no
+    antialiasing) on the uint8 image, so a validation image and a predicted one are the same tensor.
 
     ``forward(image)``: one float (3, H, W) image in [0, 1] -> (1, 3, h, w) normalised.
     ``cfg``: ``mean``, ``std``, ``resize`` ((long, short) or None: keep the original size), and the
@@ -31,7 +34,7 @@ class SegmentationPreprocess(PreprocessModule):
         x = image
         if c["resize"] is not None:
             H, W = image.shape[-2:]
-            x = TF.resize(x, list(keep_ratio_size(int(H), int(W), c["resize"])), antialias=True).clamp(0, 1)
+            x = resize_image_like_mmcv(x, keep_ratio_size(int(H), int(W), c["resize"]))
         return TF.normalize(x, list(c["mean"]), list(c["std"]))[None]
 
 
@@ -85,15 +88,24 @@ class SegmentationAdapter(TaskAdapter):
 
     def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
-        """Ground truth | prediction overlays, side by side."""
+        """Ground truth | prediction overlays, side by side.
+
+        Batches of mmseg's protocol (``(images, masks, sizes)``, masks at their original size) are drawn
+        at the image's size: the padding cropped, the annotation resized (nearest) to the image.
+        """
         model = pl_module.model
         images, masks = batch[0][:num_images], batch[1][:num_images]
         logits = pl_module.predict_logits(images) if hasattr(pl_module, "predict_logits") else model(images)
         pred = self.normalize_outputs(logits).argmax(dim=1)
         k = getattr(model, "num_classes", None)
         ignore = int((getattr(pl_module, "hparams", None) or {}).get("ignore_index", 255))
+        sizes = batch[2][:num_images].tolist() if len(batch) > 2 else [None] * len(images)
         out = []
-        for img, p, gt in zip(images, pred, masks):
+        for img, p, gt, size in zip(images, pred, masks, sizes):
+            if size is not None:
+                h, w, H0, W0 = size
+                img, p = img[:, :h, :w], p[:h, :w]
+                gt = F.interpolate(gt[None, None, :H0, :W0].float(), size=(h, w), mode="nearest")[0, 0].long()
             base = drawing.denormalize(img, mean, std)
             gt_img = drawing.draw_segmentation(base, gt.cpu(), k, ignore_index=ignore)
             pred_img = drawing.draw_segmentation(base, p.cpu(), k, ignore_index=ignore)

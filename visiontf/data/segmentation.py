@@ -10,7 +10,7 @@ here as before.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import albumentations as A
 import lightning as L
@@ -31,6 +31,7 @@ from visiontf.data.segmentation_files import (
 from visiontf.data.segmentation_labels import (
     ADE20K_CLASSES,
     CITYSCAPES_CLASSES,
+    EVAL_PROTOCOLS,
     IGNORE_INDEX,
     LAYOUTS,
     LabelError,
@@ -56,6 +57,16 @@ class SegmentationDataModule(L.LightningDataModule):
 
     Validation images keep their own sizes, so ``val_batch_size`` is 1 by default; larger batches are
     padded (masks with ``ignore_index``). ``predict_dataloader`` runs over the val split.
+
+    ``eval_protocol`` (default: the layout's; ADE20K and Cityscapes ``"mmseg"``, generic ``"resized"``):
+
+    * ``"mmseg"``: mmseg's test pipeline. The image is resized (``val_resize``), the annotation is
+      loaded at its original size (after ``reduce_zero_label``; 255 ignored), and val/test batches are
+      ``(images, masks, sizes)`` (see :func:`segmentation_collate`): the task resizes the logits to each
+      original annotation (bilinear, ``align_corners=False``) and counts IoU there, as mmseg's
+      ``postprocess_result`` and ``IoUMetric``. This is the protocol of mmseg's published mIoU.
+    * ``"resized"``: the annotation is resized with the image (nearest) and scored at that size;
+      batches are ``(images, masks)``. visiontf's protocol before; cheaper, not mmseg's number.
     """
 
     def __init__(
@@ -82,6 +93,7 @@ class SegmentationDataModule(L.LightningDataModule):
         mean: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN,
         std: tuple[float, float, float] = IMAGENET_DEFAULT_STD,
         seed: int = 0,
+        eval_protocol: Literal["mmseg", "resized"] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -99,6 +111,10 @@ class SegmentationDataModule(L.LightningDataModule):
         self.ignore_index = ignore_index
         self.reduce_zero_label = defaults["reduce_zero_label"] if reduce_zero_label is None else reduce_zero_label
         self.base_size = tuple(base_size) if base_size is not None else defaults["base_size"]
+        self.eval_protocol = eval_protocol or defaults["eval_protocol"]
+        if self.eval_protocol not in EVAL_PROTOCOLS:
+            raise ValueError(f"eval_protocol={eval_protocol!r}; use 'mmseg' (annotations at their original size, "
+                             "mmseg's published numbers) or 'resized' (annotations resized with the image)")
         self.train_split = train_split or defaults["train_split"]
         self.val_split = val_split or defaults["val_split"]
         self.test_split = test_split
@@ -124,6 +140,7 @@ class SegmentationDataModule(L.LightningDataModule):
             train, crop_size=hp.crop_size, base_size=self.base_size, ratio_range=tuple(hp.ratio_range),
             cat_max_ratio=hp.cat_max_ratio, hflip=hp.hflip, photometric=hp.photometric, mean=hp.mean, std=hp.std,
             ignore_index=self.ignore_index, val_resize=hp.val_resize, seed=hp.seed + rank,
+            resize_mask=self.eval_protocol != "mmseg",
         )
 
     def _dataset(self, split: str, train: bool) -> SegmentationDataset:
@@ -152,7 +169,9 @@ class SegmentationDataModule(L.LightningDataModule):
             sampler = train_sampler(dataset, self.trainer, self.hparams.seed)
             extra = {"sampler": sampler, "drop_last": len(dataset) >= 2 * batch_size}
         loader = TrainLoader if train else DataLoader
-        return loader(dataset, batch_size=batch_size, collate_fn=_Collate(self.ignore_index),
+        # mmseg's protocol: eval batches carry each image's and original mask's size
+        collate = _Collate(self.ignore_index, with_sizes=not train and self.eval_protocol == "mmseg")
+        return loader(dataset, batch_size=batch_size, collate_fn=collate,
                       **extra, **loader_kwargs(self.num_workers, self.hparams.seed))
 
     def train_dataloader(self) -> DataLoader:
@@ -169,7 +188,7 @@ class SegmentationDataModule(L.LightningDataModule):
 
 
 __all__ = [
-    "ADE20K_CLASSES", "CITYSCAPES_CLASSES", "IGNORE_INDEX", "LAYOUTS", "LabelError", "RandomRescale",
+    "ADE20K_CLASSES", "CITYSCAPES_CLASSES", "EVAL_PROTOCOLS", "IGNORE_INDEX", "LAYOUTS", "LabelError", "RandomRescale",
     "CatMaxRatioCrop", "photometric_distortion", "segmentation_transforms", "read_class_names", "generic_pairs",
     "ade20k_pairs", "cityscapes_pairs", "reduce_zero_label", "SegmentationDataset", "resolve_classes",
     "segmentation_collate", "SegmentationDataModule", "keep_ratio_size",

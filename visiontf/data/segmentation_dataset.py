@@ -112,19 +112,29 @@ class SegmentationDataset(AugmentedDataset):
         return out["image"], torch.as_tensor(out["mask"]).long()
 
 
-def segmentation_collate(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack samples, padding bottom/right to the largest size: images with 0, masks with ``ignore_index``."""
+def segmentation_collate(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX,
+                         with_sizes: bool = False) -> tuple[torch.Tensor, ...]:
+    """Stack samples, padding bottom/right to the largest size: images with 0, masks with ``ignore_index``.
+
+    ``with_sizes`` (mmseg's test protocol, where each mask keeps its original size while its image is
+    resized) adds ``sizes`` int64 (B, 4): each sample's image height and width before padding, then
+    its mask's, so the task can drop the padding and resize the logits to the mask
+    (``(images, masks, sizes)``; without it ``(images, masks)``).
+    """
     images = pad_images([img for img, _ in batch]).images
     masks = pad_images([torch.as_tensor(mask, dtype=torch.int64) for _, mask in batch], fill=ignore_index).images
-    return images, masks
+    if not with_sizes:
+        return images, masks
+    sizes = torch.tensor([[*img.shape[-2:], *torch.as_tensor(mask).shape[-2:]] for img, mask in batch], dtype=torch.int64)
+    return images, masks, sizes
 
 
 class _Collate:
     """Picklable collate bound to an ignore value (worker processes pickle it under spawn)."""
 
-    def __init__(self, ignore_index: int) -> None:
+    def __init__(self, ignore_index: int, with_sizes: bool = False) -> None:
         self.ignore_index = ignore_index
+        self.with_sizes = with_sizes
 
     def __call__(self, batch):
-        return segmentation_collate(batch, self.ignore_index)
+        return segmentation_collate(batch, self.ignore_index, self.with_sizes)

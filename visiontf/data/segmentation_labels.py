@@ -1,7 +1,9 @@
 """Label conventions of the segmentation datasets: class tables, layouts and the ignore value.
 
 ``LAYOUTS`` gives each supported on-disk layout its split folder names, class table, whether label 0
-means "other" (ADE20K's reduce-zero-label) and mmseg's base scale (long, short).
+means "other" (ADE20K's reduce-zero-label), mmseg's base scale (long, short) and how evaluation
+scores it (``eval_protocol``: ``"mmseg"`` scores the annotation at its original size, as mmseg's
+published numbers; ``"resized"`` scores the annotation resized with the image).
 """
 from __future__ import annotations
 
@@ -37,15 +39,17 @@ CITYSCAPES_CLASSES = (
     "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle",
 )
 
-#: Per-layout defaults: split folder names, class table, reduce-zero-label and mmseg's base scale.
+#: Per-layout defaults: split folder names, class table, reduce-zero-label, mmseg's base scale and eval protocol.
 LAYOUTS: dict[str, dict[str, Any]] = {
     "generic": {"train_split": "train", "val_split": "val", "classes": None, "reduce_zero_label": False,
-                "base_size": (2048, 512)},
+                "base_size": (2048, 512), "eval_protocol": "resized"},
     "ade20k": {"train_split": "training", "val_split": "validation", "classes": ADE20K_CLASSES,
-               "reduce_zero_label": True, "base_size": (2048, 512)},
+               "reduce_zero_label": True, "base_size": (2048, 512), "eval_protocol": "mmseg"},
     "cityscapes": {"train_split": "train", "val_split": "val", "classes": CITYSCAPES_CLASSES,
-                   "reduce_zero_label": False, "base_size": (2048, 1024)},
+                   "reduce_zero_label": False, "base_size": (2048, 1024), "eval_protocol": "mmseg"},
 }
+#: how evaluation scores: the annotation at its original size (mmseg) or resized with the image
+EVAL_PROTOCOLS = ("mmseg", "resized")
 
 
 class LabelError(UserError, ValueError):

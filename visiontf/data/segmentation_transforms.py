@@ -4,7 +4,11 @@ does for DETR.
 Training: random rescale of a base scale by 0.5-2.0 (keep ratio) -> random crop with ``cat_max_ratio``
 0.75 -> horizontal flip -> photometric distortion -> normalise -> pad to the crop (image 0, mask 255).
 Validation resizes to the base scale keeping the ratio (mmseg ``Resize(keep_ratio=True)``) without
-cropping, since sliding-window inference handles large images.
+cropping, since sliding-window inference handles large images. With ``resize_mask=False`` (mmseg's
+test pipeline, which loads the annotation after ``Resize``) the mask keeps its original size.
+
+Every image resize is mmcv's ``imresize(interpolation="bilinear")``: ``cv2.resize`` with
+``INTER_LINEAR`` on the uint8 image, no antialiasing (:func:`resize_image_like_mmcv` for tensors).
 """
 from __future__ import annotations
 
@@ -14,10 +18,12 @@ from typing import Any
 import albumentations as A
 import cv2
 import numpy as np
+import torch
 from albumentations.augmentations.crops.transforms import BaseCrop
 from albumentations.core.transforms_interface import DualTransform
 from albumentations.pytorch import ToTensorV2
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import Tensor
 
 from visiontf.data.segmentation_labels import IGNORE_INDEX
 
@@ -28,17 +34,42 @@ def keep_ratio_size(h: int, w: int, scale: Sequence[float]) -> tuple[int, int]:
     return max(1, int(h * factor + 0.5)), max(1, int(w * factor + 0.5))
 
 
+def resize_image_like_mmcv(image: Tensor, size: Sequence[int]) -> Tensor:
+    """mmcv ``imresize(img, size, interpolation="bilinear")``: ``cv2.resize`` with ``INTER_LINEAR``.
+
+    ``image``: float (3, H, W) in [0, 1] on any device -> float (3, h, w) for ``size`` (h, w), same
+    device and dtype. An image of uint8 values (every decoded file) is resized as uint8, which is
+    what mmseg resizes, so the result is bit-exact to its pipeline; other values go through cv2's
+    float path. torchvision's ``antialias=True`` low-pass filters when downscaling, which mmseg does
+    not; its ``antialias=False`` bilinear is the same interpolation but misses cv2's fixed-point
+    uint8 rounding by up to one level (measured in docs/segmentation.md).
+    """
+    h, w = int(size[0]), int(size[1])
+    arr = image.detach().float().permute(1, 2, 0).cpu().numpy()
+    levels = np.round(arr * 255.0)
+    if np.abs(levels - arr * 255.0).max(initial=0.0) < 1e-3:
+        out = cv2.resize(levels.astype(np.uint8), (w, h), interpolation=cv2.INTER_LINEAR).astype(np.float32) / 255.0
+    else:
+        out = cv2.resize(np.ascontiguousarray(arr), (w, h), interpolation=cv2.INTER_LINEAR)
+    if out.ndim == 2:  # cv2 drops a single channel axis
+        out = out[..., None]
+    return torch.from_numpy(out).permute(2, 0, 1).to(device=image.device, dtype=image.dtype)
+
+
 class RandomRescale(DualTransform):
     """mmseg ``RandomResize(scale, ratio_range, keep_ratio=True)``: scale the base scale by a random
     ratio, then resize keeping the aspect ratio (bilinear image, nearest mask).
 
-    ``ratio_range=(1, 1)`` is the deterministic ``Resize(scale, keep_ratio=True)`` used for validation.
+    ``ratio_range=(1, 1)`` is the deterministic ``Resize(scale, keep_ratio=True)`` used for validation;
+    ``resize_mask=False`` leaves the mask at its original size (mmseg's test pipeline).
     """
 
-    def __init__(self, base_size: Sequence[int], ratio_range: tuple[float, float] = (0.5, 2.0), p: float = 1.0):
+    def __init__(self, base_size: Sequence[int], ratio_range: tuple[float, float] = (0.5, 2.0), p: float = 1.0,
+                 resize_mask: bool = True):
         super().__init__(p=p)
         self.base_size = tuple(base_size)
         self.ratio_range = tuple(ratio_range)
+        self.resize_mask = resize_mask
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         h, w = params["shape"][:2]
@@ -50,10 +81,12 @@ class RandomRescale(DualTransform):
         return cv2.resize(img, (out_size[1], out_size[0]), interpolation=cv2.INTER_LINEAR)
 
     def apply_to_mask(self, mask: np.ndarray, out_size: tuple[int, int], **params: Any) -> np.ndarray:
+        if not self.resize_mask:
+            return mask
         return cv2.resize(mask, (out_size[1], out_size[0]), interpolation=cv2.INTER_NEAREST)
 
     def get_transform_init_args_names(self) -> tuple[str, ...]:
-        return ("base_size", "ratio_range")
+        return ("base_size", "ratio_range", "resize_mask")
 
 
 class CatMaxRatioCrop(BaseCrop):
@@ -136,19 +169,21 @@ def segmentation_transforms(
     ignore_index: int = IGNORE_INDEX,
     val_resize: bool | Sequence[int] = True,
     seed: int | None = None,
+    resize_mask: bool = True,
 ) -> A.Compose:
     """The mmseg/SETR pipelines; call as ``t(image=uint8 HxWx3, mask=uint8 HxW)``.
 
     ``crop_size`` is (height, width) or an int; ``base_size`` is mmseg's scale (long, short in any order).
     ``val_resize``: ``True`` resizes to ``base_size`` keeping the ratio, ``False`` keeps the original size,
-    a pair resizes keeping the ratio to that scale.
+    a pair resizes keeping the ratio to that scale. ``resize_mask`` (evaluation only): ``False`` keeps
+    the mask at its original size while the image is resized, as mmseg's test pipeline.
     """
     norm = [A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)]
     if not train:
         ops: list[Any] = []
         if val_resize is not False:
             scale = base_size if val_resize is True else val_resize
-            ops.append(RandomRescale(scale, ratio_range=(1.0, 1.0)))
+            ops.append(RandomRescale(scale, ratio_range=(1.0, 1.0), resize_mask=resize_mask))
         return A.Compose([*ops, *norm, ToTensorV2()], seed=seed)
     ch, cw = _hw(crop_size)
     ops = [RandomRescale(base_size, ratio_range), CatMaxRatioCrop(ch, cw, cat_max_ratio, ignore_index)]

@@ -4,6 +4,12 @@ After Hungarian matching, matched queries are supervised with their target's cla
 every other query with the "no object" class (down-weighted by ``eos_coef``). Box losses are
 summed over matched pairs and divided by the average number of target boxes per rank. The same
 loss is applied to every auxiliary decoder output, with the suffix ``_<layer>``.
+
+``class_loss="focal"`` gives Deformable DETR's loss (fundamentalvision/Deformable-DETR): K sigmoid
+logits, no "no object" class, a sigmoid focal loss over one-hot targets normalised by the number
+of boxes (``mean over queries, summed, / num_boxes * Q``), default weights class 2, L1 5, GIoU 2;
+two-stage proposals (``enc_outputs``) are matched and supervised class-agnostically (every label
+0) under the suffix ``_enc``.
 """
 from __future__ import annotations
 
@@ -14,14 +20,19 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchvision.ops import box_convert, generalized_box_iou
+from torchvision.ops import box_convert, generalized_box_iou, sigmoid_focal_loss
 
 from visiontf.detection.matcher import HungarianMatcher, Indices
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_WEIGHTS: Dict[str, float] = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+#: Deformable DETR's defaults (``main.py``: cls_loss_coef 2, bbox 5, giou 2)
+FOCAL_DEFAULT_WEIGHTS: Dict[str, float] = {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 SUPPORTED_LOSSES = ("labels", "boxes", "cardinality")
+CLASS_LOSSES = ("ce", "focal")
+#: outputs that are not the final predictions: each is matched and supervised separately
+_EXTRA_OUTPUTS = ("aux_outputs", "enc_outputs")
 
 # GIoU of each matched pair: torchvision's pairwise GIoU vmapped over the pairs equals the diagonal
 # of the full matrix the original builds, without the (M, M) intermediate.
@@ -50,13 +61,18 @@ class SetCriterion(nn.Module):
             :class:`~visiontf.detection.matcher.HungarianMatcher`.
         weight_dict: weight of each loss term in ``loss``; defaults to ce 1, bbox 5, giou 2. The
             same weight applies to the auxiliary ``_i`` versions of a term.
-        eos_coef: class weight of "no object" in the cross-entropy.
+        eos_coef: class weight of "no object" in the cross-entropy (``"ce"`` only).
         losses: which of ``"labels"``, ``"boxes"``, ``"cardinality"`` to compute.
+        class_loss: ``"ce"`` (DETR: softmax cross-entropy over K + 1 logits) or ``"focal"``
+            (Deformable DETR: sigmoid focal loss over K logits; its default weights and matcher
+            are class 2 / L1 5 / GIoU 2 with the focal matching cost).
+        focal_alpha, focal_gamma: of the focal loss.
 
     ``forward(outputs, targets)`` returns the unweighted terms (``loss_ce``, ``class_error``,
     ``loss_bbox``, ``loss_giou``, ``cardinality_error`` and their ``_i`` versions for
-    ``aux_outputs[i]``; ``class_error`` only for the last layer, as the original) plus ``loss``,
-    the weighted sum. All terms are float32 whatever the dtype of the predictions.
+    ``aux_outputs[i]`` and ``_enc`` versions for two-stage ``enc_outputs``; ``class_error`` only
+    for the last layer, as the original) plus ``loss``, the weighted sum. All terms are float32
+    whatever the dtype of the predictions.
     """
 
     def __init__(
@@ -66,6 +82,9 @@ class SetCriterion(nn.Module):
         weight_dict: Optional[Mapping[str, float]] = None,
         eos_coef: float = 0.1,
         losses: Sequence[str] = SUPPORTED_LOSSES,
+        class_loss: str = "ce",
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
     ):
         super().__init__()
         if num_classes < 1:
@@ -75,14 +94,32 @@ class SetCriterion(nn.Module):
             raise ValueError(
                 f"SetCriterion: unknown losses {unknown}; choose from {list(SUPPORTED_LOSSES)}"
             )
+        if class_loss not in CLASS_LOSSES:
+            raise ValueError(f"SetCriterion: class_loss must be one of {CLASS_LOSSES}, got {class_loss!r}")
+        focal = class_loss == "focal"
+        if matcher is None:
+            matcher = HungarianMatcher(cost_class=2.0, class_cost="focal", focal_alpha=focal_alpha, focal_gamma=focal_gamma) if focal else HungarianMatcher()
+        if getattr(matcher, "class_cost", "focal" if focal else "softmax") != ("focal" if focal else "softmax"):
+            raise ValueError(
+                f"SetCriterion(class_loss={class_loss!r}) needs a matcher with class_cost="
+                f"{'focal' if focal else 'softmax'!r}, got {matcher.class_cost!r}: the two must agree on the logits' layout"
+            )
         self.num_classes = num_classes
-        self.matcher = matcher if matcher is not None else HungarianMatcher()
-        self.weight_dict = dict(DEFAULT_WEIGHTS if weight_dict is None else weight_dict)
+        self.matcher = matcher
+        self.weight_dict = dict((FOCAL_DEFAULT_WEIGHTS if focal else DEFAULT_WEIGHTS) if weight_dict is None else weight_dict)
         self.eos_coef = eos_coef
         self.losses = tuple(losses)
+        self.class_loss = class_loss
+        self.focal_alpha = focal_alpha
+        self.focal_gamma = focal_gamma
         empty_weight = torch.ones(num_classes + 1)
         empty_weight[-1] = eos_coef
         self.register_buffer("empty_weight", empty_weight)
+
+    @property
+    def num_logits(self) -> int:
+        """Logits per query the predictions must have: K + 1 ("ce") or K ("focal")."""
+        return self.num_classes + (1 if self.class_loss == "ce" else 0)
 
     # -- individual terms -------------------------------------------------------------------
     @staticmethod
@@ -94,20 +131,28 @@ class SetCriterion(nn.Module):
     def loss_labels(
         self, outputs, targets, indices: Indices, num_boxes: float, log: bool = True
     ) -> Dict[str, Tensor]:
-        """Weighted cross-entropy over all queries; ``class_error`` on the matched ones."""
+        """Weighted cross-entropy (or focal loss) over all queries; ``class_error`` on the matched ones."""
         src_logits = outputs["pred_logits"].float()
         device = src_logits.device
         idx = tuple(i.to(device) for i in self._src_permutation_idx(indices))
         target_classes_o = torch.cat(
             [t["labels"][j.to(t["labels"].device)].to(device) for t, (_, j) in zip(targets, indices)]
         ).long()
-        target_classes = torch.full(
-            src_logits.shape[:2], self.num_classes, dtype=torch.int64, device=device
-        )
-        target_classes[idx] = target_classes_o
-        loss_ce = F.cross_entropy(
-            src_logits.transpose(1, 2), target_classes, self.empty_weight.float()
-        )
+        if self.class_loss == "focal":
+            # one-hot over the K classes; unmatched queries are all-negative
+            onehot = torch.zeros_like(src_logits)
+            onehot[idx + (target_classes_o,)] = 1.0
+            focal = sigmoid_focal_loss(src_logits, onehot, alpha=self.focal_alpha, gamma=self.focal_gamma, reduction="none")
+            # the original's normalisation: mean over queries, summed, / num_boxes, times Q
+            loss_ce = focal.mean(1).sum() / num_boxes * src_logits.shape[1]
+        else:
+            target_classes = torch.full(
+                src_logits.shape[:2], self.num_classes, dtype=torch.int64, device=device
+            )
+            target_classes[idx] = target_classes_o
+            loss_ce = F.cross_entropy(
+                src_logits.transpose(1, 2), target_classes, self.empty_weight.float()
+            )
         losses = {"loss_ce": loss_ce}
         if log:
             losses["class_error"] = 100 - _top1_accuracy(src_logits[idx], target_classes_o)
@@ -166,11 +211,12 @@ class SetCriterion(nn.Module):
 
     def _check(self, outputs: Mapping[str, Tensor], targets: Sequence[Mapping[str, Tensor]]) -> None:
         logits = outputs["pred_logits"]
-        if logits.shape[-1] != self.num_classes + 1:
+        if logits.shape[-1] != self.num_logits:
+            layout = "classes + 'no object'" if self.class_loss == "ce" else "sigmoid classes, no 'no object'"
             raise ValueError(
-                f"SetCriterion(num_classes={self.num_classes}) expects pred_logits with "
-                f"{self.num_classes + 1} entries (classes + 'no object'), got {logits.shape[-1]}; "
-                "build the model and the criterion with the same num_classes"
+                f"SetCriterion(num_classes={self.num_classes}, class_loss={self.class_loss!r}) expects pred_logits with "
+                f"{self.num_logits} entries ({layout}), got {logits.shape[-1]}; "
+                "build the model and the criterion with the same num_classes and the class loss of the model's family"
             )
         if len(targets) != logits.shape[0]:
             raise ValueError(
@@ -185,7 +231,7 @@ class SetCriterion(nn.Module):
         ``sync_num_boxes=False`` keeps the normaliser local to this rank: evaluation steps must not
         run collectives, since ranks may see different numbers of batches there.
         """
-        main = {k: v for k, v in outputs.items() if k != "aux_outputs"}
+        main = {k: v for k, v in outputs.items() if k not in _EXTRA_OUTPUTS}
         self._check(main, targets)
         num_boxes = self.num_boxes(targets, main["pred_logits"].device, sync=sync_num_boxes)
 
@@ -211,6 +257,16 @@ class SetCriterion(nn.Module):
                 # The original logs class_error for the last layer only.
                 kwargs = {"log": False} if name == "labels" else {}
                 add(self.get_loss(name, aux, targets, indices, num_boxes, **kwargs), f"_{i}")
+
+        enc = outputs.get("enc_outputs")
+        if enc is not None:
+            # two-stage proposals: class-agnostic, every target is class 0
+            agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]
+            self._check(enc, agnostic)
+            indices = self.matcher(enc, agnostic)
+            for name in self.losses:
+                kwargs = {"log": False} if name == "labels" else {}
+                add(self.get_loss(name, enc, agnostic, indices, num_boxes, **kwargs), "_enc")
 
         if weighted:
             terms["loss"] = torch.stack(weighted).sum()

@@ -2,7 +2,9 @@
 
 The cost is the one of the original DETR (facebookresearch/detr, ``models/matcher.py``):
 ``cost_bbox * L1 - cost_class * softmax_prob[target class] - cost_giou * GIoU``, solved per image
-with :func:`scipy.optimize.linear_sum_assignment`.
+with :func:`scipy.optimize.linear_sum_assignment`. With ``class_cost="focal"`` (Deformable DETR and
+its successors: sigmoid logits, no "no object" class) the class term is the focal cost
+``alpha (1-p)^gamma (-log p) - (1-alpha) p^gamma (-log(1-p))`` at the target class.
 
 Unlike the original, which builds one ``(B*Q) x sum(N)`` matrix for the whole batch and then
 throws away every off-diagonal block, only the ``Q x N_i`` block of each image is computed. The
@@ -67,25 +69,62 @@ def _check_targets(targets: Sequence[Dict[str, Tensor]]) -> List[int]:
     return sizes
 
 
+CLASS_COSTS = ("softmax", "focal")
+
+
+def focal_class_cost(logits: Tensor, alpha: float = 0.25, gamma: float = 2.0) -> Tensor:
+    """Focal matching cost of every class, float32, same shape as ``logits`` (Deformable DETR's matcher).
+
+    ``alpha (1-p)^gamma (-log(p + 1e-8)) - (1-alpha) p^gamma (-log(1 - p + 1e-8))`` with p the sigmoid.
+    """
+    prob = logits.float().sigmoid()
+    neg = (1 - alpha) * (prob**gamma) * (-(1 - prob + 1e-8).log())
+    pos = alpha * ((1 - prob) ** gamma) * (-(prob + 1e-8).log())
+    return pos - neg
+
+
 class HungarianMatcher(nn.Module):
     """One-to-one assignment of queries to ground-truth boxes, per image.
 
     Args:
-        cost_class: weight of ``-softmax_prob[target class]``.
+        cost_class: weight of the class cost (Deformable DETR uses 2).
         cost_bbox: weight of the L1 distance between normalised cxcywh boxes.
         cost_giou: weight of ``-GIoU`` between the boxes in xyxy.
+        class_cost: ``"softmax"`` (DETR: ``-softmax_prob[target class]`` over K + 1 logits, the
+            last meaning "no object") or ``"focal"`` (sigmoid logits over K classes, see
+            :func:`focal_class_cost`).
+        focal_alpha, focal_gamma: of the focal cost.
     """
 
-    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0):
+    def __init__(
+        self,
+        cost_class: float = 1.0,
+        cost_bbox: float = 5.0,
+        cost_giou: float = 2.0,
+        class_cost: str = "softmax",
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+    ):
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError("HungarianMatcher: cost_class, cost_bbox and cost_giou cannot all be 0")
+        if class_cost not in CLASS_COSTS:
+            raise ValueError(f"HungarianMatcher: class_cost must be one of {CLASS_COSTS}, got {class_cost!r}")
         self.cost_class = cost_class
         self.cost_bbox = cost_bbox
         self.cost_giou = cost_giou
+        self.class_cost = class_cost
+        self.focal_alpha = focal_alpha
+        self.focal_gamma = focal_gamma
+
+    @property
+    def num_extra_logits(self) -> int:
+        """Logits beyond the K classes: 1 ("no object") for softmax, 0 for focal."""
+        return 1 if self.class_cost == "softmax" else 0
 
     def extra_repr(self) -> str:
-        return f"cost_class={self.cost_class}, cost_bbox={self.cost_bbox}, cost_giou={self.cost_giou}"
+        focal = f", focal_alpha={self.focal_alpha}, focal_gamma={self.focal_gamma}" if self.class_cost == "focal" else ""
+        return f"cost_class={self.cost_class}, cost_bbox={self.cost_bbox}, cost_giou={self.cost_giou}, class_cost={self.class_cost!r}{focal}"
 
     @torch.no_grad()
     def cost_blocks(
@@ -104,21 +143,24 @@ class HungarianMatcher(nn.Module):
         device = logits.device
         batch, queries = logits.shape[:2]
 
-        # One softmax for the whole batch; float32 so bf16 models match like float32 ones.
+        # One softmax (or focal cost) for the whole batch; float32 so bf16 models match like float32 ones.
         logits = logits.float()
         boxes = boxes.float()
-        num_classes = logits.shape[-1] - 1
+        num_classes = logits.shape[-1] - self.num_extra_logits
         nonfinite = ~(torch.isfinite(logits).all() & torch.isfinite(boxes).all())
         if sum(sizes) == 0:
             flags = torch.stack([nonfinite, torch.zeros_like(nonfinite)]).float()
             return logits.new_zeros((0, queries)), sizes, flags
-        prob = logits.softmax(-1)
+        if self.class_cost == "softmax":
+            class_cost = -logits.softmax(-1)
+        else:
+            class_cost = focal_class_cost(logits, self.focal_alpha, self.focal_gamma)
 
         tgt_ids = torch.cat([t["labels"] for t in targets]).to(device=device, dtype=torch.long)
         bad_label = ((tgt_ids < 0) | (tgt_ids >= num_classes)).any()
         flags = torch.stack([nonfinite, bad_label]).float()
         # Clamped only so a bad label cannot trigger a device-side assert before we can raise.
-        tgt_ids = tgt_ids.clamp(0, num_classes)
+        tgt_ids = tgt_ids.clamp(0, logits.shape[-1] - 1)
         tgt_boxes = torch.cat([t["boxes"].reshape(-1, 4) for t in targets]).to(
             device=device, dtype=torch.float32
         )
@@ -126,8 +168,8 @@ class HungarianMatcher(nn.Module):
             torch.arange(batch, device=device), torch.as_tensor(sizes, device=device)
         )
 
-        # (T, Q): probability of target t's class at every query of target t's image.
-        cost_class = -prob[image_of_target, :, tgt_ids]
+        # (T, Q): class cost of target t's class at every query of target t's image.
+        cost_class = class_cost[image_of_target, :, tgt_ids]
         pred = boxes[image_of_target]  # (T, Q, 4)
         tgt = tgt_boxes[:, None, :]  # (T, 1, 4)
         cost_bbox = torch.cdist(pred, tgt, p=1)[..., 0]
@@ -148,7 +190,8 @@ class HungarianMatcher(nn.Module):
         """Match predictions to targets.
 
         Args:
-            outputs: ``pred_logits`` (B, Q, K+1) and ``pred_boxes`` (B, Q, 4) normalised cxcywh.
+            outputs: ``pred_logits`` (B, Q, K+1), or (B, Q, K) for the focal cost, and
+                ``pred_boxes`` (B, Q, 4) normalised cxcywh.
             targets: one dict per image with ``labels`` int64 (N,) and ``boxes`` (N, 4) normalised
                 cxcywh; N may be 0.
 
@@ -171,15 +214,16 @@ class HungarianMatcher(nn.Module):
                 "gradient clipping or look for NaN in the inputs"
             )
         if packed[-1] != 0:
-            num_classes = outputs["pred_logits"].shape[-1] - 1
+            num_classes = outputs["pred_logits"].shape[-1] - self.num_extra_logits
             bad = [
                 i
                 for i, t in enumerate(targets)
                 if len(t["labels"]) and (t["labels"].min() < 0 or t["labels"].max() >= num_classes)
             ]
+            layout = f"{num_classes} classes + 'no object'" if self.num_extra_logits else f"{num_classes} sigmoid classes"
             raise ValueError(
                 f"HungarianMatcher: targets of images {bad} have labels outside [0, {num_classes}) "
-                f"(pred_logits has {num_classes} classes + 'no object'); build the model with "
+                f"(pred_logits has {layout}); build the model with "
                 "num_classes = max label + 1"
             )
         cost_np = packed[:-2].reshape(-1, queries)

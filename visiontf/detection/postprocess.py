@@ -1,4 +1,4 @@
-"""Turn DETR's raw outputs into per-image detections (facebookresearch/detr ``PostProcess``)."""
+"""Turn raw detector outputs into per-image detections: DETR's softmax ``PostProcess`` and Deformable DETR's sigmoid top-k."""
 from __future__ import annotations
 
 import logging
@@ -71,16 +71,88 @@ class PostProcess(nn.Module):
         return results
 
 
+class DeformablePostProcess(nn.Module):
+    """Deformable DETR's post-processing (fundamentalvision/Deformable-DETR ``PostProcess``).
+
+    Sigmoid scores of every (query, class) pair; the ``num_top`` best pairs over queries x classes
+    (a query may appear with several classes), label = class index, box = the query's box in
+    absolute xyxy scaled by each image's ``(h, w)``. Sorted by score.
+
+    Args:
+        num_top: pairs kept per image (the original: 100); clamped to queries x classes.
+    """
+
+    def __init__(self, num_top: int = 100) -> None:
+        super().__init__()
+        if num_top < 1:
+            raise ValueError(f"num_top must be >= 1, got {num_top}")
+        self.num_top = num_top
+
+    @torch.no_grad()
+    def forward(
+        self,
+        outputs: Mapping[str, Tensor],
+        target_sizes: Union[Tensor, Sequence[Sequence[int]]],
+        score_threshold: Optional[float] = None,
+        top_k: Optional[int] = None,
+    ) -> List[Dict[str, Tensor]]:
+        """Decode a batch.
+
+        Args:
+            outputs: ``pred_logits`` (B, Q, K) sigmoid logits and ``pred_boxes`` (B, Q, 4)
+                normalised cxcywh.
+            target_sizes: (B, 2) as ``(h, w)``, as for :class:`PostProcess`.
+            score_threshold: keep only detections with ``score > score_threshold``.
+            top_k: keep this many pairs instead of ``num_top``.
+
+        Returns:
+            One dict per image with ``scores`` (float32), ``labels`` (int64) and ``boxes`` (float32
+            absolute xyxy), sorted by score.
+        """
+        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+        sizes = torch.as_tensor(target_sizes, device=logits.device)
+        if sizes.dim() != 2 or sizes.shape[1] != 2:
+            raise ValueError(f"target_sizes must be (B, 2) as (h, w), got shape {tuple(sizes.shape)}")
+        if len(logits) != len(sizes):
+            raise ValueError(f"target_sizes has {len(sizes)} rows for a batch of {len(logits)} predictions")
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        B, Q, K = logits.shape
+        k = min(self.num_top if top_k is None else top_k, Q * K)
+        prob = logits.float().sigmoid().view(B, Q * K)
+        scores, index = torch.topk(prob, k, dim=1)
+        query = torch.div(index, K, rounding_mode="floor")
+        labels = index % K
+        xyxy = box_convert(boxes.float(), "cxcywh", "xyxy")
+        xyxy = torch.gather(xyxy, 1, query.unsqueeze(-1).expand(-1, -1, 4))
+        img_h, img_w = sizes.float().unbind(1)
+        xyxy = xyxy * torch.stack([img_w, img_h, img_w, img_h], dim=1)[:, None, :]
+        results = []
+        for s, l, b in zip(scores, labels, xyxy):
+            if score_threshold is not None:
+                keep = s > score_threshold
+                s, l, b = s[keep], l[keep], b[keep]
+            results.append({"scores": s, "labels": l, "boxes": b})
+        return results
+
+
+#: post-processing by class-head convention (a model's ``class_head`` attribute)
+POSTPROCESS_BY_CLASS_HEAD: Dict[str, type] = {"softmax": PostProcess, "sigmoid": DeformablePostProcess}
+
+
 def build_postprocess(model: nn.Module) -> nn.Module:
     """The post-processing that matches ``model``'s class head (its ``class_head`` attribute).
 
-    ``"softmax"`` (DETR: K + 1 logits, the last meaning "no object") gives :class:`PostProcess`.
-    Models without the attribute are taken to be softmax models, as every DETR checkpoint is.
+    ``"softmax"`` (DETR: K + 1 logits, the last meaning "no object") gives :class:`PostProcess`;
+    ``"sigmoid"`` (Deformable DETR and its successors: K sigmoid logits) gives
+    :class:`DeformablePostProcess`. Models without the attribute are taken to be softmax models,
+    as every DETR checkpoint is. A family with another convention adds its entry to
+    :data:`POSTPROCESS_BY_CLASS_HEAD`.
     """
     head = getattr(model, "class_head", "softmax")
-    if head == "softmax":
-        return PostProcess()
-    raise ValueError(
-        f"{type(model).__name__}.class_head = {head!r}: no post-processing for it in this version of "
-        "visiontf.detection.build_postprocess (known: 'softmax'); a family with another class head must add its case here"
-    )
+    if head not in POSTPROCESS_BY_CLASS_HEAD:
+        raise ValueError(
+            f"{type(model).__name__}.class_head = {head!r}: no post-processing for it "
+            f"(known: {sorted(POSTPROCESS_BY_CLASS_HEAD)}); add an entry to POSTPROCESS_BY_CLASS_HEAD"
+        )
+    return POSTPROCESS_BY_CLASS_HEAD[head]()

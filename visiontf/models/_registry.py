@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,20 @@ class ModelNameError(UserError, ValueError):
     """An unknown model name, or ``pretrained=True`` for a model without published weights."""
 
 
+class WeightsLayoutError(UserError, ValueError):
+    """Weights that the model, as built, cannot take exactly (a family's ``filter_fn`` says what differs).
+
+    ``fits_kwargs``: constructor arguments under which the same registered model takes them exactly
+    (e.g. the structure of an earlier visiontf version), or None when there are none. The loaders of
+    saved models (:func:`load_model`, :func:`visiontf.checkpoints.load_checkpoint_model`) rebuild with
+    them, since those files describe a trained model; ``create_model`` builds what it is asked and refuses.
+    """
+
+    def __init__(self, message: str, fits_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.fits_kwargs = fits_kwargs
+
+
 @dataclass
 class ModelEntry:
     """One registered model name: its constructor, where published weights come from, how foreign
@@ -41,8 +56,9 @@ class ModelEntry:
     fn: Callable[..., nn.Module]
     #: where ``pretrained=True`` gets weights: a callable returning a state dict, or None
     fetch_pretrained: Callable[[], dict] | None = None
-    #: adapts a foreign state dict (original DETR, HF, timm at another size) to this model
-    filter_fn: Callable[[dict, nn.Module], dict] | None = None
+    #: adapts a foreign state dict (original DETR, HF, timm at another size) to this model; one that
+    #: takes a ``strict`` keyword gets the loader's (False: load what fits, leave the rest at init)
+    filter_fn: Callable[..., dict] | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -108,8 +124,7 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     """Load a (possibly foreign-format) state dict, dropping heads whose class count differs."""
     if entry is None:
         entry = get_entry(model.model_name)
-    if entry.filter_fn is not None:
-        state = entry.filter_fn(state, model)
+    state = convert_state(model, state, strict=strict, entry=entry)
     own = model.state_dict()
     dropped = []
     for key in list(state):
@@ -133,13 +148,33 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     log.info("loaded %d tensors from %s (%d head tensors left at init)", len(state), source or "weights", len(head_missing))
 
 
+def convert_state(model: nn.Module, state: dict, strict: bool = True, entry: ModelEntry | None = None) -> dict:
+    """``state`` through the registry's ``filter_fn`` of ``model`` (foreign or former layouts -> its names).
+
+    Raises what the ``filter_fn`` raises, e.g. :class:`WeightsLayoutError` for a layout that ``model``
+    cannot take exactly (with ``strict=False`` a filter that supports it keeps what fits instead).
+    """
+    entry = entry or get_entry(model.model_name)
+    fn = entry.filter_fn
+    if fn is None:
+        return state
+    if "strict" in inspect.signature(fn).parameters:
+        return fn(state, model, strict=strict)
+    return fn(state, model)
+
+
 def _is_head_key(model: nn.Module, key: str) -> bool:
     prefixes = getattr(model, "head_prefixes", ("head.", "head_dist."))
     return key.startswith(tuple(prefixes))
 
 
 def load_model(path: str | Path, **overrides: Any) -> nn.Module:
-    """Rebuild a model saved by :func:`visiontf.save_model` (config stored with the weights)."""
+    """Rebuild a model saved by :func:`visiontf.save_model` (config stored with the weights).
+
+    ``overrides`` go to :func:`create_model` (``strict=False`` among them). Weights saved by an earlier
+    visiontf whose layout changed go through the family's ``filter_fn``; where it names the arguments
+    that rebuild their structure (:class:`WeightsLayoutError`), the model is built with them.
+    """
     config = read_config(path)
     if config is None:
         raise ValueError(
@@ -147,7 +182,15 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
             "use create_model(name, pretrained=path) and name the model yourself."
         )
     kwargs = {**config.get("model_kwargs", {}), **overrides}
-    return create_model(config["model_name"], pretrained=path, **kwargs)
+    try:
+        return create_model(config["model_name"], pretrained=path, **kwargs)
+    except WeightsLayoutError as e:
+        # saved by an earlier version with another layout: rebuild the structure its weights describe
+        if not e.fits_kwargs or set(e.fits_kwargs) & set(overrides):
+            raise
+        log.warning("%s: saved by an earlier visiontf; rebuilt as %s with %s, the structure of its weights",
+                    path, config["model_name"], e.fits_kwargs)
+        return create_model(config["model_name"], pretrained=path, **{**kwargs, **e.fits_kwargs})
 
 
 def torch_hub_state_dict(url: str, name: str) -> Callable[[], dict]:

@@ -32,6 +32,9 @@ _CLASSIFIER_PREFIXES = ("fc.", "head.", "classifier.", "head_dist.")
 class DetrBackbone(nn.Module):
     """Feature extractor returning the last feature map and the padding mask resized to it.
 
+    With ``out_indices`` it also serves multi-scale detectors (Deformable DETR: ``(2, 3, 4)``,
+    strides 8/16/32): :meth:`forward_features` returns every requested map with its mask.
+
     Args:
         name: ``"resnet18" | "resnet34" | "resnet50" | "resnet101"`` (torchvision) or
             ``"timm:<model name>"`` for any timm CNN that supports ``features_only``.
@@ -47,6 +50,11 @@ class DetrBackbone(nn.Module):
             ordinary BatchNorm2d, for training a backbone from scratch (small CPU models).
         freeze_stem: keep the stem and first stage frozen, as the paper does for pretrained
             weights; a from-scratch backbone should train them.
+        out_indices: stages returned by :meth:`forward_features`, timm's numbering (ResNet
+            ``layer{i}`` is stage i: 2, 3, 4 have strides 8, 16, 32). None: the last stage only.
+
+    Attributes:
+        num_channels: channels of the last returned map; ``channels`` / ``strides``: of each.
     """
 
     def __init__(
@@ -58,12 +66,15 @@ class DetrBackbone(nn.Module):
         channels_last: bool = False,
         frozen_bn: bool = True,
         freeze_stem: bool = True,
+        out_indices: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
         self.channels_last = channels_last
         if name.startswith(TIMM_PREFIX):
-            self.body, self.num_channels = _timm_body(name[len(TIMM_PREFIX):], dilation, pretrained, frozen_bn)
+            self.body = _timm_body(name[len(TIMM_PREFIX):], dilation, pretrained, frozen_bn, out_indices)
+            self.channels = list(self.body.feature_info.channels())
+            self.strides = list(self.body.feature_info.reduction())
             first_trained = _timm_first_trained_module(self.body)
         elif name in RESNETS:
             if dilation and name in ("resnet18", "resnet34"):
@@ -78,8 +89,13 @@ class DetrBackbone(nn.Module):
             if frozen_bn:
                 # same buffers and state dict; saves the elementwise BN passes (docs/benchmarks.md)
                 fold_frozen_batchnorm(resnet)
-            self.body = IntermediateLayerGetter(resnet, return_layers={"layer4": "0"})
-            self.num_channels = 512 if name in ("resnet18", "resnet34") else 2048
+            stages = (4,) if out_indices is None else tuple(out_indices)
+            if not stages or any(i not in (1, 2, 3, 4) for i in stages) or list(stages) != sorted(set(stages)):
+                raise ValueError(f"out_indices must be increasing ResNet stages among 1..4 (layer1..layer4), got {out_indices}")
+            self.body = IntermediateLayerGetter(resnet, return_layers={f"layer{i}": str(k) for k, i in enumerate(stages)})
+            self.channels = [_stage_channels(getattr(resnet, f"layer{i}")) for i in stages]
+            # DC5: layer4 keeps layer3's stride
+            self.strides = [2 ** (i + 1) // (2 if dilation and i == 4 else 1) for i in stages]
             first_trained = "layer2"
         else:
             raise ValueError(
@@ -89,18 +105,24 @@ class DetrBackbone(nn.Module):
             _freeze(self.body, None)
         elif freeze_stem:
             _freeze(self.body, first_trained)
+        self.num_channels = self.channels[-1]
         if channels_last:
             self.body.to(memory_format=torch.channels_last)
 
     def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """images (B, 3, H, W), mask (B, H, W) True on padding -> features (B, C, h, w), mask (B, h, w)."""
+        maps, masks = self.forward_features(images, mask)
+        return maps[-1], masks[-1]
+
+    def forward_features(self, images: Tensor, mask: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """Every requested map (B, C_i, h_i, w_i), finest first, and the padding mask resized to each."""
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         features = self.body(images)
-        x = features[next(reversed(features))] if isinstance(features, dict) else features[-1]
+        maps = list(features.values()) if isinstance(features, dict) else list(features)
         # nearest resize of the padding mask, exactly as the original (default mode, no align)
-        feat_mask = F.interpolate(mask[None].float(), size=x.shape[-2:]).to(torch.bool)[0]
-        return x, feat_mask
+        masks = [F.interpolate(mask[None].float(), size=x.shape[-2:]).to(torch.bool)[0] for x in maps]
+        return maps, masks
 
 
 def _freeze(body: nn.Module, first_trained: str | None) -> None:
@@ -159,7 +181,15 @@ def _load_backbone_state(module: nn.Module, state: dict[str, Tensor], source: st
     log.info("backbone: loaded %d tensors from %s, ignored %d classifier/counter tensors", len(state), source, len(dropped))
 
 
-def _timm_body(name: str, dilation: bool, pretrained: bool | str | Path | None, frozen_bn: bool = True) -> tuple[nn.Module, int]:
+def _stage_channels(stage: nn.Sequential) -> int:
+    """Output channels of a torchvision ResNet stage (its last block's last BN)."""
+    block = stage[-1]
+    return (block.bn3 if hasattr(block, "bn3") else block.bn2).weight.numel()
+
+
+def _timm_body(
+    name: str, dilation: bool, pretrained: bool | str | Path | None, frozen_bn: bool = True, out_indices: tuple[int, ...] | None = None
+) -> nn.Module:
     import timm
     from timm.layers import freeze_batch_norm_2d
 
@@ -169,12 +199,13 @@ def _timm_body(name: str, dilation: bool, pretrained: bool | str | Path | None, 
             f"backbone_pretrained=True is only for torchvision ResNets; for timm:{name} save "
             f"timm.create_model('{name}', pretrained=True).state_dict() and pass its path"
         )
-    body = timm.create_model(name, features_only=True, out_indices=(-1,), pretrained=False, **kwargs)
+    indices = (-1,) if out_indices is None else tuple(out_indices)
+    body = timm.create_model(name, features_only=True, out_indices=indices, pretrained=False, **kwargs)
     if pretrained:
         _load_backbone_state(body, load_state_dict_file(pretrained), str(pretrained))
     if frozen_bn:
         body = freeze_batch_norm_2d(body)
-    return body, body.feature_info.channels()[-1]
+    return body
 
 
 def _timm_first_trained_module(body: nn.Module) -> str | None:

@@ -1,5 +1,6 @@
 """Shared building blocks: attention, transformer layers, position embeddings."""
 from visiontf.nn.attention import MultiheadAttention
+from visiontf.nn.ms_deform_attn import MSDeformAttn, ms_deform_attn_core
 from visiontf.nn.pos_embed import (
     LearnedPositionEmbedding1d,
     PositionEmbeddingLearned2d,
@@ -12,6 +13,8 @@ from visiontf.nn.transformer import TransformerDecoder, TransformerDecoderLayer,
 
 __all__ = [
     "MultiheadAttention",
+    "MSDeformAttn",
+    "ms_deform_attn_core",
     "TransformerEncoderLayer",
     "TransformerDecoderLayer",
     "TransformerEncoder",

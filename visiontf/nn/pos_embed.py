@@ -37,16 +37,29 @@ class PositionEmbeddingSine2d(nn.Module):
     The output is cat(pos_y, pos_x), each ``num_pos_feats`` channels with sin on even and cos on
     odd channels. With ``normalize`` the cumulative sums are divided by their last (valid) value, so
     padding never shifts the positions of real pixels.
+
+    ``offset`` is subtracted from the counts before normalising: 0 in DETR, 0.5 in Deformable DETR
+    (``(cumsum - 0.5) / (last + eps) * scale``, the pixel centres).
     """
 
-    def __init__(self, num_pos_feats: int = 128, temperature: float = 10000.0, normalize: bool = True, scale: float | None = None) -> None:
+    def __init__(
+        self,
+        num_pos_feats: int = 128,
+        temperature: float = 10000.0,
+        normalize: bool = True,
+        scale: float | None = None,
+        offset: float = 0.0,
+    ) -> None:
         super().__init__()
         if scale is not None and not normalize:
             raise ValueError("scale is only used with normalize=True")
+        if offset and not normalize:
+            raise ValueError("offset is only used with normalize=True")
         self.num_pos_feats = num_pos_feats
         self.temperature = temperature
         self.normalize = normalize
         self.scale = 2 * math.pi if scale is None else scale
+        self.offset = offset
 
     def forward(self, mask: Tensor) -> Tensor:
         """mask: (B, H, W) bool, True on padded pixels -> (B, 2*num_pos_feats, H, W) float32."""
@@ -55,8 +68,12 @@ class PositionEmbeddingSine2d(nn.Module):
         x = not_mask.cumsum(2)
         if self.normalize:
             eps = 1e-6
-            y = y / (y[:, -1:, :] + eps) * self.scale
-            x = x / (x[:, :, -1:] + eps) * self.scale
+            if self.offset:
+                y = (y - self.offset) / (y[:, -1:, :] + eps) * self.scale
+                x = (x - self.offset) / (x[:, :, -1:] + eps) * self.scale
+            else:
+                y = y / (y[:, -1:, :] + eps) * self.scale
+                x = x / (x[:, :, -1:] + eps) * self.scale
         i = torch.arange(self.num_pos_feats, dtype=torch.float32, device=mask.device)
         dim_t = self.temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / self.num_pos_feats)
         pos_x = x[..., None] / dim_t

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch.nn.functional as F
@@ -24,6 +25,18 @@ class SegmentationTask(BaseTask):
     ``stride``), multi-scale (``test_scales``) and flip testing by averaging softmax probabilities;
     metrics from a dataset-level confusion matrix (synchronised across DDP ranks on compute):
     ``mIoU`` over classes present (union > 0), ``mAcc``, ``aAcc``, per-class IoU.
+
+    ``eval_protocol`` says where pixels are counted when the batches carry the original annotations
+    (``(images, masks, sizes)`` from a data module with ``eval_protocol="mmseg"``):
+
+    * ``"mmseg"`` (default): mmseg's ``postprocess_result``: each image's logits without the batch
+      padding are resized bilinearly (``align_corners=False``) to its original annotation, and IoU is
+      counted there; with several scales or flips every view is resized to the annotation before its
+      softmax, as mmseg's test-time augmentation.
+    * ``"resized"``: the annotations are resized (nearest) to the image the model saw and scored
+      there, as visiontf did before (not mmseg's number).
+
+    Batches ``(images, masks)`` hold masks at the image's size already and are scored as they are.
     """
 
     task = "segmentation"
@@ -50,6 +63,7 @@ class SegmentationTask(BaseTask):
         stride: int | None = None,
         test_scales: list[float] | None = None,
         test_flip: bool = False,
+        eval_protocol: Literal["mmseg", "resized"] = "mmseg",
         log_per_class: bool = True,
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
@@ -58,6 +72,9 @@ class SegmentationTask(BaseTask):
         self.save_hyperparameters()
         if inference_mode not in ("whole", "slide"):
             raise ValueError(f"inference_mode={inference_mode!r}; use 'whole' or 'slide'")
+        if eval_protocol not in ("mmseg", "resized"):
+            raise ValueError(f"eval_protocol={eval_protocol!r}; use 'mmseg' (logits resized to the original "
+                             "annotation) or 'resized' (annotation resized to the logits)")
         self.test_scales = list(test_scales or [1.0])
         self.aux_weight = aux_weight if aux_weight is not None else getattr(self.model, "aux_weight", 0.4)
         self.confmat = MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
@@ -95,33 +112,79 @@ class SegmentationTask(BaseTask):
             return model.inference(images, hp.inference_mode, crop=hp.crop_size, stride=hp.stride)
         return model(images)
 
-    def predict_logits(self, images: Tensor) -> Tensor:
-        """Class scores at the input size: logits for a single scale without flip, else mean softmax probabilities."""
+    def _single_view(self) -> bool:
+        return self.test_scales == [1.0] and not self.hparams.test_flip
+
+    def _views(self, images: Tensor) -> Iterator[Tensor]:
+        """Logits (B, K, h, w) of every test view (scale x flip), flipped back, each at its own size."""
         H, W = images.shape[-2:]
-        if self.test_scales == [1.0] and not self.hparams.test_flip:
-            return self._infer(images)
-        probs = None
         for s in self.test_scales:
             size = (max(1, round(H * s)), max(1, round(W * s)))
             x = images if size == (H, W) else F.interpolate(images, size=size, mode="bilinear", align_corners=False)
-            views = [(x, False)] + ([(x.flip(-1), True)] if self.hparams.test_flip else [])
-            for view, flipped in views:
-                logits = self._infer(view)
-                if flipped:
-                    logits = logits.flip(-1)
-                if logits.shape[-2:] != (H, W):
-                    logits = F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
-                p = logits.softmax(dim=1)
-                probs = p if probs is None else probs + p
-        return probs / (len(self.test_scales) * (2 if self.hparams.test_flip else 1))
+            yield self._infer(x)
+            if self.hparams.test_flip:
+                yield self._infer(x.flip(-1)).flip(-1)
+
+    def predict_logits(self, images: Tensor) -> Tensor:
+        """Class scores at the input size: logits for a single scale without flip, else mean softmax probabilities."""
+        H, W = images.shape[-2:]
+        if self._single_view():
+            return self._infer(images)
+        probs, n = None, 0
+        for logits in self._views(images):
+            if logits.shape[-2:] != (H, W):
+                logits = F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
+            p = logits.softmax(dim=1)
+            probs, n = (p if probs is None else probs + p), n + 1
+        return probs / n
+
+    def predict_original_size(self, images: Tensor, sizes: Tensor) -> list[Tensor]:
+        """Scores (K, H0, W0) of each image at its original annotation's size (mmseg's ``postprocess_result``).
+
+        ``sizes`` (B, 4): each image's (h, w) inside the padded batch and its annotation's (H0, W0).
+        Each view's logits lose the padding, are resized bilinearly to (H0, W0) and, with several views,
+        go through a softmax there before they are averaged (mmseg's test-time augmentation). One view:
+        logits; several: mean probabilities.
+        """
+        H, W = images.shape[-2:]
+        single = self._single_view()
+        out: list[Tensor | None] = [None] * len(sizes)
+        n = 0
+        for logits in self._views(images):
+            vh, vw = logits.shape[-2:]
+            n += 1
+            for i, (h, w, H0, W0) in enumerate(sizes.tolist()):
+                valid = logits[i:i + 1, :, :max(1, round(h * vh / H)), :max(1, round(w * vw / W))]
+                x = F.interpolate(valid, size=(H0, W0), mode="bilinear", align_corners=False)[0]
+                x = x if single else x.softmax(dim=0)
+                out[i] = x if out[i] is None else out[i] + x
+        return [o if single else o / n for o in out]  # type: ignore[operator]
 
     # ------------------------------------------------------------------ evaluation
     def _eval_step(self, batch, prefix: str) -> None:
-        images, masks = batch
+        images, masks = batch[0], batch[1]
+        sizes = batch[2] if len(batch) > 2 else None
+        if sizes is not None and self.hparams.eval_protocol == "mmseg":
+            self._eval_original_size(images, masks, sizes, prefix)
+            return
+        if sizes is not None:  # "resized": the original annotations resized (nearest) to the images
+            masks = resized_masks(masks, sizes, images.shape[-2:], self.hparams.ignore_index)
         scores = self.predict_logits(images)
-        if self.test_scales == [1.0] and not self.hparams.test_flip:
+        if self._single_view():
             self.log(f"{prefix}/loss", F.cross_entropy(scores, masks, ignore_index=self.hparams.ignore_index), sync_dist=True)
         self.confmat.update(scores.argmax(dim=1), masks)
+
+    def _eval_original_size(self, images: Tensor, masks: Tensor, sizes: Tensor, prefix: str) -> None:
+        ignore = self.hparams.ignore_index
+        loss_sum, pixels = images.new_zeros(()), 0
+        for scores, mask, (_, _, H0, W0) in zip(self.predict_original_size(images, sizes), masks, sizes.tolist()):
+            target = mask[:H0, :W0]
+            if self._single_view():
+                loss_sum = loss_sum + F.cross_entropy(scores[None], target[None], ignore_index=ignore, reduction="sum")
+                pixels += int((target != ignore).sum())
+            self.confmat.update(scores.argmax(dim=0)[None], target[None])
+        if self._single_view():  # logged on every step of every rank (sync_dist), 0 when all is ignored
+            self.log(f"{prefix}/loss", loss_sum / max(pixels, 1), sync_dist=True)
 
     def _class_names(self) -> list[str]:
         dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
@@ -166,3 +229,13 @@ class SegmentationTask(BaseTask):
         opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay, hp.momentum)
         sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, hp.power, min_lr=hp.min_lr)
         return {"optimizer": opt, "lr_scheduler": sched}
+
+
+def resized_masks(masks: Tensor, sizes: Tensor, size: tuple[int, int], ignore_index: int) -> Tensor:
+    """Original annotations (B, H0max, W0max) resized (nearest, as cv2's ``INTER_NEAREST``) to each image's
+    (h, w) from ``sizes`` (B, 4) and padded to ``size`` with ``ignore_index``: the ``"resized"`` protocol."""
+    out = masks.new_full((masks.shape[0], *size), ignore_index)
+    for i, (h, w, H0, W0) in enumerate(sizes.tolist()):
+        m = masks[i, :H0, :W0][None, None].float()
+        out[i, :h, :w] = F.interpolate(m, size=(h, w), mode="nearest")[0, 0].to(masks.dtype)
+    return out

@@ -1,0 +1,204 @@
+"""Multi-scale deformable attention: both cores against an obvious loop, the original's core and each other.
+
+The loop below is the definition: bilinear interpolation of each level's map at
+``loc * (W, H) - 0.5`` (``grid_sample``'s align_corners=False), corners outside the map reading
+zero, weighted by the attention weights and summed. Cost: about 3 s.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from visiontf.nn import MSDeformAttn, ms_deform_attn_core
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
+from benchmarks.reference_deformable_detr import MSDeformAttn as OriginalMSDeformAttn  # noqa: E402
+from benchmarks.reference_deformable_detr import original_core  # noqa: E402
+
+SHAPES = [(5, 6), (3, 4), (2, 2), (1, 1)]
+METHODS = ("gather", "grid_sample")
+
+
+def loop_reference(value, shapes, loc, attn):
+    """The obvious definition, one sample and one corner at a time (float64 Python loops)."""
+    N, S, M, D = value.shape
+    _, Q, _, L, P, _ = loc.shape
+    starts = [sum(h * w for h, w in shapes[:lvl]) for lvl in range(L)]
+    out = torch.zeros(N, Q, M, D, dtype=torch.float64)
+    for n in range(N):
+        for q in range(Q):
+            for m in range(M):
+                for lvl, (h, w) in enumerate(shapes):
+                    for p in range(P):
+                        x = loc[n, q, m, lvl, p, 0].item() * w - 0.5
+                        y = loc[n, q, m, lvl, p, 1].item() * h - 0.5
+                        x0, y0 = math.floor(x), math.floor(y)
+                        for cy, wy in ((y0, y0 + 1 - y), (y0 + 1, y - y0)):
+                            for cx, wx in ((x0, x0 + 1 - x), (x0 + 1, x - x0)):
+                                if 0 <= cx < w and 0 <= cy < h:
+                                    row = value[n, starts[lvl] + cy * w + cx, m].double()
+                                    out[n, q, m] += attn[n, q, m, lvl, p].item() * wy * wx * row
+    return out.view(N, Q, M * D)
+
+
+def _inputs(N=2, Q=4, M=2, D=3, P=2, shapes=SHAPES, lo=-0.3, hi=1.3, dtype=torch.float64, seed=0):
+    """Value, locations partly outside [0, 1] (points off the map) and softmax weights."""
+    g = torch.Generator().manual_seed(seed)
+    S, L = sum(h * w for h, w in shapes), len(shapes)
+    value = torch.randn(N, S, M, D, generator=g, dtype=dtype)
+    loc = lo + (hi - lo) * torch.rand(N, Q, M, L, P, 2, generator=g, dtype=dtype)
+    attn = torch.rand(N, Q, M, L * P, generator=g, dtype=dtype).softmax(-1).view(N, Q, M, L, P)
+    return value, loc, attn
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_cores_equal_the_loop_definition(method):
+    value, loc, attn = _inputs()
+    expected = loop_reference(value, SHAPES, loc, attn)
+    got = ms_deform_attn_core(value, SHAPES, loc, attn, method)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_gather_core_equals_the_original_core_float32():
+    value, loc, attn = _inputs(N=2, Q=7, M=4, D=8, P=3, dtype=torch.float32, seed=1)
+    expected = original_core(value, torch.tensor(SHAPES), loc, attn)
+    for method in METHODS:
+        torch.testing.assert_close(ms_deform_attn_core(value, SHAPES, loc, attn, method), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_gradcheck_float64(method):
+    value, loc, attn = _inputs(N=1, Q=3, M=2, D=2, P=2, seed=2)
+    inputs = tuple(t.clone().requires_grad_() for t in (value, loc, attn))
+    assert torch.autograd.gradcheck(lambda v, l, a: ms_deform_attn_core(v, SHAPES, l, a, method), inputs, eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("Q", [3, 400])  # few samples (sparse table gradient) and many (dense)
+def test_gather_gradients_equal_grid_sample(Q):
+    shapes = [(4, 5), (2, 3)]
+    value, loc, attn = _inputs(N=2, Q=Q, M=2, D=3, P=2, shapes=shapes, seed=3)
+    grad = torch.randn(2, Q, 6, dtype=torch.float64)
+    grads = []
+    for method in METHODS:
+        inputs = tuple(t.clone().requires_grad_() for t in (value, loc, attn))
+        ms_deform_attn_core(*inputs[:1], shapes, *inputs[1:], method).backward(grad)
+        grads.append([t.grad for t in inputs])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+
+
+def test_points_outside_the_map_read_zero():
+    value, loc, attn = _inputs(seed=4)
+    far = torch.tensor([-5.0, 1e30])
+    for loc_far in (loc * 0 + far[0], loc * 0 + far[1], loc * 0 - 0.51):  # -0.51 * W - 0.5 < -1 even at W = 1
+        for method in METHODS:
+            assert ms_deform_attn_core(value, SHAPES, loc_far, attn, method).abs().max() == 0
+
+
+def test_non_finite_locations_give_nan_only_where_they_are():
+    value, loc, attn = _inputs(seed=5)
+    loc[0, 1, 0, 0, 0, 0] = float("nan")
+    loc[1, 2, 1, 1, 1, 1] = float("inf")
+    outs = [ms_deform_attn_core(value, SHAPES, loc, attn, method) for method in METHODS]
+    D = value.shape[-1]
+    for out in outs:
+        bad = ~torch.isfinite(out)
+        assert bad[0, 1, :D].all() and bad[1, 2, D:].all()  # that query's head only
+        assert bad.sum() == 2 * D
+    torch.testing.assert_close(outs[0], outs[1], equal_nan=True, rtol=0, atol=1e-12)
+
+
+def _module_pair(d=16, L=4, M=4, P=2, seed=0):
+    torch.manual_seed(seed)
+    ours = MSDeformAttn(d, L, M, P).double()
+    with torch.no_grad():  # non-trivial offsets and weights (they start at zero)
+        ours.sampling_offsets.weight.normal_(0, 0.3)
+        ours.attention_weights.weight.normal_(0, 0.3)
+    ref = OriginalMSDeformAttn(d, L, M, P).double()
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def test_initialisation_is_the_original():
+    torch.manual_seed(0)
+    ours, ref = MSDeformAttn(32, 3, 8, 4), OriginalMSDeformAttn(32, 3, 8, 4)
+    assert torch.equal(ours.sampling_offsets.bias, ref.sampling_offsets.bias)
+    bias = ours.sampling_offsets.bias.view(8, 3, 4, 2)
+    assert torch.equal(bias[0, 0, :, 0], torch.tensor([1.0, 2.0, 3.0, 4.0]))  # head 0 looks right, point i at i+1 px
+    assert bias[2, 0, 0].tolist() == pytest.approx([0.0, 1.0], abs=1e-6)  # head 2 of 8 looks down
+    for linear in (ours.sampling_offsets, ours.attention_weights):
+        assert linear.weight.abs().max() == 0
+    assert ours.attention_weights.bias.abs().max() == 0 and ours.value_proj.bias.abs().max() == 0
+
+
+@pytest.mark.parametrize("coords", [2, 4])
+@pytest.mark.parametrize("method", METHODS)
+def test_module_equals_the_original_module_with_padding(coords, method):
+    """Point and box references, padded values; forward and every parameter's gradient."""
+    ours, ref = _module_pair()
+    ours.method = method
+    shapes = torch.tensor(SHAPES)
+    start = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
+    N, Q, S = 2, 5, int(shapes.prod(1).sum())
+    g = torch.Generator().manual_seed(1)
+    query = torch.randn(N, Q, 16, generator=g, dtype=torch.float64)
+    value = torch.randn(N, S, 16, generator=g, dtype=torch.float64)
+    refs = torch.rand(N, Q, 4, coords, generator=g, dtype=torch.float64)
+    pad = torch.rand(N, S, generator=g) < 0.3
+    out = ours(query, refs, value, SHAPES, pad)
+    expected = ref(query, refs, value, shapes, start, pad)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-9, msg=name)
+
+
+def test_padded_values_are_zeroed():
+    ours, _ = _module_pair()
+    N, Q, S = 1, 6, sum(h * w for h, w in SHAPES)
+    query, value = torch.randn(N, Q, 16, dtype=torch.float64), torch.randn(N, S, 16, dtype=torch.float64)
+    refs = torch.rand(N, Q, 4, 2, dtype=torch.float64)
+    pad = torch.zeros(N, S, dtype=torch.bool)
+    pad[0, 10:25] = True
+    changed = value.clone()
+    changed[pad] = 1e6
+    for method in METHODS:
+        ours.method = method
+        torch.testing.assert_close(ours(query, refs, changed, SHAPES, pad), ours(query, refs, value, SHAPES, pad))
+        assert not torch.allclose(ours(query, refs, changed, SHAPES), ours(query, refs, value, SHAPES))
+
+
+def test_bad_shapes_name_the_problem():
+    ours, _ = _module_pair()
+    query, value = torch.randn(1, 3, 16), torch.randn(1, sum(h * w for h, w in SHAPES), 16)
+    ours.float()
+    with pytest.raises(ValueError, match="n_levels=4"):
+        ours(query, torch.rand(1, 3, 4, 2), value, SHAPES[:3])
+    with pytest.raises(ValueError, match="end in 2 .* or 4"):
+        ours(query, torch.rand(1, 3, 4, 3), value, SHAPES)
+    with pytest.raises(ValueError, match="hold 47 positions, but value has S = 70"):
+        ms_deform_attn_core(torch.randn(1, 70, 2, 8), SHAPES, torch.rand(1, 3, 2, 4, 2, 2), torch.rand(1, 3, 2, 4, 2))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_packed_tokens_equal_the_padded_batch(method):
+    """Self-attention over the unpadded tokens only gives the padded batch's result at those tokens."""
+    from visiontf.nn.ms_deform_attn import PackedTokens
+
+    ours, _ = _module_pair()
+    ours.method = method
+    N, S = 2, sum(h * w for h, w in SHAPES)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(N, S, 16, generator=g, dtype=torch.float64)
+    refs = torch.rand(N, S, 4, 2, generator=g, dtype=torch.float64)
+    pad = torch.rand(N, S, generator=g) < 0.3
+    packed = PackedTokens.from_mask(pad)
+    full = ours(x, refs, x, SHAPES, pad)
+    got = ours(packed.pack(x)[None], packed.pack(refs)[None], packed.pack(x)[None], SHAPES, packed=packed)
+    torch.testing.assert_close(got[0], packed.pack(full), rtol=0, atol=1e-12)
+    assert torch.equal(packed.unpack(packed.pack(x))[~pad], x[~pad]) and packed.unpack(packed.pack(x))[pad].abs().max() == 0

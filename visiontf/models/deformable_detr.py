@@ -1,0 +1,332 @@
+"""Deformable DETR (Zhu et al., 2021), faithful to fundamentalvision/Deformable-DETR, in pure PyTorch.
+
+Multi-scale features (C3-C5 of a ResNet plus a stride-64 level) are encoded by deformable
+self-attention; 300 queries decode them with deformable cross-attention and predict sigmoid class
+scores (no "no object" class) and boxes relative to reference points. Options: iterative box
+refinement (a head per decoder layer) and two-stage (encoder proposals become the reference boxes).
+The original checkpoints and HuggingFace ``DeformableDetrForObjectDetection`` weights load through
+:mod:`visiontf.models.deformable_detr_convert` (``create_model(name, pretrained=path)``).
+
+The forward is composed of steps the DINO-style options can reuse or replace:
+:meth:`DeformableDETR.encode` (backbone, projections, encoder), :meth:`~DeformableDETR.initial_queries`
+(learned queries or two-stage proposals), the decoder, and :meth:`~DeformableDETR.predict`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import Tensor, nn
+
+from visiontf.models.deformable_detr_convert import convert_state_dict
+from visiontf.models.deformable_transformer import (
+    DeformableTransformer,
+    LevelLayout,
+    encoder_reference_points,
+    inverse_sigmoid,
+    level_layout,
+    valid_counts,
+)
+from visiontf.models.detr import MLP
+from visiontf.models.detr_backbone import DetrBackbone
+from visiontf.nn import PositionEmbeddingSine2d
+from visiontf.models._registry import register_model
+
+
+@dataclass
+class MultiScaleMemory:
+    """The encoder's output and what the decoder needs to attend to it.
+
+    Attributes:
+        memory: (B, S, C), all levels flattened and concatenated, finest first.
+        padding_mask: (B, S) True on padding, or None when no image is padded.
+        spatial_shapes: (H_l, W_l) of each level.
+        valid_ratios: (B, L, 2) unpadded fraction (w, h) of each level.
+        valid_counts: (B, L, 2) unpadded columns and rows of each level.
+        layout: per-position tables of these shapes (:class:`LevelLayout`).
+    """
+
+    memory: Tensor
+    padding_mask: Tensor | None
+    spatial_shapes: list[tuple[int, int]]
+    valid_ratios: Tensor
+    valid_counts: Tensor
+    layout: LevelLayout
+
+
+class DeformableDETR(nn.Module):
+    """Deformable DETR: multi-scale CNN features, deformable encoder-decoder, sigmoid set prediction.
+
+    Args:
+        num_classes: object classes; the class head has ``num_classes`` sigmoid outputs (COCO: 91,
+            the original's max category id + 1).
+        backbone: ``"resnet18|34|50|101"`` or ``"timm:<name>"`` (see :class:`DetrBackbone`).
+        num_feature_levels: levels L. 1: C5 only; 2-3: the last L of C3, C4, C5; 4+: C3-C5 and
+            L - 3 extra levels, each a 3x3 stride-2 conv of the previous one.
+        hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout: the transformer.
+        num_queries: object queries (also the number of two-stage proposals kept).
+        enc_n_points, dec_n_points: sampling points per head and level.
+        with_box_refine: iterative box refinement, one class and box head per decoder layer.
+        two_stage: encoder proposals give the reference boxes and queries (needs box refinement,
+            as in the published "++" model and HuggingFace).
+        aux_loss: return every decoder layer's predictions but the last in ``aux_outputs``.
+        attn_method: ``"gather"`` (fast) or ``"grid_sample"`` (exportable), see
+            :func:`visiontf.nn.ms_deform_attn_core`.
+        backbone_pretrained, train_backbone, channels_last, frozen_bn, freeze_stem: see
+            :class:`DetrBackbone`.
+    """
+
+    #: sigmoid class scores over K classes, focal loss (the DETR family's other convention: "softmax")
+    class_head = "sigmoid"
+    head_prefixes = ("class_embed.",)
+
+    def __init__(
+        self,
+        num_classes: int = 91,
+        backbone: str = "resnet50",
+        num_feature_levels: int = 4,
+        hidden_dim: int = 256,
+        nheads: int = 8,
+        enc_layers: int = 6,
+        dec_layers: int = 6,
+        dim_feedforward: int = 1024,
+        dropout: float = 0.1,
+        num_queries: int = 300,
+        enc_n_points: int = 4,
+        dec_n_points: int = 4,
+        with_box_refine: bool = False,
+        two_stage: bool = False,
+        aux_loss: bool = True,
+        attn_method: str = "gather",
+        backbone_pretrained: bool | str | Path | None = None,
+        train_backbone: bool = True,
+        channels_last: bool = False,
+        frozen_bn: bool = True,
+        freeze_stem: bool = True,
+    ) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        if hidden_dim % 32 or hidden_dim % nheads:
+            raise ValueError(f"hidden_dim must be a multiple of 32 (GroupNorm(32)) and of nheads={nheads}, got {hidden_dim}")
+        if num_feature_levels < 1:
+            raise ValueError(f"num_feature_levels must be >= 1, got {num_feature_levels}")
+        if two_stage and not with_box_refine:
+            raise ValueError("two_stage=True needs with_box_refine=True (the published two-stage model refines boxes)")
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.hidden_dim = hidden_dim
+        self.num_feature_levels = num_feature_levels
+        self.with_box_refine = with_box_refine
+        self.two_stage = two_stage
+        self.aux_loss = aux_loss
+        stages = (4,) if num_feature_levels == 1 else (2, 3, 4)[-min(num_feature_levels, 3):]
+        self.backbone = DetrBackbone(
+            backbone, False, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem, out_indices=stages
+        )
+        self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True, offset=0.5)
+        projections = [nn.Sequential(nn.Conv2d(c, hidden_dim, kernel_size=1), nn.GroupNorm(32, hidden_dim)) for c in self.backbone.channels]
+        in_channels = self.backbone.channels[-1]
+        for _ in range(num_feature_levels - len(projections)):
+            projections.append(nn.Sequential(nn.Conv2d(in_channels, hidden_dim, kernel_size=3, stride=2, padding=1), nn.GroupNorm(32, hidden_dim)))
+            in_channels = hidden_dim
+        self.input_proj = nn.ModuleList(projections)
+        self.transformer = DeformableTransformer(
+            hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout, num_feature_levels, enc_n_points, dec_n_points,
+            two_stage, attn_method,
+        )
+        if not two_stage:
+            self.query_embed = nn.Embedding(num_queries, 2 * hidden_dim)
+        # one head shared by all layers, or (refinement) one per layer plus, two-stage, one for the proposals
+        num_heads = (dec_layers + int(two_stage)) if with_box_refine else 1
+        self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_heads))
+        self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_heads))
+        self._reset_heads()
+        self.pretrained_cfg = {"mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "min_size": 800, "max_size": 1333}
+
+    def _reset_heads(self) -> None:
+        """The original's: class bias at prior 0.01, box head's last layer zero, h/w bias -2 (0 two-stage)."""
+        prior = -math.log((1 - 0.01) / 0.01)
+        for proj in self.input_proj:
+            nn.init.xavier_uniform_(proj[0].weight, gain=1)
+            nn.init.zeros_(proj[0].bias)
+        # the original initialises one head and deep-copies it, so the copies share the initial weights
+        nn.init.constant_(self.class_embed[0].bias, prior)
+        nn.init.zeros_(self.bbox_embed[0].layers[-1].weight)
+        nn.init.zeros_(self.bbox_embed[0].layers[-1].bias)
+        for i in range(1, len(self.class_embed)):
+            self.class_embed[i].load_state_dict(self.class_embed[0].state_dict())
+            self.bbox_embed[i].load_state_dict(self.bbox_embed[0].state_dict())
+        if not self.two_stage:
+            # refinement: only the first layer's head starts with small boxes
+            nn.init.constant_(self.bbox_embed[0].layers[-1].bias[2:], -2.0)
+
+    # -------------------------------------------------------------------------------- optimiser
+    def no_weight_decay(self) -> set[str]:
+        """Parameters without weight decay: none, as the original."""
+        return set()
+
+    def param_group(self, name: str) -> str:
+        """``"backbone"`` | ``"offsets"`` (sampling offsets and reference points, 0.1x lr) | ``"default"``."""
+        if name.startswith("backbone."):
+            return "backbone"
+        if "sampling_offsets" in name or "reference_points" in name:
+            return "offsets"
+        return "default"
+
+    def set_attn_method(self, method: str) -> None:
+        """Switch every deformable attention to ``"gather"`` or ``"grid_sample"`` (ONNX export)."""
+        for m in self.modules():
+            if hasattr(m, "sampling_offsets") and hasattr(m, "method"):
+                m.method = method
+
+    # -------------------------------------------------------------------------------- forward
+    def encode(self, images: Tensor, mask: Tensor | None = None) -> MultiScaleMemory:
+        """Backbone, level projections, position and level embeddings, deformable encoder."""
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"DeformableDETR expects images of shape (B, 3, H, W), got {tuple(images.shape)}")
+        B, _, H, W = images.shape
+        if mask is not None and tuple(mask.shape) != (B, H, W):
+            raise ValueError(
+                f"mask must have shape (B, H, W) = {(B, H, W)} matching the images (True on padding), got {tuple(mask.shape)}; "
+                "pad images and masks together, or pass mask=None when nothing is padded"
+            )
+        image_mask = torch.zeros((B, H, W), dtype=torch.bool, device=images.device) if mask is None else mask.bool()
+        maps, masks = self.backbone.forward_features(images, image_mask)
+        srcs = [proj(x) for proj, x in zip(self.input_proj, maps)]
+        for level in range(len(srcs), self.num_feature_levels):
+            srcs.append(self.input_proj[level](maps[-1] if level == len(maps) else srcs[-1]))
+            masks.append(F.interpolate(image_mask[None].float(), size=srcs[-1].shape[-2:]).to(torch.bool)[0])
+        shapes = [(int(s.shape[-2]), int(s.shape[-1])) for s in srcs]
+        layout = level_layout(tuple(shapes), images.device)
+        src = torch.cat([s.flatten(2).transpose(1, 2) for s in srcs], 1)
+        pos = torch.cat([self.position_embedding(m).flatten(2).transpose(1, 2) for m in masks], 1)
+        pos = (pos + self.transformer.level_embed[layout.level]).to(src.dtype)
+        # without padding the value masking and valid-ratio arithmetic are skipped (ratios are 1)
+        padding_mask = None if mask is None else torch.cat([m.flatten(1) for m in masks], 1)
+        counts = valid_counts(padding_mask, layout, B)
+        ratios = counts / layout.size
+        reference = encoder_reference_points(layout, ratios)
+        memory = self.transformer.encoder(src, pos, reference, shapes, padding_mask)
+        return MultiScaleMemory(memory, padding_mask, shapes, ratios, counts, layout)
+
+    def initial_queries(self, enc: MultiScaleMemory) -> dict:
+        """Decoder inputs: ``tgt``, ``query_pos`` (B, Q, C), ``reference`` (B, Q, 2 or 4); two-stage adds ``enc_outputs``."""
+        B, _, C = enc.memory.shape
+        if not self.two_stage:
+            query_pos, tgt = self.query_embed.weight.split(C, dim=1)
+            query_pos = query_pos.unsqueeze(0).expand(B, -1, -1)
+            return {"tgt": tgt.unsqueeze(0).expand(B, -1, -1), "query_pos": query_pos, "reference": self.transformer.reference_points(query_pos).sigmoid()}
+        S = enc.memory.shape[1]
+        if S < self.num_queries:
+            raise ValueError(
+                f"two-stage selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} feature maps of "
+                f"these images have only {S} positions; use larger images or fewer queries"
+            )
+        features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
+        enc_logits = self.class_embed[-1](features)
+        enc_boxes = self.bbox_embed[-1](features).float() + proposals
+        top = torch.topk(enc_logits[..., 0], self.num_queries, dim=1)[1]
+        reference = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4)).detach().sigmoid()
+        query_pos, tgt = self.transformer.proposal_queries(reference)
+        return {
+            "tgt": tgt, "query_pos": query_pos, "reference": reference,
+            "enc_outputs": {"pred_logits": enc_logits, "pred_boxes": enc_boxes.sigmoid()},
+        }
+
+    def decode(self, queries: dict, enc: MultiScaleMemory, self_attn_mask: Tensor | None = None, num_groups: int = 1) -> dict:
+        """The decoder on ``queries`` (see :meth:`initial_queries`); box refinement uses this model's heads."""
+        return self.transformer.decoder(
+            queries["tgt"], queries["reference"], enc.memory, enc.spatial_shapes, enc.valid_ratios, queries["query_pos"],
+            enc.padding_mask, self_attn_mask, self.bbox_embed if self.with_box_refine else None, num_groups,
+        )
+
+    def predict(self, dec: dict) -> tuple[Tensor, Tensor]:
+        """Class logits (layers, B, Q, K) and boxes (layers, B, Q, 4) normalised cxcywh, float32."""
+        hidden = dec["hidden"]
+        if self.with_box_refine:
+            logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
+            return logits, torch.stack(dec["new_references"])
+        # one shared head: all layers at once, offsets from the (fixed) initial reference points
+        delta = self.bbox_embed[0](hidden).float()
+        ref = inverse_sigmoid(dec["references"][0].float())
+        boxes = torch.cat([delta[..., :2] + ref, delta[..., 2:]], -1).sigmoid()
+        return self.class_embed[0](hidden), boxes
+
+    def forward(self, images: Tensor, mask: Tensor | None = None) -> dict:
+        """Detect objects.
+
+        Args:
+            images: (B, 3, H, W), ImageNet-normalised, zero-padded to a common size.
+            mask: (B, H, W) bool, True on padding pixels; None when nothing is padded.
+
+        Returns:
+            ``pred_logits`` (B, Q, num_classes) sigmoid logits, ``pred_boxes`` (B, Q, 4) float32
+            cxcywh relative to each image's unpadded size, ``aux_outputs`` (with ``aux_loss``: one
+            dict per decoder layer but the last) and, two-stage, ``enc_outputs`` (the proposals:
+            ``pred_logits`` (B, S, num_classes), ``pred_boxes`` (B, S, 4)).
+        """
+        enc = self.encode(images, mask)
+        queries = self.initial_queries(enc)
+        logits, boxes = self.predict(self.decode(queries, enc))
+        out: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if self.aux_loss:
+            out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+        if "enc_outputs" in queries:
+            out["enc_outputs"] = queries["enc_outputs"]
+        return out
+
+
+# ------------------------------------------------------------------------------------ registry
+#: the published models (COCO, 50 epochs) and a CPU-sized one; settings as data, one function each below
+DEFAULT_CFGS: dict[str, dict] = {
+    # 44.5 AP; 40.07 M parameters with 91 classes
+    "deformable_detr_resnet50": dict(backbone="resnet50", channels_last=True),
+    # 46.2 AP; 40.85 M
+    "deformable_detr_resnet50_box_refine": dict(backbone="resnet50", channels_last=True, with_box_refine=True),
+    # 46.9 AP ("++": refinement + two-stage); 41.18 M
+    "deformable_detr_resnet50_two_stage": dict(backbone="resnet50", channels_last=True, with_box_refine=True, two_stage=True),
+    # CPU-sized: ResNet-18 trunk, d 128, 3 levels (strides 8/16/32: small objects need the stride-8
+    # map, the stride-64 level buys little at 128-512 px), 2 encoder points (the encoder runs on
+    # every position, so its points dominate the attention cost) and 4 decoder points (cheap: 100
+    # queries), 2 encoder + 3 decoder layers (set prediction needs decoder depth more than encoder
+    # depth), FFN 512, 100 queries (few objects per image), refinement on (cheap, converges faster),
+    # dropout 0 (short schedules, as DINO and D-FINE), channels-last (the ResNet-18 is most of a CPU
+    # train step; oneDNN convolutions made it 1.5x faster at batch 8, 256 px)
+    "deformable_detr_tiny": dict(
+        backbone="resnet18", num_feature_levels=3, hidden_dim=128, nheads=4, enc_layers=2, dec_layers=3, dim_feedforward=512,
+        num_queries=100, enc_n_points=2, dec_n_points=4, with_box_refine=True, dropout=0.0, channels_last=True,
+    ),
+}
+
+
+def _create(cfg: dict, **kwargs) -> DeformableDETR:
+    return DeformableDETR(**{**cfg, **kwargs})
+
+
+@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)
+def deformable_detr_resnet50(**kwargs) -> DeformableDETR:
+    """Deformable DETR R50, single-stage, 300 queries, 4 levels (44.5 COCO AP)."""
+    return _create(DEFAULT_CFGS["deformable_detr_resnet50"], **kwargs)
+
+
+@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)
+def deformable_detr_resnet50_box_refine(**kwargs) -> DeformableDETR:
+    """Deformable DETR R50 with iterative box refinement (46.2 COCO AP)."""
+    return _create(DEFAULT_CFGS["deformable_detr_resnet50_box_refine"], **kwargs)
+
+
+@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)
+def deformable_detr_resnet50_two_stage(**kwargs) -> DeformableDETR:
+    """Deformable DETR R50 with box refinement and two-stage proposals, the original's "++" (46.9 COCO AP)."""
+    return _create(DEFAULT_CFGS["deformable_detr_resnet50_two_stage"], **kwargs)
+
+
+@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)
+def deformable_detr_tiny(**kwargs) -> DeformableDETR:
+    """A CPU-sized Deformable DETR (ResNet-18, d 128, 3 levels, 2+3 layers, 100 queries, box refinement)."""
+    return _create(DEFAULT_CFGS["deformable_detr_tiny"], **kwargs)
