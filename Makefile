@@ -3,12 +3,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= outputs/demo
+# a wheel index for torch/torchvision installed before everything else, e.g. the CPU-only builds:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (empty: torch comes from the default index, as before; applies when .venv is created)
+TORCH_INDEX ?=
 
 .PHONY: install test lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+ifneq ($(strip $(TORCH_INDEX)),)
+	$(PY) -m pip install -q torch torchvision --index-url $(TORCH_INDEX)
+endif
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 

@@ -116,11 +116,14 @@ def test_nan_scores_scored_silently_wrong_before(gt):
 
 
 def test_results_cli_names_the_entry_and_exits_2(gt, tmp_path, capsys):
+    from visiontf.cli.errors import run_tool
     from visiontf.evaluation.coco import main
 
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     (tmp_path / "dets.json").write_text('[{"image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "score": NaN}]')
-    assert main(["--annotations", str(tmp_path / "gt.json"), "--predictions", str(tmp_path / "dets.json")]) == 2
+    # as tools/eval.py runs it: the user's mistake is one line on stderr and exit code 2
+    argv = ["--annotations", str(tmp_path / "gt.json"), "--predictions", str(tmp_path / "dets.json")]
+    assert run_tool(main, argv, prog="eval.py") == 2
     assert "dets.json: 1 result(s) with a score that is NaN" in capsys.readouterr().err
 
 

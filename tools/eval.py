@@ -13,9 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if __name__ == "__main__":
     if "--annotations" in sys.argv or "--predictions" in sys.argv:
+        from visiontf.cli.errors import run_tool
         from visiontf.evaluation.coco import main as results_main
 
-        sys.exit(results_main(sys.argv[1:]))
+        sys.exit(run_tool(results_main, prog="eval.py"))
     from visiontf.cli import eval_main
 
     sys.exit(eval_main())

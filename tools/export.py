@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Export a checkpoint: safetensors + config (visiontf.load_model) and optionally ONNX.
 
-    python tools/export.py --ckpt_path K.ckpt [--config C.yaml] --output model.safetensors [--onnx model.onnx] [--image-size 224 224]
+    python tools/export.py --ckpt_path K.ckpt [--config C.yaml] --output model.safetensors [--onnx model.onnx] [--image_size 224 224]
 
-The ONNX graph is compared with PyTorch through onnxruntime (atol 1e-4) unless --no-check.
+The ONNX graph is compared with PyTorch through onnxruntime (atol 1e-4) unless --no_check.
 """
 import sys
 from pathlib import Path

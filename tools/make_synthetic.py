@@ -1,18 +1,20 @@
 #!/usr/bin/env python
 """Write a small synthetic dataset in the real on-disk layout of a task's data module.
 
-    python tools/make_synthetic.py --task classification --out data/synthetic_cls --num-train 200 --num-val 60 --seed 0
+    python tools/make_synthetic.py --task classification --out data/synthetic_cls --num_train 200 --num_val 60 --seed 0
     python tools/make_synthetic.py --task detection --out data/synthetic_det
     python tools/make_synthetic.py --task detection --preset demo --out data/demo_det   # make demo's set
     python tools/make_synthetic.py --task segmentation --out data/synthetic_seg
 
 Deterministic for a seed. No network, no downloads.
 """
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from visiontf.arguments import ToolParser, UsageError  # noqa: E402
+from visiontf.cli.errors import run_tool  # noqa: E402
 
 #: the set `make demo` trains detr_tiny on: large, class-coloured shapes a CPU DETR learns in minutes
 DETECTION_DEMO = {"image_size": (128, 160), "object_size": (0.12, 0.35), "max_objects": 3, "colour_by_class": True}
@@ -25,12 +27,14 @@ GENERATORS = {
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    import argparse
+
+    p = ToolParser(prog="make_synthetic.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, choices=sorted(GENERATORS))
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--num-train", type=int, default=None)
-    p.add_argument("--num-val", type=int, default=None)
-    p.add_argument("--num-classes", type=int, default=None)
+    p.add_argument("--num_train", type=int, default=None)
+    p.add_argument("--num_val", type=int, default=None)
+    p.add_argument("--num_classes", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preset", choices=["demo"], default=None,
                    help="detection: the easier set of `make demo` and configs/detr/detr_tiny_shapes.yaml "
@@ -44,7 +48,7 @@ def main(argv=None) -> int:
             kwargs[name] = getattr(args, name)
     if args.preset == "demo":
         if args.task != "detection":
-            p.error("--preset demo is for --task detection")
+            raise UsageError("--preset demo is for --task detection")
         kwargs.update(DETECTION_DEMO)
         kwargs.setdefault("num_train", 256)
         kwargs.setdefault("num_val", 32)
@@ -54,4 +58,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool(main, prog="make_synthetic.py"))

@@ -7,18 +7,21 @@
 Or mAP against training minutes, one line per run (runs trained with visiontf.callbacks.ElapsedTime,
 e.g. by benchmarks/convergence.py), one colour per [LABEL=]PATH argument:
 
-    python tools/plot_logs.py --vs-minutes detr=outputs/conv/runs/detr deform=outputs/conv/runs/deform --output conv.png
+    python tools/plot_logs.py --vs_minutes detr=outputs/conv/runs/detr deform=outputs/conv/runs/deform --output conv.png
 """
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from visiontf.training_curves import main  # noqa: E402
+from visiontf.cli.errors import run_tool  # noqa: E402
 
 if __name__ == "__main__":
-    if "--vs-minutes" in sys.argv[1:]:
+    if {"--vs_minutes", "--vs-minutes"} & set(sys.argv[1:]):
         from visiontf.evaluation.convergence import main as convergence_main
 
-        sys.exit(convergence_main([a for a in sys.argv[1:] if a != "--vs-minutes"]))
-    sys.exit(main())
+        sys.exit(run_tool(convergence_main, [a for a in sys.argv[1:] if a not in ("--vs_minutes", "--vs-minutes")],
+                          prog="plot_logs.py"))
+    from visiontf.training_curves import main
+
+    sys.exit(run_tool(main, prog="plot_logs.py"))

@@ -2,7 +2,7 @@
 """Predict on images or folders: annotated pictures, predictions.json, optional attention maps.
 
     python tools/predict.py --config C.yaml --ckpt_path K.ckpt --input img.jpg folder/ --output out/ [--attention]
-    python tools/predict.py --weights model.safetensors --input folder/ --output out/ --score-threshold 0.7
+    python tools/predict.py --weights model.safetensors --input folder/ --output out/ --score_threshold 0.7
     python tools/predict.py ... --annotations instances_val.json   # COCO image / category ids in predictions.json
 """
 import sys

@@ -12,4 +12,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from visiontf.cli import train_main  # noqa: E402
 
 if __name__ == "__main__":
-    train_main()
+    sys.exit(train_main())

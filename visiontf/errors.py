@@ -13,4 +13,8 @@ class UserError(Exception):
     """A mistake in the user's input, with a message that says how to fix it."""
 
 
-__all__ = ["UserError"]
+class UsageError(UserError, ValueError):
+    """A command-line option is wrong, unknown or missing; the message names it and the fix."""
+
+
+__all__ = ["UsageError", "UserError"]

@@ -112,9 +112,9 @@ def plot_curves(df: pd.DataFrame, output: str | Path, title: str | None = None) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``tools/plot_logs.py RUN --output curves.png [--tensorboard]``."""
-    import argparse
+    from visiontf.arguments import ToolParser
 
-    p = argparse.ArgumentParser(description="Plot losses and validation metrics of a visiontf run.")
+    p = ToolParser(prog="plot_logs.py", description="Plot losses and validation metrics of a visiontf run.")
     p.add_argument("run", help="run folder (searched for metrics.csv / TensorBoard events) or a metrics.csv")
     p.add_argument("--output", default="curves.png")
     p.add_argument("--tensorboard", action="store_true", help="also read TensorBoard event files")

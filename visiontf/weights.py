@@ -138,8 +138,8 @@ def load_state_dict_file(path: str | Path, map_location: str | torch.device = "c
     """Load a state dict from ``.safetensors`` or a ``.pth/.pt/.bin/.ckpt`` file.
 
     Nested checkpoints (``{"model": ...}`` as saved by the original DETR, ``{"state_dict": ...}``
-    as saved by Lightning) are unwrapped. Lightning's ``model.`` prefix is stripped when every key
-    carries it.
+    as saved by Lightning) are unwrapped. From a Lightning ``.ckpt``, the tensors under ``model.``
+    (a visiontf task's network) are kept, without the prefix.
     """
     path = Path(path)
     if not path.is_file():
@@ -171,8 +171,12 @@ def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:
         else:
             raise WeightsError(f"{path}: expected a mapping of tensors, got {type(obj).__name__}")
     state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    if state and all(k.startswith("model.") for k in state) and _looks_lightning(path):
-        state = {k[len("model."):]: v for k, v in state.items()}
+    if state and _looks_lightning(path):
+        # a visiontf task checkpoint: the network is under "model.", beside the task's own tensors
+        # (the criterion's class weights, ...), which are not the network's
+        network = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+        if network:
+            state = network
     return state
 
 

@@ -105,7 +105,77 @@ def draw_detections(
         img, boxes, labels=texts, colors=[color_for(l) for l in labels.tolist()],
         width=width or max(1, min(H, W) // 150), font=_font_path(), font_size=font_size or _font_size(H, W),
         label_background_colors=[color_for(l) for l in labels.tolist()], label_colors="white",
+        fill_labels=True,  # white text on the class colour: readable on any background
     )
+
+
+def upscale(image: Any, min_side: int = 384) -> tuple[Tensor, float]:
+    """The image enlarged (Lanczos) so that its shorter side is at least ``min_side``; uint8 (3, H, W)
+    and the factor. Images already that large are returned as they are (factor 1)."""
+    from PIL import Image
+
+    img = to_uint8_chw(image)
+    h, w = img.shape[-2:]
+    scale = max(1.0, min_side / max(1, min(h, w)))
+    if scale == 1.0:
+        return img, 1.0
+    size = (round(w * scale), round(h * scale))
+    pil = Image.fromarray(img.permute(1, 2, 0).numpy()).resize(size, Image.LANCZOS)
+    return torch.from_numpy(np.asarray(pil).copy()).permute(2, 0, 1), scale
+
+
+def titled(image: Any, title: str, font_size: int | None = None) -> Tensor:
+    """The image below a white band with ``title`` in black; uint8 (3, H + band, W)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = to_uint8_chw(image)
+    h, w = img.shape[-2:]
+    size = font_size or _font_size(h, w) + 4
+    path = _font_path()
+    font = ImageFont.truetype(path, size) if path else ImageFont.load_default()
+    band = int(size * 1.6)
+    canvas = Image.new("RGB", (w, h + band), (255, 255, 255))
+    canvas.paste(Image.fromarray(img.permute(1, 2, 0).numpy()), (0, band))
+    ImageDraw.Draw(canvas).text((4, (band - size) // 2), title, fill=(0, 0, 0), font=font)
+    return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
+
+
+def side_by_side(images: Sequence[Any], gap: int = 8, vertical: bool = False) -> Tensor:
+    """Images in a row (or a column) on white, aligned top-left, ``gap`` pixels apart; uint8 (3, H, W)."""
+    imgs = [to_uint8_chw(i) for i in images]
+    if vertical:
+        h, w = sum(i.shape[1] for i in imgs) + gap * (len(imgs) - 1), max(i.shape[2] for i in imgs)
+    else:
+        h, w = max(i.shape[1] for i in imgs), sum(i.shape[2] for i in imgs) + gap * (len(imgs) - 1)
+    out = torch.full((3, h, w), 255, dtype=torch.uint8)
+    pos = 0
+    for i in imgs:
+        ih, iw = i.shape[1:]
+        if vertical:
+            out[:, pos : pos + ih, :iw] = i
+            pos += ih + gap
+        else:
+            out[:, :ih, pos : pos + iw] = i
+            pos += iw + gap
+    return out
+
+
+def compare_detections(image: Any, truth: Mapping[str, Any], prediction: Mapping[str, Any],
+                       class_names: Sequence[str] | None = None, min_side: int = 384,
+                       titles: tuple[str, str] = ("ground truth", "prediction")) -> Tensor:
+    """Ground truth beside the prediction on one image, enlarged to ``min_side`` so that labels read.
+
+    ``truth`` and ``prediction`` hold ``boxes`` (N, 4) xyxy in the image's pixels and ``labels``
+    (``prediction`` also ``scores``); the boxes are drawn after enlarging, so lines and text stay sharp.
+    """
+    big, scale = upscale(image, min_side)
+    short = min(big.shape[-2:])
+    panels = []
+    for result, title in zip((truth, prediction), titles):
+        scaled = {**result, "boxes": torch.as_tensor(result["boxes"], dtype=torch.float32).reshape(-1, 4) * scale}
+        drawn = draw_detections(big, scaled, class_names, width=max(2, short // 128), font_size=max(14, short // 24))
+        panels.append(titled(drawn, title, font_size=max(16, short // 20)))
+    return side_by_side(panels)
 
 
 def draw_segmentation(

@@ -7,10 +7,12 @@ from visiontf._lazy import lazy_getattr
 
 _LAZY = {
     "ElapsedTime": "visiontf.callbacks.elapsed_time",
+    "EpochLines": "visiontf.callbacks.epoch_lines",
     "LastAndBestCheckpoint": "visiontf.callbacks.checkpoint",
     "RNGStateCheckpoint": "visiontf.callbacks.rng_state",
     "LogPredictionImages": "visiontf.callbacks.prediction_images",
     "ModelEMA": "visiontf.callbacks.ema",
+    "ValidationSchedule": "visiontf.callbacks.validation_schedule",
 }
 
 __all__ = sorted(_LAZY)

@@ -3,6 +3,9 @@
 * :mod:`visiontf.cli.train`: one LightningCLI for every task (``tools/train.py``, ``tools/eval.py``).
 * :mod:`visiontf.cli.predict`: prediction and export from a checkpoint or an exported model
   (``tools/predict.py``, ``tools/export.py``).
+* :mod:`visiontf.cli.demo`: ``make demo`` (``tools/demo.py``); its recipe is ``DEMO_CONFIG``.
+* :mod:`visiontf.cli.errors`: every tool's ``main`` runs through ``run_tool``: a user mistake ends
+  as one line on stderr and exit code 2 (``--debug`` or ``VISIONTF_DEBUG=1`` for the traceback).
 
 Names resolve lazily, so the predict/export path never imports Lightning's CLI machinery.
 """
@@ -14,6 +17,7 @@ _LAZY = {
     "train_main": "visiontf.cli.train",
     "eval_main": "visiontf.cli.train",
     "predict_main": "visiontf.cli.predict",
+    "demo_main": "visiontf.cli.demo",
     "export_main": "visiontf.cli.predict",
     "build_predictor": "visiontf.cli.predict",
     "datamodule_from_config": "visiontf.cli.predict",

@@ -1,5 +1,15 @@
 """Command lines behind ``tools/predict.py`` and ``tools/export.py``: a model from a checkpoint or an
-export, then the task's adapter does the rest (pictures, ``predictions.json``, attention, ONNX)."""
+export, then the task's adapter does the rest (pictures, ``predictions.json``, attention, ONNX).
+
+Both take options in ``tools/train.py``'s style (``--ckpt_path``, ``--score_threshold``; the dashed
+spellings of earlier versions still work) and ``--data.*`` overrides of the ``--config``'s data
+section as ``tools/train.py`` does (``--data.root DIR``, ``--data.init_args.val_ann FILE``). The class
+names and category ids saved with a checkpoint or an export win over a config's; a config whose
+classes differ is an error that says to drop it.
+
+torch and the adapters are imported only once the arguments are checked, so a mistake is reported
+in about a second.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,31 +20,122 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from visiontf.adapters.base import canonical_cfg
-from visiontf.adapters.detection import coco_results
-from visiontf.checkpoints import config_checkpoint_dir, legacy_eval_cfg, load_checkpoint_model, resolve_checkpoint
-from visiontf.inference.predict_files import predict_to_folder
-from visiontf.inference.predictor import Predictor
+from visiontf.arguments import ToolParser
+from visiontf.cli.checks import checkpoint_file, input_paths, output_folder, weights_file
+from visiontf.cli.errors import run_tool
+from visiontf.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 _DATA_MODULES = ("visiontf.data.coco", "visiontf.data.classification", "visiontf.data.segmentation")
 
+#: train.py options that predict/export do not take, and what to use instead
+_NOT_HERE = {
+    "--trainer.accelerator": "--device (cpu, cuda, cuda:1)",
+    "--trainer.devices": "--device (cpu, cuda, cuda:1): prediction runs on one device",
+    "--trainer.": "nothing: prediction needs no trainer (see --help)",
+    "--model.": "nothing: the model and its settings come from --ckpt_path or --weights",
+    "--seed_everything": "nothing: prediction is deterministic",
+    "--checkpoint.": "nothing: prediction writes no checkpoints",
+}
 
-# ---------------------------------------------------------------------------------------- config
-def datamodule_from_config(config: str | Path) -> tuple[Any | None, dict[str, Any]]:
-    """Instantiate the YAML's ``data`` section (for class names and category ids) and return its init args.
 
-    Returns ``(None, init_args)`` with a warning when the data module cannot be built (data moved).
+def __getattr__(name: str) -> Any:
+    # a former import path, resolved lazily so that this module stays light
+    if name == "coco_results":
+        from visiontf.adapters.detection import coco_results
+
+        return coco_results
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------------------- arguments
+def split_data_overrides(argv: Sequence[str], prog: str) -> tuple[list[str], dict[str, str]]:
+    """Take ``--data.KEY VALUE`` / ``--data.KEY=VALUE`` out of ``argv``; refuse train.py's other sections.
+
+    Returns the remaining arguments and ``{KEY: VALUE}`` (``KEY`` as given: ``root``,
+    ``init_args.root``, ``class_path``).
+    """
+    rest: list[str] = []
+    overrides: dict[str, str] = {}
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0]
+        if name.startswith("--data."):
+            if "=" in arg:
+                value = arg.split("=", 1)[1]
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                i += 1
+                value = args[i]
+            else:
+                raise UsageError(f"{name} needs a value")
+            overrides[name[len("--data."):]] = value
+        else:
+            for prefix, instead in _NOT_HERE.items():
+                if name == prefix or (prefix.endswith(".") and name.startswith(prefix)):
+                    raise UsageError(f"{prog} does not take {name} (a tools/train.py option); use {instead}")
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
+def _apply_data_overrides(data: dict[str, Any], overrides: dict[str, str]) -> dict[str, Any]:
+    """The config's ``data`` section with ``--data.*`` overrides, values read as YAML (as jsonargparse does)."""
+    import yaml
+
+    data = {"class_path": data.get("class_path"), "init_args": dict(data.get("init_args") or {})}
+    for key, raw in overrides.items():
+        value = yaml.safe_load(raw) if raw.strip() else raw
+        if key == "class_path":
+            data["class_path"] = value
+        elif key == "init_args":
+            if not isinstance(value, dict):
+                raise UsageError(f"--data.init_args needs a mapping, got {raw!r}")
+            data["init_args"].update(value)
+        else:
+            data["init_args"][key.removeprefix("init_args.")] = value
+    return data
+
+
+def _check_init_args(cls: type, init_args: dict[str, Any], overrides: dict[str, str]) -> None:
+    """An override naming no argument of the data module is a UsageError with the closest names."""
+    import difflib
+    import inspect
+
+    params = set(inspect.signature(cls).parameters)
+    for key in overrides:
+        name = key.removeprefix("init_args.")
+        if key != "class_path" and name not in params:
+            close = difflib.get_close_matches(name, sorted(params), n=2, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise UsageError(f"--data.init_args.{name}: not an option of {cls.__name__}{hint}")
+
+
+def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] | None = None,
+                           required: bool = False) -> tuple[Any | None, dict[str, Any]]:
+    """Instantiate the YAML's ``data`` section (with ``--data.*`` ``overrides``) and return it and its init args.
+
+    The data gives class names and category ids for checkpoints that lack them. When it cannot be
+    built (the data moved) this returns ``(None, init_args)`` with a warning, unless ``required``
+    (``--data.*`` options were given: the user asked for this data), which raises.
     """
     import yaml
 
-    cfg = yaml.safe_load(Path(config).read_text()) or {}
-    data = cfg.get("data") or {}
-    class_path = data.get("class_path")
-    init_args = dict(data.get("init_args") or {})
+    if config is None:
+        if overrides:
+            raise UsageError(f"--data.{next(iter(overrides))} needs --config (the config names the data module)")
+        return None, {}
+    path = Path(config)
+    if not path.is_file():
+        raise UsageError(f"--config {path}: file not found")
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"--config {path}: not valid YAML ({' '.join(str(e).split())})") from e
+    data = _apply_data_overrides(cfg.get("data") or {}, overrides or {})
+    class_path, init_args = data["class_path"], data["init_args"]
     if not class_path:
         return None, init_args
     try:
@@ -44,97 +145,180 @@ def datamodule_from_config(config: str | Path) -> tuple[Any | None, dict[str, An
         else:
             cls = next(getattr(importlib.import_module(m), class_path) for m in _DATA_MODULES
                        if hasattr(importlib.import_module(m), class_path))
+        _check_init_args(cls, init_args, overrides or {})
         return cls(**init_args), init_args
     except Exception as e:  # noqa: BLE001 - the data is optional for prediction
+        if required:
+            raise
         log.warning("%s: could not build the data module %s (%s: %s); class names come from the checkpoint or "
                     "fall back to class_<i>", config, class_path, type(e).__name__, e)
         return None, init_args
 
 
-def build_predictor(args: argparse.Namespace) -> Predictor:
-    """A Predictor from ``--weights`` or ``--ckpt_path`` (+ ``--config`` for class names and category ids).
+# ---------------------------------------------------------------------------------------- classes
+def resolve_classes(saved_names: Sequence[str] | None, saved_ids: dict[int, int] | None,
+                    config_names: Sequence[str] | None, config_ids: dict[int, int] | None,
+                    saved: str, config: str) -> tuple[list[str] | None, dict[int, int] | None]:
+    """Class names and label -> category id tables: what the checkpoint/export saved wins over the config.
+
+    A config whose names or ids differ from the saved ones is a :class:`UsageError` naming both and
+    saying to drop ``--config`` (the saved ones are what the model was trained on).
+    """
+    names = list(saved_names) if saved_names else None
+    ids = {int(k): int(v) for k, v in saved_ids.items()} if saved_ids else None
+    cfg_names = list(config_names) if config_names else None
+    cfg_ids = {int(k): int(v) for k, v in config_ids.items()} if config_ids else None
+
+    def show(n: Sequence[str] | None, i: dict[int, int] | None) -> str:
+        listed = ", ".join(f"{name}={i[k]}" if i and k in i else str(name) for k, name in list(enumerate(n or []))[:6])
+        return f"{len(n or [])} classes ({listed}{', ...' if n and len(n) > 6 else ''})"
+
+    if names and cfg_names and (names != cfg_names or (ids and cfg_ids and ids != cfg_ids)):
+        raise UsageError(f"{saved} was trained on {show(names, ids)} but {config} has {show(cfg_names, cfg_ids)}; "
+                         f"drop --config (the checkpoint carries its classes), or give the config it was trained with")
+    return (names or cfg_names), (ids or (cfg_ids if not names or names == cfg_names else None))
+
+
+# ---------------------------------------------------------------------------------------- predictor
+def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | None = None):
+    """A Predictor from ``--weights`` or ``--ckpt_path`` (+ ``--config`` for classes of old checkpoints).
 
     Preprocessing: the settings saved with the checkpoint or export; what the ``--config`` data section
-    sets explicitly on top (read by :func:`visiontf.checkpoints.legacy_eval_cfg`); command-line options last.
+    (and ``--data.*``) sets explicitly on top (read by :func:`visiontf.checkpoints.legacy_eval_cfg`);
+    command-line options last.
     """
+    from visiontf.checkpoints import legacy_eval_cfg, load_checkpoint_model
+    from visiontf.inference.predictor import Predictor
+    from visiontf.weights import read_labels_file
+
     overrides: dict[str, Any] = {}
     for key in ("min_size", "max_size", "batch_size", "device", "num_workers"):
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     if getattr(args, "seg_mode", None):
         overrides["seg_mode"] = args.seg_mode
-    dm, dm_args = (None, {})
-    if getattr(args, "config", None):
-        dm, dm_args = datamodule_from_config(args.config)
-    names = getattr(dm, "class_names", None)
-    l2c = getattr(dm, "label_to_cat_id", None)
-    if l2c:
-        overrides["label_to_cat_id"] = l2c
+    config = getattr(args, "config", None)
+    dm, dm_args = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
+    cfg_names, cfg_ids = getattr(dm, "class_names", None), getattr(dm, "label_to_cat_id", None)
     if args.weights:
-        return Predictor.from_file(args.weights, class_names=names, **overrides)
-    if not args.ckpt_path:
-        raise SystemExit("give --weights model.safetensors, or --ckpt_path K.ckpt (optionally with --config C.yaml)")
-    model, info = load_checkpoint_model(resolve_checkpoint(args.ckpt_path, config_checkpoint_dir(args.config)))
+        labels = read_labels_file(args.weights)
+        names, ids = resolve_classes(labels.get("class_names"), labels.get("label_to_cat_id"), cfg_names, cfg_ids,
+                                     f"--weights {args.weights}", f"--config {config}")
+        return Predictor.from_file(args.weights, class_names=names, label_to_cat_id=ids, **overrides)
+    model, info = load_checkpoint_model(args.ckpt_path)
+    names, ids = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), cfg_names, cfg_ids,
+                                 f"--ckpt_path {args.ckpt_path}", f"--config {config}")
+    n = getattr(model, "num_classes", None)
+    if names and isinstance(n, int) and n > 0 and len(names) != n:
+        raise UsageError(f"--config {config}: its data has {len(names)} classes but the checkpoint's model has {n}; "
+                         "drop --config, or give the config it was trained with")
     preprocess = {**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)}
-    return Predictor(model, class_names=names if names is not None else info.get("class_names"), preprocess=preprocess,
-                     **overrides)
+    return Predictor(model, class_names=names, preprocess=preprocess, label_to_cat_id=ids, **overrides)
 
 
-# ---------------------------------------------------------------------------------------- predict
-def predict_main(argv: Sequence[str] | None = None) -> int:
-    """``tools/predict.py``: annotated images, ``predictions.json`` and optional attention pictures."""
-    p = argparse.ArgumentParser(description="Predict with a visiontf checkpoint or exported model.")
-    p.add_argument("--config", help="training YAML (class names, category ids and eval preprocessing from its data section)")
+def _resolve_last(ckpt_path: str, config: str | None) -> str:
+    """``last`` is the run's ``last.ckpt`` under the config's ``default_root_dir`` (an error when absent:
+    never predict or export with random weights); other values pass through."""
+    if str(ckpt_path) != "last":
+        return ckpt_path
+    from visiontf.checkpoints import config_checkpoint_dir, resolve_checkpoint
+
+    return resolve_checkpoint(ckpt_path, config_checkpoint_dir(config))
+
+
+def _model_source(args: argparse.Namespace) -> None:
+    if args.weights and args.ckpt_path:
+        raise UsageError("give --ckpt_path or --weights, not both")
+    if not args.weights and not args.ckpt_path:
+        raise UsageError("give --ckpt_path K.ckpt (a training checkpoint) or --weights model.safetensors (an export)")
+    if args.ckpt_path:
+        args.ckpt_path = str(checkpoint_file(_resolve_last(args.ckpt_path, args.config)))
+    else:
+        args.weights = str(weights_file(args.weights))
+
+
+def predict_parser() -> ToolParser:
+    p = ToolParser(prog="predict.py", description="Predict with a visiontf checkpoint or exported model. "
+                   "Also takes tools/train.py's --data.* overrides of the config's data section.")
+    p.add_argument("--config", help="training YAML: class names and category ids of checkpoints that lack them, "
+                   "and eval sizes its data section sets")
     p.add_argument("--ckpt_path", help="Lightning checkpoint (.ckpt)")
-    p.add_argument("--weights", help="exported model (.safetensors from tools/export.py) instead of config + checkpoint")
+    p.add_argument("--weights", help="exported model (.safetensors from tools/export.py) instead of a checkpoint")
     p.add_argument("--input", nargs="+", required=True, help="image files and/or folders")
     p.add_argument("--output", required=True, help="output folder")
-    p.add_argument("--score-threshold", type=float, default=0.5, help="detection score threshold")
-    p.add_argument("--top-k", type=int, default=None, help="classes (classification, default 5) or max detections")
+    p.add_argument("--score_threshold", type=float, default=0.5, help="detection score threshold (default 0.5)")
+    p.add_argument("--top_k", type=int, default=None, help="classes (classification, default 5) or max detections")
     p.add_argument("--annotations", help="COCO annotation file: image ids (by file name) and category ids for predictions.json")
     p.add_argument("--attention", action="store_true", help="also save DETR attention maps / ViT attention rollout")
-    p.add_argument("--min-size", dest="min_size", type=int, help="detection: shorter side (default: the model's / data's)")
-    p.add_argument("--max-size", dest="max_size", type=int, help="detection: longer side cap")
-    p.add_argument("--seg-mode", dest="seg_mode", choices=("whole", "slide"), help="segmentation inference")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=None)
-    p.add_argument("--num-workers", dest="num_workers", type=int, default=None,
+    p.add_argument("--min_size", type=int, help="detection: shorter side (default: the checkpoint's)")
+    p.add_argument("--max_size", type=int, help="detection: longer side cap")
+    p.add_argument("--seg_mode", choices=("whole", "slide"), help="segmentation inference")
+    p.add_argument("--batch_size", type=int, default=None)
+    p.add_argument("--num_workers", type=int, default=None,
                    help="processes decoding the images (default: up to 4 when there is more than one batch)")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    return p
+
+
+def _predict(argv: Sequence[str]) -> int:
+    argv, data_overrides = split_data_overrides(argv, "predict.py")
+    p = predict_parser()
     args = p.parse_args(argv)
+    _model_source(args)
+    input_paths(args.input)
+    out = output_folder(args.output)
+    if args.annotations and not Path(args.annotations).is_file():
+        raise UsageError(f"--annotations {args.annotations}: file not found")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    predictor = build_predictor(args)
+    from visiontf.inference.predict_files import predict_to_folder
+
+    predictor = build_predictor(args, data_overrides)
     adapter = predictor.adapter
     if args.annotations and predictor.class_names is None:
         names = adapter.annotation_class_names(args.annotations)
         if names and predictor.num_classes in (None, len(names)):
             predictor.class_names = names
-    # streamed: files decoded in DataLoader workers, each result written as it comes
-    predict_to_folder(predictor, args.input, args.output, annotations=args.annotations,
+    # streamed: files decoded in DataLoader workers, each result written as it comes (bounded memory)
+    predict_to_folder(predictor, args.input, out, annotations=args.annotations,
                       score_threshold=args.score_threshold, top_k=args.top_k, attention=args.attention)
     return 0
 
 
+def predict_main(argv: Sequence[str] | None = None) -> int:
+    """``tools/predict.py``: annotated images, ``predictions.json`` and optional attention pictures."""
+    return run_tool(_predict, argv, prog="predict.py")
+
+
 # ---------------------------------------------------------------------------------------- export
-def export_main(argv: Sequence[str] | None = None) -> int:
-    """``tools/export.py``: safetensors + config (+ labels) and optionally ONNX checked with onnxruntime."""
-    p = argparse.ArgumentParser(description="Export a visiontf checkpoint to safetensors and ONNX.")
+def export_parser() -> ToolParser:
+    p = ToolParser(prog="export.py", description="Export a visiontf checkpoint to safetensors and ONNX.")
     p.add_argument("--ckpt_path", required=True, help="Lightning checkpoint (.ckpt)")
-    p.add_argument("--config", help="training YAML (class names, category ids, eval preprocessing)")
+    p.add_argument("--config", help="training YAML: class names and category ids of checkpoints that lack them")
     p.add_argument("--output", required=True, help="model.safetensors")
     p.add_argument("--onnx", help="also write this ONNX file")
-    p.add_argument("--image-size", dest="image_size", type=int, nargs=2, metavar=("H", "W"), help="ONNX example input size")
-    p.add_argument("--no-check", dest="check", action="store_false", help="skip the onnxruntime comparison")
+    p.add_argument("--image_size", type=int, nargs=2, metavar=("H", "W"), help="ONNX example input size")
+    p.add_argument("--no_check", dest="check", action="store_false", help="skip the onnxruntime comparison")
     p.add_argument("--atol", type=float, default=1e-4)
-    args = p.parse_args(argv)
+    return p
+
+
+def _export(argv: Sequence[str]) -> int:
+    argv, data_overrides = split_data_overrides(argv, "export.py")
+    args = export_parser().parse_args(argv)
+    ckpt = checkpoint_file(_resolve_last(args.ckpt_path, args.config))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
+    import torch
+
+    from visiontf.adapters.base import canonical_cfg
+    from visiontf.checkpoints import legacy_eval_cfg, load_checkpoint_model
     from visiontf.inference.export import export_model
 
-    model, info = load_checkpoint_model(resolve_checkpoint(args.ckpt_path, config_checkpoint_dir(args.config)))
-    dm, dm_args = datamodule_from_config(args.config) if args.config else (None, {})
-    names = getattr(dm, "class_names", None) or info.get("class_names")
-    l2c = getattr(dm, "label_to_cat_id", None) or info.get("label_to_cat_id")
+    model, info = load_checkpoint_model(ckpt)
+    dm, dm_args = datamodule_from_config(args.config, data_overrides, required=bool(data_overrides))
+    names, l2c = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), getattr(dm, "class_names", None),
+                                 getattr(dm, "label_to_cat_id", None), f"--ckpt_path {ckpt}", f"--config {args.config}")
     settings = canonical_cfg({**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)})
     with torch.no_grad():
         report = export_model(model, args.output, names, l2c, settings,
@@ -143,5 +327,10 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``tools/export.py``: safetensors + config (+ labels) and optionally ONNX checked with onnxruntime."""
+    return run_tool(_export, argv, prog="export.py")
 
-__all__ = ["build_predictor", "coco_results", "datamodule_from_config", "export_main", "predict_main"]
+
+__all__ = ["build_predictor", "datamodule_from_config", "export_main", "predict_main", "resolve_classes",
+           "split_data_overrides"]

@@ -2,15 +2,27 @@
 
 Subclass mode: the YAML's ``model.class_path`` and ``data.class_path`` choose the task and data
 module. ``data.num_classes`` is linked into ``model.init_args.num_classes`` at instantiation.
+
+Mistakes end as one line (:func:`visiontf.cli.errors.run_tool`): the parsers raise instead of
+printing the usage (``exit_on_error=False``) and refuse abbreviated options (``allow_abbrev=False``:
+``--trainer.max_epoch 3`` is an error, not ``max_epochs``); a ``--ckpt_path`` is checked against the
+config's model before Lightning loads it (:func:`check_ckpt_path`). ``last.ckpt`` is always the latest
+state (:class:`~visiontf.callbacks.LastAndBestCheckpoint`), written atomically
+(:class:`~visiontf.checkpoint_io.AtomicCheckpointIO`), and ``--ckpt_path`` is resolved by
+:func:`~visiontf.checkpoints.resolve_checkpoint` (``last`` with nothing there: fit starts fresh, the
+other subcommands refuse).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -22,18 +34,68 @@ import visiontf.data.segmentation  # noqa: F401
 import visiontf.tasks.classification  # noqa: F401
 import visiontf.tasks.detection  # noqa: F401
 import visiontf.tasks.segmentation  # noqa: F401
+from visiontf.arguments import close_options
 from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
+from visiontf.callbacks.epoch_lines import EpochLines
+from visiontf.callbacks.validation_schedule import ValidationSchedule
 from visiontf.checkpoint_io import install_atomic_checkpoint_io
-from visiontf.checkpoints import check_checkpoint_task, resolve_checkpoint, run_checkpoint_dir
-from visiontf.errors import UserError
+from visiontf.checkpoints import check_checkpoint_fits, check_checkpoint_task, resolve_checkpoint, run_checkpoint_dir
+from visiontf.cli.checks import checkpoint_file
+from visiontf.cli.errors import run_tool
+from visiontf.errors import UsageError, UserError
+
+#: the parsers' settings: raise on errors (one line, see visiontf.cli.errors), no abbreviated options
+_PARSER_KWARGS = {"exit_on_error": False, "allow_abbrev": False}
+_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+class CheckpointMismatchError(UserError, ValueError):
+    """A ``--ckpt_path`` that does not fit the model the config builds."""
+
+
+def check_ckpt_file(ckpt_path: str | Path | None) -> Path | None:
+    """The file a ``--ckpt_path`` names, or None for Lightning's keywords (see :func:`visiontf.cli.checks.checkpoint_file`)."""
+    return checkpoint_file(ckpt_path, lightning_keywords=True)
+
+
+def check_ckpt_path(ckpt_path: str | Path | None, model: L.LightningModule, ckpt: dict | None = None) -> None:
+    """Refuse, in one line, a ``--ckpt_path`` that is missing, not a Lightning checkpoint, or of another model.
+
+    Lightning's own errors for these are a traceback ending in ``load_state_dict``'s list of keys.
+    ``last``/``best``/``hpc`` and ``registry:`` paths are left to Lightning. ``ckpt``: the file's
+    content when already loaded.
+    """
+    path = check_ckpt_file(ckpt_path)
+    if path is None:
+        return
+    from visiontf.weights import safe_torch_load
+
+    ckpt = safe_torch_load(path) if ckpt is None else ckpt
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise UsageError(f"--ckpt_path {path}: not a Lightning checkpoint (no 'state_dict'); to start from these "
+                         f"weights use --model.init_args.pretrained={path}")
+    ours_hp = dict(getattr(model, "hparams", {}) or {})
+    if getattr(model, "task", None) and "model_name" in ours_hp:
+        # another task, model or number of classes: one message, shared with the tasks' own load check
+        check_checkpoint_fits(ckpt, path, task=model.task, model_name=ours_hp["model_name"],
+                              num_classes=ours_hp.get("num_classes"))
+    own, state = model.state_dict(), ckpt["state_dict"]
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own
+              if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        parts = [f"{len(v)} {what} (e.g. {v[0]})" for what, v in (("missing", missing), ("unexpected", unexpected),
+                                                                   ("of another shape", shapes)) if v]
+        raise CheckpointMismatchError(
+            f"--ckpt_path {path}: its weights do not fit the config's {ours_hp.get('model_name', type(model).__name__)}: "
+            f"{', '.join(parts)}; use the config it was trained with (config.yaml beside its logs)"
+        )
 
 
 class VisionCLI(LightningCLI):
     """LightningCLI with visiontf's defaults: ``data.num_classes`` linked into the task, a
-    ``last.ckpt`` in ``<root>/checkpoints`` that is always the latest state
-    (:class:`~visiontf.callbacks.LastAndBestCheckpoint`) and written atomically
-    (:class:`~visiontf.checkpoint_io.AtomicCheckpointIO`), ``--ckpt_path`` checked by
-    :func:`~visiontf.checkpoints.resolve_checkpoint`, CSV + TensorBoard logs, the RNG-state callback."""
+    ``last.ckpt`` in ``<root>/checkpoints``, CSV + TensorBoard logs, the RNG-state callback."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
@@ -48,8 +110,27 @@ class VisionCLI(LightningCLI):
         )
 
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except argparse.ArgumentError as e:
+            # an unknown option (a typo, or an abbreviation: they are refused) with the closest known ones
+            message = str(e)
+            if message.startswith("unrecognized arguments:"):
+                unknown = [a for a in message.split(":", 1)[1].split() if a.startswith("--")]
+                subparsers = getattr(self, "_subcommand_parsers", {}) or {}
+                given = sys.argv[1:] if args is None else args
+                sub = next((subparsers[a] for a in given if isinstance(a, str) and a in subparsers), parser)
+                close = close_options(unknown[0], sub._option_string_actions) if unknown else []
+                if close:
+                    raise UsageError(f"{message}; did you mean {' or '.join(close)}?") from e
+            raise
+
     def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         root = Path(config.get("default_root_dir") or "outputs")
+        if config.get("enable_progress_bar") is False and not any(isinstance(cb, EpochLines) for cb in callbacks):
+            # without a progress bar, a line per epoch shows that training is alive and how long it has left
+            callbacks = [*callbacks, EpochLines()]
         if config.get("logger") in (None, True):
             # both a CSV log (for tools/plot_logs.py) and TensorBoard, under the run's own folder
             config["logger"] = [CSVLogger(root, name="csv"), TensorBoardLogger(root, name="tb")]
@@ -79,20 +160,37 @@ class VisionCLI(LightningCLI):
             raise cause from e
 
     def _parse_ckpt_path(self) -> None:
-        # Lightning reads --ckpt_path here, before anything is built, and merges the checkpoint's
-        # hyper-parameters into the model's config. First: which file "last" means, whether it is
-        # complete, and whether it is a checkpoint of this config's task at all (merging another task's
-        # hyper-parameters fails far from the cause). "last" with nothing there: fit starts fresh (one
-        # INFO line, the requeue case); validate/test/predict refuse, never evaluating random weights.
-        subcommand = self.config.get("subcommand")
-        if subcommand and self.config[subcommand].get("ckpt_path") is not None:
-            cfg = self.config[subcommand]
+        # LightningCLI reads the checkpoint's hyper-parameters into the config before anything is built
+        # (so the checkpoint's model settings win over the config's): refuse first what cannot be this
+        # config's checkpoint, and read it with visiontf's allow-list
+        from visiontf.weights import SAFE_GLOBALS, safe_torch_load
+
+        # Which file "last" means, whether it is complete, and whether it is of this config's task at all
+        # (merging another task's hyper-parameters fails far from the cause). "last" with nothing there:
+        # fit starts fresh (one INFO line, the requeue case); validate/test/predict refuse, never
+        # evaluating random weights.
+        sub = self.config.get("subcommand")
+        self._loaded_ckpt = None
+        if sub and self.config[sub].get("ckpt_path") is not None:
+            cfg = self.config[sub]
             folder = run_checkpoint_dir(cfg.get("trainer.default_root_dir"), cfg.get("checkpoint.dirpath"))
-            resolved = resolve_checkpoint(cfg["ckpt_path"], folder, for_fit=subcommand == "fit")
-            cfg["ckpt_path"] = resolved
-            if resolved is not None and Path(resolved).is_file():
-                check_checkpoint_task(resolved, cfg.get("model.class_path"))
-        super()._parse_ckpt_path()
+            cfg["ckpt_path"] = resolve_checkpoint(cfg["ckpt_path"], folder, for_fit=sub == "fit")
+        path = check_ckpt_file(self.config[sub].get("ckpt_path") if sub else None)
+        if path is not None:
+            check_checkpoint_task(path, self.config[sub].get("model.class_path"))
+            ckpt = safe_torch_load(path)
+            if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+                raise UsageError(f"--ckpt_path {path}: not a Lightning checkpoint (no 'state_dict'); to start from these "
+                                 f"weights use --model.init_args.pretrained={path}")
+            self._loaded_ckpt = (path, ckpt)
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            super()._parse_ckpt_path()
+
+    def _check_ckpt(self) -> None:
+        path, ckpt = getattr(self, "_loaded_ckpt", None) or (self.config_init[self.subcommand].get("ckpt_path"), None)
+        check_ckpt_path(path, self.model, ckpt)
+
+    before_fit = before_validate = before_test = before_predict = _check_ckpt
 
 
 def _user_error_in_chain(error: BaseException) -> UserError | None:
@@ -107,13 +205,16 @@ def _user_error_in_chain(error: BaseException) -> UserError | None:
 
 
 def _trainer_defaults() -> dict:
-    # RNG states in every checkpoint: a killed run resumed with --ckpt_path last continues exactly
-    return {"callbacks": [LearningRateMonitor(logging_interval="step"), RNGStateCheckpoint()]}
+    # RNG states in every checkpoint: a killed run resumed with --ckpt_path last continues exactly;
+    # a run whose checkpoint monitors a val metric validates at least once
+    return {"callbacks": [LearningRateMonitor(logging_interval="step"), RNGStateCheckpoint(), ValidationSchedule()]}
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
     """The CLI (subclass mode: the YAML's ``class_path``s choose task and data), run on ``args``."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # eval.py and the tests pass args on purpose (eval.py adds "validate"); Lightning warns about that
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
     return VisionCLI(
         L.LightningModule,
         L.LightningDataModule,
@@ -121,15 +222,32 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
         subclass_mode_data=True,
         trainer_defaults=_trainer_defaults(),
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={**_PARSER_KWARGS, **{sub: dict(_PARSER_KWARGS) for sub in _SUBCOMMANDS}},
         args=args,
         run=run,
         auto_configure_optimizers=False,
     )
 
 
-def train_main(args: list[str] | None = None) -> None:
-    """``tools/train.py fit|validate|test|predict --config C.yaml ...``."""
-    make_cli(args)
+def train_main(args: list[str] | None = None) -> int:
+    """``tools/train.py fit|validate|test|predict --config C.yaml ...``; a user mistake exits with code 2."""
+    # LightningCLI reads sys.argv itself when given None (it warns when given both)
+    return run_tool(lambda argv: make_cli(None if argv == sys.argv[1:] else argv) and 0, args, prog="train.py")
+
+
+def _take_option(argv: list[str], name: str) -> str | None:
+    """Remove ``name VALUE`` or ``name=VALUE`` from ``argv`` and return the value."""
+    for i, arg in enumerate(argv):
+        if arg == name:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise UsageError(f"{name} needs a value")
+            value = argv[i + 1]
+            del argv[i : i + 2]
+            return value
+        if arg.startswith(name + "="):
+            del argv[i]
+            return arg.split("=", 1)[1]
+    return None
 
 
 def eval_main(argv: list[str] | None = None) -> int:
@@ -137,12 +255,12 @@ def eval_main(argv: list[str] | None = None) -> int:
 
     Runs ``validate`` (any task; DDP flags work) and writes the logged metrics as JSON on rank 0.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    output = None
-    if "--output" in argv:
-        i = argv.index("--output")
-        output = argv[i + 1]
-        del argv[i : i + 2]
+    return run_tool(_eval, argv, prog="eval.py")
+
+
+def _eval(argv: list[str]) -> int:
+    argv = list(argv)
+    output = _take_option(argv, "--output")
     cli = make_cli(["validate", *argv])
     trainer = cli.trainer
     stats = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}

@@ -37,7 +37,8 @@ from torchvision.ops import box_convert
 from visiontf.config_checks import check_config, each, non_negative_int, optional, positive_int
 from visiontf.data import detection_transforms as DT
 from visiontf.data.batching import pad_images
-from visiontf.data.io import read_image
+from visiontf.data.io import ImageReadError, read_image
+from visiontf.data.layouts import resolve_detection_layout
 from visiontf.data.loading import AugmentedDataset, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_sampler, train_sampler
 from visiontf.errors import UserError
@@ -136,8 +137,23 @@ def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
         cats[cid] = str(cat.get("name", cid))
     if not cats:
         raise AnnotationError(f"{ann_file}: 'categories' is empty; list every class as {{'id': ..., 'name': ...}}")
+    for cid in _grouping_categories(data):
+        log.info("%s: category %d (%r) is only the supercategory of the others and has no annotations (as Roboflow "
+                 "exports write); not a class", ann_file, cid, cats.pop(cid))
+    if not cats:
+        raise AnnotationError(f"{ann_file}: 'categories' lists only supercategories; list every class as {{'id': ..., 'name': ...}}")
     ids = sorted(cats)
     return ids, [cats[c] for c in ids]
+
+
+def _grouping_categories(data: dict) -> list[int]:
+    """Ids of categories that only group the others: named as another category's ``supercategory`` and
+    without annotations. Roboflow exports list the project itself this way, as category 0."""
+    parents = {c.get("supercategory") for c in data["categories"] if isinstance(c, dict)}
+    used = {a.get("category_id") for a in data["annotations"] if isinstance(a, dict)}
+    return [c["id"] for c in data["categories"]
+            if isinstance(c, dict) and c.get("name") in parents and c.get("id") not in used
+            and any(o.get("supercategory") == c.get("name") and o is not c for o in data["categories"] if isinstance(o, dict))]
 
 
 def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING,
@@ -356,6 +372,9 @@ class CocoDetection(AugmentedDataset):
         idx = self.sample_index(key)
         info = self.index.images[idx]
         path = self.img_dir / info["file_name"]
+        if not path.is_file() and not path.is_symlink():  # a broken link gets its own message from read_image
+            raise ImageReadError(f"{path}: file not found (image id {info['id']} in "
+                                 f"{self.ann_file.name}; check the dataset root, the *_images path and the file_name)")
         image = read_image(path)
         h, w = image.shape[:2]
         annotated = (info.get("width"), info.get("height"))
@@ -410,6 +429,9 @@ def collate_detection(
 class CocoDataModule(L.LightningDataModule):
     """COCO-layout detection data (``root/train2017``, ``root/annotations/instances_*.json``, ...).
 
+    With the ``*_images`` / ``*_ann`` paths left at their defaults, ``root`` may also hold a
+    Roboflow/CVAT COCO export or a YOLO dataset (``data.yaml``); see :mod:`visiontf.data.layouts`.
+
     ``num_classes``, ``class_names``, ``label_to_cat_id``, ``cat_id_to_label`` and ``val_ann_file``
     are set in ``__init__`` (from the val annotation file's categories, or the train file's when
     there is no val file) so that LightningCLI can link them to the model. Loaders use plain
@@ -450,10 +472,13 @@ class CocoDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
-        self.train_images, self.train_ann_file = self.root / train_images, self.root / train_ann
-        self.val_images, self.val_ann_file = self.root / val_images, self.root / val_ann
-        self.test_images = self.root / (test_images or val_images)
-        self.test_ann_file = self.root / (test_ann or val_ann)
+        # the standard COCO paths, or a Roboflow/CVAT export or a YOLO set found under root (visiontf.data.layouts)
+        paths = resolve_detection_layout(self.root, train_images=train_images, val_images=val_images, train_ann=train_ann,
+                                         val_ann=val_ann, test_images=test_images, test_ann=test_ann)
+        self.layout = paths.layout
+        self.train_images, self.train_ann_file = paths.train_images, paths.train_ann
+        self.val_images, self.val_ann_file = paths.val_images, paths.val_ann
+        self.test_images, self.test_ann_file = paths.test_images, paths.test_ann
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = default_num_workers(num_workers)
@@ -470,6 +495,8 @@ class CocoDataModule(L.LightningDataModule):
         self.num_classes = len(self._category_ids)
         self.label_to_cat_id = dict(enumerate(self._category_ids))
         self.cat_id_to_label = {c: i for i, c in enumerate(self._category_ids)}
+        shown = ", ".join(f"{n} (id {c})" for c, n in list(zip(self._category_ids, self.class_names))[:10])
+        log.info("%d classes from %s: %s%s", self.num_classes, cat_file, shown, ", ..." if self.num_classes > 10 else "")
         self.train_dataset: CocoDetection | None = None
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None

@@ -58,12 +58,13 @@ def _bomb(path: Path, pixels: int | None, size: tuple[int, int] | None, limit: i
 def _missing(path: Path) -> ImageReadError:
     if path.is_symlink():
         return ImageReadError(f"{path}: broken symbolic link (to {path.readlink()}); fix the link or remove it")
-    return ImageReadError(f"{path}: file not found (check the dataset root and the annotation's file_name)")
+    return ImageReadError(f"{path}: file not found")
 
 
 def _open(path: str | Path) -> Image.Image:
     path = Path(path)
     if not path.is_file():
+        # no dataset hint here: predicting reads user files too; datasets add their own (CocoDetection)
         raise _missing(path)
     if path.stat().st_size == 0:
         raise ImageReadError(f"{path}: file is empty (0 bytes); re-copy it or remove it from the annotations")

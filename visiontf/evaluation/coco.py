@@ -6,13 +6,11 @@ second. faster-coco-eval gives the same 12 numbers as pycocotools, several times
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
 import logging
 import math
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -286,23 +284,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``--annotations ann.json --predictions results.json [--backend B] [--output stats.json]``.
 
     Prints the 12-line COCO table; writes the named stats as JSON when ``--output`` is given.
-    Returns the process exit code (2 on unusable input, with the reason on stderr).
+    Unusable input raises :class:`CocoEvalError`, which the tools print as one line with exit code 2
+    (:func:`visiontf.cli.errors.run_tool`).
     """
-    parser = argparse.ArgumentParser(
+    from visiontf.arguments import ToolParser
+
+    parser = ToolParser(
         description="Evaluate a COCO results file (bbox) against a COCO annotation file.",
     )
     parser.add_argument("--annotations", required=True, type=Path, help="COCO annotation file (instances_*.json)")
     parser.add_argument("--predictions", required=True, type=Path,
                         help="COCO results JSON: [{image_id, category_id, bbox: [x,y,w,h], score}, ...]")
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
-    parser.add_argument("--iou-type", default="bbox", choices=("bbox", "segm"))
+    parser.add_argument("--iou_type", default="bbox", choices=("bbox", "segm"))
     parser.add_argument("--output", type=Path, help="write the named stats here as JSON")
     args = parser.parse_args(argv)
-    try:
-        stats = evaluate_coco(args.annotations, args.predictions, backend=args.backend, iou_type=args.iou_type)
-    except CocoEvalError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    stats = evaluate_coco(args.annotations, args.predictions, backend=args.backend, iou_type=args.iou_type)
     print(stats.table)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -313,4 +310,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from visiontf.cli.errors import run_tool
+
+    raise SystemExit(run_tool(main, prog="visiontf.evaluation.coco"))

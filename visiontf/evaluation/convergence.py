@@ -1,6 +1,6 @@
 """mAP against training minutes, from the CSV logs of runs trained with ``ElapsedTime``.
 
-    python tools/plot_logs.py --vs-minutes detr=outputs/conv/runs/detr deform=outputs/conv/runs/deform --output conv.png
+    python tools/plot_logs.py --vs_minutes detr=outputs/conv/runs/detr deform=outputs/conv/runs/deform --output conv.png
 
 Each positional argument is ``[LABEL=]PATH``; ``PATH`` is a ``metrics.csv`` or a folder searched
 for them (e.g. one run per seed). Every CSV becomes one line; the runs of one argument share a
@@ -10,8 +10,8 @@ colour and one legend entry. The x axis is ``time/elapsed_min`` (logged by
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 
@@ -94,13 +94,14 @@ def plot_convergence(runs: Sequence[tuple[str, str | Path]], output: str | Path,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
+    from visiontf.arguments import ToolParser
 
-    p = argparse.ArgumentParser(description="Plot a validation metric against training minutes, one line per run.")
+    p = ToolParser(prog="plot_logs.py --vs_minutes",
+                   description="Plot a validation metric against training minutes, one line per run.")
     p.add_argument("runs", nargs="+", help="[LABEL=]PATH: a metrics.csv or a folder of runs (one colour per argument)")
     p.add_argument("--output", default="convergence.png")
     p.add_argument("--metric", default=METRIC_KEY, help=f"validation metric column (default {METRIC_KEY})")
-    p.add_argument("--time-key", default=TIME_KEY, help=f"x column (default {TIME_KEY})")
+    p.add_argument("--time_key", default=TIME_KEY, help=f"x column (default {TIME_KEY})")
     p.add_argument("--title", default=None)
     args = p.parse_args(argv)
     runs = [parse_run_arg(a) for a in args.runs]

@@ -145,44 +145,79 @@ def detr_attention_maps(
     }
 
 
-def save_detr_attention_figure(maps: dict[str, Any], path: str | Path, dpi: int = 100) -> Path:
+#: the attention figure's longest side in pixels, whatever the image's size and aspect ratio
+MAX_FIGURE_SIDE_PX = 1600
+
+
+def _panel_grid(n: int, aspect: float, target: float = 1.5) -> tuple[int, int]:
+    """(rows, cols) for ``n`` panels of width/height ``aspect`` whose whole is closest to ``target``
+    (tall thin images go side by side, wide flat ones one above the other)."""
+    def badness(cols: int) -> float:
+        rows = math.ceil(n / cols)
+        return abs(math.log(cols * aspect / rows / target)) + 0.05 * (rows * cols - n)  # few empty cells
+
+    cols = min(range(1, n + 1), key=badness)
+    return math.ceil(n / cols), cols
+
+
+def save_detr_attention_figure(maps: dict[str, Any], path: str | Path, dpi: int = 100,
+                               max_side_px: int = MAX_FIGURE_SIDE_PX) -> Path:
     """A PNG like the DETR paper's figures from :func:`detr_attention_maps`' output.
 
-    Row 1: each chosen query's decoder attention; row 2: the image with that query's box; row 3
-    (with points): the image with the points, then each point's encoder self-attention overlay.
+    One panel per chosen query: its decoder attention overlaid on the image, with its box; with
+    points, one panel of the image with the points, then one per point: its encoder self-attention
+    overlaid, the point marked. Panels keep the image's aspect ratio and are laid out in the grid
+    whose whole is closest to 3:2 (a tall thin image gives a row, a wide flat one a column); the
+    figure's longest side is at most ``max_side_px``.
     """
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     image = maps["image"]
-    n, m = len(maps["query_indices"]), len(maps["points"])
-    cols = max(n, m + 1, 1)
-    rows = 2 + (1 if m else 0)
     H, W = image.shape[:2]
-    cell = 3.0
-    fig = Figure(figsize=(cols * cell, rows * cell * H / max(W, 1) + 0.6 * rows), dpi=dpi)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
+    n, m = len(maps["query_indices"]), len(maps["points"])
+    panels: list[tuple[np.ndarray, str, Any]] = []
     for i in range(n):
-        lab = int(maps["labels"][i])
         title = f"query {int(maps['query_indices'][i])}: {maps['class_names'][i]} {float(maps['scores'][i]):.2f}"
-        axes[0, i].imshow(maps["dec_attn_grid"][i], cmap="viridis")
-        axes[0, i].set_title(title, fontsize=8)
-        axes[1, i].imshow(image)
         x0, y0, x1, y1 = (float(v) for v in maps["boxes"][i])
-        axes[1, i].add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, linewidth=2,
-                                       edgecolor=np.asarray(color_for(lab)) / 255.0))
+        colour = np.asarray(color_for(int(maps["labels"][i]))) / 255.0
+        box = lambda ax, x0=x0, y0=y0, x1=x1, y1=y1, c=colour: ax.add_patch(  # noqa: E731
+            Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, linewidth=2, edgecolor=c))
+        panels.append((heatmap_overlay(image, maps["dec_attn"][i], alpha=0.55), title, box))
     if m:
-        axes[2, 0].imshow(image)
-        axes[2, 0].scatter(maps["points"][:, 0], maps["points"][:, 1], c="red", s=30, marker="o")
-        axes[2, 0].set_title("encoder points", fontsize=8)
+        pts = maps["points"]
+        panels.append((image, "encoder points", lambda ax: ax.scatter(pts[:, 0], pts[:, 1], c="red", s=24)))
         for j in range(m):
-            axes[2, j + 1].imshow(heatmap_overlay(image, maps["enc_attn"][j], alpha=0.6))
-            x, y = maps["points"][j]
-            axes[2, j + 1].scatter([x], [y], c="red", s=20)
-            axes[2, j + 1].set_title(f"self-attention at ({x:.0f}, {y:.0f})", fontsize=8)
-    fig.tight_layout()
+            x, y = (float(v) for v in pts[j])
+            panels.append((heatmap_overlay(image, maps["enc_attn"][j], alpha=0.55), f"self-attention at ({x:.0f}, {y:.0f})",
+                           lambda ax, x=x, y=y: ax.scatter([x], [y], c="red", s=20)))
+
+    aspect = W / max(H, 1)
+    rows, cols = _panel_grid(len(panels), aspect)
+    # panel size in inches: the long side 3.5 in, longer for extreme aspect ratios (so that the short
+    # side stays visible), then everything shrunk to fit max_side_px
+    long_side = 3.5 * min(4.0, math.sqrt(max(aspect, 1.0 / aspect)))
+    ph = long_side / max(aspect, 1.0)
+    pw = ph * aspect
+    title_h, min_col_w, gap, margin = 0.3, 1.6, 0.12, 0.1  # titles need width even above a thin panel
+    scale = min(1.0, (max_side_px / dpi - 2 * margin) / (cols * max(pw + gap, min_col_w)),
+                (max_side_px / dpi - 2 * margin) / (rows * (ph + title_h)))
+    ph, pw = ph * scale, pw * scale
+    cw, ch = max(pw + gap, min_col_w * min(1.0, scale * 2)), ph + title_h
+    fig_w, fig_h = cols * cw + 2 * margin, rows * ch + 2 * margin
+    fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
+    fontsize = max(5.0, min(8.0, 8.0 * cw / min_col_w))
+    for k, (picture, title, mark) in enumerate(panels):
+        r, c = divmod(k, cols)
+        left = margin + c * cw + (cw - pw) / 2
+        bottom = fig_h - margin - (r + 1) * ch
+        ax = fig.add_axes((left / fig_w, bottom / fig_h, pw / fig_w, ph / fig_h))
+        ax.imshow(picture, interpolation="bilinear" if max(H, W) < 512 else "antialiased")
+        ax.set_xlim(-0.5, W - 0.5)
+        ax.set_ylim(H - 0.5, -0.5)
+        mark(ax)
+        ax.set_title(title, fontsize=fontsize)
+        ax.axis("off")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -24,9 +24,13 @@ import torch
 from torch import nn
 
 from visiontf.errors import UserError
-from visiontf.weights import load_state_dict_file, read_config
+from visiontf.weights import WeightsError, load_state_dict_file, read_config
 
 log = logging.getLogger(__name__)
+
+
+class ModelNameError(UserError, ValueError):
+    """An unknown model name, or ``pretrained=True`` for a model without published weights."""
 
 
 class WeightsLayoutError(UserError, ValueError):
@@ -87,7 +91,7 @@ def get_entry(name: str) -> ModelEntry:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=5, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {name!r}.{hint} See visiontf.list_models() for all {len(_REGISTRY)} names.")
+        raise ModelNameError(f"unknown model {name!r}.{hint} See visiontf.list_models() for all {len(_REGISTRY)} names.")
     return _REGISTRY[name]
 
 
@@ -108,7 +112,7 @@ def create_model(
     if pretrained:
         if pretrained is True:
             if entry.fetch_pretrained is None:
-                raise ValueError(f"{name} has no published weights; pass a local file as pretrained=PATH")
+                raise ModelNameError(f"{name} has no published weights; pass a local file as pretrained=PATH")
             state = entry.fetch_pretrained()
         else:
             state = load_state_dict_file(pretrained)
@@ -136,7 +140,7 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     head_missing = [k for k in missing if _is_head_key(model, k)]
     real_missing = [k for k in missing if k not in head_missing]
     if strict and (real_missing or unexpected):
-        raise RuntimeError(
+        raise WeightsError(
             f"{source or entry.name}: weights do not fit {entry.name}: "
             f"missing {len(real_missing)} keys (e.g. {real_missing[:5]}), "
             f"unexpected {len(unexpected)} keys (e.g. {unexpected[:5]}). Pass strict=False to load what fits."
@@ -193,12 +197,15 @@ def torch_hub_state_dict(url: str, name: str) -> Callable[[], dict]:
     """A fetcher that downloads through torch hub's own code, with a clear error offline."""
 
     def fetch() -> dict:
+        from visiontf.downloads import DownloadError, check_torch_hub_download
+
+        fix = f"Without network, download the file elsewhere and pass pretrained='/path/to/{Path(url).name}'."
+        check_torch_hub_download(url, f"{name} weights", fix)  # offline: at once, not after the socket's timeout
         try:
             state = torch.hub.load_state_dict_from_url(url, map_location="cpu", weights_only=True, check_hash=False)
         except Exception as e:
-            raise RuntimeError(
-                f"could not download {name} weights from {url} ({type(e).__name__}: {e}). "
-                f"Without network, download the file elsewhere and pass pretrained='/path/to/{Path(url).name}'."
+            raise DownloadError(
+                f"could not download {name} weights from {url} ({type(e).__name__}: {e}). {fix}"
             ) from e
         return state.get("model", state) if isinstance(state, dict) else state
 

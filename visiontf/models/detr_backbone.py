@@ -146,13 +146,16 @@ def _freeze(body: nn.Module, first_trained: str | None) -> None:
 
 def _load_imagenet(resnet: nn.Module, name: str, pretrained: bool | str | Path) -> None:
     if pretrained is True:
+        from visiontf.downloads import DownloadError, check_torch_hub_download
+
         weights = torchvision.models.get_model_weights(name).IMAGENET1K_V1
+        fix = f"Without network, download the file elsewhere and pass backbone_pretrained='/path/to/{Path(weights.url).name}'."
+        check_torch_hub_download(weights.url, f"torchvision {name} ImageNet weights", fix)
         try:
             state = weights.get_state_dict(progress=False)
         except Exception as e:
-            raise RuntimeError(
-                f"could not download torchvision {name} ImageNet weights ({weights.url}; {type(e).__name__}: {e}). "
-                f"Without network, download the file elsewhere and pass backbone_pretrained='/path/to/{Path(weights.url).name}'."
+            raise DownloadError(
+                f"could not download torchvision {name} ImageNet weights ({weights.url}; {type(e).__name__}: {e}). {fix}"
             ) from e
         source = weights.url
     else:

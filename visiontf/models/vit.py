@@ -277,14 +277,22 @@ def _timm_weights(name: str) -> Callable[[], dict]:
     """Fetch ``name``'s published weights through timm's own download code (a clear error offline)."""
 
     def fetch() -> dict:
+        import contextlib
+
         import timm
 
+        from visiontf.downloads import HF_HOST, DownloadError, hf_hub_offline, network_problem
+
         timm_name = DEFAULT_CFGS[name].hub
+        # offline, the hub client would retry for ~50 s; in offline mode it reads its cache or fails at once
+        problem = network_problem(f"https://{HF_HOST}")
         try:
-            return timm.create_model(timm_name, pretrained=True).state_dict()
+            with hf_hub_offline() if problem else contextlib.nullcontext():
+                return timm.create_model(timm_name, pretrained=True).state_dict()
         except Exception as e:
-            raise RuntimeError(
-                f"could not download {timm_name} through timm ({type(e).__name__}: {e}). Without network, save "
+            reason = f"{problem}; not in the local cache either" if problem else f"{type(e).__name__}: {e}"
+            raise DownloadError(
+                f"could not download {timm_name} through timm ({reason}). Without network, save "
                 f"timm.create_model('{timm_name}', pretrained=True).state_dict() elsewhere (safetensors) and pass pretrained=PATH."
             ) from e
 

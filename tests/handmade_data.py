@@ -1,0 +1,91 @@
+"""A tiny hand-made detection dataset in the layouts users bring: COCO, Roboflow/CVAT COCO exports, YOLO.
+
+Coloured rectangles and ellipses on noise, a few images per split, category ids 3, 7 and 12 (not
+contiguous, and not 1..K), so that every tool has to carry the real ids through. Plain PIL and
+JSON: the point is to write these files the way other tools do, not the way visiontf reads them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+#: category id -> name; ids deliberately non-contiguous
+CATEGORIES = {3: "circle", 7: "square", 12: "bar"}
+_COLOURS = {3: (230, 50, 40), 7: (40, 190, 70), 12: (50, 90, 230)}
+SIZE = (96, 128)  # (height, width)
+
+
+def _draw_split(rng: np.random.Generator, n: int) -> list[tuple[Image.Image, list[tuple[int, list[float]]]]]:
+    out = []
+    h, w = SIZE
+    for _ in range(n):
+        img = Image.fromarray(rng.integers(90, 170, size=(h, w, 3), dtype=np.uint8))
+        draw = ImageDraw.Draw(img)
+        objects = []
+        for cat in rng.choice(list(CATEGORIES), size=int(rng.integers(1, 3)), replace=False):
+            bw, bh = int(rng.integers(24, 48)), int(rng.integers(24, 40))
+            if cat == 12:
+                bw, bh = int(rng.integers(50, 70)), int(rng.integers(12, 18))
+            x0, y0 = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+            box = (x0, y0, x0 + bw, y0 + bh)
+            (draw.ellipse if cat == 3 else draw.rectangle)(box, fill=_COLOURS[int(cat)])
+            objects.append((int(cat), [float(x0), float(y0), float(bw), float(bh)]))
+        out.append((img, objects))
+    return out
+
+
+def _coco_json(items, names: list[str], roboflow: bool) -> dict:
+    cats = [{"id": cid, "name": name, "supercategory": "shapes" if roboflow else "shape"} for cid, name in CATEGORIES.items()]
+    if roboflow:  # Roboflow lists the project itself as category 0, the others' supercategory
+        cats.insert(0, {"id": 0, "name": "shapes", "supercategory": "none"})
+    images, anns = [], []
+    for i, ((img, objects), name) in enumerate(zip(items, names), start=1):
+        images.append({"id": 100 + i, "file_name": name, "width": img.width, "height": img.height})
+        for cat, box in objects:
+            anns.append({"id": len(anns) + 1, "image_id": 100 + i, "category_id": cat, "bbox": box,
+                         "area": box[2] * box[3], "iscrowd": 0})
+    return {"images": images, "annotations": anns, "categories": cats}
+
+
+def make_dataset(root: str | Path, layout: str = "coco", num_train: int = 4, num_val: int = 2, seed: int = 0) -> Path:
+    """Write the dataset under ``root`` in ``layout``: ``coco`` (train/val images + annotations/*.json),
+    ``roboflow`` (train/, valid/ with _annotations.coco.json, category 0 as supercategory),
+    ``cvat`` (images/<subset>/, annotations/instances_<subset>.json) or ``yolo`` (Roboflow's YOLO export)."""
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    splits = {"train": _draw_split(rng, num_train), "val": _draw_split(rng, num_val)}
+    for split, items in splits.items():
+        names = [f"{split}_{i:03d}.jpg" for i in range(len(items))]
+        if layout == "coco":
+            img_dir, ann = root / "images" / split, root / "annotations" / f"{split}.json"
+        elif layout == "roboflow":
+            img_dir = root / ("valid" if split == "val" else split)
+            ann = img_dir / "_annotations.coco.json"
+        elif layout == "cvat":
+            subset = {"train": "Train", "val": "Validation"}[split]
+            img_dir, ann = root / "images" / subset, root / "annotations" / f"instances_{subset}.json"
+        elif layout == "yolo":
+            img_dir = root / ("valid" if split == "val" else split) / "images"
+            ann = None
+        else:
+            raise ValueError(layout)
+        img_dir.mkdir(parents=True, exist_ok=True)
+        for (img, objects), name in zip(items, names):
+            img.save(img_dir / name, quality=95)
+            if layout == "yolo" and objects:
+                ids = sorted(CATEGORIES)
+                lines = [f"{ids.index(cat)} {(x + w / 2) / img.width:.6f} {(y + h / 2) / img.height:.6f} "
+                         f"{w / img.width:.6f} {h / img.height:.6f}" for cat, (x, y, w, h) in objects]
+                label = img_dir.parent / "labels" / (Path(name).stem + ".txt")
+                label.parent.mkdir(parents=True, exist_ok=True)
+                label.write_text("\n".join(lines) + "\n")
+        if ann is not None:
+            ann.parent.mkdir(parents=True, exist_ok=True)
+            ann.write_text(json.dumps(_coco_json(items, names, roboflow=layout == "roboflow")))
+    if layout == "yolo":  # as Roboflow writes it: paths relative to a folder above the YAML
+        names = [CATEGORIES[c] for c in sorted(CATEGORIES)]
+        (root / "data.yaml").write_text(f"train: ../train/images\nval: ../valid/images\n\nnc: {len(names)}\nnames: {names}\n")
+    return root

@@ -1,0 +1,35 @@
+"""The DETR attention figure stays a sensible size for any aspect ratio, maps overlaid on the image (issue 14:
+a 37x901 image gave a 600x22096 px figure, and the decoder map was a raw 6x4 grid)."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import visiontf
+from visiontf.inference.attention import MAX_FIGURE_SIDE_PX, _panel_grid, detr_attention_maps, save_detr_attention_figure
+from visiontf.inference.predictor import Predictor
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    torch.manual_seed(0)
+    detr = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1, num_queries=10).eval()
+    return Predictor(detr, min_size=64, max_size=400, device="cpu")
+
+
+def test_panels_of_thin_images_go_side_by_side_and_of_flat_ones_in_a_column():
+    assert _panel_grid(6, 37 / 901) == (1, 6)
+    assert _panel_grid(6, 901 / 37) == (6, 1)
+    rows, cols = _panel_grid(6, 4 / 3)
+    assert rows * cols >= 6 and 1 <= cols / rows <= 3
+
+
+@pytest.mark.parametrize("h, w", [(901, 37), (37, 901), (120, 160)])
+def test_figure_is_capped_and_overlays_the_maps(predictor, tmp_path, h, w):
+    image = torch.rand(3, h, w)
+    maps = detr_attention_maps(predictor, image, score_threshold=0.0, max_queries=4)
+    del maps["dec_attn_grid"], maps["enc_attn_grid"]  # the figure draws the maps at image resolution
+    pic = np.asarray(Image.open(save_detr_attention_figure(maps, tmp_path / "attention.png")))
+    assert max(pic.shape[:2]) <= MAX_FIGURE_SIDE_PX
+    assert min(pic.shape[:2]) >= 250  # and not shrunk to nothing
+    assert pic[..., :3].std() > 20

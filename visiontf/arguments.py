@@ -1,0 +1,76 @@
+"""argparse as every visiontf command line uses it: one option style, no abbreviations, mistakes as
+:class:`~visiontf.errors.UsageError`.
+
+* Options are spelled with underscores, as LightningCLI spells them (``--ckpt_path``, ``--score_threshold``).
+  The dashed spellings of earlier versions (``--score-threshold``) are still accepted, and not listed
+  in ``--help``.
+* Abbreviations are refused (``--score 0.5`` is not ``--score_threshold 0.5``): an abbreviation that
+  works today silently changes meaning when an option is added.
+* A parsing mistake raises :class:`UsageError` naming the option and, for an unknown one, the closest
+  known options; :func:`visiontf.cli.errors.run_tool` prints it as one line and exits with code 2.
+
+Standard library only, so every layer's ``main`` may use it without importing torch.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Iterable, Sequence
+
+from visiontf.errors import UsageError
+
+__all__ = ["ToolParser", "close_options", "UsageError"]
+
+
+def close_options(given: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """The known option strings closest to ``given``: those it abbreviates (``--score`` ->
+    ``--score_threshold``), else the most similar (``--score-treshold`` -> ``--score_threshold``)."""
+    name = given.split("=", 1)[0].replace("-", "_")
+    known = sorted({k for k in known if k.startswith("--")})
+    canon = {k.replace("-", "_"): k for k in known}
+    prefixed = [c for c in canon if c.startswith(name) and len(name) > 3]
+    hits = prefixed[:n] or difflib.get_close_matches(name, list(canon), n=n, cutoff=0.6)
+    return [canon[h] for h in hits]
+
+
+class ToolParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` with visiontf's conventions (see the module docstring).
+
+    ``--debug`` is listed in every tool's help; :func:`visiontf.cli.errors.run_tool` reads it (or
+    ``VISIONTF_DEBUG=1``) and shows the full traceback of an error instead of one line.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.add_argument("--debug", action="store_true",
+                          help="on an error, show the full traceback instead of one line (also VISIONTF_DEBUG=1)")
+
+    def canonical_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` with dashed spellings of known options (``--score-threshold``) in underscore style."""
+        known = set(self._option_string_actions)
+        out = []
+        for arg in argv:
+            if arg.startswith("--") and "-" in arg[2:].split("=", 1)[0]:
+                name, eq, value = arg.partition("=")
+                canon = "--" + name[2:].replace("-", "_")
+                if name not in known and canon in known:
+                    arg = canon + eq + value
+            out.append(arg)
+        return out
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+
+        argv = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.canonical_argv(argv), namespace)
+
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        """Raise :class:`UsageError` (argparse would print the usage and exit)."""
+        hint = ""
+        if message.startswith("unrecognized arguments:"):
+            unknown = [a for a in message.split(":", 1)[1].split() if a.startswith("-")]
+            close = close_options(unknown[0], self._option_string_actions) if unknown else []
+            if close:
+                hint = f"; did you mean {' or '.join(close)}?"
+        raise UsageError(f"{message}{hint} (see {self.prog} --help)")
