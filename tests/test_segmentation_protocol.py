@@ -103,7 +103,7 @@ def test_hand_made_case_is_scored_at_the_original_annotation():
     _assert_same({"IoU": got["IoU"], "aAcc": got["aAcc"]}, mmseg_metrics([mmseg_intersect_and_union(pred, gt, 3)]))
 
     # the former protocol scores the annotation resized (nearest) to 1x2 instead: [[0, 1]], a perfect score
-    task = _stub_task(3, eval_protocol="resized")
+    task = _stub_task(3, score_resolution="resized")
     task.validation_step((images, masks, sizes), 0)
     assert torch.nanmean(_task_metrics(task)["IoU"]).item() == pytest.approx(1.0)
 
@@ -200,11 +200,11 @@ def test_synthetic_ade20k_set_scores_as_mmseg(ade_root, tiny_task):
                                                       eval_protocol="resized"))
     assert old["cm"].sum() < got["cm"].sum()  # 40x53 pixels scored per image instead of 48x64
     # and the task's "resized" option on mmseg batches reproduces it exactly (cv2 INTER_NEAREST masks)
-    tiny_task.hparams.eval_protocol = "resized"
+    tiny_task.hparams.score_resolution = "resized"
     try:
         assert torch.equal(_validate(tiny_task, dm)["cm"], old["cm"])
     finally:
-        tiny_task.hparams.eval_protocol = "mmseg"
+        tiny_task.hparams.score_resolution = "original"
 
 
 def test_multiscale_and_flip_average_probabilities_at_the_original_size(ade_root, tiny_task):
@@ -242,8 +242,8 @@ def test_eval_transform_keeps_the_annotation_at_its_original_size():
 def test_bad_protocol_is_named(ade_root):
     with pytest.raises(ValueError, match="eval_protocol='orig'.*'mmseg'"):
         SegmentationDataModule(ade_root, layout="ade20k", eval_protocol="orig", num_workers=0)
-    with pytest.raises(ValueError, match="eval_protocol='orig'.*'mmseg'"):
-        _stub_task(3, eval_protocol="orig")
+    with pytest.raises(ValueError, match="score_resolution='orig'.*'original'"):
+        _stub_task(3, score_resolution="orig")
 
 
 def test_validation_pictures_of_mmseg_batches(ade_root, tiny_task):

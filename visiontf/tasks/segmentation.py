@@ -37,10 +37,12 @@ class SegmentationTask(BaseTask):
     metrics from a dataset-level confusion matrix (synchronised across DDP ranks on compute):
     ``mIoU`` over classes present (union > 0), ``mAcc``, ``aAcc``, per-class IoU.
 
-    ``eval_protocol`` says where pixels are counted when the batches carry the original annotations
-    (``(images, masks, sizes)`` from a data module with ``eval_protocol="mmseg"``):
+    ``score_resolution`` says where pixels are counted when the batches carry the original annotations
+    (``(images, masks, sizes)`` from a data module with ``eval_protocol="mmseg"``). It is not called
+    ``eval_protocol`` like the data module's option so that the two never collide in Lightning's merged
+    hyper-parameters:
 
-    * ``"mmseg"`` (default): mmseg's ``postprocess_result``: each image's logits without the batch
+    * ``"original"`` (default): mmseg's ``postprocess_result``: each image's logits without the batch
       padding are resized bilinearly (``align_corners=False``) to its original annotation, and IoU is
       counted there; with several scales or flips every view is resized to the annotation before its
       softmax, as mmseg's test-time augmentation.
@@ -74,7 +76,7 @@ class SegmentationTask(BaseTask):
         stride: int | None = None,
         test_scales: list[float] | None = None,
         test_flip: bool = False,
-        eval_protocol: Literal["mmseg", "resized"] = "mmseg",
+        score_resolution: Literal["original", "resized"] = "original",
         log_per_class: bool = True,
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
@@ -88,9 +90,9 @@ class SegmentationTask(BaseTask):
         self.save_hyperparameters()
         if inference_mode not in ("whole", "slide"):
             raise ValueError(f"inference_mode={inference_mode!r}; use 'whole' or 'slide'")
-        if eval_protocol not in ("mmseg", "resized"):
-            raise ValueError(f"eval_protocol={eval_protocol!r}; use 'mmseg' (logits resized to the original "
-                             "annotation) or 'resized' (annotation resized to the logits)")
+        if score_resolution not in ("original", "resized"):
+            raise ValueError(f"score_resolution={score_resolution!r}; use 'original' (logits resized to the original "
+                             "annotation, mmseg's protocol) or 'resized' (annotation resized to the logits)")
         self.test_scales = list(test_scales or [1.0])
         self.aux_weight = aux_weight if aux_weight is not None else getattr(self.model, "aux_weight", 0.4)
         self.confmat = MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
@@ -183,7 +185,7 @@ class SegmentationTask(BaseTask):
     def _eval_step(self, batch, prefix: str) -> None:
         images, masks = batch[0], batch[1]
         sizes = batch[2] if len(batch) > 2 else None
-        if sizes is not None and self.hparams.eval_protocol == "mmseg":
+        if sizes is not None and self.hparams.score_resolution == "original":
             self._eval_original_size(images, masks, sizes, prefix)
             return
         if sizes is not None:  # "resized": the original annotations resized (nearest) to the images
