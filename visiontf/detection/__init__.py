@@ -2,5 +2,9 @@
 from visiontf.detection.criterion import SetCriterion
 from visiontf.detection.matcher import HungarianMatcher
 from visiontf.detection.postprocess import DeformablePostProcess, PostProcess, build_postprocess
+from visiontf.detection.set_loss import SET_LOSS_BY_CLASS_HEAD, build_criterion
 
-__all__ = ["HungarianMatcher", "SetCriterion", "PostProcess", "DeformablePostProcess", "build_postprocess"]
+__all__ = [
+    "HungarianMatcher", "SetCriterion", "PostProcess", "DeformablePostProcess", "build_postprocess",
+    "build_criterion", "SET_LOSS_BY_CLASS_HEAD",
+]

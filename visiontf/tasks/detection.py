@@ -1,4 +1,4 @@
-"""DETR object detection as a LightningModule: set loss, AdamW with a backbone lr, COCO mAP."""
+"""DETR-family object detection as a LightningModule: set loss, AdamW with per-group lrs, COCO mAP."""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -16,20 +16,46 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
-from visiontf.detection import HungarianMatcher, SetCriterion, build_postprocess
+from visiontf.detection import build_criterion, build_postprocess
 from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 
 
+def split_loss_terms(losses: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``(main, aux)`` loss terms for logging, by name alone: auxiliary decoder layers' terms end in
+    ``_<layer>`` (``loss_ce_0``, ``loss_bbox_dn_2``); every other term (``loss_ce``, ``loss_ce_enc``,
+    ``loss_giou_dn``, ``class_error``, ...) is a main one. The weighted total ``loss`` is in neither."""
+    main = {k: v for k, v in losses.items() if k != "loss" and not k[-1].isdigit()}
+    aux = {k: v for k, v in losses.items() if k[-1].isdigit()}
+    return main, aux
+
+
 class DetectionTask(BaseTask):
-    """DETR training and COCO evaluation.
+    """Training and COCO evaluation of any detector of the DETR family (DETR, Deformable DETR, ...).
 
     Batches are ``(images (B,3,H,W), mask (B,H,W) True on padding, targets)`` from
     :class:`visiontf.data.coco.CocoDataModule`. Validation mAP is pycocotools' ``COCOeval`` on the
     original annotation file (its ``area`` and ``iscrowd``), over every rank's predictions with
     repeated images de-duplicated by image id. Clip gradients with ``trainer.gradient_clip_val: 0.1``
-    as the paper does.
+    as both papers do.
+
+    The model decides how it is trained and decoded: its ``class_head`` picks the matcher and
+    criterion with the family's published defaults (:func:`visiontf.detection.build_criterion`: DETR
+    ce 1 / L1 5 / GIoU 2, "no object" weight 0.1; Deformable DETR focal, cost and loss class 2, L1 5,
+    GIoU 2) and the post-processing (:func:`visiontf.detection.build_postprocess`). The named
+    arguments below override single defaults (None keeps the family's); ``matcher_kwargs`` and
+    ``criterion_kwargs`` go to :class:`~visiontf.detection.HungarianMatcher` and
+    :class:`~visiontf.detection.SetCriterion` unchanged and win over both, so a new criterion option
+    needs no change here (a ``weight_dict`` in ``criterion_kwargs`` is merged term by term).
+
+    A model whose forward needs the ground truth while training (denoising queries) declares
+    ``forward_takes_targets = True``; training steps then call ``model(images, mask, targets=targets)``.
+    Evaluation and prediction never pass targets.
+
+    Every loss term the criterion returns is logged under its own name: ``train/<term>`` for the
+    final layer, two-stage proposals (``_enc``) and other suffixed terms, ``train_aux/<term>_<i>``
+    for auxiliary decoder layers; evaluation logs the main terms under ``val/`` or ``test/``.
 
     Learning rates follow the model's own parameter groups (``model.param_group(name)``): ``lr``
     for ``"default"``, ``lr_backbone`` for ``"backbone"`` and ``lr * lr_offsets_mult`` for
@@ -51,13 +77,15 @@ class DetectionTask(BaseTask):
         schedule: Literal["step", "cosine", "constant"] = "step",
         lr_drop_epochs: int | None = 200,
         warmup_steps: int = 0,
-        cost_class: float = 1.0,
-        cost_bbox: float = 5.0,
-        cost_giou: float = 2.0,
-        loss_ce: float = 1.0,
-        loss_bbox: float = 5.0,
-        loss_giou: float = 2.0,
-        eos_coef: float = 0.1,
+        cost_class: float | None = None,
+        cost_bbox: float | None = None,
+        cost_giou: float | None = None,
+        loss_ce: float | None = None,
+        loss_bbox: float | None = None,
+        loss_giou: float | None = None,
+        eos_coef: float | None = None,
+        matcher_kwargs: dict[str, Any] | None = None,
+        criterion_kwargs: dict[str, Any] | None = None,
         eval_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
@@ -66,16 +94,19 @@ class DetectionTask(BaseTask):
                      lr_offsets_mult=(lr_offsets_mult, non_negative), weight_decay=(weight_decay, non_negative),
                      schedule=(schedule, one_of("step", "cosine", "constant")),
                      lr_drop_epochs=(lr_drop_epochs, optional(positive_int)), warmup_steps=(warmup_steps, non_negative_int),
-                     cost_class=(cost_class, non_negative), cost_bbox=(cost_bbox, non_negative),
-                     cost_giou=(cost_giou, non_negative), loss_ce=(loss_ce, non_negative),
-                     loss_bbox=(loss_bbox, non_negative), loss_giou=(loss_giou, non_negative),
-                     eos_coef=(eos_coef, unit_interval_open_left))
+                     cost_class=(cost_class, optional(non_negative)), cost_bbox=(cost_bbox, optional(non_negative)),
+                     cost_giou=(cost_giou, optional(non_negative)), loss_ce=(loss_ce, optional(non_negative)),
+                     loss_bbox=(loss_bbox, optional(non_negative)), loss_giou=(loss_giou, optional(non_negative)),
+                     eos_coef=(eos_coef, optional(unit_interval_open_left)))
         super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
         self.save_hyperparameters()
-        matcher = HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou)
-        weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
+        matcher = {**given(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou), **(matcher_kwargs or {})}
+        criterion = {**given(eos_coef=eos_coef), **(criterion_kwargs or {})}
+        criterion["weight_dict"] = {**given(loss_ce=loss_ce, loss_bbox=loss_bbox, loss_giou=loss_giou),
+                                    **(criterion.get("weight_dict") or {})}
         # the criterion's matcher runs outside any compiled graph: scipy needs the CPU
-        self.criterion = SetCriterion(num_classes, matcher, weight_dict=weights, eos_coef=eos_coef)
+        self.criterion = build_criterion(self.model, num_classes, matcher, criterion)
         self.postprocess = build_postprocess(self.model)
         self.metrics: dict[str, Any] = {}
         self._last_report: dict | None = None
@@ -90,9 +121,15 @@ class DetectionTask(BaseTask):
             self.metrics[stage] = CocoMetric(ann, dm.label_to_cat_id, backend=self.hparams.eval_backend).to(self.device)
         return self.metrics[stage]
 
+    def _forward(self, images: Tensor, mask: Tensor, targets: list[dict]) -> dict:
+        """The model's outputs; training steps give the targets to a model that takes them (denoising)."""
+        if self.training and getattr(self.model, "forward_takes_targets", False):
+            return self.model(images, mask, targets=targets)
+        return self.model(images, mask)
+
     def _step(self, batch) -> tuple[dict, dict[str, Tensor], list[dict]]:
         images, mask, targets = batch
-        outputs = self.model(images, mask)
+        outputs = self._forward(images, mask, targets)
         # only training steps synchronise the box count: eval ranks may run unequal batch counts
         losses = self.criterion(outputs, targets, sync_num_boxes=self.training)
         return outputs, losses, targets
@@ -104,19 +141,17 @@ class DetectionTask(BaseTask):
             return None
         bs = len(targets)
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
-        main = {f"train/{k}": v for k, v in losses.items() if k != "loss" and not k[-1].isdigit()}
-        aux = {f"train_aux/{k}": v for k, v in losses.items() if k[-1].isdigit()}
-        self.log_dict(main, batch_size=bs)
-        self.log_dict(aux, batch_size=bs)
+        main, aux = split_loss_terms(losses)
+        self.log_dict({f"train/{k}": v for k, v in main.items()}, batch_size=bs)
+        self.log_dict({f"train_aux/{k}": v for k, v in aux.items()}, batch_size=bs)
         return loss
 
     def _eval_step(self, batch, stage: str) -> None:
         outputs, losses, targets = self._step(batch)
         bs = len(targets)
         self.log(f"{stage}/loss", losses["loss"], sync_dist=True, batch_size=bs)
-        for k in ("loss_ce", "loss_bbox", "loss_giou", "class_error", "cardinality_error"):
-            if k in losses:
-                self.log(f"{stage}/{k}", losses[k], sync_dist=True, batch_size=bs)
+        main, _ = split_loss_terms(losses)
+        self.log_dict({f"{stage}/{k}": v for k, v in main.items()}, sync_dist=True, batch_size=bs)
         sizes = torch.stack([t["orig_size"] for t in targets]).to(outputs["pred_boxes"].device)
         preds = self.postprocess(outputs, sizes)
         ids = torch.as_tensor([int(t["image_id"]) for t in targets], device=self.device)

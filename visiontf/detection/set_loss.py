@@ -1,0 +1,85 @@
+"""The set loss of a detector, chosen by its class-head convention (``model.class_head``).
+
+DETR (``"softmax"``: K + 1 logits, the last "no object") and Deformable DETR and its successors
+(``"sigmoid"``: K logits, focal loss) match and supervise their predictions differently. Their
+published defaults are data in :data:`SET_LOSS_BY_CLASS_HEAD`; :func:`build_criterion` builds the
+matcher and criterion of a model from its entry with any overrides on top, so a task never compares
+family names and a new family adds one entry (as it adds one to
+:data:`~visiontf.detection.postprocess.POSTPROCESS_BY_CLASS_HEAD`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from torch import nn
+
+from visiontf.detection.criterion import SetCriterion
+from visiontf.detection.matcher import HungarianMatcher
+
+
+@dataclass(frozen=True)
+class SetLossDefaults:
+    """One class-head convention's matcher and criterion settings.
+
+    Attributes:
+        matcher: :class:`HungarianMatcher` keyword arguments.
+        criterion: :class:`SetCriterion` keyword arguments other than ``num_classes``, ``matcher``
+            and ``weight_dict``.
+        weight_dict: the weight of each loss term in the total (aux ``_i``, ``_enc`` and other
+            suffixed terms share their base term's weight unless named).
+    """
+
+    matcher: Mapping[str, Any]
+    criterion: Mapping[str, Any] = field(default_factory=dict)
+    weight_dict: Mapping[str, float] = field(default_factory=dict)
+
+
+#: defaults by ``model.class_head``: DETR's (facebookresearch/detr ``main.py``) and Deformable DETR's
+#: (fundamentalvision/Deformable-DETR ``main.py``: set_cost_class 2, cls_loss_coef 2, focal_alpha 0.25)
+SET_LOSS_BY_CLASS_HEAD: dict[str, SetLossDefaults] = {
+    "softmax": SetLossDefaults(
+        matcher={"class_cost": "softmax", "cost_class": 1.0, "cost_bbox": 5.0, "cost_giou": 2.0},
+        criterion={"class_loss": "ce", "eos_coef": 0.1},
+        weight_dict={"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0},
+    ),
+    "sigmoid": SetLossDefaults(
+        matcher={"class_cost": "focal", "cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0},
+        criterion={"class_loss": "focal", "focal_alpha": 0.25},
+        weight_dict={"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0},
+    ),
+}
+
+
+def set_loss_defaults(model: nn.Module) -> SetLossDefaults:
+    """The entry of ``model.class_head`` (models without the attribute are DETR-style ``"softmax"``)."""
+    head = getattr(model, "class_head", "softmax")
+    if head not in SET_LOSS_BY_CLASS_HEAD:
+        raise ValueError(
+            f"{type(model).__name__}.class_head = {head!r}: no set-loss defaults for it "
+            f"(known: {sorted(SET_LOSS_BY_CLASS_HEAD)}); add an entry to SET_LOSS_BY_CLASS_HEAD"
+        )
+    return SET_LOSS_BY_CLASS_HEAD[head]
+
+
+def build_criterion(
+    model: nn.Module,
+    num_classes: int,
+    matcher_kwargs: Mapping[str, Any] | None = None,
+    criterion_kwargs: Mapping[str, Any] | None = None,
+) -> SetCriterion:
+    """The :class:`SetCriterion` (with its :class:`HungarianMatcher`) for ``model``'s class head.
+
+    Args:
+        model: a detector with a ``class_head`` attribute.
+        num_classes: object classes K (without "no object").
+        matcher_kwargs: over the family's matcher settings (``cost_class``, ``cost_bbox``, ...).
+        criterion_kwargs: over the family's criterion settings, passed to :class:`SetCriterion`
+            (any keyword it takes, including options added later); a ``weight_dict`` here is merged
+            into the family's weights term by term rather than replacing them.
+    """
+    defaults = set_loss_defaults(model)
+    criterion = {**defaults.criterion, **(criterion_kwargs or {})}
+    criterion["weight_dict"] = {**defaults.weight_dict, **(criterion.get("weight_dict") or {})}
+    matcher = HungarianMatcher(**{**defaults.matcher, **(matcher_kwargs or {})})
+    return SetCriterion(num_classes, matcher, **criterion)
