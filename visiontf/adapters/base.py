@@ -143,7 +143,8 @@ class TaskAdapter:
         by default ``images -> normalize_outputs(model(images))``."""
         return ImagesToTensorGraph(model, self)
 
-    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+    def dynamic_axes(self, model: nn.Module | None = None) -> dict[str, dict[int, str]]:
+        """The graph's dynamic dimensions (``model``: the one exported, for adapters whose answer depends on it)."""
         return {name: {0: "batch"} for name in (*self.input_names, *self.output_names)}
 
     def default_export_size(self, model: nn.Module) -> tuple[int, int]:

@@ -145,12 +145,22 @@ class DetectionAdapter(TaskAdapter):
     def onnx_wrapper(self, model: nn.Module) -> nn.Module:
         return _DetectorGraph(model)
 
-    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+    def dynamic_axes(self, model: nn.Module | None = None) -> dict[str, dict[int, str]]:
+        """Batch, height and width dynamic; batch only for a model whose trace holds the traced size
+        (``trace_fixes_image_size``: Deformable DETR's level shapes are Python ints, so another size
+        would run with the traced shapes and give wrong boxes instead of an error)."""
+        if getattr(model, "trace_fixes_image_size", False):
+            return {name: {0: "batch"} for name in (*self.input_names, *self.output_names)}
         return {"images": {0: "batch", 2: "height", 3: "width"}, "mask": {0: "batch", 1: "height", 2: "width"},
                 "pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}}
 
     def default_export_size(self, model: nn.Module) -> tuple[int, int]:
-        s = int(pretrained_cfg(model).get("min_size", 800))
+        """``min_size`` square; for a fixed-size graph ``max_size`` square, so that every preprocessed
+        image fits once padded (the mask marks the padding)."""
+        cfg = pretrained_cfg(model)
+        s = int(cfg.get("min_size", 800))
+        if getattr(model, "trace_fixes_image_size", False) and cfg.get("max_size"):
+            s = int(cfg["max_size"])
         return s, s
 
     def example_inputs(self, model: nn.Module, image_size: Sequence[int] | None = None, batch_size: int = 1,

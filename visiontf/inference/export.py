@@ -6,8 +6,11 @@ adapter gives the graph's wrapper and signature (``visiontf.adapters``):
 
 * classification: ``images`` (B, 3, H, W) -> ``logits`` (B, K); batch dynamic, H/W fixed (the
   position-embedding resampling is traced for the export size).
-* detection (DETR): ``images`` (B, 3, H, W), ``mask`` (B, H, W) bool, True on padding (all False for
-  unpadded images) -> ``pred_logits`` (B, Q, K+1), ``pred_boxes`` (B, Q, 4); batch, H and W dynamic.
+* detection: ``images`` (B, 3, H, W), ``mask`` (B, H, W) bool, True on padding (all False for
+  unpadded images) -> ``pred_logits`` (B, Q, K+1 for DETR, K for Deformable DETR), ``pred_boxes``
+  (B, Q, 4); batch, H and W dynamic for DETR. Deformable DETR's graph has the export size fixed
+  (batch dynamic; default ``max_size`` square, pad smaller images to it with the mask) and runs the
+  pure-PyTorch ``grid_sample`` attention core (:func:`exportable_attention`).
 * segmentation: ``images`` (B, 3, H, W) -> ``logits`` (B, K, H, W); batch dynamic.
 
 Graph inputs are already normalised; the preprocessing settings travel in the ``.labels.json``
@@ -18,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from visiontf.adapters.base import Task, canonical_cfg, get_adapter
+from visiontf.nn.ms_deform_attn import MSDeformAttn
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,26 @@ def example_inputs(model: nn.Module, task: Task | None = None, image_size: Seque
     return get_adapter(model, task).example_inputs(model, image_size, batch_size, pad)
 
 
+@contextmanager
+def exportable_attention(model: nn.Module) -> Iterator[nn.Module]:
+    """Every multi-scale deformable attention of ``model`` runs its ``"grid_sample"`` core inside the block.
+
+    The default ``"gather"`` core is an ``embedding_bag`` inside an ``autograd.Function`` with a
+    written-out backward, which the exporter cannot be trusted to translate; ``grid_sample`` (ONNX
+    GridSample, opset 16+) computes the same values (``tests/test_ms_deform_attn.py``). The cores
+    are restored afterwards, so the model keeps running its fast path.
+    """
+    attns = [m for m in model.modules() if isinstance(m, MSDeformAttn)]
+    saved = [m.method for m in attns]
+    for m in attns:
+        m.method = "grid_sample"
+    try:
+        yield model
+    finally:
+        for m, method in zip(attns, saved):
+            m.method = method
+
+
 def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | None = None, task: Task | None = None,
                 opset: int = OPSET) -> Path:
     """Write ``model`` as an ONNX graph (see the module docstring for its inputs and outputs)."""
@@ -54,11 +79,11 @@ def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | 
     wrapper = adapter.onnx_wrapper(model).eval()
     inputs = adapter.example_inputs(model, image_size, batch_size=adapter.trace_batch_size, pad=True)
     in_names, out_names = list(adapter.input_names), list(adapter.output_names)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), exportable_attention(model):
         warnings.simplefilter("ignore")  # tracer warnings about Python ints in shape checks
         torch.onnx.export(
             wrapper, tuple(inputs[n] for n in in_names), str(path), dynamo=False, opset_version=opset,
-            input_names=in_names, output_names=out_names, dynamic_axes=adapter.dynamic_axes(), do_constant_folding=True,
+            input_names=in_names, output_names=out_names, dynamic_axes=adapter.dynamic_axes(model), do_constant_folding=True,
         )
     log.info("wrote %s (%s, opset %d, inputs %s)", path, adapter.task, opset, in_names)
     return path

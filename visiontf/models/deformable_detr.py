@@ -83,6 +83,8 @@ class DeformableDETR(nn.Module):
     #: sigmoid class scores over K classes, focal loss (the DETR family's other convention: "softmax")
     class_head = "sigmoid"
     head_prefixes = ("class_embed.",)
+    #: a traced graph holds the traced image size: level shapes are Python ints (ONNX exports fix H, W)
+    trace_fixes_image_size = True
 
     def __init__(
         self,

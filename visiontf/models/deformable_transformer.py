@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import Tensor, nn
 
@@ -95,9 +96,14 @@ def valid_counts(padding_mask: Tensor | None, layout: LevelLayout, batch: int) -
     if padding_mask is None:
         return layout.size.unsqueeze(0).expand(batch, L, 2)
     valid = (~padding_mask).float()
-    cols = valid.new_zeros(batch, L).index_add_(1, layout.level[layout.first_row], valid[:, layout.first_row])
-    rows = valid.new_zeros(batch, L).index_add_(1, layout.level[layout.first_col], valid[:, layout.first_col])
-    return torch.stack((cols, rows), -1)
+
+    def per_level(positions: Tensor) -> Tensor:
+        # a sum against the positions' one-hot levels, not index_add_: the ONNX exporter writes
+        # index_add_ as a scatter that drops repeated indices (every count would be 0 or 1);
+        # elementwise, so it stays float32 and exact under autocast
+        return (valid[:, positions, None] * F.one_hot(layout.level[positions], L).to(valid.dtype)).sum(1)
+
+    return torch.stack((per_level(layout.first_row), per_level(layout.first_col)), -1)
 
 
 def encoder_reference_points(layout: LevelLayout, valid_ratios: Tensor) -> Tensor:
