@@ -13,6 +13,7 @@ The forward is composed of steps the DINO-style options can reuse or replace:
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,8 @@ class DeformableDETR(nn.Module):
     head_prefixes = ("class_embed.",)
     #: a traced graph holds the traced image size: level shapes are Python ints (ONNX exports fix H, W)
     trace_fixes_image_size = True
+    #: ``forward(..., need_weights=True)`` returns sampling points, drawn as the paper's figure
+    attention_picture = "sampling_points"
 
     def __init__(
         self,
@@ -259,28 +262,61 @@ class DeformableDETR(nn.Module):
         boxes = torch.cat([delta[..., :2] + ref, delta[..., 2:]], -1).sigmoid()
         return self.class_embed[0](hidden), boxes
 
-    def forward(self, images: Tensor, mask: Tensor | None = None) -> dict:
+    def forward(self, images: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> dict:
         """Detect objects.
 
         Args:
             images: (B, 3, H, W), ImageNet-normalised, zero-padded to a common size.
             mask: (B, H, W) bool, True on padding pixels; None when nothing is padded.
+            need_weights: also return where the last decoder layer's cross-attention looked (the
+                paper's figure of sampling points).
 
         Returns:
             ``pred_logits`` (B, Q, num_classes) sigmoid logits, ``pred_boxes`` (B, Q, 4) float32
             cxcywh relative to each image's unpadded size, ``aux_outputs`` (with ``aux_loss``: one
             dict per decoder layer but the last) and, two-stage, ``enc_outputs`` (the proposals:
-            ``pred_logits`` (B, S, num_classes), ``pred_boxes`` (B, S, 4)).
+            ``pred_logits`` (B, S, num_classes), ``pred_boxes`` (B, S, 4)). With ``need_weights``
+            also ``dec_sampling_locations`` (B, Q, heads, L, points, 2) float32 normalised (x, y)
+            over each level's (padded) feature map, ``dec_attention_weights`` (B, Q, heads, L,
+            points) float32 (summing to 1 per query and head), ``dec_reference_points`` (B, Q, 2|4)
+            the last layer's reference (point or cxcywh box) relative to the unpadded image, and
+            ``spatial_shapes`` [(H_l, W_l)].
         """
         enc = self.encode(images, mask)
         queries = self.initial_queries(enc)
-        logits, boxes = self.predict(self.decode(queries, enc))
+        if need_weights:
+            dec, sampled = self._decode_recording_last_layer(queries, enc)
+        else:
+            dec = self.decode(queries, enc)
+        logits, boxes = self.predict(dec)
         out: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.aux_loss:
             out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
         if "enc_outputs" in queries:
             out["enc_outputs"] = queries["enc_outputs"]
+        if need_weights:
+            out.update(dec_sampling_locations=sampled[0], dec_attention_weights=sampled[1],
+                       dec_reference_points=dec["references"][-1].float(), spatial_shapes=list(enc.spatial_shapes))
         return out
+
+    def _decode_recording_last_layer(self, queries: dict, enc: MultiScaleMemory) -> tuple[dict, tuple[Tensor, Tensor]]:
+        """:meth:`decode`, recording the last layer's cross-attention sampling (its inputs, re-read by
+        :meth:`~visiontf.nn.MSDeformAttn.sampling`, which both attention cores compute from)."""
+        sampled: list[tuple[Tensor, Tensor]] = []
+
+        attn = self.transformer.decoder.layers[-1].cross_attn
+        signature = inspect.signature(attn.forward)
+
+        def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            call = signature.bind(*args, **kwargs).arguments
+            sampled.append(module.sampling(call["query"], call["reference_points"], call["spatial_shapes"]))
+
+        handle = attn.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            dec = self.decode(queries, enc)
+        finally:
+            handle.remove()
+        return dec, sampled[-1]
 
 
 # ------------------------------------------------------------------------------------ registry
