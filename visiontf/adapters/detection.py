@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,14 @@ def detection_resize(image: Tensor, min_size: int, max_size: int | None) -> Tens
     if tuple(out) == (h, w):
         return image
     return TF.resize(image, list(out), interpolation=InterpolationMode.BILINEAR, antialias=True).clamp(0.0, 1.0)
+
+
+#: attention picture by a model's ``attention_picture`` attribute (DETR has none: ``"maps"``):
+#: (module, function of (predictor, image) giving the data, function saving it as a PNG)
+ATTENTION_PICTURES: dict[str, tuple[str, str, str]] = {
+    "maps": ("visiontf.inference.attention", "detr_attention_maps", "save_detr_attention_figure"),
+    "sampling_points": ("visiontf.inference.deformable_attention", "deformable_sampling_points", "save_sampling_points_figure"),
+}
 
 
 class DetectionPreprocess(PreprocessModule):
@@ -136,11 +145,15 @@ class DetectionAdapter(TaskAdapter):
         return _DetectionWriter(self, out, predictor, annotations, ids, ann_l2c)
 
     def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
-        """DETR's decoder and encoder attention maps (the paper's figures)."""
-        from visiontf.inference.attention import detr_attention_maps, save_detr_attention_figure
-
-        maps = detr_attention_maps(predictor, [image.tensor])
-        return save_detr_attention_figure(maps, out / f"{stem}_attention.png")
+        """The attention picture of the model's kind (:data:`ATTENTION_PICTURES`): DETR's decoder and
+        encoder attention maps, Deformable DETR's sampling points (the papers' figures)."""
+        kind = getattr(predictor.model, "attention_picture", "maps")
+        if kind not in ATTENTION_PICTURES:
+            raise ValueError(f"{type(predictor.model).__name__}.attention_picture = {kind!r}; known: {sorted(ATTENTION_PICTURES)}")
+        module, compute, save = ATTENTION_PICTURES[kind]
+        functions = import_module(module)
+        data = getattr(functions, compute)(predictor, [image.tensor])
+        return getattr(functions, save)(data, out / f"{stem}_attention.png")
 
     def onnx_wrapper(self, model: nn.Module) -> nn.Module:
         return _DetectorGraph(model)

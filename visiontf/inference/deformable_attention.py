@@ -1,0 +1,165 @@
+"""Deformable DETR's attention picture (Zhu et al., 2021, the appendix figure of sampling points).
+
+For a detection (a query) the last decoder layer's cross-attention reads a few bilinear samples per
+head on every feature level. The picture marks each sample as a filled circle coloured by its
+attention weight, all levels together (a marker shape per level), with the detection's box and its
+reference point (a green cross), as the paper draws it.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from visiontf.adapters.drawing import color_for
+from visiontf.inference.predictor import Predictor, load_inputs
+
+log = logging.getLogger(__name__)
+
+#: marker of each feature level (finest first), so levels stay apart where points overlap
+LEVEL_MARKERS = ("o", "s", "^", "D", "v", "p")
+
+
+def _level_strides(shapes: Sequence[tuple[int, int]], input_hw: tuple[int, int]) -> list[int]:
+    """Each level's stride in input pixels: the power of two nearest input size / map size (a map of
+    a size that is not a multiple of the stride has one more, partly outside, cell)."""
+    return [2 ** round(math.log2(max(input_hw[1] / w, input_hw[0] / h))) for h, w in shapes]
+
+
+@torch.inference_mode()
+def deformable_sampling_points(
+    model: nn.Module | Predictor,
+    image: Any,
+    query_indices: Sequence[int] | None = None,
+    score_threshold: float = 0.5,
+    max_queries: int = 3,
+    **predictor_kwargs: Any,
+) -> dict[str, Any]:
+    """Where the last decoder layer sampled for chosen detections of one image.
+
+    Args:
+        model: a Deformable DETR (any model whose ``forward(..., need_weights=True)`` returns
+            ``dec_sampling_locations``), or a detection :class:`Predictor` (its preprocessing is used).
+        image: one image in any form :func:`~visiontf.inference.predictor.load_inputs` accepts.
+        query_indices: queries to show; default the ``max_queries`` best whose best class scores
+            ``> score_threshold`` (the best one if none does).
+        predictor_kwargs: preprocessing overrides (``min_size=256``, ...) when ``model`` is a module.
+
+    Returns:
+        numpy arrays in original image pixels: ``image`` (H, W, 3) uint8, ``query_indices`` (n,),
+        ``scores``, ``labels`` (each query's best class), ``class_names`` (list), ``boxes`` (n, 4)
+        xyxy, ``reference`` (n, 2) the reference point (x, y), ``points`` (n, heads, L, P, 2) every
+        sampling location (x, y), ``weights`` (n, heads, L, P) their attention weights (summing to
+        1 per head), ``spatial_shapes`` and ``strides`` of the levels.
+    """
+    pred = model if isinstance(model, Predictor) else Predictor(model, task="detection", **predictor_kwargs)
+    images = load_inputs(image)
+    if len(images) != 1:
+        raise ValueError(f"deformable_sampling_points takes one image, got {len(images)}")
+    im = images[0]
+    H, W = im.size
+    batch, sizes = pred.preprocess([im.tensor.to(pred.device)])
+    out = pred.model(batch.images, None, need_weights=True)
+    if out.get("dec_sampling_locations") is None:
+        raise ValueError(
+            f"{type(pred.model).__name__} returned no sampling locations; the picture needs a model whose "
+            "forward(images, mask, need_weights=True) returns dec_sampling_locations (Deformable DETR)"
+        )
+    prob = out["pred_logits"][0].float().sigmoid()
+    scores, labels = prob.max(-1)
+    scores, labels = scores.cpu(), labels.cpu()
+    if query_indices is None:
+        order = scores.argsort(descending=True)
+        chosen = [int(q) for q in order if scores[q] > score_threshold][:max_queries]
+        if not chosen:
+            log.info("no query scores above %.2f; showing the best one (%.3f)", score_threshold, float(scores[order[0]]))
+            chosen = [int(order[0])]
+    else:
+        chosen = [int(q) for q in query_indices]
+        bad = [q for q in chosen if not 0 <= q < len(scores)]
+        if bad:
+            raise ValueError(f"query indices {bad} out of range: the model has {len(scores)} queries")
+    q = torch.tensor(chosen, dtype=torch.long)
+    hr, wr = sizes[0]
+    to_original = torch.tensor([W / wr, H / hr])
+    shapes = [tuple(int(v) for v in s) for s in out["spatial_shapes"]]
+    strides = _level_strides(shapes, (hr, wr))
+    # a normalised location x on a map of w cells of `stride` pixels is input pixel x * w * stride
+    # (grid_sample, align_corners=False); then back to original pixels
+    cells = torch.tensor([(w * s, h * s) for (h, w), s in zip(shapes, strides)], dtype=torch.float32)  # (L, 2)
+    loc = out["dec_sampling_locations"][0].float().cpu()[q]  # (n, M, L, P, 2)
+    points = loc * cells[None, None, :, None, :] * to_original
+    reference = out["dec_reference_points"][0].float().cpu()[q, :2] * torch.tensor([W, H], dtype=torch.float32)
+    boxes = out["pred_boxes"][0].float().cpu()[q]
+    cx, cy, bw, bh = boxes.unbind(-1)
+    xyxy = torch.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], -1) * torch.tensor([W, H, W, H], dtype=torch.float32)
+    return {
+        "image": im.uint8().permute(1, 2, 0).numpy(),
+        "query_indices": np.asarray(chosen),
+        "scores": scores[q].numpy(),
+        "labels": labels[q].numpy(),
+        "class_names": [pred.class_name(int(l)) for l in labels[q]],
+        "boxes": xyxy.numpy(),
+        "reference": reference.numpy(),
+        "points": points.numpy(),
+        "weights": out["dec_attention_weights"][0].float().cpu()[q].numpy(),
+        "spatial_shapes": shapes,
+        "strides": strides,
+    }
+
+
+def save_sampling_points_figure(data: dict[str, Any], path: str | Path, dpi: int = 100, cmap: str = "jet") -> Path:
+    """A PNG from :func:`deformable_sampling_points`' output: one panel per detection with its box,
+    its reference point (green cross) and every sampling point of every level and head, coloured by
+    attention weight (one colour scale for the figure, the strongest drawn on top)."""
+    from matplotlib import colors
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+
+    image = data["image"]
+    H, W = image.shape[:2]
+    n = len(data["query_indices"])
+    weights = data["weights"]
+    norm = colors.Normalize(vmin=0.0, vmax=float(weights.max()) if weights.size else 1.0)
+    cols = max(n, 1)
+    panel = 4.0
+    fig = Figure(figsize=(cols * panel + 0.8, panel * H / max(W, 1) + 0.9), dpi=dpi)
+    axes = fig.subplots(1, cols, squeeze=False)[0]
+    scatter = None
+    L = len(data["spatial_shapes"])
+    for i in range(n):
+        ax = axes[i]
+        ax.imshow(image)
+        ax.set_xlim(-0.5, W - 0.5)
+        ax.set_ylim(H - 0.5, -0.5)
+        ax.axis("off")
+        x0, y0, x1, y1 = (float(v) for v in data["boxes"][i])
+        ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, linewidth=2,
+                               edgecolor=np.asarray(color_for(int(data["labels"][i]))) / 255.0))
+        for level in range(L):
+            pts = data["points"][i][:, level].reshape(-1, 2)
+            w = data["weights"][i][:, level].reshape(-1)
+            order = np.argsort(w)  # strongest last, on top
+            scatter = ax.scatter(pts[order, 0], pts[order, 1], c=w[order], cmap=cmap, norm=norm, s=22,
+                                 marker=LEVEL_MARKERS[level % len(LEVEL_MARKERS)], edgecolors="black", linewidths=0.3)
+        rx, ry = (float(v) for v in data["reference"][i])
+        ax.scatter([rx], [ry], marker="+", s=180, c="lime", linewidths=2.5)
+        ax.set_title(f"query {int(data['query_indices'][i])}: {data['class_names'][i]} {float(data['scores'][i]):.2f}", fontsize=9)
+    handles = [Line2D([], [], linestyle="", marker=LEVEL_MARKERS[l % len(LEVEL_MARKERS)], color="gray",
+                      label=f"level {l} (stride {s})") for l, s in enumerate(data["strides"])]
+    handles.append(Line2D([], [], linestyle="", marker="+", color="lime", markersize=10, label="reference point"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.subplots_adjust(left=0.01, right=0.9, top=0.9, bottom=0.12, wspace=0.05)
+    if scatter is not None:
+        fig.colorbar(scatter, cax=fig.add_axes((0.92, 0.15, 0.012, 0.72)), label="attention weight")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
