@@ -1,0 +1,135 @@
+"""Deformable DETR at inference: the Predictor, the sampling-point picture, ONNX through the
+grid_sample core (compared with onnxruntime on a padded batch of two), tools/export.py and
+tools/predict.py --attention."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.ops import box_convert
+
+import visiontf
+from visiontf.cli import export_main, predict_main
+from visiontf.detection import DeformablePostProcess
+from visiontf.inference.deformable_attention import deformable_sampling_points, save_sampling_points_figure
+from visiontf.inference.predictor import Predictor
+from visiontf.nn.ms_deform_attn import MSDeformAttn
+
+TINY = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return visiontf.create_model("deformable_detr_tiny", num_classes=3, **TINY).eval()
+
+
+def test_predictor_equals_the_model_and_sigmoid_postprocessing_on_a_padded_batch(model):
+    p = Predictor(model, device="cpu", min_size=64, max_size=96, class_names=["a", "b", "c"])
+    images = [torch.rand(3, 50, 70), torch.rand(3, 90, 41)]
+    res = p(images, score_threshold=None, top_k=5)
+    batch, _ = p.preprocess(images)
+    assert batch.padded
+    with torch.no_grad():
+        ref = DeformablePostProcess()(model(batch.images, batch.mask), torch.tensor([[50, 70], [90, 41]]), top_k=5)
+    for r, q in zip(res, ref):
+        torch.testing.assert_close(r["boxes"], q["boxes"])
+        torch.testing.assert_close(r["scores"], q["scores"])
+        assert r["labels"].tolist() == q["labels"].tolist() and all(n in "abc" for n in r["class_names"])
+    high = p(images, score_threshold=0.5)
+    assert all(torch.all(r["scores"] > 0.5) for r in high)
+
+
+def test_sampling_points_land_on_the_reference_with_zero_offsets(tmp_path):
+    """Offsets zeroed: every sample of every level lies on the reference point, which with an image
+    whose sides are multiples of the coarsest stride is exactly (x W, y H) on every level."""
+    torch.manual_seed(1)
+    model = visiontf.create_model("deformable_detr_tiny", num_classes=3, **{**TINY, "with_box_refine": False}).eval()
+    for m in model.transformer.decoder.modules():
+        if isinstance(m, MSDeformAttn):
+            torch.nn.init.zeros_(m.sampling_offsets.weight)
+            torch.nn.init.zeros_(m.sampling_offsets.bias)
+    image = (np.random.default_rng(0).random((64, 96, 3)) * 255).astype(np.uint8)
+    data = deformable_sampling_points(model, image, min_size=64, max_size=96, max_queries=2, score_threshold=1.0)
+    assert data["strides"] == [8, 16, 32] and len(data["query_indices"]) == 1  # none above 1.0: the best one
+    n, heads, levels, points, _ = data["points"].shape
+    assert (n, heads, levels, points) == (1, TINY["nheads"], 3, 4)
+    np.testing.assert_allclose(data["points"].reshape(-1, 2), np.broadcast_to(data["reference"][0], (heads * levels * points, 2)), atol=1e-3)
+    np.testing.assert_allclose(data["weights"].sum((-1, -2)), 1.0, atol=1e-5)
+    with pytest.raises(ValueError, match="out of range"):
+        deformable_sampling_points(model, image, query_indices=[TINY["num_queries"]], min_size=64, max_size=96)
+
+
+def test_sampling_points_figure(model, tmp_path):
+    image = np.full((72, 120, 3), 40, dtype=np.uint8)
+    data = deformable_sampling_points(model, image, query_indices=[0, 5], min_size=64, max_size=128)
+    assert data["points"].shape[0] == 2 and data["boxes"].shape == (2, 4)
+    path = save_sampling_points_figure(data, tmp_path / "points.png")
+    pic = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    assert pic.shape[1] > pic.shape[0] > 100
+    lime = (pic[..., 1] > 200) & (pic[..., 0] < 80) & (pic[..., 2] < 80)
+    assert lime.sum() > 20, "reference crosses drawn"
+    detr = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1)
+    with pytest.raises(ValueError, match="no sampling locations"):  # DETR's need_weights gives dense maps
+        deformable_sampling_points(detr, image, min_size=64, max_size=128)
+
+
+def _fake_checkpoint(model, path: Path, kwargs: dict) -> Path:
+    """What DetectionTask's Lightning checkpoint holds for the network (``model.*`` keys, hparams)."""
+    ckpt = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()} | {"criterion.empty_weight": torch.ones(4)},
+        "hyper_parameters": {"model_name": "deformable_detr_tiny", "num_classes": 3, "model_kwargs": kwargs},
+        "preprocess": {"min_size": 64, "max_size": 96},
+        "class_names": ["car", "person", "dog"],
+        "epoch": 0,
+    }
+    torch.save(ckpt, path)
+    return path
+
+
+def test_export_onnx_and_predict_with_attention_clis(tmp_path, capsys):
+    """Two-stage (box refinement, proposals, top-k): ONNX from the grid_sample core equals PyTorch's
+    gather core on a padded batch of two; the graph's H, W are the export size, its batch dynamic."""
+    import onnxruntime as ort
+
+    from visiontf.inference.export import example_inputs, onnx_max_abs_diff
+
+    kwargs = {**TINY, "two_stage": True}
+    torch.manual_seed(2)
+    model = visiontf.create_model("deformable_detr_tiny", num_classes=3, **kwargs).eval()
+    ckpt = _fake_checkpoint(model, tmp_path / "d.ckpt", kwargs)
+    out, onnx = tmp_path / "export" / "d.safetensors", tmp_path / "export" / "d.onnx"
+    assert export_main(["--ckpt_path", str(ckpt), "--output", str(out), "--onnx", str(onnx), "--image-size", "64", "96"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["onnx_max_abs_diff"] < 1e-4
+    print(f"ONNX vs PyTorch (padded batch of 2, 64x96): max abs diff {report['onnx_max_abs_diff']:.2e}")
+    back = visiontf.load_model(out).eval()
+    assert all(m.method == "gather" for m in back.modules() if isinstance(m, MSDeformAttn))
+    sess = ort.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    assert sess.get_inputs()[0].shape[1:] == [3, 64, 96] and isinstance(sess.get_inputs()[0].shape[0], str)
+    three = example_inputs(back, image_size=(64, 96), batch_size=3, pad=True)
+    assert onnx_max_abs_diff(back, onnx, three) < 1e-4
+
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for name, (h, w) in {"000000000042.png": (50, 70), "street.png": (81, 37)}.items():
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / name)
+    pred_dir = tmp_path / "pred"
+    assert predict_main(["--weights", str(out), "--input", str(images), "--output", str(pred_dir), "--score-threshold", "0.0",
+                         "--top-k", "3", "--attention", "--device", "cpu"]) == 0
+    preds = json.loads((pred_dir / "predictions.json").read_text())
+    assert len(preds) == 6 and {p["image_id"] for p in preds} == {42, 1}
+    for stem, (h, w) in {"000000000042": (50, 70), "street": (81, 37)}.items():
+        assert np.asarray(Image.open(pred_dir / f"{stem}.png")).shape == (h, w, 3)
+        assert (pred_dir / f"{stem}_attention.png").is_file()
+    # the same boxes as the Python API on the same batch, with the exported preprocessing
+    r = Predictor.from_file(out, device="cpu")(images, score_threshold=0.0, top_k=3)[1]
+    street = [q for q in preds if q["image_id"] == 1]
+    x0, y0, bw, bh = street[0]["bbox"]
+    np.testing.assert_allclose([x0, y0, x0 + bw, y0 + bh], r["boxes"][0].numpy(), atol=0.02)
+    assert box_convert(r["boxes"], "xyxy", "cxcywh")[:, 2:].min() >= 0
