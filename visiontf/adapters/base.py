@@ -2,8 +2,9 @@
 
 Adding a task means writing one adapter module and adding one line to :data:`ADAPTERS`. Adding a
 model family of an existing task means registering its names with the task's tag; a detection
-family with another class-head convention also adds its case to
-:func:`visiontf.detection.build_postprocess`, which the detection adapter calls.
+family with another class-head convention also adds its entries to the tables behind
+:func:`visiontf.detection.build_postprocess` (which the detection adapter calls) and
+:func:`visiontf.detection.build_criterion` (which the detection task calls).
 """
 from __future__ import annotations
 
