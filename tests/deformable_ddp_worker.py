@@ -85,4 +85,9 @@ def _worker(rank: int, out: str) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
-    mp.spawn(_worker, args=(sys.argv[1],), nprocs=2, join=True)
+    # imported once here and forked (nothing has run a kernel yet, so no OpenMP pool to inherit):
+    # two fresh interpreters would import torch and visiontf again, most of this script's time
+    import visiontf.detection  # noqa: F401
+    import visiontf.registry  # noqa: F401
+
+    mp.start_processes(_worker, args=(sys.argv[1],), nprocs=2, join=True, start_method="fork")
