@@ -4,6 +4,11 @@ For a detection (a query) the last decoder layer's cross-attention reads a few b
 head on every feature level. The picture marks each sample as a filled circle coloured by its
 attention weight, all levels together (a marker shape per level), with the detection's box and its
 reference point (a green cross), as the paper draws it.
+
+Points are drawn where the model reads them. A level whose map size is not a multiple of its stride
+covers a little more than the image (the last row and column of cells overhang it) and the model
+scales reference points to the whole map, so on coarse levels the samples sit slightly right of and
+below the reference point drawn at (x W, y H).
 """
 from __future__ import annotations
 
