@@ -122,7 +122,7 @@ def deformable_sampling_points(
 def save_sampling_points_figure(data: dict[str, Any], path: str | Path, dpi: int = 100, cmap: str = "jet") -> Path:
     """A PNG from :func:`deformable_sampling_points`' output: one panel per detection with its box,
     its reference point (green cross) and every sampling point of every level and head, coloured by
-    attention weight (one colour scale for the figure, the strongest drawn on top)."""
+    attention weight (one colour scale for the figure; stronger samples larger and drawn on top)."""
     from matplotlib import colors
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -135,7 +135,8 @@ def save_sampling_points_figure(data: dict[str, Any], path: str | Path, dpi: int
     norm = colors.Normalize(vmin=0.0, vmax=float(weights.max()) if weights.size else 1.0)
     cols = max(n, 1)
     panel = 4.0
-    fig = Figure(figsize=(cols * panel + 0.8, panel * H / max(W, 1) + 0.9), dpi=dpi)
+    # at least 7 inches wide, so that the legend's row fits under a single panel
+    fig = Figure(figsize=(max(cols * panel + 0.8, 7.0), panel * H / max(W, 1) + 0.9), dpi=dpi)
     axes = fig.subplots(1, cols, squeeze=False)[0]
     scatter = None
     L = len(data["spatial_shapes"])
@@ -148,12 +149,15 @@ def save_sampling_points_figure(data: dict[str, Any], path: str | Path, dpi: int
         x0, y0, x1, y1 = (float(v) for v in data["boxes"][i])
         ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, linewidth=2,
                                edgecolor=np.asarray(color_for(int(data["labels"][i]))) / 255.0))
-        for level in range(L):
-            pts = data["points"][i][:, level].reshape(-1, 2)
-            w = data["weights"][i][:, level].reshape(-1)
-            order = np.argsort(w)  # strongest last, on top
-            scatter = ax.scatter(pts[order, 0], pts[order, 1], c=w[order], cmap=cmap, norm=norm, s=22,
-                                 marker=LEVEL_MARKERS[level % len(LEVEL_MARKERS)], edgecolors="black", linewidths=0.3)
+        # (heads, L, P, ·) -> one row per sample, drawn weakest first so the strongest of any level is on
+        # top; larger for a larger weight, since samples of different heads and levels often coincide
+        pts = data["points"][i].reshape(-1, 2)
+        w = data["weights"][i].reshape(-1)
+        level = np.broadcast_to(np.arange(L)[None, :, None], data["weights"][i].shape).reshape(-1)
+        size = 14.0 + 70.0 * w / max(float(norm.vmax), 1e-12)
+        for k in np.argsort(w, kind="stable"):
+            scatter = ax.scatter(pts[k, 0], pts[k, 1], c=w[k:k + 1], cmap=cmap, norm=norm, s=size[k],
+                                 marker=LEVEL_MARKERS[level[k] % len(LEVEL_MARKERS)], edgecolors="black", linewidths=0.3)
         rx, ry = (float(v) for v in data["reference"][i])
         ax.scatter([rx], [ry], marker="+", s=180, c="lime", linewidths=2.5)
         ax.set_title(f"query {int(data['query_indices'][i])}: {data['class_names'][i]} {float(data['scores'][i]):.2f}", fontsize=9)
@@ -161,9 +165,10 @@ def save_sampling_points_figure(data: dict[str, Any], path: str | Path, dpi: int
                       label=f"level {l} (stride {s})") for l, s in enumerate(data["strides"])]
     handles.append(Line2D([], [], linestyle="", marker="+", color="lime", markersize=10, label="reference point"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.subplots_adjust(left=0.01, right=0.9, top=0.9, bottom=0.12, wspace=0.05)
+    width = fig.get_figwidth()  # inches: the colour bar and its label keep ~1 inch on the right
+    fig.subplots_adjust(left=0.01, right=1 - 1.15 / width, top=0.9, bottom=0.12, wspace=0.05)
     if scatter is not None:
-        fig.colorbar(scatter, cax=fig.add_axes((0.92, 0.15, 0.012, 0.72)), label="attention weight")
+        fig.colorbar(scatter, cax=fig.add_axes((1 - 0.95 / width, 0.15, 0.12 / width, 0.72)), label="attention weight")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
