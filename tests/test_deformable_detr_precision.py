@@ -47,6 +47,14 @@ def test_bf16_autocast_keeps_sampling_locations_and_losses_float32(method, monke
             return out
 
         monkeypatch.setattr(MSDeformAttn, name, spy)
+    grids = []  # what the grid_sample core hands to F.grid_sample
+    grid_sample = torch.nn.functional.grid_sample
+
+    def grid_spy(input, grid, *args, **kwargs):
+        grids.append(grid)
+        return grid_sample(input, grid, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "grid_sample", grid_spy)
     images, mask, targets = _batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(images, mask)
@@ -59,6 +67,9 @@ def test_bf16_autocast_keeps_sampling_locations_and_losses_float32(method, monke
     for loc, weights in locations:
         assert loc.dtype == torch.float32 and weights.dtype == torch.float32
         assert (loc.to(torch.bfloat16).float() != loc).any(), "locations rounded to bf16"
+    assert len(grids) == (3 * len(locations) if method == "grid_sample" else 0)  # one per level
+    for grid in grids:
+        assert grid.dtype == torch.float32 and (grid.to(torch.bfloat16).float() != grid).any(), "grid rounded to bf16"
     assert {"loss_ce", "loss_bbox", "loss_giou", "loss_ce_0", "loss_ce_enc", "loss_bbox_enc"} <= set(losses)
     for key, value in losses.items():
         assert value.dtype == torch.float32 and torch.isfinite(value), key

@@ -116,9 +116,12 @@ def ms_deform_attn_core(
 def _core_grid_sample(value: Tensor, shapes: list[tuple[int, int]], loc: Tensor, attn: Tensor) -> Tensor:
     N, S, M, D = value.shape
     _, Lq, _, L, P, _ = loc.shape
-    grids = 2 * loc.to(value.dtype) - 1
+    # sampled in float32 (float64 for float64 inputs), as the gather core: bf16 locations would move
+    # samples by up to a quarter pixel on a 100-pixel map; the result comes back in value's dtype
+    dtype = torch.float64 if value.dtype == torch.float64 else torch.float32
+    grids = 2 * loc.to(dtype) - 1
     # (N, S, M, D) -> (N, M, D, S): each level is then a contiguous (N*M, D, H, W) slice
-    per_level = value.permute(0, 2, 3, 1).split([h * w for h, w in shapes], dim=-1)
+    per_level = value.to(dtype).permute(0, 2, 3, 1).split([h * w for h, w in shapes], dim=-1)
     samples = []
     for lvl, (h, w) in enumerate(shapes):
         v = per_level[lvl].reshape(N * M, D, h, w)
@@ -127,9 +130,9 @@ def _core_grid_sample(value: Tensor, shapes: list[tuple[int, int]], loc: Tensor,
         samples.append(F.grid_sample(v, g, mode="bilinear", padding_mode="zeros", align_corners=False))
     # (N*M, D, Lq, L, P) weighted by (N*M, 1, Lq, L, P)
     stacked = torch.stack(samples, dim=-2)
-    weights = attn.to(value.dtype).transpose(1, 2).reshape(N * M, 1, Lq, L, P)
+    weights = attn.to(dtype).transpose(1, 2).reshape(N * M, 1, Lq, L, P)
     out = (stacked * weights).sum((-1, -2)).view(N, M * D, Lq)
-    return out.transpose(1, 2)
+    return out.transpose(1, 2).to(value.dtype)
 
 
 def _float(t: Tensor) -> Tensor:
