@@ -96,11 +96,26 @@ def test_ddp_fit_of_the_paper_recipe_writes_a_finite_checkpoint_and_logs_every_t
         assert key in metrics, key
 
 
+def _evaluate_here(ckpt: Path, out: Path, overrides: list[str]) -> dict[str, float]:
+    """``tools/eval.py`` on 1 process, this one (one thread, as each DDP rank): a third interpreter
+    start would cost more than the evaluation."""
+    from visiontf.cli import eval_main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        eval_main(["--config", CONFIG, "--ckpt_path", str(ckpt), *overrides, "--trainer.enable_progress_bar=false",
+                   "--trainer.logger=false", "--trainer.devices=1", "--output", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(out.read_text())
+
+
 def test_ddp_eval_equals_single_process(ddp_fit, tmp_path):
     from visiontf.evaluation.coco_metric import METRIC_NAMES
 
     _, ckpt, overrides = ddp_fit
-    single = evaluate(CONFIG, ckpt, tmp_path / "single.json", overrides)
+    single = _evaluate_here(ckpt, tmp_path / "single.json", overrides)
     assert 0 < single["val/map"] < 1 and 0 < single["val/mar_100"] < 1, f"degenerate stats prove nothing: {single}"
     ddp = evaluate(CONFIG, ckpt, tmp_path / "ddp.json", overrides, ddp=True)
     keys = [f"val/{k}" for k in METRIC_NAMES]
