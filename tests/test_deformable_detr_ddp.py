@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ddp_utils import ddp_args, evaluate, run, subprocess_env
 
 pytestmark = pytest.mark.slow

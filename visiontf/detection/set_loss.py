@@ -9,8 +9,9 @@ family names and a new family adds one entry (as it adds one to
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from torch import nn
 
