@@ -6,7 +6,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from visiontf.detection import HungarianMatcher, SetCriterion, build_postprocess
+from visiontf.detection import build_postprocess
+from visiontf.detection.set_loss import build_set_criterion
 from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
@@ -24,6 +25,12 @@ class DetectionTask(BaseTask):
     Learning rates follow the model's own parameter groups (``model.param_group(name)``): ``lr``
     for ``"default"``, ``lr_backbone`` for ``"backbone"`` and ``lr * lr_offsets_mult`` for
     ``"offsets"`` (deformable attention's sampling offsets and reference points, where a model has them).
+
+    The class loss and matching cost follow the model's ``class_head`` (softmax: DETR's; sigmoid: the
+    focal loss and cost of Deformable DETR and DINO); ``criterion_kwargs`` / ``matcher_kwargs`` go to
+    :class:`~visiontf.detection.SetCriterion` / :class:`~visiontf.detection.HungarianMatcher` on top
+    (e.g. ``criterion_kwargs: {class_loss: vfl}``). A model with ``forward_takes_targets = True``
+    gets the batch's targets in training steps.
     """
 
     task = "detection"
@@ -51,13 +58,19 @@ class DetectionTask(BaseTask):
         eval_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
+        criterion_kwargs: dict[str, Any] | None = None,
+        matcher_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
         self.save_hyperparameters()
-        matcher = HungarianMatcher(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou)
         weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        # the model's class head picks the class loss and matching cost (visiontf.detection.set_loss);
         # the criterion's matcher runs outside any compiled graph: scipy needs the CPU
-        self.criterion = SetCriterion(num_classes, matcher, weight_dict=weights, eos_coef=eos_coef)
+        self.criterion = build_set_criterion(
+            self.model, num_classes, weights,
+            matcher_kwargs={"cost_class": cost_class, "cost_bbox": cost_bbox, "cost_giou": cost_giou, **(matcher_kwargs or {})},
+            criterion_kwargs={"eos_coef": eos_coef, **(criterion_kwargs or {})},
+        )
         self.postprocess = build_postprocess(self.model)
         self.metrics: dict[str, Any] = {}
         self._last_report: dict | None = None
@@ -74,7 +87,11 @@ class DetectionTask(BaseTask):
 
     def _step(self, batch) -> tuple[dict, dict[str, Tensor], list[dict]]:
         images, mask, targets = batch
-        outputs = self.model(images, mask)
+        if self.training and getattr(self.model, "forward_takes_targets", False):
+            # training-only inputs built from the targets (e.g. DINO's denoising queries)
+            outputs = self.model(images, mask, targets=targets)
+        else:
+            outputs = self.model(images, mask)
         # only training steps synchronise the box count: eval ranks may run unequal batch counts
         losses = self.criterion(outputs, targets, sync_num_boxes=self.training)
         return outputs, losses, targets
