@@ -122,6 +122,10 @@ class DeformableDETR(nn.Module):
             proposal heads stay separate.
         pos_temperature: temperature of the sine position embedding (DINO 20, Deformable DETR
             10000).
+        decoder_norm: DINO's extra LayerNorm on the decoder outputs the heads predict from (its
+            ``TransformerDecoder.norm``); the references passed between layers are still refined
+            from the un-normalised outputs, as in DINO, so the predicted boxes then differ from
+            the next layer's reference. Needs ``with_box_refine``.
         num_select: detections kept per image by the post-processing (Deformable DETR 100,
             DINO 300); read by :func:`visiontf.detection.build_postprocess`.
     """
@@ -165,6 +169,7 @@ class DeformableDETR(nn.Module):
         share_decoder_heads: bool = False,
         pos_temperature: float = 10000.0,
         num_select: int = 100,
+        decoder_norm: bool = False,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -223,6 +228,9 @@ class DeformableDETR(nn.Module):
             self.ref_point_head = MLP(2 * hidden_dim, hidden_dim, hidden_dim, 2)
         # denoising label embedding; the last row is the zero "padding" query DINO feeds
         self.label_enc = nn.Embedding(num_classes + 1, hidden_dim, padding_idx=num_classes) if num_denoising > 0 else None
+        if decoder_norm and not with_box_refine:
+            raise ValueError("decoder_norm=True (DINO) predicts refined boxes from normalised outputs: it needs with_box_refine=True")
+        self.decoder_norm = nn.LayerNorm(hidden_dim) if decoder_norm else None
         # one head shared by all layers, or (refinement) one per layer (or one shared: DINO) plus,
         # two-stage, one for the proposals
         dec_heads = 1 if share_decoder_heads else dec_layers
@@ -405,15 +413,26 @@ class DeformableDETR(nn.Module):
         """Class logits (layers, B, Q, K) and boxes (layers, B, Q, 4) normalised cxcywh, float32."""
         hidden = dec["hidden"]
         if self.with_box_refine:
+            deltas = dec["deltas"]
+            if self.decoder_norm is not None:
+                # DINO: the heads read normalised outputs; the decoder refined its references without
+                hidden = self.decoder_norm(hidden)
+                if self.share_decoder_heads:
+                    deltas = list(self.bbox_embed[0](hidden).float().unbind(0))
+                else:
+                    deltas = [head(h).float() for head, h in zip(self._decoder_heads(self.bbox_embed), hidden)]
             if self.share_decoder_heads:
                 logits = self.class_embed[0](hidden)
             else:
                 logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
-            boxes = dec["new_references"]
             if self.look_forward_twice:
                 # layer i refines layer i-1's boxes before they were detached: its loss reaches layer i-1
-                boxes = boxes[:1] + [refine_boxes(prev, delta) for prev, delta in zip(boxes[:-1], dec["deltas"][1:])]
-            return logits, torch.stack(boxes)
+                sources = dec["references"][:1] + dec["new_references"][:-1]
+            else:
+                sources = dec["references"]
+            if self.decoder_norm is None and not self.look_forward_twice:
+                return logits, torch.stack(dec["new_references"])  # the same values, computed once
+            return logits, torch.stack([refine_boxes(ref, delta) for ref, delta in zip(sources, deltas)])
         # one shared head: all layers at once, offsets from the (fixed) initial reference points
         delta = self.bbox_embed[0](hidden).float()
         ref = inverse_sigmoid(dec["references"][0].float())
