@@ -6,6 +6,7 @@ Names resolve lazily: ``import visiontf.callbacks`` stays light, and the drawing
 from visiontf._lazy import lazy_getattr
 
 _LAZY = {
+    "BudgetCosine": "visiontf.callbacks.budget_schedule",
     "ElapsedTime": "visiontf.callbacks.elapsed_time",
     "EpochLines": "visiontf.callbacks.epoch_lines",
     "LastAndBestCheckpoint": "visiontf.callbacks.checkpoint",

@@ -10,6 +10,21 @@ logits, no "no object" class, a sigmoid focal loss over one-hot targets normalis
 of boxes (``mean over queries, summed, / num_boxes * Q``), default weights class 2, L1 5, GIoU 2;
 two-stage proposals (``enc_outputs``) are matched and supervised class-agnostically (every label
 0) under the suffix ``_enc``.
+
+Options of the DINO line, each used only when the model's outputs carry its entries:
+
+* ``class_loss="vfl"`` (varifocal, RT-DETR / D-FINE) or ``"ia_bce"`` (RF-DETR's IoU-aware BCE):
+  sigmoid class losses whose target is the IoU of the matched box (:mod:`visiontf.detection.losses`);
+* ``interm_outputs`` (DINO's mixed query selection: the selected encoder proposals): matched and
+  supervised with the class labels under the suffix ``_interm`` (DINO's ``SetCriterion``);
+* ``num_query_groups`` G (Group DETR): the G * Q queries are matched one-to-one per group, and the
+  normaliser becomes ``num_boxes * G`` (as LW-DETR / RF-DETR);
+* ``dn_outputs`` with ``dn_meta`` (contrastive denoising): the positive denoising queries are
+  supervised with their own ground truth (fixed assignment, no matching), negatives and padding as
+  "no object", normalised by ``num_boxes * dn_groups``, under ``_dn`` and ``_dn_<layer>`` (DINO);
+  a batch without boxes gives zero ``_dn`` terms.
+
+The weight of a suffixed term defaults to its base term's (``loss_ce_dn`` weighs as ``loss_ce``).
 """
 from __future__ import annotations
 
@@ -20,8 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchvision.ops import box_convert, generalized_box_iou, sigmoid_focal_loss
+from torchvision.ops import box_convert, box_iou, generalized_box_iou, sigmoid_focal_loss
 
+from visiontf.detection.denoising import denoising_match_indices
+from visiontf.detection.losses import ia_bce_loss, varifocal_loss
 from visiontf.detection.matcher import HungarianMatcher, Indices
 
 logger = logging.getLogger(__name__)
@@ -30,13 +47,18 @@ DEFAULT_WEIGHTS: Dict[str, float] = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_gio
 #: Deformable DETR's defaults (``main.py``: cls_loss_coef 2, bbox 5, giou 2)
 FOCAL_DEFAULT_WEIGHTS: Dict[str, float] = {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 SUPPORTED_LOSSES = ("labels", "boxes", "cardinality")
-CLASS_LOSSES = ("ce", "focal")
+CLASS_LOSSES = ("ce", "focal", "vfl", "ia_bce")
+#: IoU-aware sigmoid class losses: the matched class's target is the box's IoU
+_IOU_AWARE = {"vfl": varifocal_loss, "ia_bce": ia_bce_loss}
 #: outputs that are not the final predictions: each is matched and supervised separately
-_EXTRA_OUTPUTS = ("aux_outputs", "enc_outputs")
+_EXTRA_OUTPUTS = ("aux_outputs", "enc_outputs", "interm_outputs", "dn_outputs", "dn_meta", "num_query_groups")
+#: denoising terms of a batch without any box (zero, so that every step logs the same names)
+_DN_TERMS = ("loss_ce_dn", "loss_bbox_dn", "loss_giou_dn")
 
 # GIoU of each matched pair: torchvision's pairwise GIoU vmapped over the pairs equals the diagonal
 # of the full matrix the original builds, without the (M, M) intermediate.
 _paired_giou = torch.vmap(lambda a, b: generalized_box_iou(a[None], b[None])[0, 0])
+_paired_iou = torch.vmap(lambda a, b: box_iou(a[None], b[None])[0, 0])
 
 
 @torch.no_grad()
@@ -65,8 +87,11 @@ class SetCriterion(nn.Module):
         losses: which of ``"labels"``, ``"boxes"``, ``"cardinality"`` to compute.
         class_loss: ``"ce"`` (DETR: softmax cross-entropy over K + 1 logits) or ``"focal"``
             (Deformable DETR: sigmoid focal loss over K logits; its default weights and matcher
-            are class 2 / L1 5 / GIoU 2 with the focal matching cost).
-        focal_alpha, focal_gamma: of the focal loss.
+            are class 2 / L1 5 / GIoU 2 with the focal matching cost), or an IoU-aware sigmoid
+            loss: ``"vfl"`` (:func:`~visiontf.detection.losses.varifocal_loss`, alpha 0.75) or
+            ``"ia_bce"`` (:func:`~visiontf.detection.losses.ia_bce_loss`, alpha ``focal_alpha``);
+            the sigmoid losses share the focal matching cost and normalisation.
+        focal_alpha, focal_gamma: of the focal loss (and of IA-BCE).
 
     ``forward(outputs, targets)`` returns the unweighted terms (``loss_ce``, ``class_error``,
     ``loss_bbox``, ``loss_giou``, ``cardinality_error`` and their ``_i`` versions for
@@ -96,7 +121,7 @@ class SetCriterion(nn.Module):
             )
         if class_loss not in CLASS_LOSSES:
             raise ValueError(f"SetCriterion: class_loss must be one of {CLASS_LOSSES}, got {class_loss!r}")
-        focal = class_loss == "focal"
+        focal = class_loss != "ce"  # every sigmoid loss matches with the focal cost
         if matcher is None:
             matcher = HungarianMatcher(cost_class=2.0, class_cost="focal", focal_alpha=focal_alpha, focal_gamma=focal_gamma) if focal else HungarianMatcher()
         if getattr(matcher, "class_cost", "focal" if focal else "softmax") != ("focal" if focal else "softmax"):
@@ -138,7 +163,15 @@ class SetCriterion(nn.Module):
         target_classes_o = torch.cat(
             [t["labels"][j.to(t["labels"].device)].to(device) for t, (_, j) in zip(targets, indices)]
         ).long()
-        if self.class_loss == "focal":
+        if self.class_loss in _IOU_AWARE:
+            target_classes = torch.full(src_logits.shape[:2], self.num_classes, dtype=torch.int64, device=device)
+            target_classes[idx] = target_classes_o
+            iou = torch.zeros(src_logits.shape[:2], dtype=torch.float32, device=device)
+            if len(target_classes_o):
+                iou[idx] = self._matched_iou(outputs, targets, indices, idx)
+            kwargs = {"gamma": self.focal_gamma} if self.class_loss == "vfl" else {"alpha": self.focal_alpha, "gamma": self.focal_gamma}
+            loss_ce = _IOU_AWARE[self.class_loss](src_logits, target_classes, iou, num_boxes, **kwargs)
+        elif self.class_loss == "focal":
             # one-hot over the K classes; unmatched queries are all-negative
             onehot = torch.zeros_like(src_logits)
             onehot[idx + (target_classes_o,)] = 1.0
@@ -157,6 +190,14 @@ class SetCriterion(nn.Module):
         if log:
             losses["class_error"] = 100 - _top1_accuracy(src_logits[idx], target_classes_o)
         return losses
+
+    @staticmethod
+    @torch.no_grad()
+    def _matched_iou(outputs, targets, indices: Indices, idx: Tuple[Tensor, Tensor]) -> Tensor:
+        """IoU of every matched (prediction, target) pair, in the order of ``idx``."""
+        pred = outputs["pred_boxes"].float()[idx]
+        tgt = torch.cat([t["boxes"].reshape(-1, 4)[j.to(t["boxes"].device)].to(pred.device, torch.float32) for t, (_, j) in zip(targets, indices)])
+        return _paired_iou(box_convert(pred, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy")).nan_to_num(0.0)
 
     @torch.no_grad()
     def loss_cardinality(self, outputs, targets, indices: Indices, num_boxes: float) -> Dict[str, Tensor]:
@@ -223,6 +264,46 @@ class SetCriterion(nn.Module):
                 f"got {len(targets)} target dicts for a batch of {logits.shape[0]} images"
             )
 
+    def match_groups(self, outputs: Mapping[str, Tensor], targets: Sequence[Mapping[str, Tensor]], groups: int) -> Indices:
+        """Hungarian matching of each of ``groups`` query groups on its own (Group DETR).
+
+        ``outputs`` hold G * Q queries per image, group-major; the groups are folded into the batch
+        so that one matcher call solves all of them, and the indices come back per image over all
+        G * Q queries (each target matched once per group).
+        """
+        if groups == 1:
+            return self.matcher(outputs, targets)
+        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+        B, N = logits.shape[:2]
+        if N % groups:
+            raise ValueError(f"num_query_groups={groups} does not divide the {N} queries of the outputs")
+        Q = N // groups
+        folded = {"pred_logits": logits.reshape(B * groups, Q, -1), "pred_boxes": boxes.reshape(B * groups, Q, 4)}
+        found = self.matcher(folded, [t for t in targets for _ in range(groups)])
+        indices: Indices = []
+        for b in range(B):
+            per_group = found[b * groups : (b + 1) * groups]
+            indices.append((
+                torch.cat([q + g * Q for g, (q, _) in enumerate(per_group)]),
+                torch.cat([t for _, t in per_group]),
+            ))
+        return indices
+
+    def _add_denoising(self, dn_outputs, meta, targets, num_boxes: float, add, terms: Dict[str, Tensor]) -> None:
+        """Denoising terms: fixed assignment of the positive queries, ``num_boxes * dn_groups`` normaliser."""
+        losses = [name for name in self.losses if name != "cardinality"]  # a count of noised copies means nothing
+        if meta.pad_size == 0:
+            zero = dn_outputs["pred_logits"].float().sum() * 0.0
+            add({name: zero for name in _DN_TERMS}, "")
+            return
+        indices = denoising_match_indices(meta)
+        normaliser = num_boxes * meta.num_groups
+        for name in losses:
+            add(self.get_loss(name, dn_outputs, targets, indices, normaliser, **({"log": False} if name == "labels" else {})), "_dn")
+        for i, aux in enumerate(dn_outputs.get("aux_outputs", ()) or ()):
+            for name in losses:
+                add(self.get_loss(name, aux, targets, indices, normaliser, **({"log": False} if name == "labels" else {})), f"_dn_{i}")
+
     def forward(
         self, outputs: Mapping[str, object], targets: Sequence[Mapping[str, Tensor]], sync_num_boxes: bool = True
     ) -> Dict[str, Tensor]:
@@ -246,17 +327,32 @@ class SetCriterion(nn.Module):
                 if weight:
                     weighted.append(weight * value)
 
-        indices = self.matcher(main, targets)
+        # Group DETR: G groups of queries, each matched one-to-one on its own
+        groups = int(outputs.get("num_query_groups", 1) or 1)
+        group_boxes = num_boxes * groups
+        indices = self.match_groups(main, targets, groups)
         for name in self.losses:
-            add(self.get_loss(name, main, targets, indices, num_boxes), "")
+            add(self.get_loss(name, main, targets, indices, group_boxes), "")
 
         for i, aux in enumerate(outputs.get("aux_outputs", ()) or ()):
             self._check(aux, targets)
-            indices = self.matcher(aux, targets)
+            indices = self.match_groups(aux, targets, groups)
             for name in self.losses:
                 # The original logs class_error for the last layer only.
                 kwargs = {"log": False} if name == "labels" else {}
-                add(self.get_loss(name, aux, targets, indices, num_boxes, **kwargs), f"_{i}")
+                add(self.get_loss(name, aux, targets, indices, group_boxes, **kwargs), f"_{i}")
+
+        interm = outputs.get("interm_outputs")
+        if interm is not None:
+            # DINO's mixed query selection: the selected proposals, matched with their classes
+            self._check(interm, targets)
+            indices = self.matcher(interm, targets)
+            for name in self.losses:
+                kwargs = {"log": False} if name == "labels" else {}
+                add(self.get_loss(name, interm, targets, indices, num_boxes, **kwargs), "_interm")
+
+        if outputs.get("dn_meta") is not None:
+            self._add_denoising(outputs["dn_outputs"], outputs["dn_meta"], targets, num_boxes, add, terms)
 
         enc = outputs.get("enc_outputs")
         if enc is not None:

@@ -147,7 +147,8 @@ def build_postprocess(model: nn.Module) -> nn.Module:
     ``"sigmoid"`` (Deformable DETR and its successors: K sigmoid logits) gives
     :class:`DeformablePostProcess`. Models without the attribute are taken to be softmax models,
     as every DETR checkpoint is. A family with another convention adds its entry to
-    :data:`POSTPROCESS_BY_CLASS_HEAD`.
+    :data:`POSTPROCESS_BY_CLASS_HEAD`. A model's ``postprocess_kwargs`` (e.g. DINO's
+    ``{"num_top": 300}``) are passed to the post-processing's constructor.
     """
     head = getattr(model, "class_head", "softmax")
     if head not in POSTPROCESS_BY_CLASS_HEAD:
@@ -155,4 +156,4 @@ def build_postprocess(model: nn.Module) -> nn.Module:
             f"{type(model).__name__}.class_head = {head!r}: no post-processing for it "
             f"(known: {sorted(POSTPROCESS_BY_CLASS_HEAD)}); add an entry to POSTPROCESS_BY_CLASS_HEAD"
         )
-    return POSTPROCESS_BY_CLASS_HEAD[head]()
+    return POSTPROCESS_BY_CLASS_HEAD[head](**dict(getattr(model, "postprocess_kwargs", None) or {}))

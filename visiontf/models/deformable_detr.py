@@ -10,13 +10,22 @@ The original checkpoints and HuggingFace ``DeformableDetrForObjectDetection`` we
 The forward is composed of steps the DINO-style options can reuse or replace:
 :meth:`DeformableDETR.encode` (backbone, projections, encoder), :meth:`~DeformableDETR.initial_queries`
 (learned queries or two-stage proposals), the decoder, and :meth:`~DeformableDETR.predict`.
+
+Training options of the DINO line (issue 11), each off by default so that the published models
+stay exact (see :class:`DeformableDETR`'s arguments for the sources): contrastive denoising queries
+(``num_denoising``), mixed query selection (``mixed_query_selection``), look forward twice
+(``look_forward_twice``), Group DETR's one-to-many groups (``num_query_groups``), DINO's shared
+decoder heads and position temperature. With denoising the model takes the batch's ``targets``
+in training (``forward_takes_targets``).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +39,10 @@ from visiontf.models.deformable_transformer import (
     encoder_reference_points,
     inverse_sigmoid,
     level_layout,
+    refine_boxes,
     valid_counts,
 )
+from visiontf.models.denoising import DenoisingQueries, build_contrastive_denoising
 from visiontf.models.detr import MLP
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.nn import PositionEmbeddingSine2d
@@ -79,6 +90,46 @@ class DeformableDETR(nn.Module):
             :func:`visiontf.nn.ms_deform_attn_core`.
         backbone_pretrained, train_backbone, channels_last, frozen_bn, freeze_stem: see
             :class:`DetrBackbone`.
+        backbone_stages: the backbone stages that give the first levels (timm numbering: stage
+            i has stride 2^(i+1)); default the last ``min(L, 3)`` of C3-C5. ``(1, 2, 3)`` gives
+            strides 4/8/16 from a ResNet truncated after ``layer3`` (small objects, cheap trunk).
+
+    Training options (the DINO line; all off by default, as in the published Deformable DETR):
+
+    Args:
+        mixed_query_selection: DINO (Zhang et al., 2023, sec. 3.3; ``two_stage_type='standard'``
+            with ``embed_init_tgt``): the top ``num_queries`` encoder proposals (by their best
+            class score) give the anchor boxes, the content queries are learned
+            (``tgt_embed``), and each decoder layer's positional queries are computed from its
+            current anchor box (``ref_point_head``, DAB-DETR's dynamic anchors). Needs
+            ``two_stage``. The selected proposals are returned as ``interm_outputs`` and
+            supervised with the class labels (DINO's ``interm`` loss), unlike the original
+            two-stage's class-agnostic ``enc_outputs`` over every position.
+        look_forward_twice: DINO sec. 3.4: layer i's boxes are refined from layer i-1's boxes
+            before they are detached, so layer i's box loss also trains layer i-1 (the
+            reference the next layer attends with stays detached). Needs ``with_box_refine``.
+        num_denoising: DINO's contrastive denoising (``dn_number``, sec. 3.2; DN-DETR): this many
+            positive slots of noised ground-truth queries per batch (plus as many negatives), fed
+            before the matching queries in training only; 0 disables it. Needs 4-d anchors
+            (``two_stage``). See :mod:`visiontf.models.denoising`.
+        dn_label_noise_ratio, dn_box_noise_scale: DINO's 0.5 and 0.4 (its ``DINO_4scale.py``).
+        num_query_groups: Group DETR (Chen et al., 2023): in training, G groups of
+            ``num_queries`` queries, each matched one-to-one to the targets on its own and
+            attending only to itself (the groups are folded into the batch for self-attention);
+            inference uses the first group only. Learned queries get G sets of embeddings; with
+            mixed query selection every group starts from the same selected anchors and has its
+            own content queries. RF-DETR trains with 13 groups.
+        share_decoder_heads: one class head and one box head for all decoder layers (DINO's
+            ``dec_pred_class_embed_share`` / ``dec_pred_bbox_embed_share``); the two-stage
+            proposal heads stay separate.
+        pos_temperature: temperature of the sine position embedding (DINO 20, Deformable DETR
+            10000).
+        decoder_norm: DINO's extra LayerNorm on the decoder outputs the heads predict from (its
+            ``TransformerDecoder.norm``); the references passed between layers are still refined
+            from the un-normalised outputs, as in DINO, so the predicted boxes then differ from
+            the next layer's reference. Needs ``with_box_refine``.
+        num_select: detections kept per image by the post-processing (Deformable DETR 100,
+            DINO 300); read by :func:`visiontf.detection.build_postprocess`.
     """
 
     #: sigmoid class scores over K classes, focal loss (the DETR family's other convention: "softmax")
@@ -88,6 +139,8 @@ class DeformableDETR(nn.Module):
     trace_fixes_image_size = True
     #: ``forward(..., need_weights=True)`` returns sampling points, drawn as the paper's figure
     attention_picture = "sampling_points"
+    #: training steps pass the batch's targets (denoising queries are built from them)
+    forward_takes_targets = True
 
     def __init__(
         self,
@@ -112,6 +165,17 @@ class DeformableDETR(nn.Module):
         channels_last: bool = False,
         frozen_bn: bool = True,
         freeze_stem: bool = True,
+        backbone_stages: Sequence[int] | None = None,
+        mixed_query_selection: bool = False,
+        look_forward_twice: bool = False,
+        num_denoising: int = 0,
+        dn_label_noise_ratio: float = 0.5,
+        dn_box_noise_scale: float = 0.4,
+        num_query_groups: int = 1,
+        share_decoder_heads: bool = False,
+        pos_temperature: float = 10000.0,
+        num_select: int = 100,
+        decoder_norm: bool = False,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -122,6 +186,10 @@ class DeformableDETR(nn.Module):
             raise ValueError(f"num_feature_levels must be >= 1, got {num_feature_levels}")
         if two_stage and not with_box_refine:
             raise ValueError("two_stage=True needs with_box_refine=True (the published two-stage model refines boxes)")
+        _check_training_options(
+            num_queries, with_box_refine, two_stage, mixed_query_selection, look_forward_twice, num_denoising,
+            num_query_groups, share_decoder_heads,
+        )
         self.num_classes = num_classes
         self.num_queries = num_queries
         self.hidden_dim = hidden_dim
@@ -129,11 +197,25 @@ class DeformableDETR(nn.Module):
         self.with_box_refine = with_box_refine
         self.two_stage = two_stage
         self.aux_loss = aux_loss
-        stages = (4,) if num_feature_levels == 1 else (2, 3, 4)[-min(num_feature_levels, 3):]
+        self.mixed_query_selection = mixed_query_selection
+        self.look_forward_twice = look_forward_twice
+        self.num_denoising = num_denoising
+        self.dn_label_noise_ratio = dn_label_noise_ratio
+        self.dn_box_noise_scale = dn_box_noise_scale
+        self.num_query_groups = num_query_groups
+        self.share_decoder_heads = share_decoder_heads
+        self.num_select = num_select
+        self.dec_layers = dec_layers
+        if backbone_stages is None:
+            stages = (4,) if num_feature_levels == 1 else (2, 3, 4)[-min(num_feature_levels, 3):]
+        else:
+            stages = tuple(int(i) for i in backbone_stages)
+            if not 1 <= len(stages) <= num_feature_levels:
+                raise ValueError(f"backbone_stages={stages} must name between 1 and num_feature_levels={num_feature_levels} stages")
         self.backbone = DetrBackbone(
             backbone, False, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem, out_indices=stages
         )
-        self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True, offset=0.5)
+        self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, pos_temperature, normalize=True, offset=0.5)
         projections = [nn.Sequential(nn.Conv2d(c, hidden_dim, kernel_size=1), nn.GroupNorm(32, hidden_dim)) for c in self.backbone.channels]
         in_channels = self.backbone.channels[-1]
         for _ in range(num_feature_levels - len(projections)):
@@ -142,12 +224,23 @@ class DeformableDETR(nn.Module):
         self.input_proj = nn.ModuleList(projections)
         self.transformer = DeformableTransformer(
             hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout, num_feature_levels, enc_n_points, dec_n_points,
-            two_stage, attn_method,
+            two_stage, attn_method, proposal_queries=not mixed_query_selection,
         )
         if not two_stage:
-            self.query_embed = nn.Embedding(num_queries, 2 * hidden_dim)
-        # one head shared by all layers, or (refinement) one per layer plus, two-stage, one for the proposals
-        num_heads = (dec_layers + int(two_stage)) if with_box_refine else 1
+            # Group DETR: one set of learned queries per group (the first is the inference set)
+            self.query_embed = nn.Embedding(num_queries * num_query_groups, 2 * hidden_dim)
+        if mixed_query_selection:
+            self.tgt_embed = nn.Embedding(num_queries * num_query_groups, hidden_dim)
+            self.ref_point_head = MLP(2 * hidden_dim, hidden_dim, hidden_dim, 2)
+        # denoising label embedding; the last row is the zero "padding" query DINO feeds
+        self.label_enc = nn.Embedding(num_classes + 1, hidden_dim, padding_idx=num_classes) if num_denoising > 0 else None
+        if decoder_norm and not with_box_refine:
+            raise ValueError("decoder_norm=True (DINO) predicts refined boxes from normalised outputs: it needs with_box_refine=True")
+        self.decoder_norm = nn.LayerNorm(hidden_dim) if decoder_norm else None
+        # one head shared by all layers, or (refinement) one per layer (or one shared: DINO) plus,
+        # two-stage, one for the proposals
+        dec_heads = 1 if share_decoder_heads else dec_layers
+        num_heads = (dec_heads + int(two_stage)) if with_box_refine else 1
         self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_heads))
         self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_heads))
         self._reset_heads()
@@ -166,6 +259,10 @@ class DeformableDETR(nn.Module):
         for i in range(1, len(self.class_embed)):
             self.class_embed[i].load_state_dict(self.class_embed[0].state_dict())
             self.bbox_embed[i].load_state_dict(self.bbox_embed[0].state_dict())
+        if self.mixed_query_selection:
+            # DINO: the dynamic query-position MLP lives in its decoder, whose matrices are xavier-initialised
+            for layer in self.ref_point_head.layers:
+                nn.init.xavier_uniform_(layer.weight)
         if not self.two_stage:
             # refinement: only the first layer's head starts with small boxes
             nn.init.constant_(self.bbox_embed[0].layers[-1].bias[2:], -2.0)
@@ -182,6 +279,15 @@ class DeformableDETR(nn.Module):
         if "sampling_offsets" in name or "reference_points" in name:
             return "offsets"
         return "default"
+
+    @property
+    def postprocess_kwargs(self) -> dict:
+        """Settings of the post-processing this model's outputs need (``build_postprocess`` reads them)."""
+        return {"num_top": self.num_select}
+
+    def _decoder_heads(self, heads: nn.ModuleList) -> list[nn.Module]:
+        """The head of each decoder layer (one shared by all with ``share_decoder_heads``)."""
+        return [heads[0]] * self.dec_layers if self.share_decoder_heads else list(heads[: self.dec_layers])
 
     def set_attn_method(self, method: str) -> None:
         """Switch every deformable attention to ``"gather"`` or ``"grid_sample"`` (ONNX export)."""
@@ -219,11 +325,19 @@ class DeformableDETR(nn.Module):
         memory = self.transformer.encoder(src, pos, reference, shapes, padding_mask)
         return MultiScaleMemory(memory, padding_mask, shapes, ratios, counts, layout)
 
-    def initial_queries(self, enc: MultiScaleMemory) -> dict:
-        """Decoder inputs: ``tgt``, ``query_pos`` (B, Q, C), ``reference`` (B, Q, 2 or 4); two-stage adds ``enc_outputs``."""
+    def initial_queries(self, enc: MultiScaleMemory, num_groups: int = 1) -> dict:
+        """Decoder inputs: ``tgt``, ``query_pos`` (B, G*Q, C), ``reference`` (B, G*Q, 2 or 4).
+
+        Two-stage adds ``enc_outputs``; mixed query selection adds ``interm_outputs`` and leaves
+        ``query_pos`` None (the decoder computes it from the anchors). ``num_groups`` G > 1 is
+        Group DETR's training (the first Q queries are the inference set).
+        """
         B, _, C = enc.memory.shape
+        n = self.num_queries * num_groups
+        if self.mixed_query_selection:
+            return self._mixed_queries(enc, num_groups)
         if not self.two_stage:
-            query_pos, tgt = self.query_embed.weight.split(C, dim=1)
+            query_pos, tgt = self.query_embed.weight[:n].split(C, dim=1)
             query_pos = query_pos.unsqueeze(0).expand(B, -1, -1)
             return {"tgt": tgt.unsqueeze(0).expand(B, -1, -1), "query_pos": query_pos, "reference": self.transformer.reference_points(query_pos).sigmoid()}
         S = enc.memory.shape[1]
@@ -243,31 +357,105 @@ class DeformableDETR(nn.Module):
             "enc_outputs": {"pred_logits": enc_logits, "pred_boxes": enc_boxes.sigmoid()},
         }
 
+    def _mixed_queries(self, enc: MultiScaleMemory, num_groups: int) -> dict:
+        """DINO's mixed query selection: anchors from the top-Q proposals, learned content queries."""
+        B = enc.memory.shape[0]
+        S = enc.memory.shape[1]
+        if S < self.num_queries:
+            raise ValueError(
+                f"mixed query selection selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} "
+                f"feature maps of these images have only {S} positions; use larger images or fewer queries"
+            )
+        features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
+        enc_logits = self.class_embed[-1](features)
+        enc_boxes = self.bbox_embed[-1](features).float() + proposals
+        # best class score per position; padded and border positions (inf proposals) are never chosen
+        scores = enc_logits.detach().float().amax(-1).masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
+        top = torch.topk(scores, self.num_queries, dim=1)[1]
+        boxes = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4))
+        logits = torch.gather(enc_logits, 1, top.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
+        reference = boxes.detach().sigmoid()
+        tgt = self.tgt_embed.weight[: self.num_queries * num_groups].unsqueeze(0).expand(B, -1, -1)
+        return {
+            "tgt": tgt, "query_pos": None, "reference": reference.repeat(1, num_groups, 1),
+            "interm_outputs": {"pred_logits": logits, "pred_boxes": boxes.sigmoid()},
+        }
+
+    def _with_denoising(self, queries: dict, dn: DenoisingQueries) -> dict:
+        """Denoising queries (label embeddings at noised boxes) placed before the matching queries."""
+        reference = dn.boxes_unact.sigmoid()
+        tgt = self.label_enc(dn.labels).to(queries["tgt"].dtype)
+        out = dict(queries)
+        out["tgt"] = torch.cat([tgt, queries["tgt"]], 1)
+        out["reference"] = torch.cat([reference.to(queries["reference"].dtype), queries["reference"]], 1)
+        if queries["query_pos"] is not None:  # pure two-stage: positions from the boxes, as its proposals'
+            out["query_pos"] = torch.cat([self.transformer.proposal_queries(reference)[0], queries["query_pos"]], 1)
+        return out
+
+    @staticmethod
+    def self_attn_mask(num_denoising_queries: int, dn_group_size: int, num_matching: int, num_groups: int, device=None) -> Tensor:
+        """Bool (N, N) decoder self-attention mask, True = may attend, N = denoising + matching queries.
+
+        Each denoising group sees itself and the matching queries; matching queries see only their
+        own Group DETR group, never a denoising query (they would read the answer; DINO's mask).
+        """
+        P = num_denoising_queries
+        dn_group = torch.arange(P, device=device) // max(dn_group_size, 1)
+        match_group = torch.arange(num_matching, device=device) // (num_matching // num_groups) + (int(dn_group.max()) + 1 if P else 0)
+        group = torch.cat([dn_group, match_group])
+        allowed = group[:, None] == group[None, :]
+        allowed[:P, P:] = True
+        return allowed
+
     def decode(self, queries: dict, enc: MultiScaleMemory, self_attn_mask: Tensor | None = None, num_groups: int = 1) -> dict:
         """The decoder on ``queries`` (see :meth:`initial_queries`); box refinement uses this model's heads."""
         return self.transformer.decoder(
             queries["tgt"], queries["reference"], enc.memory, enc.spatial_shapes, enc.valid_ratios, queries["query_pos"],
-            enc.padding_mask, self_attn_mask, self.bbox_embed if self.with_box_refine else None, num_groups,
+            enc.padding_mask, self_attn_mask, self._decoder_heads(self.bbox_embed) if self.with_box_refine else None, num_groups,
+            self.ref_point_head if self.mixed_query_selection else None,
         )
 
     def predict(self, dec: dict) -> tuple[Tensor, Tensor]:
         """Class logits (layers, B, Q, K) and boxes (layers, B, Q, 4) normalised cxcywh, float32."""
         hidden = dec["hidden"]
         if self.with_box_refine:
-            logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
-            return logits, torch.stack(dec["new_references"])
+            deltas = dec["deltas"]
+            if self.decoder_norm is not None:
+                # DINO: the heads read normalised outputs; the decoder refined its references without
+                hidden = self.decoder_norm(hidden)
+                if self.share_decoder_heads:
+                    deltas = list(self.bbox_embed[0](hidden).float().unbind(0))
+                else:
+                    deltas = [head(h).float() for head, h in zip(self._decoder_heads(self.bbox_embed), hidden)]
+            if self.share_decoder_heads:
+                logits = self.class_embed[0](hidden)
+            else:
+                logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
+            if self.look_forward_twice:
+                # layer i refines layer i-1's boxes before they were detached: its loss reaches layer i-1
+                sources = dec["references"][:1] + dec["new_references"][:-1]
+            else:
+                sources = dec["references"]
+            if self.decoder_norm is None and not self.look_forward_twice:
+                return logits, torch.stack(dec["new_references"])  # the same values, computed once
+            return logits, torch.stack([refine_boxes(ref, delta) for ref, delta in zip(sources, deltas)])
         # one shared head: all layers at once, offsets from the (fixed) initial reference points
         delta = self.bbox_embed[0](hidden).float()
         ref = inverse_sigmoid(dec["references"][0].float())
         boxes = torch.cat([delta[..., :2] + ref, delta[..., 2:]], -1).sigmoid()
         return self.class_embed[0](hidden), boxes
 
-    def forward(self, images: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> dict:
+    def forward(
+        self, images: Tensor, mask: Tensor | None = None, targets: Sequence[dict] | None = None, need_weights: bool = False
+    ) -> dict:
         """Detect objects.
 
         Args:
             images: (B, 3, H, W), ImageNet-normalised, zero-padded to a common size.
             mask: (B, H, W) bool, True on padding pixels; None when nothing is padded.
+            targets: training only, with ``num_denoising``: per image ``labels`` (N,) and
+                ``boxes`` (N, 4) normalised cxcywh, from which the denoising queries are built
+                (ignored in eval mode; in training without targets there is no denoising).
             need_weights: also return where the last decoder layer's cross-attention looked (the
                 paper's figure of sampling points).
 
@@ -275,35 +463,66 @@ class DeformableDETR(nn.Module):
             ``pred_logits`` (B, Q, num_classes) sigmoid logits, ``pred_boxes`` (B, Q, 4) float32
             cxcywh relative to each image's unpadded size, ``aux_outputs`` (with ``aux_loss``: one
             dict per decoder layer but the last) and, two-stage, ``enc_outputs`` (the proposals:
-            ``pred_logits`` (B, S, num_classes), ``pred_boxes`` (B, S, 4)). With ``need_weights``
-            also ``dec_sampling_locations`` (B, Q, heads, L, points, 2) float32 normalised (x, y)
-            over each level's (padded) feature map, ``dec_attention_weights`` (B, Q, heads, L,
-            points) float32 (summing to 1 per query and head), ``dec_reference_points`` (B, Q, 2|4)
-            the last layer's reference (point or cxcywh box) relative to the unpadded image, and
-            ``spatial_shapes`` [(H_l, W_l)].
+            ``pred_logits`` (B, S, num_classes), ``pred_boxes`` (B, S, 4)).
+
+            Training options add: mixed query selection ``interm_outputs`` (the Q selected
+            proposals, class-specific); Group DETR ``num_query_groups`` G (training outputs then
+            hold G * Q queries, group-major); denoising ``dn_outputs`` (``pred_logits``,
+            ``pred_boxes``, ``aux_outputs`` of the denoising queries) and ``dn_meta``
+            (:class:`~visiontf.models.denoising.DenoisingMeta`, for the criterion).
+
+            With ``need_weights`` also ``dec_sampling_locations`` (B, Q, heads, L, points, 2)
+            float32 normalised (x, y) over each level's (padded) feature map,
+            ``dec_attention_weights`` (B, Q, heads, L, points) float32 (summing to 1 per query and
+            head), ``dec_reference_points`` (B, Q, 2|4) the last layer's reference (point or cxcywh
+            box) relative to the unpadded image, and ``spatial_shapes`` [(H_l, W_l)].
         """
         enc = self.encode(images, mask)
-        queries = self.initial_queries(enc)
-        if need_weights:
-            dec, sampled = self._decode_recording_last_layer(queries, enc)
-        else:
-            dec = self.decode(queries, enc)
+        groups = self.num_query_groups if self.training else 1
+        queries = self.initial_queries(enc, groups)
+        num_matching = queries["tgt"].shape[1]
+        dn = None
+        if self.training and self.num_denoising > 0 and targets is not None:
+            dn = build_contrastive_denoising(
+                targets, self.num_classes, num_matching, self.num_denoising, self.dn_label_noise_ratio, self.dn_box_noise_scale
+            )
+        P = dn.meta.pad_size if dn is not None else 0
+        sampled: list[tuple[Tensor, Tensor]] = []
+        with self._recording_last_cross_attention(sampled) if need_weights else contextlib.nullcontext():
+            if P:
+                queries = self._with_denoising(queries, dn)
+                attn_mask = self.self_attn_mask(P, dn.meta.group_size, num_matching, groups, images.device)
+                dec = self.decode(queries, enc, attn_mask)
+            else:
+                # without denoising queries the groups are folded into the batch: no mask needed
+                dec = self.decode(queries, enc, num_groups=groups)
         logits, boxes = self.predict(dec)
-        out: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if self.training and self.label_enc is not None and not P:
+            # every parameter takes part in every step (DDP), as DINO's ``label_enc.weight[0, 0] * 0``
+            logits = logits + 0.0 * self.label_enc.weight[0, 0]
+        out: dict = {"pred_logits": logits[-1, :, P:], "pred_boxes": boxes[-1, :, P:]}
         if self.aux_loss:
-            out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
-        if "enc_outputs" in queries:
-            out["enc_outputs"] = queries["enc_outputs"]
+            out["aux_outputs"] = [{"pred_logits": a[:, P:], "pred_boxes": b[:, P:]} for a, b in zip(logits[:-1], boxes[:-1])]
+        for key in ("enc_outputs", "interm_outputs"):
+            if key in queries:
+                out[key] = queries[key]
+        if groups > 1:
+            out["num_query_groups"] = groups
+        if dn is not None:
+            out["dn_outputs"] = {"pred_logits": logits[-1, :, :P], "pred_boxes": boxes[-1, :, :P]}
+            if self.aux_loss:
+                out["dn_outputs"]["aux_outputs"] = [{"pred_logits": a[:, :P], "pred_boxes": b[:, :P]} for a, b in zip(logits[:-1], boxes[:-1])]
+            out["dn_meta"] = dn.meta
         if need_weights:
-            out.update(dec_sampling_locations=sampled[0], dec_attention_weights=sampled[1],
+            out.update(dec_sampling_locations=sampled[-1][0], dec_attention_weights=sampled[-1][1],
                        dec_reference_points=dec["references"][-1].float(), spatial_shapes=list(enc.spatial_shapes))
         return out
 
-    def _decode_recording_last_layer(self, queries: dict, enc: MultiScaleMemory) -> tuple[dict, tuple[Tensor, Tensor]]:
-        """:meth:`decode`, recording the last layer's cross-attention sampling (its inputs, re-read by
-        :meth:`~visiontf.nn.MSDeformAttn.sampling`, which both attention cores compute from)."""
-        sampled: list[tuple[Tensor, Tensor]] = []
-
+    @contextlib.contextmanager
+    def _recording_last_cross_attention(self, sampled: list[tuple[Tensor, Tensor]]):
+        """Within it, each call of the last decoder layer's cross-attention appends its sampling
+        (locations, weights) to ``sampled``: its inputs, re-read by
+        :meth:`~visiontf.nn.MSDeformAttn.sampling`, which both attention cores compute from."""
         attn = self.transformer.decoder.layers[-1].cross_attn
         signature = inspect.signature(attn.forward)
 
@@ -313,10 +532,42 @@ class DeformableDETR(nn.Module):
 
         handle = attn.register_forward_pre_hook(record, with_kwargs=True)
         try:
-            dec = self.decode(queries, enc)
+            yield
         finally:
             handle.remove()
-        return dec, sampled[-1]
+
+
+def _check_training_options(
+    num_queries: int, with_box_refine: bool, two_stage: bool, mixed: bool, look_forward_twice: bool, num_denoising: int,
+    num_query_groups: int, share_decoder_heads: bool,
+) -> None:
+    """Refuse combinations of the DINO-line options that cannot work, naming the fix."""
+    if mixed and not two_stage:
+        raise ValueError("mixed_query_selection=True selects encoder proposals: it needs two_stage=True (and with_box_refine=True)")
+    if look_forward_twice and not with_box_refine:
+        raise ValueError("look_forward_twice=True refines each layer's boxes from the previous layer's: it needs with_box_refine=True")
+    if share_decoder_heads and not with_box_refine:
+        raise ValueError("share_decoder_heads=True only matters with with_box_refine=True (without it one head is always shared)")
+    if num_denoising < 0:
+        raise ValueError(f"num_denoising must be >= 0 (0 disables denoising), got {num_denoising}")
+    if num_denoising and not two_stage:
+        raise ValueError(
+            "num_denoising > 0 feeds noised ground-truth boxes as 4-d anchors: it needs two_stage=True "
+            "(best with mixed_query_selection=True, as DINO)"
+        )
+    if num_query_groups < 1:
+        raise ValueError(f"num_query_groups must be >= 1 (1: no Group DETR), got {num_query_groups}")
+    if num_query_groups > num_queries:
+        raise ValueError(
+            f"num_query_groups={num_query_groups} is larger than num_queries={num_queries}: each Group DETR group is a "
+            f"full set of num_queries queries (RF-DETR: 13 groups of 300), so this trains {num_query_groups * num_queries} "
+            "queries per image; did you swap the two? Use num_query_groups <= num_queries"
+        )
+    if num_query_groups > 1 and two_stage and not mixed:
+        raise ValueError(
+            "num_query_groups > 1 with pure two-stage queries would give every group the same queries; "
+            "use mixed_query_selection=True (groups get their own content queries) or learned queries (two_stage=False)"
+        )
 
 
 # ------------------------------------------------------------------------------------ registry

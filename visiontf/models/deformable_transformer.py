@@ -219,11 +219,13 @@ class DeformableTransformerDecoder(nn.Module):
         self_attn_mask: Tensor | None = None,
         box_heads: Sequence[nn.Module] | None = None,
         num_groups: int = 1,
+        query_pos_head: nn.Module | None = None,
     ) -> dict:
         """Decode ``tgt`` against ``memory``.
 
         Args:
-            tgt, query_pos: (B, Q, C) content queries and their position embeddings.
+            tgt, query_pos: (B, Q, C) content queries and their position embeddings; ``query_pos``
+                may be None when ``query_pos_head`` is given.
             reference_points: (B, Q, 2) normalised points or (B, Q, 4) cxcywh boxes, relative to
                 the unpadded image; scaled by ``valid_ratios`` (B, L, 2) for the attention.
             memory: (B, S, C) encoder output; ``memory_padding_mask`` (B, S) True on padding.
@@ -233,6 +235,10 @@ class DeformableTransformerDecoder(nn.Module):
                 ``sigmoid(head_i(out_i) + inverse_sigmoid(reference_i))``, detached for layer i + 1.
             num_groups: query groups G (Group DETR) folded into the batch for self-attention;
                 Q must be a multiple of G.
+            query_pos_head: DINO's (DAB-DETR's) dynamic positional queries: before every layer,
+                ``query_pos = query_pos_head(sine_embedding(reference))`` of that layer's (detached)
+                4-d reference box, scaled to the first level's valid area (``ref_point_head`` in
+                DINO's ``deformable_transformer.py``), (B, Q, 2C) -> (B, Q, C).
 
         Returns:
             ``hidden`` (num_layers, B, Q, C); ``references``: the reference each layer used
@@ -250,6 +256,8 @@ class DeformableTransformerDecoder(nn.Module):
         for i, layer in enumerate(self.layers):
             scale = valid_ratios if ref.shape[-1] == 2 else torch.cat([valid_ratios, valid_ratios], -1)
             ref_input = ref[:, :, None] * scale[:, None]
+            if query_pos_head is not None:
+                query_pos = query_pos_head(sine_embedding(ref_input[:, :, 0], tgt.shape[-1] // 2).to(tgt.dtype))
             tgt = layer(tgt, query_pos, ref_input, memory, spatial_shapes, memory_padding_mask, self_attn_mask, num_groups)
             hidden.append(tgt)
             references.append(ref)
@@ -281,6 +289,8 @@ class DeformableTransformer(nn.Module):
     (single-stage), or ``enc_output``, ``enc_output_norm``, ``pos_trans``, ``pos_trans_norm``
     (two-stage). Initialisation as the original: xavier on every matrix, then each attention's own
     reset, ``reference_points`` xavier with zero bias, ``level_embed`` standard normal.
+    ``proposal_queries=False`` (two-stage with DINO's mixed query selection) leaves out ``pos_trans``:
+    the queries' content is learned and their positions come from the anchor boxes.
     """
 
     def __init__(
@@ -296,6 +306,7 @@ class DeformableTransformer(nn.Module):
         dec_n_points: int = 4,
         two_stage: bool = False,
         attn_method: str = "gather",
+        proposal_queries: bool = True,
     ) -> None:
         super().__init__()
         self.d_model = d_model
@@ -310,8 +321,9 @@ class DeformableTransformer(nn.Module):
         if two_stage:
             self.enc_output = nn.Linear(d_model, d_model)
             self.enc_output_norm = nn.LayerNorm(d_model)
-            self.pos_trans = nn.Linear(2 * d_model, 2 * d_model)
-            self.pos_trans_norm = nn.LayerNorm(2 * d_model)
+            if proposal_queries:  # the original's pure query selection; DINO's mixed selection has none
+                self.pos_trans = nn.Linear(2 * d_model, 2 * d_model)
+                self.pos_trans_norm = nn.LayerNorm(2 * d_model)
         else:
             self.reference_points = nn.Linear(d_model, 2)
         self.reset_parameters()
