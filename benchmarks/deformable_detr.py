@@ -157,7 +157,7 @@ def bench_attention(quick: bool, device: torch.device, tiny: bool = False) -> li
         points = points.contiguous().to(device)
         query, value = torch.randn(B, Q, 256, device=device), torch.randn(B, S, 256, device=device)
 
-        def run(module, original):
+        def run(module, original, query=query, value=value, points=points):
             q, v = query.clone().requires_grad_(), value.clone().requires_grad_()
             out = module(q, points, v, spatial, start) if original else module(q, points, v, shapes)
             out.square().sum().backward()
@@ -226,7 +226,8 @@ def bench_memory(quick: bool, device: torch.device, tiny: bool = False) -> list[
 
 def profile(quick: bool, device: torch.device, row_limit: int = 12) -> dict[str, str]:
     """torch.profiler top ops (self CPU time) of one train step of ours and of the original."""
-    from torch.profiler import ProfilerActivity, profile as tprofile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
 
     B, H, W = SIZES["quick" if quick else "full"]
     images, mask, targets = make_batch(B, H, W, device)

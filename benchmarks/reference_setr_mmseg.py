@@ -23,7 +23,8 @@ mmseg_setr_state_dicts.txt``, printed from mmseg 1.2.2, is checked key for key i
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

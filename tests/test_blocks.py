@@ -2,7 +2,13 @@
 import torch
 from torch import nn
 
-from visiontf.nn import MultiheadAttention, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+from visiontf.nn import (
+    MultiheadAttention,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 
 
 def _torch_mha_like(attn: MultiheadAttention) -> nn.MultiheadAttention:

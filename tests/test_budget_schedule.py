@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 
 import lightning as L
+import lightning.pytorch.callbacks.timer as timer_module
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning.pytorch.callbacks.timer as timer_module
 from visiontf.callbacks import BudgetCosine
 
 BASE_LR = 0.1

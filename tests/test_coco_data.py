@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
 from PIL import Image
-from torch.utils.data import SequentialSampler
+from torch.utils.data import DistributedSampler, SequentialSampler
 
 from visiontf.data import detection_transforms as DT
 from visiontf.data.coco import AnnotationError, CocoDataModule, CocoDetection, collate_detection

@@ -15,7 +15,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from ddp_utils import ddp_args, evaluate, run
 
 pytestmark = pytest.mark.slow

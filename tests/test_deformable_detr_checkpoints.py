@@ -12,9 +12,9 @@ import re
 
 import pytest
 import torch
+from deformable_helpers import TOY, VARIANTS, inputs, max_diff, original, randomize
 from safetensors.torch import save_file, save_model
 
-from deformable_helpers import TOY, VARIANTS, inputs, max_diff, original, randomize
 from visiontf.models.deformable_detr_convert import VARIANT_MODELS, checkpoint_variant, convert_state_dict, detect_format
 from visiontf.registry import create_model
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from deformable_helpers import randomize  # noqa: F401  (puts benchmarks/ on the path)
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
-from deformable_helpers import randomize  # noqa: F401  (puts benchmarks/ on the path)
 from benchmarks.reference_deformable_detr import OriginalSetCriterion, original_focal_cost, original_match, original_postprocess
 from visiontf.detection import DeformablePostProcess, HungarianMatcher, PostProcess, SetCriterion, build_postprocess
 from visiontf.models.deformable_detr import DeformableDETR

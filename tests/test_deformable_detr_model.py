@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from deformable_helpers import TOY, VARIANTS, inputs, original, randomize
+
 from benchmarks.reference_deformable_detr import _Encoder, _Transformer
 from visiontf.detection import SetCriterion
 from visiontf.models.deformable_detr import DeformableDETR

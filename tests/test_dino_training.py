@@ -8,7 +8,6 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-
 from ddp_utils import ddp_args, run
 
 pytestmark = pytest.mark.slow

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Optional, Union
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -81,7 +81,7 @@ class ModelEMA(WeightAveraging):
         decay: float = 0.9999,
         warmup_steps: int = 2000,
         use_buffers: bool = True,
-        device: Optional[Union[torch.device, str, int]] = None,
+        device: torch.device | str | int | None = None,
     ) -> None:
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"ModelEMA: decay must be in [0, 1], got {decay}")
@@ -90,7 +90,7 @@ class ModelEMA(WeightAveraging):
         super().__init__(device=device, use_buffers=use_buffers, multi_avg_fn=self._average)
         self.decay = float(decay)
         self.warmup_steps = int(warmup_steps)
-        self._raw_after_fit: Optional[dict[str, Tensor]] = None
+        self._raw_after_fit: dict[str, Tensor] | None = None
 
     # -- the average ---------------------------------------------------------------------------
     def decay_at(self, update: int) -> float:
@@ -113,7 +113,7 @@ class ModelEMA(WeightAveraging):
         return int(self._average_model.n_averaged) if self._average_model is not None else 0
 
     # -- Lightning hooks -----------------------------------------------------------------------
-    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._raw_after_fit = None
             device = self._device or pl_module.device
@@ -121,7 +121,7 @@ class ModelEMA(WeightAveraging):
                 model=pl_module, device=device, use_buffers=self._use_buffers, **self._kwargs
             )
 
-    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._average_model is None:
             return
         ours = [tuple(t.shape) for t in (*self._average_model.module.parameters(), *self._average_model.module.buffers())]
@@ -132,14 +132,14 @@ class ModelEMA(WeightAveraging):
                 "configure_model?); ModelEMA copies the module in setup - build the layers in __init__"
             )
 
-    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         before = self._latest_update_step
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self._latest_update_step != before:
             self._broadcast_buffers(trainer)
 
-    def _broadcast_buffers(self, trainer: "pl.Trainer") -> None:
+    def _broadcast_buffers(self, trainer: pl.Trainer) -> None:
         if trainer.world_size < 2 or not (dist.is_available() and dist.is_initialized()):
             return
         assert self._average_model is not None
@@ -153,26 +153,26 @@ class ModelEMA(WeightAveraging):
                 b.detach().copy_(flat[offset : offset + b.numel()].view_as(b))
                 offset += b.numel()
 
-    def on_validation_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
             super().on_validation_epoch_start(trainer, pl_module)
 
-    def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
             super().on_validation_epoch_end(trainer, pl_module)
 
-    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # a checkpoint saved after this (ModelCheckpoint.on_train_end) must still carry the raw weights
         self._raw_after_fit = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         super().on_train_end(trainer, pl_module)
 
-    def on_save_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         if self._raw_after_fit is not None and "current_model_state" in checkpoint:
             checkpoint["current_model_state"] = self._raw_after_fit
 
-    def on_load_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn != TrainerFn.FITTING or self._average_model is None:
             # validate / test / predict: the checkpoint's state_dict already holds the EMA weights

@@ -29,7 +29,7 @@ The weight of a suffixed term defaults to its base term's (``loss_ce_dn`` weighs
 from __future__ import annotations
 
 import logging
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,9 +43,9 @@ from visiontf.detection.matcher import HungarianMatcher, Indices
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_WEIGHTS: Dict[str, float] = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+DEFAULT_WEIGHTS: dict[str, float] = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 #: Deformable DETR's defaults (``main.py``: cls_loss_coef 2, bbox 5, giou 2)
-FOCAL_DEFAULT_WEIGHTS: Dict[str, float] = {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+FOCAL_DEFAULT_WEIGHTS: dict[str, float] = {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 SUPPORTED_LOSSES = ("labels", "boxes", "cardinality")
 CLASS_LOSSES = ("ce", "focal", "vfl", "ia_bce")
 #: IoU-aware sigmoid class losses: the matched class's target is the box's IoU
@@ -103,8 +103,8 @@ class SetCriterion(nn.Module):
     def __init__(
         self,
         num_classes: int,
-        matcher: Optional[nn.Module] = None,
-        weight_dict: Optional[Mapping[str, float]] = None,
+        matcher: nn.Module | None = None,
+        weight_dict: Mapping[str, float] | None = None,
         eos_coef: float = 0.1,
         losses: Sequence[str] = SUPPORTED_LOSSES,
         class_loss: str = "ce",
@@ -148,14 +148,14 @@ class SetCriterion(nn.Module):
 
     # -- individual terms -------------------------------------------------------------------
     @staticmethod
-    def _src_permutation_idx(indices: Indices) -> Tuple[Tensor, Tensor]:
+    def _src_permutation_idx(indices: Indices) -> tuple[Tensor, Tensor]:
         batch_idx = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)])
         src_idx = torch.cat([src for src, _ in indices])
         return batch_idx, src_idx
 
     def loss_labels(
         self, outputs, targets, indices: Indices, num_boxes: float, log: bool = True
-    ) -> Dict[str, Tensor]:
+    ) -> dict[str, Tensor]:
         """Weighted cross-entropy (or focal loss) over all queries; ``class_error`` on the matched ones."""
         src_logits = outputs["pred_logits"].float()
         device = src_logits.device
@@ -193,14 +193,14 @@ class SetCriterion(nn.Module):
 
     @staticmethod
     @torch.no_grad()
-    def _matched_iou(outputs, targets, indices: Indices, idx: Tuple[Tensor, Tensor]) -> Tensor:
+    def _matched_iou(outputs, targets, indices: Indices, idx: tuple[Tensor, Tensor]) -> Tensor:
         """IoU of every matched (prediction, target) pair, in the order of ``idx``."""
         pred = outputs["pred_boxes"].float()[idx]
         tgt = torch.cat([t["boxes"].reshape(-1, 4)[j.to(t["boxes"].device)].to(pred.device, torch.float32) for t, (_, j) in zip(targets, indices)])
         return _paired_iou(box_convert(pred, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy")).nan_to_num(0.0)
 
     @torch.no_grad()
-    def loss_cardinality(self, outputs, targets, indices: Indices, num_boxes: float) -> Dict[str, Tensor]:
+    def loss_cardinality(self, outputs, targets, indices: Indices, num_boxes: float) -> dict[str, Tensor]:
         """Absolute error in the number of non-"no object" predictions; a metric, no gradient."""
         logits = outputs["pred_logits"]
         tgt_lengths = torch.as_tensor(
@@ -209,7 +209,7 @@ class SetCriterion(nn.Module):
         card_pred = (logits.argmax(-1) != logits.shape[-1] - 1).sum(1)
         return {"cardinality_error": F.l1_loss(card_pred.float(), tgt_lengths)}
 
-    def loss_boxes(self, outputs, targets, indices: Indices, num_boxes: float) -> Dict[str, Tensor]:
+    def loss_boxes(self, outputs, targets, indices: Indices, num_boxes: float) -> dict[str, Tensor]:
         """L1 and 1 - GIoU of the matched boxes, summed and divided by ``num_boxes``."""
         pred_boxes = outputs["pred_boxes"].float()
         device = pred_boxes.device
@@ -289,7 +289,7 @@ class SetCriterion(nn.Module):
             ))
         return indices
 
-    def _add_denoising(self, dn_outputs, meta, targets, num_boxes: float, add, terms: Dict[str, Tensor]) -> None:
+    def _add_denoising(self, dn_outputs, meta, targets, num_boxes: float, add, terms: dict[str, Tensor]) -> None:
         """Denoising terms: fixed assignment of the positive queries, ``num_boxes * dn_groups`` normaliser."""
         losses = [name for name in self.losses if name != "cardinality"]  # a count of noised copies means nothing
         if meta.pad_size == 0:
@@ -306,7 +306,7 @@ class SetCriterion(nn.Module):
 
     def forward(
         self, outputs: Mapping[str, object], targets: Sequence[Mapping[str, Tensor]], sync_num_boxes: bool = True
-    ) -> Dict[str, Tensor]:
+    ) -> dict[str, Tensor]:
         """Loss terms for the final and auxiliary decoder outputs plus their weighted sum ``loss``.
 
         ``sync_num_boxes=False`` keeps the normaliser local to this rank: evaluation steps must not
@@ -316,10 +316,10 @@ class SetCriterion(nn.Module):
         self._check(main, targets)
         num_boxes = self.num_boxes(targets, main["pred_logits"].device, sync=sync_num_boxes)
 
-        terms: Dict[str, Tensor] = {}
+        terms: dict[str, Tensor] = {}
         weighted = []
 
-        def add(group: Dict[str, Tensor], suffix: str) -> None:
+        def add(group: dict[str, Tensor], suffix: str) -> None:
             for key, value in group.items():
                 terms[key + suffix] = value
                 # Original-style dicts name aux weights explicitly ("loss_ce_0"); else share the base.

@@ -15,7 +15,7 @@ on the model's device and a single device-to-host copy.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -25,13 +25,13 @@ from torchvision.ops import box_convert, generalized_box_iou
 
 logger = logging.getLogger(__name__)
 
-Indices = List[Tuple[Tensor, Tensor]]
+Indices = list[tuple[Tensor, Tensor]]
 
 # vmap turns torchvision's pairwise GIoU into a batched one without writing our own box maths.
 _batched_giou = torch.vmap(generalized_box_iou)
 
 
-def _check_outputs(outputs: Dict[str, Tensor], batch_size: int) -> Tuple[Tensor, Tensor]:
+def _check_outputs(outputs: dict[str, Tensor], batch_size: int) -> tuple[Tensor, Tensor]:
     if "pred_logits" not in outputs or "pred_boxes" not in outputs:
         raise KeyError(
             f"outputs must contain 'pred_logits' and 'pred_boxes', got keys {sorted(outputs)}"
@@ -54,7 +54,7 @@ def _check_outputs(outputs: Dict[str, Tensor], batch_size: int) -> Tuple[Tensor,
     return logits, boxes
 
 
-def _check_targets(targets: Sequence[Dict[str, Tensor]]) -> List[int]:
+def _check_targets(targets: Sequence[dict[str, Tensor]]) -> list[int]:
     sizes = []
     for i, t in enumerate(targets):
         if "labels" not in t or "boxes" not in t:
@@ -128,8 +128,8 @@ class HungarianMatcher(nn.Module):
 
     @torch.no_grad()
     def cost_blocks(
-        self, outputs: Dict[str, Tensor], targets: Sequence[Dict[str, Tensor]]
-    ) -> Tuple[Tensor, List[int], Tensor]:
+        self, outputs: dict[str, Tensor], targets: Sequence[dict[str, Tensor]]
+    ) -> tuple[Tensor, list[int], Tensor]:
         """Cost of every target against every query of its own image, on the model's device.
 
         Returns:
@@ -186,7 +186,7 @@ class HungarianMatcher(nn.Module):
         return cost, sizes, flags
 
     @torch.no_grad()
-    def forward(self, outputs: Dict[str, Tensor], targets: Sequence[Dict[str, Tensor]]) -> Indices:
+    def forward(self, outputs: dict[str, Tensor], targets: Sequence[dict[str, Tensor]]) -> Indices:
         """Match predictions to targets.
 
         Args:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -22,10 +22,10 @@ class PostProcess(nn.Module):
     def forward(
         self,
         outputs: Mapping[str, Tensor],
-        target_sizes: Union[Tensor, Sequence[Sequence[int]]],
-        score_threshold: Optional[float] = None,
-        top_k: Optional[int] = None,
-    ) -> List[Dict[str, Tensor]]:
+        target_sizes: Tensor | Sequence[Sequence[int]],
+        score_threshold: float | None = None,
+        top_k: int | None = None,
+    ) -> list[dict[str, Tensor]]:
         """Decode a batch.
 
         Args:
@@ -92,10 +92,10 @@ class DeformablePostProcess(nn.Module):
     def forward(
         self,
         outputs: Mapping[str, Tensor],
-        target_sizes: Union[Tensor, Sequence[Sequence[int]]],
-        score_threshold: Optional[float] = None,
-        top_k: Optional[int] = None,
-    ) -> List[Dict[str, Tensor]]:
+        target_sizes: Tensor | Sequence[Sequence[int]],
+        score_threshold: float | None = None,
+        top_k: int | None = None,
+    ) -> list[dict[str, Tensor]]:
         """Decode a batch.
 
         Args:
@@ -137,7 +137,7 @@ class DeformablePostProcess(nn.Module):
 
 
 #: post-processing by class-head convention (a model's ``class_head`` attribute)
-POSTPROCESS_BY_CLASS_HEAD: Dict[str, type] = {"softmax": PostProcess, "sigmoid": DeformablePostProcess}
+POSTPROCESS_BY_CLASS_HEAD: dict[str, type] = {"softmax": PostProcess, "sigmoid": DeformablePostProcess}
 
 
 def build_postprocess(model: nn.Module) -> nn.Module:

@@ -23,15 +23,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
+from visiontf.models._registry import register_model
 from visiontf.models.deformable_detr_convert import convert_state_dict
 from visiontf.models.deformable_transformer import (
     DeformableTransformer,
@@ -46,7 +47,6 @@ from visiontf.models.denoising import DenoisingQueries, build_contrastive_denois
 from visiontf.models.detr import MLP
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.nn import PositionEmbeddingSine2d
-from visiontf.models._registry import register_model
 
 
 @dataclass

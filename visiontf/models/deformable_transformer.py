@@ -20,8 +20,8 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -40,8 +40,9 @@ vector DINO feeds for padding, and receives no gradient.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -77,8 +78,8 @@ class DenoisingMeta:
     num_groups: int
     group_size: int
     num_queries: int
-    positive_idx: Tuple[Tensor, ...]
-    target_idx: Tuple[Tensor, ...]
+    positive_idx: tuple[Tensor, ...]
+    target_idx: tuple[Tensor, ...]
     valid: Tensor
     negative: Tensor
 
@@ -125,13 +126,13 @@ def denoising_attn_mask(pad_size: int, group_size: int, num_queries: int, device
     return mask
 
 
-def _rand(shape, generator: Optional[torch.Generator], device) -> Tensor:
+def _rand(shape, generator: torch.Generator | None, device) -> Tensor:
     # draw on the generator's device (a CPU generator cannot fill a CUDA tensor), then move
     gen_device = generator.device if generator is not None else device
     return torch.rand(shape, generator=generator, device=gen_device).to(device)
 
 
-def _randint(high: int, shape, generator: Optional[torch.Generator], device) -> Tensor:
+def _randint(high: int, shape, generator: torch.Generator | None, device) -> Tensor:
     gen_device = generator.device if generator is not None else device
     return torch.randint(0, high, shape, generator=generator, device=gen_device).to(device)
 
@@ -178,7 +179,7 @@ def build_contrastive_denoising(
     num_denoising: int = 100,
     label_noise_ratio: float = 0.5,
     box_noise_scale: float = 0.4,
-    generator: Optional[torch.Generator] = None,
+    generator: torch.Generator | None = None,
 ) -> DenoisingQueries:
     """Groups of positive and negative noised ground-truth queries (DINO's contrastive denoising).
 
@@ -285,7 +286,7 @@ def build_contrastive_denoising(
     return DenoisingQueries(out_labels, out_boxes, attn_mask, meta)
 
 
-def denoising_match_indices(meta: DenoisingMeta) -> List[Tuple[Tensor, Tensor]]:
+def denoising_match_indices(meta: DenoisingMeta) -> list[tuple[Tensor, Tensor]]:
     """The fixed assignment of the denoising loss, in a Hungarian matcher's form.
 
     Returns, per image, ``(query_idx, target_idx)`` int64 tensors (on the targets' device) with
@@ -296,9 +297,9 @@ def denoising_match_indices(meta: DenoisingMeta) -> List[Tuple[Tensor, Tensor]]:
     return [(q, t) for q, t in zip(meta.positive_idx, meta.target_idx)]
 
 
-def _split(outputs: Mapping[str, object], pad_size: int, total: int, where: str) -> Tuple[Dict, Dict]:
-    dn: Dict[str, object] = {}
-    match: Dict[str, object] = {}
+def _split(outputs: Mapping[str, object], pad_size: int, total: int, where: str) -> tuple[dict, dict]:
+    dn: dict[str, object] = {}
+    match: dict[str, object] = {}
     for key, value in outputs.items():
         if key == "aux_outputs" and value is not None:
             pairs = [_split(aux, pad_size, total, f"{where}aux_outputs[{i}].") for i, aux in enumerate(value)]
@@ -318,7 +319,7 @@ def _split(outputs: Mapping[str, object], pad_size: int, total: int, where: str)
     return dn, match
 
 
-def split_denoising_outputs(outputs: Mapping[str, object], meta: DenoisingMeta) -> Tuple[Dict, Dict]:
+def split_denoising_outputs(outputs: Mapping[str, object], meta: DenoisingMeta) -> tuple[dict, dict]:
     """Split a decoder output dict into its denoising part and its matching part.
 
     Every tensor whose dim 1 has size ``Q_dn + Q`` (``pred_logits`` ``(B, Q_dn + Q, K)``,

@@ -55,8 +55,9 @@ keep the patch-embedding bias of timm's ViT weights; PUP keeps an auxiliary head
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F

@@ -7,7 +7,7 @@ resizes them to the input, as mmseg's ``predict_by_feat`` and its loss do.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn

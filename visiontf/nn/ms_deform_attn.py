@@ -29,8 +29,8 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +61,7 @@ class PackedTokens:
     padding_mask: Tensor
 
     @classmethod
-    def from_mask(cls, padding_mask: Tensor) -> "PackedTokens":
+    def from_mask(cls, padding_mask: Tensor) -> PackedTokens:
         N, S = padding_mask.shape
         index = (~padding_mask).flatten().nonzero().squeeze(1)
         return cls(index, torch.div(index, S, rounding_mode="floor"), index % S, padding_mask)
