@@ -86,11 +86,15 @@ def test_a_batch_without_boxes_gives_zero_denoising_terms():
     crit = _criterion(class_loss="vfl")
     empty = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)}] * 3
     dn = build_contrastive_denoising(empty, K, 6)
-    outputs = {**_outputs(), "dn_meta": dn.meta, "dn_outputs": {"pred_logits": torch.zeros(3, 0, K), "pred_boxes": torch.zeros(3, 0, 4)},
+    no_queries = {"pred_logits": torch.zeros(3, 0, K), "pred_boxes": torch.zeros(3, 0, 4)}
+    outputs = {**_outputs(), "dn_meta": dn.meta, "dn_outputs": {**no_queries, "aux_outputs": [no_queries, no_queries]},
                "interm_outputs": _outputs(seed=3)}
     terms = crit(outputs, empty)
     assert all(torch.isfinite(v) for v in terms.values())
     assert float(terms["loss_ce_dn"]) == float(terms["loss_bbox_dn"]) == 0 and float(terms["loss_bbox"]) == 0
+    # the same names as a step with boxes (logged every step): aux layers' _dn_<i> terms too
+    dn_terms = {k for k in terms if "_dn" in k}
+    assert dn_terms == {f"{t}{s}" for t in ("loss_ce_dn", "loss_bbox_dn", "loss_giou_dn") for s in ("", "_0", "_1")}
 
 
 def test_interm_outputs_are_supervised_with_their_classes():

@@ -182,6 +182,10 @@ def test_bad_option_combinations_are_refused():
         _model(with_box_refine=True, num_denoising=10)
     with pytest.raises(ValueError, match="same queries"):
         _model(with_box_refine=True, two_stage=True, num_query_groups=2)
+    with pytest.raises(ValueError, match=r"dn_label_noise_ratio must be in \[0, 1\]"):
+        _model(dn_label_noise_ratio=1.5)
+    with pytest.raises(ValueError, match="dn_box_noise_scale must be >= 0"):
+        _model(dn_box_noise_scale=-0.1)
     # the decoder itself refuses a group count that does not divide its queries
     model = _model(with_box_refine=True).eval()
     images, mask, _ = _inputs()

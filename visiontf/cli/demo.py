@@ -26,9 +26,13 @@ from visiontf.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the demo's model and recipe: the one setting that switches `make demo` to another config
-DEMO_CONFIG = "configs/detr/detr_tiny_shapes.yaml"
-#: the synthetic set it trains on (tools/make_synthetic.py --preset)
+DEMO_CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
+#: the synthetic set it trains on (tools/make_synthetic.py --preset) and its size: issue 11's
+#: second bar (``--preset demo --num-train 1000 --num-val 100``)
 DATA_PRESET = "demo"
+NUM_TRAIN, NUM_VAL = 1000, 100
+#: the training budget: the recipe anneals its learning rate over it (visiontf.callbacks.BudgetCosine)
+MAX_TIME = "00:00:08:00"
 #: detections drawn in the pictures
 SCORE_THRESHOLD = 0.5
 #: the pictures' shorter side, at least (the synthetic images are 130-190 px)
@@ -50,12 +54,20 @@ def _run(cmd: list[str], quiet: bool = False) -> str:
     return proc.stdout or ""
 
 
-def _config_summary(config: str) -> tuple[str, int | None]:
+def _config_model(config: str) -> str:
     import yaml
 
     cfg = yaml.safe_load((ROOT / config).read_text())
-    model = ((cfg.get("model") or {}).get("init_args") or {}).get("model_name", "the model")
-    return model, (cfg.get("trainer") or {}).get("max_epochs")
+    return ((cfg.get("model") or {}).get("init_args") or {}).get("model_name", "the model")
+
+
+def _trained_epochs_steps(ckpt: Path) -> tuple[int, int]:
+    """Epochs completed and optimizer steps of a Lightning checkpoint (read with weights_only)."""
+    from visiontf.weights import safe_torch_load
+
+    state = safe_torch_load(ckpt)
+    # ``epoch`` is the epoch the checkpoint was written in (0-based); a stop at its end completed it
+    return int(state.get("epoch", -1)) + 1, int(state.get("global_step", 0))
 
 
 def draw_pictures(ckpt: Path, ann_file: Path, images_dir: Path, out: Path, num: int,
@@ -93,14 +105,14 @@ def _demo(argv: Sequence[str]) -> int:
     p.add_argument("--data", type=Path, default=Path("data/demo_det"))
     p.add_argument("--config", default=DEMO_CONFIG, help=f"the recipe (default {DEMO_CONFIG})")
     p.add_argument("--epochs", type=int, default=None, help="override the config's max_epochs")
+    p.add_argument("--max_time", default=MAX_TIME, help=f"training budget DD:HH:MM:SS (default {MAX_TIME}; 'none': the config's)")
     p.add_argument("--num_pictures", type=int, default=4)
-    p.add_argument("--num_train", type=int, default=256, help="synthetic training images (smaller for a smoke test)")
-    p.add_argument("--num_val", type=int, default=32)
+    p.add_argument("--num_train", type=int, default=NUM_TRAIN, help="synthetic training images (smaller for a smoke test)")
+    p.add_argument("--num_val", type=int, default=NUM_VAL)
     args = p.parse_args(argv)
     start = time.time()
     py = sys.executable
-    model, epochs = _config_summary(args.config)
-    epochs = args.epochs or epochs
+    model = _config_model(args.config)
 
     ann_file = args.data / "annotations" / "instances_val2017.json"
     if not ann_file.is_file():
@@ -113,10 +125,13 @@ def _demo(argv: Sequence[str]) -> int:
              "--trainer.enable_model_summary=false"]
     if args.epochs:
         train.append(f"--trainer.max_epochs={args.epochs}")
+    if args.max_time and args.max_time.lower() != "none":
+        train.append(f"--trainer.max_time={args.max_time}")
     train_start = time.time()
     _run(train)  # a line per epoch (visiontf.callbacks.EpochLines)
     train_min = (time.time() - train_start) / 60
     ckpt = run_dir / "checkpoints" / "last.ckpt"
+    epochs, steps = _trained_epochs_steps(ckpt)
 
     stats_path = args.out / "coco_stats.json"
     report = _run([py, "tools/eval.py", "--config", args.config, f"--data.init_args.root={args.data}", "--ckpt_path", str(ckpt),
@@ -129,7 +144,7 @@ def _demo(argv: Sequence[str]) -> int:
     num_train = len(list((args.data / "train2017").glob("*.jpg")))
     num_val = len(list((args.data / "val2017").glob("*.jpg")))
     total_min = (time.time() - start) / 60
-    print(f"\nmake demo: {model} trained for {epochs} epoch{'s' if epochs != 1 else ''} on {num_train} images in {train_min:.1f} min "
+    print(f"\nmake demo: {model} trained for {epochs} epoch{'s' if epochs != 1 else ''} ({steps} steps) on {num_train} images in {train_min:.1f} min "
           f"({total_min:.1f} min in all): COCO mAP {stats.get('map', float('nan')):.3f}, "
           f"AP50 {stats.get('map_50', float('nan')):.3f} on {num_val} val images; "
           f"pictures: {pictures[-1] if pictures else args.out / 'pictures'}", flush=True)

@@ -295,6 +295,8 @@ class SetCriterion(nn.Module):
         if meta.pad_size == 0:
             zero = dn_outputs["pred_logits"].float().sum() * 0.0
             add({name: zero for name in _DN_TERMS}, "")
+            for i, _ in enumerate(dn_outputs.get("aux_outputs", ()) or ()):
+                add({name: zero for name in _DN_TERMS}, f"_{i}")
             return
         indices = denoising_match_indices(meta)
         normaliser = num_boxes * meta.num_groups

@@ -188,7 +188,7 @@ class DeformableDETR(nn.Module):
             raise ValueError("two_stage=True needs with_box_refine=True (the published two-stage model refines boxes)")
         _check_training_options(
             num_queries, with_box_refine, two_stage, mixed_query_selection, look_forward_twice, num_denoising,
-            num_query_groups, share_decoder_heads,
+            num_query_groups, share_decoder_heads, dn_label_noise_ratio, dn_box_noise_scale,
         )
         self.num_classes = num_classes
         self.num_queries = num_queries
@@ -539,9 +539,14 @@ class DeformableDETR(nn.Module):
 
 def _check_training_options(
     num_queries: int, with_box_refine: bool, two_stage: bool, mixed: bool, look_forward_twice: bool, num_denoising: int,
-    num_query_groups: int, share_decoder_heads: bool,
+    num_query_groups: int, share_decoder_heads: bool, dn_label_noise_ratio: float = 0.5, dn_box_noise_scale: float = 0.4,
 ) -> None:
     """Refuse combinations of the DINO-line options that cannot work, naming the fix."""
+    # checked here, not only at the first denoising step of a run
+    if not 0.0 <= dn_label_noise_ratio <= 1.0:
+        raise ValueError(f"dn_label_noise_ratio must be in [0, 1] (DINO 0.5), got {dn_label_noise_ratio}")
+    if dn_box_noise_scale < 0:
+        raise ValueError(f"dn_box_noise_scale must be >= 0 (DINO 0.4), got {dn_box_noise_scale}")
     if mixed and not two_stage:
         raise ValueError("mixed_query_selection=True selects encoder proposals: it needs two_stage=True (and with_box_refine=True)")
     if look_forward_twice and not with_box_refine:
