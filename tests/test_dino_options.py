@@ -246,3 +246,18 @@ def test_decoder_norm_predicts_from_normalised_outputs():
         normed = model.decoder_norm(dec["hidden"])
     torch.testing.assert_close(logits, model.class_embed[0](normed))
     assert not torch.allclose(boxes[-1], dec["new_references"][-1])  # DINO: predictions differ from the next reference
+
+
+@pytest.mark.parametrize("method", ["gather", "grid_sample"])
+def test_training_after_a_prediction_in_inference_mode(method):
+    """The level layouts are cached per image size: a first forward under torch.inference_mode (a
+    prediction, a validation) must not cache inference tensors that a later training step refuses."""
+    model = _model(**DINO)
+    model.set_attn_method(method)
+    images = torch.randn(1, 3, 72, 104)  # a size no other test uses, so the caches start empty
+    with torch.inference_mode():
+        model.eval()(images)
+    model.train()
+    out = model(images, targets=[{"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.3, 0.3]])}])
+    out["pred_boxes"].sum().backward()
+    assert model.input_proj[0][0].weight.grad is not None

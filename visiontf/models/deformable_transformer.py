@@ -18,7 +18,6 @@ references (detached between layers, as the original) and, when refining, the un
 from __future__ import annotations
 
 import copy
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from torch import Tensor, nn
 
 from visiontf.nn import MSDeformAttn, MultiheadAttention
 from visiontf.nn.ms_deform_attn import PackedTokens
+from visiontf.nn.tensor_cache import tensor_cache
 
 
 def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
@@ -71,7 +71,7 @@ class LevelLayout:
     first_row: Tensor
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def level_layout(shapes: tuple[tuple[int, int], ...], device: torch.device) -> LevelLayout:
     hw = torch.tensor(shapes, dtype=torch.int64)
     counts = hw[:, 0] * hw[:, 1]

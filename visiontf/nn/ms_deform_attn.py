@@ -26,7 +26,6 @@ diverged model shows up in the loss instead of silently reading zeros or out-of-
 """
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from visiontf.nn.tensor_cache import tensor_cache
 
 SpatialShapes = Sequence[tuple[int, int]]
 METHODS = ("gather", "grid_sample")
@@ -146,7 +147,7 @@ def _float(t: Tensor) -> Tensor:
 _PAD_LO, _PAD_HI = 1, 2
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _bordered_layout(shapes: tuple[tuple[int, int], ...], device: torch.device) -> tuple[Tensor, Tensor, Tensor, int]:
     """Layout of the zero-bordered level maps, computed once per set of shapes.
 
@@ -166,7 +167,7 @@ def _bordered_layout(shapes: tuple[tuple[int, int], ...], device: torch.device) 
     return interior.to(device), start.to(device), wp.to(device), int(sizes.sum())
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def _gather_constants(shapes: tuple[tuple[int, int], ...], N: int, M: int, P: int, device: torch.device) -> dict:
     """Per-sample constants of the gather core in its (N, Q, M, J = L * P) layout, one set per shapes.
 
