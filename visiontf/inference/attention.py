@@ -26,6 +26,23 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------- helpers
+def choose_queries(scores, score_threshold: float, max_queries: int, query_indices=None) -> list[int]:
+    """The queries a picture shows: ``query_indices`` as given (checked against the query count), or
+    the best-scoring ones above ``score_threshold`` (at most ``max_queries``; the best one if none is)."""
+    if query_indices is not None:
+        chosen = [int(q) for q in query_indices]
+        bad = [q for q in chosen if not 0 <= q < len(scores)]
+        if bad:
+            raise ValueError(f"query indices {bad} out of range: the model has {len(scores)} queries")
+        return chosen
+    order = scores.argsort(descending=True)
+    chosen = [int(q) for q in order if scores[q] > score_threshold][:max_queries]
+    if not chosen:
+        log.info("no query scores above %.2f; showing the best one (%.3f)", score_threshold, float(scores[order[0]]))
+        chosen = [int(order[0])]
+    return chosen
+
+
 def heatmap_overlay(image: Any, heat: Tensor | np.ndarray, alpha: float = 0.5, cmap: str = "jet") -> np.ndarray:
     """Blend a heat map (any size; min-max normalised, resized bilinearly) over an image: uint8 (H, W, 3)."""
     import matplotlib
@@ -98,17 +115,7 @@ def detr_attention_maps(
     stride = 2 ** round(math.log2(batch.images.shape[-2] / h))
     det = build_postprocess(pred.model)({"pred_logits": out["pred_logits"], "pred_boxes": out["pred_boxes"]}, [(H, W)])[0]
     scores, labels, boxes = det["scores"].cpu(), det["labels"].cpu(), det["boxes"].cpu()
-    if query_indices is None:
-        order = scores.argsort(descending=True)
-        chosen = [int(q) for q in order if scores[q] > score_threshold][:max_queries]
-        if not chosen:
-            log.info("no query scores above %.2f; showing the best one (%.3f)", score_threshold, float(scores[order[0]]))
-            chosen = [int(order[0])]
-    else:
-        chosen = [int(q) for q in query_indices]
-        bad = [q for q in chosen if not 0 <= q < len(scores)]
-        if bad:
-            raise ValueError(f"query indices {bad} out of range: the model has {len(scores)} queries")
+    chosen = choose_queries(scores, score_threshold, max_queries, query_indices)
     q = torch.tensor(chosen, dtype=torch.long)
     dec_grid = out["dec_attn"][0].float().cpu()[q].reshape(len(chosen), h, w)
     default_points = points is None

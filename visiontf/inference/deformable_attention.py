@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from visiontf.adapters.drawing import color_for
+from visiontf.inference.attention import choose_queries
 from visiontf.inference.predictor import Predictor, load_inputs
 
 log = logging.getLogger(__name__)
@@ -79,17 +80,7 @@ def deformable_sampling_points(
     prob = out["pred_logits"][0].float().sigmoid()
     scores, labels = prob.max(-1)
     scores, labels = scores.cpu(), labels.cpu()
-    if query_indices is None:
-        order = scores.argsort(descending=True)
-        chosen = [int(q) for q in order if scores[q] > score_threshold][:max_queries]
-        if not chosen:
-            log.info("no query scores above %.2f; showing the best one (%.3f)", score_threshold, float(scores[order[0]]))
-            chosen = [int(order[0])]
-    else:
-        chosen = [int(q) for q in query_indices]
-        bad = [q for q in chosen if not 0 <= q < len(scores)]
-        if bad:
-            raise ValueError(f"query indices {bad} out of range: the model has {len(scores)} queries")
+    chosen = choose_queries(scores, score_threshold, max_queries, query_indices)
     q = torch.tensor(chosen, dtype=torch.long)
     hr, wr = sizes[0]
     to_original = torch.tensor([W / wr, H / hr])
