@@ -42,7 +42,7 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ] = " in proc.stdout
     assert re.search(r"^epoch 1/1  loss [\d.]+  [\d.]+ s/epoch  elapsed \d+:\d\d  val/mAP [\d.]+", proc.stdout, re.M), proc.stdout[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"make demo: \S+ trained for 1 epoch \(2 steps\) on 16 images in [\d.]+ min \([\d.]+ min in all\): "
+    assert re.fullmatch(r"make demo: \S+ trained for 2 steps \(1\.0 epochs\) on 16 images in [\d.]+ min \([\d.]+ min in all\): "
                         r"COCO mAP [\d.]+, AP50 [\d.]+ on 5 val images; pictures: .*demo_detections\.png", summary), summary
     stats = json.loads((out / "coco_stats.json").read_text())
     assert 0.0 <= stats["map"] <= 1.0

@@ -5,7 +5,7 @@
 3. evaluates the last checkpoint and prints the standard 12-line COCO table,
 4. draws ground truth beside the predictions on a few validation images, enlarged to at least
    :data:`MIN_PICTURE_SIDE` pixels, and the same pairs stacked in one picture for the README,
-5. ends with one line: model, epochs, images, minutes, mAP and AP50, where the pictures are.
+5. ends with one line: model, steps and epochs, images, minutes, mAP and AP50, where the pictures are.
 
 Everything runs offline; nothing is downloaded. Switching the demo to another recipe is
 :data:`DEMO_CONFIG` (the data preset it trains on is :data:`DATA_PRESET`).
@@ -54,20 +54,20 @@ def _run(cmd: list[str], quiet: bool = False) -> str:
     return proc.stdout or ""
 
 
-def _config_model(config: str) -> str:
+def _config_model(config: str) -> tuple[str, int]:
+    """The recipe's model name and training batch size."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / config).read_text())
-    return ((cfg.get("model") or {}).get("init_args") or {}).get("model_name", "the model")
+    model = ((cfg.get("model") or {}).get("init_args") or {}).get("model_name", "the model")
+    return model, int(((cfg.get("data") or {}).get("init_args") or {}).get("batch_size", 1))
 
 
-def _trained_epochs_steps(ckpt: Path) -> tuple[int, int]:
-    """Epochs completed and optimizer steps of a Lightning checkpoint (read with weights_only)."""
+def _trained_steps(ckpt: Path) -> int:
+    """Optimizer steps of a Lightning checkpoint (read with weights_only)."""
     from visiontf.weights import safe_torch_load
 
-    state = safe_torch_load(ckpt)
-    # ``epoch`` is the epoch the checkpoint was written in (0-based); a stop at its end completed it
-    return int(state.get("epoch", -1)) + 1, int(state.get("global_step", 0))
+    return int(safe_torch_load(ckpt).get("global_step", 0))
 
 
 def draw_pictures(ckpt: Path, ann_file: Path, images_dir: Path, out: Path, num: int,
@@ -112,7 +112,7 @@ def _demo(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     start = time.time()
     py = sys.executable
-    model = _config_model(args.config)
+    model, batch_size = _config_model(args.config)
 
     ann_file = args.data / "annotations" / "instances_val2017.json"
     if not ann_file.is_file():
@@ -131,7 +131,7 @@ def _demo(argv: Sequence[str]) -> int:
     _run(train)  # a line per epoch (visiontf.callbacks.EpochLines)
     train_min = (time.time() - train_start) / 60
     ckpt = run_dir / "checkpoints" / "last.ckpt"
-    epochs, steps = _trained_epochs_steps(ckpt)
+    steps = _trained_steps(ckpt)
 
     stats_path = args.out / "coco_stats.json"
     report = _run([py, "tools/eval.py", "--config", args.config, f"--data.init_args.root={args.data}", "--ckpt_path", str(ckpt),
@@ -144,7 +144,7 @@ def _demo(argv: Sequence[str]) -> int:
     num_train = len(list((args.data / "train2017").glob("*.jpg")))
     num_val = len(list((args.data / "val2017").glob("*.jpg")))
     total_min = (time.time() - start) / 60
-    print(f"\nmake demo: {model} trained for {epochs} epoch{'s' if epochs != 1 else ''} ({steps} steps) on {num_train} images in {train_min:.1f} min "
+    print(f"\nmake demo: {model} trained for {steps} steps ({steps * batch_size / max(num_train, 1):.1f} epochs) on {num_train} images in {train_min:.1f} min "
           f"({total_min:.1f} min in all): COCO mAP {stats.get('map', float('nan')):.3f}, "
           f"AP50 {stats.get('map_50', float('nan')):.3f} on {num_val} val images; "
           f"pictures: {pictures[-1] if pictures else args.out / 'pictures'}", flush=True)
