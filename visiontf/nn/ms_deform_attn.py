@@ -74,7 +74,8 @@ class PackedTokens:
     def unpack(self, x: Tensor) -> Tensor:
         """(T, ...) -> (N, S, ...) with zeros at padded positions."""
         N, S = self.padding_mask.shape
-        return x.new_zeros((N * S, *x.shape[1:])).index_copy(0, self.index, x).view(N, S, *x.shape[1:])
+        # index_put, not index_copy: the same rows, about 10x faster on CPU (index_copy copies row by row)
+        return x.new_zeros((N * S, *x.shape[1:])).index_put((self.index,), x).view(N, S, *x.shape[1:])
 
 
 def _as_shapes(spatial_shapes) -> list[tuple[int, int]]:
@@ -187,7 +188,14 @@ def _gather_constants(shapes: tuple[tuple[int, int], ...], N: int, M: int, P: in
     ones = torch.ones_like(width)
     corner = per_sample(torch.stack([ones * 0, ones, width, width + 1]) * M)  # (4, J)
     size = per_sample(torch.tensor([[w for _, w in shapes], [h for h, _ in shapes]], device=device)).view(2, 1, L * P)
-    return {"key_base": key_base, "row_stride": per_sample(width * M), "corner": corner, "size": size, "total": total}
+    # per level, within one image's block of total * M rows: its first and end row and its corners'
+    # row offsets, as Python ints (the dense table gradient adds whole level blocks at these shifts)
+    spans = tuple(
+        (int(a) * M, (int(a) + (h + _PAD_LO + _PAD_HI) * int(wp)) * M, (0, M, int(wp) * M, (int(wp) + 1) * M))
+        for a, wp, (h, _) in zip(start.tolist(), width.tolist(), shapes)
+    )
+    return {"key_base": key_base, "row_stride": per_sample(width * M), "corner": corner, "size": size, "total": total,
+            "spans": spans, "image_rows": total * M}
 
 
 class _BilinearGatherSum(torch.autograd.Function):
@@ -260,11 +268,15 @@ class _BilinearGatherSum(torch.autograd.Function):
                 # locations clamped at either end get no gradient: everything outside reads zeros
                 grad_pix = torch.stack((grad_fx, grad_fy), 2) * ((pix > -1.0) & (pix < consts["size"]))
         if ctx.needs_input_grad[0]:
-            grad_table = _table_grad(grad, fx.reshape(B * J), fy.reshape(B * J), attn.reshape(B * J), keys.view(B, J), consts["corner"], table.shape[0])
+            grad_table = _table_grad(grad, fx.reshape(B * J), fy.reshape(B * J), attn.reshape(B * J), keys.view(B, J), consts["corner"],
+                                     table.shape[0], consts["spans"], consts["image_rows"])
         return grad_table, grad_pix, grad_attn, None
 
 
-def _table_grad(grad: Tensor, fx: Tensor, fy: Tensor, attn: Tensor, keys: Tensor, corner: Tensor, rows: int) -> Tensor:
+def _table_grad(
+    grad: Tensor, fx: Tensor, fy: Tensor, attn: Tensor, keys: Tensor, corner: Tensor, rows: int,
+    spans: tuple[tuple[int, int, tuple[int, int, int, int]], ...], image_rows: int,
+) -> Tensor:
     """``d out / d table``: each bag's gradient, weighted, summed into its samples' 4 corner rows.
 
     ``grad`` (B, D); per sample (B*J,): fractional position ``fx``, ``fy`` and attention weight;
@@ -272,7 +284,9 @@ def _table_grad(grad: Tensor, fx: Tensor, fy: Tensor, attn: Tensor, keys: Tensor
     (int32 when they fit: several times faster than int64); per corner, one ``embedding_bag`` over
     the sorted samples sums them per key, and the sums are added at the corner's rows. With more
     samples than rows (the encoder) the per-key sums are dense over all rows, empty bags included;
-    otherwise (the decoder) only over the keys present.
+    otherwise (the decoder) only over the keys present. Dense sums are added per level as whole
+    shifted blocks (``spans``: each level's rows in an image's block of ``image_rows`` rows and its
+    corner offsets), several times faster than an accumulating scatter of every row.
     """
     J = keys.shape[1]
     flat = keys.reshape(-1)
@@ -300,6 +314,14 @@ def _table_grad(grad: Tensor, fx: Tensor, fy: Tensor, attn: Tensor, keys: Tensor
         per_key = F.embedding_bag(bag, grad, offsets.to(bag.dtype), per_sample_weights=weight, mode="sum")
         if dense and c == 0:
             grad_table += per_key
+        elif dense:
+            # key k's corner c is row k + offset of k's level: one block add per level, over all images
+            # (keys in a level's last rows have no samples, so a block may end early or spill zeros)
+            into, sums = grad_table.view(-1, image_rows, grad.shape[1]), per_key.view(-1, image_rows, grad.shape[1])
+            for first, end, corner_rows in spans:
+                shift = corner_rows[c]
+                end = min(end, image_rows - shift)
+                into[:, first + shift : end + shift] += sums[:, first:end]
         else:
             grad_table.index_put_(((targets + key_corner[c]).clamp_max(rows - 1),), per_key, accumulate=True)
     return grad_table
@@ -309,7 +331,8 @@ def _bordered_table(value: Tensor, shapes: tuple[tuple[int, int], ...], dtype: t
     """(N * total * M, D): every level map inside its zero border, rows ordered (image, position, head).
 
     ``value`` is (N, S, M, D), or (1, T, M, D) ``packed`` rows (padded positions then stay zero).
-    One row copy forward (``index_copy`` into zeros) and one gather backward.
+    One row scatter forward (``index_put`` into zeros; ``index_copy`` is about 10x slower on CPU)
+    and one gather backward.
     """
     _, _, M, D = value.shape
     interior, _, _, total = _bordered_layout(shapes, value.device)
@@ -317,7 +340,7 @@ def _bordered_table(value: Tensor, shapes: tuple[tuple[int, int], ...], dtype: t
         into = (torch.arange(N, device=value.device).view(N, 1) * total + interior).view(-1)
     else:
         into = packed.image * total + interior[packed.position]
-    table = value.new_zeros(N * total, M * D, dtype=dtype).index_copy(0, into, value.reshape(-1, M * D).to(dtype))
+    table = value.new_zeros(N * total, M * D, dtype=dtype).index_put((into,), value.reshape(-1, M * D).to(dtype))
     return table.view(N * total * M, D)
 
 
