@@ -55,3 +55,26 @@ def test_epoch_lines(capsys, monkeypatch):
         "epoch 1/3  loss 3.000  12.0 s/epoch  elapsed 0:12  about 0:24 left",
         "epoch 2/3  loss 1.000  12.2 s/epoch  elapsed 0:24  about 0:12 left  val/mAP 0.250  val/map_50 0.500",
     ]
+
+
+def test_epoch_lines_time_left_is_bounded_by_max_time(capsys, monkeypatch):
+    """With ``max_time`` shorter than ``max_epochs`` would take, the time left is what remains of it
+    (make demo: 100 epochs, 8 minutes), and on the last epoch there is none."""
+    from lightning.pytorch.callbacks import Timer
+
+    clock = iter([0.0, 80.0, 160.0])
+    monkeypatch.setattr("visiontf.callbacks.epoch_lines.time.monotonic", lambda: next(clock))
+    timer = Timer(duration="00:00:08:00")
+    monkeypatch.setattr(timer, "time_remaining", lambda stage="train": 400.0)
+    cb = EpochLines()
+    trainer = SimpleNamespace(current_epoch=0, max_epochs=100, sanity_checking=False, checkpoint_callbacks=[],
+                              callback_metrics={}, callbacks=[timer])
+    cb.on_train_start(trainer, None)
+    cb.on_train_epoch_end(trainer, None)
+    trainer.max_epochs = 2  # a run whose epochs end before the time limit: the epoch estimate
+    trainer.current_epoch = 1
+    cb.on_train_epoch_end(trainer, None)
+    assert capsys.readouterr().out.splitlines() == [
+        "epoch   1/100  80.0 s/epoch  elapsed 1:20  about 6:40 left",
+        "epoch 2/2  80.0 s/epoch  elapsed 2:40",
+    ]

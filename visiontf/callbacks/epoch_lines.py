@@ -4,8 +4,9 @@
     epoch 10/40  loss 1.842  14.1 s/epoch  elapsed 2:21  about 7:03 left  val/mAP 0.113  val/map_50 0.301
 
 The loss is the mean of the epoch's training-step losses; the time left extrapolates the mean epoch
-time (validation included) to ``max_epochs``. An epoch that validated also shows up to three
-``val/*`` metrics, the monitored ones first. Only rank 0 prints. ``visiontf.cli`` adds this callback whenever the
+time (validation included) to ``max_epochs``, or is what remains of ``max_time`` when that ends
+first (``make demo``: 100 epochs would take hours, its 8-minute budget ends the run). An epoch that
+validated also shows up to three ``val/*`` metrics, the monitored ones first. Only rank 0 prints. ``visiontf.cli`` adds this callback whenever the
 progress bar is off (``--trainer.enable_progress_bar=false``).
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_only
 
 #: metrics shown first on validation lines, when logged (other val/* metrics fill up to three)
@@ -24,6 +26,15 @@ def _clock(seconds: float) -> str:
     m, s = divmod(int(round(seconds)), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _time_limit_left(trainer: L.Trainer) -> float | None:
+    """Seconds of ``max_time`` left (the Timer callback it creates), or None without a time limit."""
+    for cb in getattr(trainer, "callbacks", ()):
+        remaining = cb.time_remaining() if isinstance(cb, Timer) else None
+        if remaining is not None:
+            return max(0.0, remaining)
+    return None
 
 
 class EpochLines(L.Callback):
@@ -67,8 +78,13 @@ class EpochLines(L.Callback):
         if self._loss_n:
             parts.append(f"loss {self._loss_sum / self._loss_n:.3f}")
         parts += [f"{per_epoch:.1f} s/epoch", f"elapsed {_clock(elapsed)}"]
-        if total and epoch < total:
-            parts.append(f"about {_clock(per_epoch * (total - epoch))} left")
+        if not total or epoch < total:
+            estimates = [per_epoch * (total - epoch)] if total else []
+            time_left = _time_limit_left(trainer)
+            if time_left is not None:
+                estimates.append(time_left)
+            if estimates:
+                parts.append(f"about {_clock(min(estimates))} left")
         if self._val:
             parts.append(self._val)
             self._val = ""
