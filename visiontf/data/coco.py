@@ -40,7 +40,7 @@ from visiontf.data.batching import pad_images
 from visiontf.data.io import ImageReadError, read_image
 from visiontf.data.layouts import resolve_detection_layout
 from visiontf.data.loading import AugmentedDataset, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
-from visiontf.data.samplers import eval_sampler, train_sampler
+from visiontf.data.samplers import aspect_ratio_groups, eval_sampler, train_sampler
 from visiontf.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -384,7 +384,9 @@ class CocoDetection(AugmentedDataset):
             if annotated != (None, None):
                 self._note_size_mismatch(idx, path, (w, h), annotated)
             boxes, labels = clip_boxes(self.index.raw_boxes[idx], self.index.raw_labels[idx], w, h)
-        out = self.transform(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)))
+        shared = self.batch_draw(key)
+        extra = {} if shared is None else {"batch_draw": shared}
+        out = self.transform(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)), **extra)
         img_t = out["image"]
         th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
         kept = np.asarray(out["ann_index"], dtype=np.int64)
@@ -439,6 +441,13 @@ class CocoDataModule(L.LightningDataModule):
 
     Sizes default to DETR's; ``scales``/``max_size``/``crop_scales``/``crop_size``/``val_size`` shrink
     them for small images. ``test_*`` default to the val split.
+
+    Less padding in training batches (both off by default, which keeps DETR's augmentation draws):
+    ``scale_per_batch`` gives every image of a batch the same random scale (YOLO's and RT-DETR's
+    multi-scale training), and ``aspect_ratio_groups`` > 1 fills each batch from one of that many
+    aspect-ratio bins (torchvision's ``GroupedBatchSampler``, Detectron2's aspect-ratio grouping),
+    read from the annotated image sizes. With DETR's per-image scales, a batch of 8 is about 30 %
+    padding on the shapes sets; with both (2 groups) about 12 %.
     """
 
     def __init__(
@@ -462,13 +471,16 @@ class CocoDataModule(L.LightningDataModule):
         pin_memory: bool | None = None,
         persistent_workers: bool | None = None,
         seed: int = 0,
+        scale_per_batch: bool = False,
+        aspect_ratio_groups: int = 0,
     ):
         check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
                      val_batch_size=(val_batch_size, optional(positive_int)),
                      num_workers=(num_workers, optional(non_negative_int)), scales=(scales, each(positive_int)),
                      max_size=(max_size, positive_int), crop_scales=(crop_scales, each(positive_int)),
                      crop_size=(crop_size, each(positive_int, 2)), val_size=(val_size, positive_int),
-                     size_divisibility=(size_divisibility, non_negative_int))
+                     size_divisibility=(size_divisibility, non_negative_int),
+                     aspect_ratio_groups=(aspect_ratio_groups, non_negative_int))
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
@@ -488,6 +500,7 @@ class CocoDataModule(L.LightningDataModule):
         self.crop_scales, self.crop_size, self.val_size = tuple(crop_scales), tuple(crop_size), val_size
         self.size_divisibility = size_divisibility
         self.seed = seed
+        self.scale_per_batch, self.aspect_ratio_groups = bool(scale_per_batch), int(aspect_ratio_groups)
 
         # Categories only (the full train file can be large): the smaller val file normally has them.
         cat_file = self.val_ann_file if self.val_ann_file.is_file() else self.train_ann_file
@@ -509,7 +522,8 @@ class CocoDataModule(L.LightningDataModule):
 
     def _dataset(self, img_dir: Path, ann_file: Path, train: bool) -> CocoDetection:
         if train:
-            tf = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size, seed=self.seed)
+            tf = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size, seed=self.seed,
+                                           scale_per_batch=self.scale_per_batch)
         else:
             tf = DT.build_val_transforms(self.val_size, self.max_size)
         ds = CocoDetection(img_dir, ann_file, tf, seed=self.seed)
@@ -539,11 +553,26 @@ class CocoDataModule(L.LightningDataModule):
             raise RuntimeError(f"CocoDataModule: {name} dataset not set up; call setup() with the matching stage first")
         # train: epoch-seeded order whose keys seed each sample's augmentation (exact resume, any worker
         # count); eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
-        sampler = train_sampler(ds, self.trainer, self.seed) if shuffle else eval_sampler(ds, self.trainer)
+        if shuffle:
+            sampler = train_sampler(ds, self.trainer, self.seed, **self._batch_layout(ds, batch_size))
+        else:
+            sampler = eval_sampler(ds, self.trainer)
         loader = TrainLoader if shuffle else DataLoader
         return loader(ds, batch_size=batch_size, sampler=sampler,
                       collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
                       **loader_kwargs(self.num_workers, self.seed, self.pin_memory, self.persistent_workers))
+
+    def _batch_layout(self, ds: CocoDetection, batch_size: int) -> dict[str, Any]:
+        # batch numbers in the keys only when something is shared by a batch (the default keeps the keys,
+        # and so the augmentations, of earlier versions)
+        if not (self.scale_per_batch or self.aspect_ratio_groups > 1):
+            return {}
+        groups = None
+        if self.aspect_ratio_groups > 1:
+            # the annotated sizes (an image without them counts as square): no image is read for this
+            sizes = [(im.get("height") or 1, im.get("width") or 1) for im in ds.index.images]
+            groups = aspect_ratio_groups(sizes, self.aspect_ratio_groups)
+        return {"batch_size": batch_size, "group_ids": groups}
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, self.batch_size, True, "train")

@@ -76,6 +76,12 @@ class RandomShortestSideResize(A.DualTransform):
     albumentations' ``SmallestMaxSize`` has no cap on the longer side and rounds differently, so
     this follows DETR's ``RandomResize`` exactly (:func:`resized_hw`). Boxes are normalised inside
     albumentations, so they need no change.
+
+    ``per_batch``: when the pipeline is called with ``batch_draw=u`` (a number in [0, 1) that the
+    samples of a batch share, :meth:`~visiontf.data.loading.AugmentedDataset.batch_draw`), the size
+    is ``sizes[int(u * len(sizes))]``, the same for the whole batch, as in the multi-scale training of
+    YOLO and RT-DETR: a batch then pads far less than one of mixed sizes. Without ``batch_draw`` (a
+    loader without batch keys), each image draws its own size.
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class RandomShortestSideResize(A.DualTransform):
         max_size: int | None = None,
         interpolation: int = cv2.INTER_LINEAR,
         p: float = 1.0,
+        per_batch: bool = False,
     ):
         super().__init__(p=p)
         if not sizes:
@@ -91,10 +98,14 @@ class RandomShortestSideResize(A.DualTransform):
         self.sizes = tuple(int(s) for s in sizes)
         self.max_size = None if max_size is None else int(max_size)
         self.interpolation = interpolation
+        self.per_batch = per_batch
 
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         height, width = params["shape"][:2]
-        size = self.py_random.choice(self.sizes)
+        size = self.py_random.choice(self.sizes)  # drawn in any case: the stream of later draws stays the same
+        shared = data.get("batch_draw") if self.per_batch else None
+        if shared is not None:
+            size = self.sizes[min(int(shared * len(self.sizes)), len(self.sizes) - 1)]
         return {"out_hw": resized_hw(height, width, size, self.max_size)}
 
     def apply(self, img: np.ndarray, out_hw: tuple[int, int], **params: Any) -> np.ndarray:
@@ -111,7 +122,7 @@ class RandomShortestSideResize(A.DualTransform):
         return bboxes
 
     def get_transform_init_args_names(self) -> tuple[str, ...]:
-        return ("sizes", "max_size", "interpolation")
+        return ("sizes", "max_size", "interpolation", "per_batch")
 
 
 class RandomSizeCrop(BaseCrop):
@@ -155,17 +166,21 @@ def build_train_transforms(
     crop_scales: Sequence[int] = DETR_CROP_SCALES,
     crop_size: tuple[int, int] = DETR_CROP_SIZE,
     seed: int | None = None,
+    scale_per_batch: bool = False,
 ) -> A.Compose:
-    """DETR's training augmentation. Call with ``image=, bboxes=, labels=, ann_index=``.
+    """DETR's training augmentation. Call with ``image=, bboxes=, labels=, ann_index=`` (and
+    ``batch_draw=``, see below).
 
-    ``seed`` seeds the pipeline's own RNG (albumentations ignores global seeds).
+    ``seed`` seeds the pipeline's own RNG (albumentations ignores global seeds). ``scale_per_batch``:
+    the final size (from ``scales``) follows the call's ``batch_draw``, so that a batch shares it
+    (:class:`RandomShortestSideResize`); the crop path's first resize stays per image.
     """
-    multi_scale = RandomShortestSideResize(scales, max_size)
+    multi_scale = RandomShortestSideResize(scales, max_size, per_batch=scale_per_batch)
     crop_path = A.Sequential(
         [
             RandomShortestSideResize(crop_scales, max_size),
             RandomSizeCrop(*crop_size),
-            RandomShortestSideResize(scales, max_size),
+            RandomShortestSideResize(scales, max_size, per_batch=scale_per_batch),
         ],
         p=1.0,
     )

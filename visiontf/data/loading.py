@@ -36,10 +36,16 @@ def default_num_workers(num_workers: int | None) -> int:
 
 
 class EpochIndex(NamedTuple):
-    """A sample index together with the epoch it is drawn in (what the train sampler yields)."""
+    """A sample index together with the epoch it is drawn in (what the train sampler yields).
+
+    ``batch``: the sample's batch number in this epoch (on this rank) when the sampler lays out whole
+    batches (``batch_size`` given), else -1. Draws shared by a batch, such as its training scale
+    (:meth:`AugmentedDataset.batch_draw`), are seeded from it.
+    """
 
     index: int
     epoch: int
+    batch: int = -1
 
 
 def sample_seed(*keys: int) -> int:
@@ -75,6 +81,17 @@ class AugmentedDataset(Dataset):
             self.transform.set_random_seed(sample_seed(self.seed, info.seed, get_rank()))
             self._seeded_worker = (info.id, info.seed)
         return int(key)
+
+    def batch_draw(self, key: int | EpochIndex) -> float | None:
+        """A uniform number in [0, 1) that every sample of the key's batch shares, drawn from (seed, epoch,
+        batch); None for keys without a batch (evaluation loaders, or a sampler without ``batch_size``)."""
+        if not isinstance(key, EpochIndex) or key.batch < 0:
+            return None
+        return np.random.default_rng(sample_seed(self.seed, key.epoch, key.batch, _BATCH_DRAW)).random()
+
+
+#: keeps the batch draw's seed apart from the per-sample seeds of (seed, epoch, index)
+_BATCH_DRAW = 0xBA7C4
 
 
 class TrainLoader(DataLoader):

@@ -8,8 +8,9 @@ place because it is already a ``DistributedSampler``.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
+import numpy as np
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
@@ -18,11 +19,56 @@ from visiontf.data.loading import EpochIndex
 
 class EpochSampler(DistributedSampler):
     """``DistributedSampler`` whose order depends only on (seed, epoch), yielding :class:`EpochIndex`
-    keys so the dataset can seed each sample's augmentation from (seed, epoch, index)."""
+    keys so the dataset can seed each sample's augmentation from (seed, epoch, index).
+
+    With ``batch_size`` (the loader's), each key also carries its batch number, so that a batch can
+    share draws such as its training scale. With ``group_ids`` as well (one per dataset sample), each
+    batch is taken from one group where it can, as torchvision's ``GroupedBatchSampler`` does: the
+    shuffled order is read once, every group collects its samples, and a group's batch is emitted when
+    it is full; the partial leftovers of the groups end the epoch. The samples of a rank and their
+    count do not change, only their order.
+    """
+
+    def __init__(self, dataset: Dataset, *args, batch_size: int = 0, group_ids: Sequence[int] | None = None, **kwargs):
+        super().__init__(dataset, *args, **kwargs)
+        if group_ids is not None:
+            if batch_size < 1:
+                raise ValueError("EpochSampler: group_ids need the loader's batch_size")
+            if len(group_ids) != len(dataset):
+                raise ValueError(f"EpochSampler: {len(group_ids)} group ids for {len(dataset)} samples")
+        self.batch_size = int(batch_size)
+        self.group_ids = None if group_ids is None else [int(g) for g in group_ids]
 
     def __iter__(self) -> Iterator[EpochIndex]:
         epoch = int(self.epoch)
-        return (EpochIndex(int(i), epoch) for i in super().__iter__())
+        order = [int(i) for i in super().__iter__()]
+        if self.batch_size < 1:
+            return (EpochIndex(i, epoch) for i in order)
+        if self.group_ids is not None:
+            order = _group_into_batches(order, self.group_ids, self.batch_size)
+        return (EpochIndex(i, epoch, pos // self.batch_size) for pos, i in enumerate(order))
+
+
+def _group_into_batches(order: list[int], group_ids: list[int], batch_size: int) -> list[int]:
+    full: list[int] = []
+    pending: dict[int, list[int]] = {}  # insertion order: the groups in the order they first appear
+    for i in order:
+        bucket = pending.setdefault(group_ids[i], [])
+        bucket.append(i)
+        if len(bucket) == batch_size:
+            full.extend(bucket)
+            bucket.clear()
+    return full + [i for bucket in pending.values() for i in bucket]
+
+
+def aspect_ratio_groups(sizes: Sequence[tuple[int, int]], num_groups: int) -> list[int]:
+    """A group id per (height, width): ``num_groups`` bins of log(width / height) with equal counts
+    (quantiles), so that batches of one group need little padding. One group when ``num_groups`` <= 1."""
+    if num_groups <= 1 or not sizes:
+        return [0] * len(sizes)
+    log_aspect = np.log(np.array([w / h for h, w in sizes], dtype=np.float64))
+    edges = np.quantile(log_aspect, np.linspace(0, 1, num_groups + 1)[1:-1])
+    return np.searchsorted(edges, log_aspect, side="right").tolist()
 
 
 def eval_sampler(dataset: Dataset, trainer) -> Sampler | None:
@@ -32,15 +78,18 @@ def eval_sampler(dataset: Dataset, trainer) -> Sampler | None:
     return UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False)
 
 
-def train_sampler(dataset: Dataset, trainer, seed: int) -> Sampler:
+def train_sampler(dataset: Dataset, trainer, seed: int, batch_size: int = 0,
+                  group_ids: Sequence[int] | None = None) -> Sampler:
     """The training order: a shuffling :class:`EpochSampler` over this process's share of the ranks.
 
     Lightning calls its ``set_epoch``, so a run resumed at an epoch boundary replays exactly the order
     (and, through the :class:`EpochIndex` keys, the augmentations) that the uninterrupted run would
     have used; a plain ``shuffle=True`` loader re-creates its generator and repeats epoch 0's order.
     Under DDP it splits the data over the ranks as Lightning's own sampler would (Lightning leaves a
-    ``DistributedSampler`` in place), seeded with the data module's ``seed``.
+    ``DistributedSampler`` in place), seeded with the data module's ``seed``. ``batch_size`` and
+    ``group_ids``: see :class:`EpochSampler`.
     """
     world = getattr(trainer, "world_size", 1) if trainer is not None else 1
     rank = getattr(trainer, "global_rank", 0) if world > 1 else 0
-    return EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    return EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, batch_size=batch_size,
+                        group_ids=group_ids)
