@@ -53,6 +53,10 @@ def sample_seed(*keys: int) -> int:
     return int(np.random.SeedSequence([int(k) % 2**63 for k in keys]).generate_state(1)[0])
 
 
+#: keeps the batch draw's seed apart from the per-sample seeds of (seed, epoch, index)
+_BATCH_DRAW = 0xBA7C4
+
+
 class AugmentedDataset(Dataset):
     """Base of the datasets whose albumentations pipeline ``self.transform`` draws random numbers.
 
@@ -87,11 +91,8 @@ class AugmentedDataset(Dataset):
         batch); None for keys without a batch (evaluation loaders, or a sampler without ``batch_size``)."""
         if not isinstance(key, EpochIndex) or key.batch < 0:
             return None
-        return np.random.default_rng(sample_seed(self.seed, key.epoch, key.batch, _BATCH_DRAW)).random()
-
-
-#: keeps the batch draw's seed apart from the per-sample seeds of (seed, epoch, index)
-_BATCH_DRAW = 0xBA7C4
+        # sample_seed is already a well-mixed 32-bit number: scaled, it is the uniform draw itself
+        return sample_seed(self.seed, key.epoch, key.batch, _BATCH_DRAW) / 2**32
 
 
 class TrainLoader(DataLoader):
