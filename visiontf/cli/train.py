@@ -42,6 +42,7 @@ from visiontf.checkpoint_io import install_atomic_checkpoint_io
 from visiontf.checkpoints import check_checkpoint_fits, check_checkpoint_task, resolve_checkpoint, run_checkpoint_dir
 from visiontf.cli.checks import checkpoint_file
 from visiontf.cli.errors import run_tool
+from visiontf.cli.precision import resolve_cpu_precision
 from visiontf.errors import UsageError, UserError
 
 #: the parsers' settings: raise on errors (one line, see visiontf.cli.errors), no abbreviated options
@@ -108,6 +109,10 @@ class VisionCLI(LightningCLI):
                 "checkpoint.save_top_k": 1,
             }
         )
+        parser.add_argument(
+            "--precision_without_native_bf16", type=str | None, default=None,
+            help="the trainer.precision used instead of a bf16 one on a CPU without native bf16 (e.g. 32-true; "
+                 "bf16 is emulated there, many times slower); null: trainer.precision as given (visiontf.cli.precision)")
 
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -143,6 +148,9 @@ class VisionCLI(LightningCLI):
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
                 # a fixed folder, so a new process finds last.ckpt with --ckpt_path last
                 cb.dirpath = str(run_checkpoint_dir(root))
+        config["precision"] = resolve_cpu_precision(
+            config.get("precision"), config.get("accelerator", "auto"),
+            self._get(self.config_init, "precision_without_native_bf16", default=None))
         trainer = super()._instantiate_trainer(config, callbacks)
         install_atomic_checkpoint_io(trainer)
         return trainer
