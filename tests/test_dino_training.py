@@ -21,6 +21,8 @@ def _overrides(root: Path, out: Path) -> list[str]:
     return [f"--data.init_args.root={root}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
             "--data.init_args.scales=[64]", "--data.init_args.max_size=96", "--data.init_args.crop_scales=[64]",
             "--data.init_args.val_size=64", TOY_MODEL, "--trainer.num_sanity_val_steps=0",
+            # the recipe trains with 2 DDP processes; in-process fits here run one (the DDP test sets its own)
+            "--trainer.devices=1", "--trainer.strategy=auto",
             "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={out}"]
 
 

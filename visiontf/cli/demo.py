@@ -55,12 +55,14 @@ def _run(cmd: list[str], quiet: bool = False) -> str:
 
 
 def _config_model(config: str) -> tuple[str, int]:
-    """The recipe's model name and training batch size."""
+    """The recipe's model name and the images of one optimizer step (batch size times DDP processes)."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / config).read_text())
     model = ((cfg.get("model") or {}).get("init_args") or {}).get("model_name", "the model")
-    return model, int(((cfg.get("data") or {}).get("init_args") or {}).get("batch_size", 1))
+    batch_size = int(((cfg.get("data") or {}).get("init_args") or {}).get("batch_size", 1))
+    devices = (cfg.get("trainer") or {}).get("devices", 1)
+    return model, batch_size * (devices if isinstance(devices, int) and devices > 0 else 1)
 
 
 def _trained_steps(ckpt: Path) -> int:
@@ -112,7 +114,7 @@ def _demo(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     start = time.time()
     py = sys.executable
-    model, batch_size = _config_model(args.config)
+    model, images_per_step = _config_model(args.config)
 
     ann_file = args.data / "annotations" / "instances_val2017.json"
     if not ann_file.is_file():
@@ -144,7 +146,7 @@ def _demo(argv: Sequence[str]) -> int:
     num_train = len(list((args.data / "train2017").glob("*.jpg")))
     num_val = len(list((args.data / "val2017").glob("*.jpg")))
     total_min = (time.time() - start) / 60
-    print(f"\nmake demo: {model} trained for {steps} steps ({steps * batch_size / max(num_train, 1):.1f} epochs) on {num_train} images in {train_min:.1f} min "
+    print(f"\nmake demo: {model} trained for {steps} steps ({steps * images_per_step / max(num_train, 1):.1f} epochs) on {num_train} images in {train_min:.1f} min "
           f"({total_min:.1f} min in all): COCO mAP {stats.get('map', float('nan')):.3f}, "
           f"AP50 {stats.get('map_50', float('nan')):.3f} on {num_val} val images; "
           f"pictures: {pictures[-1] if pictures else args.out / 'pictures'}", flush=True)
