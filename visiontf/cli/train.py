@@ -223,6 +223,10 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # eval.py and the tests pass args on purpose (eval.py adds "validate"); Lightning warns about that
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
+    # under DDP: the COCO stats are computed from every rank's detections (torchmetrics syncs them), so
+    # each rank logs the same value, and the elapsed minutes are rank 0's; a mean over ranks adds nothing
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('((val|test)/(map|mar|mAP)|time/)",
+                            category=UserWarning)
     return VisionCLI(
         L.LightningModule,
         L.LightningDataModule,
