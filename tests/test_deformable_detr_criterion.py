@@ -112,6 +112,58 @@ def test_postprocess_equals_the_original():
     assert all(len(r["scores"]) <= 20 and (r["scores"] > 0.5).all() for r in kept)
 
 
+
+def _greedy_nms(boxes, scores, labels, iou, class_agnostic):
+    """NMS as DINO's PostProcess specifies it, written out: keep pairs in decreasing score, drop
+    any whose box overlaps an already kept one (of the same label, unless class-agnostic) by > iou."""
+    from torchvision.ops import box_iou
+
+    kept = []
+    for i in scores.argsort(descending=True, stable=True).tolist():
+        if all(box_iou(boxes[i : i + 1], boxes[j : j + 1]).item() <= iou
+               for j in kept if class_agnostic or labels[j] == labels[i]):
+            kept.append(i)
+    return kept
+
+
+def test_postprocess_nms_as_dino_and_per_class():
+    # two queries on one object (query 1 slightly shifted), a third elsewhere; 2 classes
+    logits = torch.tensor([[[3.0, 1.0], [2.0, -4.0], [0.5, -1.0]]])
+    boxes = torch.tensor([[[0.5, 0.5, 0.4, 0.4], [0.51, 0.5, 0.4, 0.4], [0.2, 0.2, 0.1, 0.1]]])
+    out = {"pred_logits": logits, "pred_boxes": boxes}
+    plain = DeformablePostProcess(num_top=6)(out, [(100, 100)])[0]
+    assert len(plain["scores"]) == 6  # every (query, class) pair
+    agnostic = DeformablePostProcess(num_top=6, nms_iou_threshold=0.7)(out, [(100, 100)])[0]
+    # DINO: one box per object whatever the label; the shifted duplicate and query 0's class-1 pair go
+    assert agnostic["labels"].tolist() == [0, 0] and torch.allclose(agnostic["scores"], torch.sigmoid(torch.tensor([3.0, 0.5])))
+    per_class = DeformablePostProcess(num_top=6, nms_iou_threshold=0.7, nms_class_agnostic=False)(out, [(100, 100)])[0]
+    # per label: query 0 keeps its class-1 pair, the duplicate of each label goes
+    assert per_class["labels"].tolist() == [0, 1, 0, 1]
+    assert torch.allclose(per_class["scores"], torch.sigmoid(torch.tensor([3.0, 1.0, 0.5, -1.0])))
+    # random outputs: the same pairs as the written-out greedy NMS, still sorted, then the score threshold
+    outputs, sizes = _outputs(2, 30, 3), torch.tensor([[480, 640], [300, 200]])
+    for agn in (True, False):
+        ours = DeformablePostProcess(nms_iou_threshold=0.5, nms_class_agnostic=agn)(outputs, sizes)
+        for r, ref in zip(ours, DeformablePostProcess()(outputs, sizes)):
+            keep = _greedy_nms(ref["boxes"], ref["scores"], ref["labels"], 0.5, agn)
+            assert 0 < len(keep) < 100 and torch.equal(r["scores"], ref["scores"][keep])
+            assert torch.equal(r["labels"], ref["labels"][keep]) and torch.equal(r["boxes"], ref["boxes"][keep])
+        thresholded = DeformablePostProcess(nms_iou_threshold=0.5, nms_class_agnostic=agn)(outputs, sizes, score_threshold=0.5)
+        assert all(torch.equal(t["scores"], r["scores"][r["scores"] > 0.5]) for t, r in zip(thresholded, ours))
+    for bad in (0.0, -1, 1.5):
+        with pytest.raises(ValueError, match=r"nms_iou_threshold must be in \(0, 1\] or None"):
+            DeformablePostProcess(nms_iou_threshold=bad)
+
+
+def test_model_nms_settings_reach_the_postprocess():
+    kw = dict(num_classes=3, backbone="resnet18", hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, num_queries=4,
+              num_feature_levels=1)
+    assert build_postprocess(DeformableDETR(**kw)).nms_iou_threshold is None  # off by default, as in DINO
+    post = build_postprocess(DeformableDETR(**kw, nms_iou_threshold=0.7, nms_class_agnostic=False))
+    assert (post.nms_iou_threshold, post.nms_class_agnostic) == (0.7, False)
+    with pytest.raises(ValueError, match="nms_iou_threshold must be in"):
+        DeformableDETR(**kw, nms_iou_threshold=-1)
+
 def test_build_postprocess_follows_the_class_head():
     class Unknown(nn.Module):
         class_head = "mystery"

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
-from torchvision.ops import box_convert
+from torchvision.ops import batched_nms, box_convert, nms
 
 logger = logging.getLogger(__name__)
 
@@ -78,15 +78,33 @@ class DeformablePostProcess(nn.Module):
     (a query may appear with several classes), label = class index, box = the query's box in
     absolute xyxy scaled by each image's ``(h, w)``. Sorted by score.
 
+    DINO's ``PostProcess`` (IDEA-Research/DINO ``models/dino/dino.py``) can also run NMS on those
+    pairs (its ``nms_iou_threshold``, off by default): a detector trained for a few epochs still
+    puts two queries on one object, and each duplicate above a true positive of another image costs
+    precision. DINO's NMS ignores the labels; ``nms_class_agnostic=False`` suppresses only within a
+    class, so a box may keep a second label (the pair top-k's hedge) and overlapping objects of
+    different classes survive.
+
     Args:
         num_top: pairs kept per image (the original: 100); clamped to queries x classes.
+        nms_iou_threshold: suppress a pair whose box overlaps a higher-scoring kept one by more
+            than this IoU, after the top-k; None (the default, as in Deformable DETR and DINO's
+            ``-1``) keeps every pair.
+        nms_class_agnostic: DINO's NMS over all labels (True) or one NMS per label (False).
     """
 
-    def __init__(self, num_top: int = 100) -> None:
+    def __init__(self, num_top: int = 100, nms_iou_threshold: float | None = None, nms_class_agnostic: bool = True) -> None:
         super().__init__()
         if num_top < 1:
             raise ValueError(f"num_top must be >= 1, got {num_top}")
+        if nms_iou_threshold is not None and not 0.0 < nms_iou_threshold <= 1.0:
+            raise ValueError(
+                f"nms_iou_threshold must be in (0, 1] or None (no NMS), got {nms_iou_threshold} "
+                "(DINO's -1 for 'off' is None here)"
+            )
         self.num_top = num_top
+        self.nms_iou_threshold = nms_iou_threshold
+        self.nms_class_agnostic = nms_class_agnostic
 
     @torch.no_grad()
     def forward(
@@ -107,7 +125,7 @@ class DeformablePostProcess(nn.Module):
 
         Returns:
             One dict per image with ``scores`` (float32), ``labels`` (int64) and ``boxes`` (float32
-            absolute xyxy), sorted by score.
+            absolute xyxy), sorted by score. With NMS, the pairs it keeps.
         """
         logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
         sizes = torch.as_tensor(target_sizes, device=logits.device)
@@ -129,6 +147,11 @@ class DeformablePostProcess(nn.Module):
         xyxy = xyxy * torch.stack([img_w, img_h, img_w, img_h], dim=1)[:, None, :]
         results = []
         for s, l, b in zip(scores, labels, xyxy):
+            if self.nms_iou_threshold is not None:
+                # both return the kept indices sorted by decreasing score
+                keep = (nms(b, s, self.nms_iou_threshold) if self.nms_class_agnostic
+                        else batched_nms(b, s, l, self.nms_iou_threshold))
+                s, l, b = s[keep], l[keep], b[keep]
             if score_threshold is not None:
                 keep = s > score_threshold
                 s, l, b = s[keep], l[keep], b[keep]

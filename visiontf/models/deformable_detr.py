@@ -130,6 +130,10 @@ class DeformableDETR(nn.Module):
             the next layer's reference. Needs ``with_box_refine``.
         num_select: detections kept per image by the post-processing (Deformable DETR 100,
             DINO 300); read by :func:`visiontf.detection.build_postprocess`.
+        nms_iou_threshold: NMS on the kept detections at this IoU (DINO's post-processing option,
+            off there and here by default: None); see
+            :class:`~visiontf.detection.DeformablePostProcess`.
+        nms_class_agnostic: NMS over all labels, as DINO (True), or within each label (False).
     """
 
     #: sigmoid class scores over K classes, focal loss (the DETR family's other convention: "softmax")
@@ -176,6 +180,8 @@ class DeformableDETR(nn.Module):
         pos_temperature: float = 10000.0,
         num_select: int = 100,
         decoder_norm: bool = False,
+        nms_iou_threshold: float | None = None,
+        nms_class_agnostic: bool = True,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -205,6 +211,10 @@ class DeformableDETR(nn.Module):
         self.num_query_groups = num_query_groups
         self.share_decoder_heads = share_decoder_heads
         self.num_select = num_select
+        if nms_iou_threshold is not None and not 0.0 < nms_iou_threshold <= 1.0:
+            raise ValueError(f"nms_iou_threshold must be in (0, 1] or None (no NMS), got {nms_iou_threshold}")
+        self.nms_iou_threshold = nms_iou_threshold
+        self.nms_class_agnostic = nms_class_agnostic
         self.dec_layers = dec_layers
         if backbone_stages is None:
             stages = (4,) if num_feature_levels == 1 else (2, 3, 4)[-min(num_feature_levels, 3):]
@@ -283,7 +293,8 @@ class DeformableDETR(nn.Module):
     @property
     def postprocess_kwargs(self) -> dict:
         """Settings of the post-processing this model's outputs need (``build_postprocess`` reads them)."""
-        return {"num_top": self.num_select}
+        return {"num_top": self.num_select, "nms_iou_threshold": self.nms_iou_threshold,
+                "nms_class_agnostic": self.nms_class_agnostic}
 
     def _decoder_heads(self, heads: nn.ModuleList) -> list[nn.Module]:
         """The head of each decoder layer (one shared by all with ``share_decoder_heads``)."""
