@@ -23,6 +23,20 @@ def test_native_bf16_read_from_cpu_flags(cpuinfo, native):
     assert cpu_has_native_bf16(cpuinfo) is native
 
 
+@pytest.mark.parametrize("value, native", [("1", True), ("0", False)])
+def test_environment_forces_either_cpu_kind(monkeypatch, value, native):
+    monkeypatch.setenv(cpu_precision.NATIVE_BF16_ENV, value)
+    assert cpu_has_native_bf16() is native
+    assert resolve_cpu_precision("bf16-mixed", "cpu", "32-true") == ("bf16-mixed" if native else "32-true")
+    assert cpu_has_native_bf16(AMD_ZEN2) is False  # given text is read as given
+
+
+def test_environment_value_other_than_0_or_1_is_refused(monkeypatch):
+    monkeypatch.setenv(cpu_precision.NATIVE_BF16_ENV, "yes")
+    with pytest.raises(ValueError, match="VISIONTF_NATIVE_BF16='yes'"):
+        cpu_has_native_bf16()
+
+
 @pytest.mark.parametrize("precision, accelerator, fallback, native, expected", [
     ("bf16-mixed", "cpu", "32-true", False, "32-true"),     # emulated bf16: the fallback
     ("bf16-true", "cpu", "32-true", False, "32-true"),

@@ -1,6 +1,7 @@
 """`make demo` end to end on a tiny set: data, a line per epoch, COCO table, pictures, one summary line
 (the real demo trains longer); and its pictures: ground truth beside predictions, enlarged."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -33,12 +34,17 @@ def test_pictures_put_ground_truth_beside_predictions_enlarged():
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end(tmp_path):
+@pytest.mark.parametrize("native_bf16", ["1", "0"], ids=["native-bf16-cpu", "cpu-without-bf16"])
+def test_demo_runs_end_to_end(tmp_path, native_bf16):
+    """On both CPU kinds, forced: bf16-mixed (emulated, slowly, where the CPU lacks it) and the float32 fallback."""
     out = tmp_path / "demo"
     cmd = [sys.executable, "tools/demo.py", "--out", str(out), "--data", str(tmp_path / "data"), "--epochs", "1",
            "--num_train", "16", "--num_val", "5", "--num_pictures", "2"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "VISIONTF_NATIVE_BF16": native_bf16}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    bf16 = "bfloat16 Automatic Mixed Precision" in proc.stdout + proc.stderr
+    assert bf16 == (native_bf16 == "1"), (proc.stdout + proc.stderr)[-3000:]
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ] = " in proc.stdout
     assert re.search(r"^epoch 1/1  loss [\d.]+  [\d.]+ s/epoch  elapsed \d+:\d\d  val/mAP [\d.]+", proc.stdout, re.M), proc.stdout[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]

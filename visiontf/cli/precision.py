@@ -6,10 +6,13 @@ feature on Arm) and a large slow-down elsewhere, where oneDNN emulates it: the C
 on a 2-core AVX512-BF16 machine and 59 on a 2-core AVX2-only one. A config that asks for bf16 can
 name, in the top-level key ``precision_without_native_bf16``, the precision to train and evaluate
 with on CPUs without it; :func:`resolve_cpu_precision` applies it (one log line when it does).
+``VISIONTF_NATIVE_BF16=1`` (or ``0``) overrides what ``/proc/cpuinfo`` says, so that either path can be
+run, and tested, on any machine.
 """
 from __future__ import annotations
 
 import logging
+import os
 import platform
 from pathlib import Path
 
@@ -19,11 +22,19 @@ log = logging.getLogger(__name__)
 
 #: /proc/cpuinfo flags of native bf16 arithmetic (x86: AVX512-BF16, AMX-BF16; Arm: FEAT_BF16)
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+#: set to 1 or 0, it stands in for the flags of /proc/cpuinfo
+NATIVE_BF16_ENV = "VISIONTF_NATIVE_BF16"
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU has bf16 instructions, read from the flags of ``/proc/cpuinfo`` (or the
-    given text). Where they cannot be read (not Linux), False: float32 is never the slow choice."""
+    given text, or :data:`NATIVE_BF16_ENV`). Where they cannot be read (not Linux), False: float32 is
+    never the slow choice."""
+    forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
+    if cpuinfo is None and forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"{NATIVE_BF16_ENV}={forced!r}: set it to 1 (native bf16) or 0 (none), or unset it")
+        return forced == "1"
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         if platform.system() != "Linux" or not path.is_file():

@@ -192,7 +192,7 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     from visiontf.weights import read_labels_file
 
     overrides: dict[str, Any] = {}
-    for key in ("min_size", "max_size", "batch_size", "device", "num_workers"):
+    for key in ("min_size", "max_size", "batch_size", "device", "num_workers", "precision"):
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     if getattr(args, "seg_mode", None):
@@ -257,6 +257,8 @@ def predict_parser() -> ToolParser:
     p.add_argument("--num_workers", type=int, default=None,
                    help="processes decoding the images (default: up to 4 when there is more than one batch)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--precision", choices=("32-true", "bf16-mixed", "16-mixed"), default=None,
+                   help="the model's forward under autocast, as trainer.precision (default 32-true)")
     return p
 
 

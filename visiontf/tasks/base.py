@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 
 from visiontf.adapters.base import adapter_for_task
@@ -75,6 +77,23 @@ class BaseTask(L.LightningModule):
         # before Lightning copies any weight: another task, model or class count is refused by name
         path = self._trainer.ckpt_path if self._trainer is not None else None
         check_checkpoint_fits(checkpoint, path, task=self.task, model_name=self._model_name, num_classes=self._num_classes)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping, also for the fused AdamW under mixed precision.
+
+        Lightning's ``MixedPrecision`` refuses to clip for any optimizer that unscales in its own step
+        (torch's fused AdamW), yet bf16 has no gradient scaler, so nothing is scaled, and fp16's
+        ``GradScaler.unscale_`` takes fused optimizers (their step then skips its own unscaling).
+        """
+        plugin = self.trainer.precision_plugin
+        if not (gradient_clip_val and isinstance(plugin, MixedPrecision)
+                and getattr(optimizer, "_step_supports_amp_scaling", False)):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        if plugin.scaler is not None:
+            plugin.scaler.unscale_(optimizer)
+        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or self.trainer.gradient_clip_algorithm or "norm")
+        Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
 
     def eval_cfg(self) -> dict[str, Any]:
         """Inference settings of this task in ``pretrained_cfg`` keys (saved with checkpoints)."""
