@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-#: the data sets of issue 11's bars: make_synthetic arguments and default sizes
+#: the data sets of the CPU recipe's bars: make_synthetic arguments and default sizes
 PRESETS = {
     "shapes": {"args": [], "num_train": 1500, "num_val": 150},
     "demo": {"args": ["--preset", "demo"], "num_train": 1000, "num_val": 100},

@@ -1,4 +1,4 @@
-"""The DETR attention figure stays a sensible size for any aspect ratio, maps overlaid on the image (issue 14:
+"""The DETR attention figure stays a sensible size for any aspect ratio, maps overlaid on the image (before,
 a 37x901 image gave a 600x22096 px figure, and the decoder map was a raw 6x4 grid)."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Checkpoint errors name the file and the fix (issue 15, item 3), through the real command lines,
+"""Checkpoint errors name the file and the fix, through the real command lines,
 run in-process (``make_cli`` / ``eval_main`` / ``predict_main`` / ``export_main``).
 
 Cost: one 1-epoch fit of a 1-block ViT on 3x4 tiny images (module fixture), one fine-tuning fit,

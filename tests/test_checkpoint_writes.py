@@ -1,4 +1,4 @@
-"""Checkpoints you can trust (issue 15, item 1): ``last.ckpt`` is the latest state at every save,
+"""Checkpoints you can trust: ``last.ckpt`` is the latest state at every save,
 writes are atomic in the destination folder, a failed or killed write leaves the previous file and
 no partial or temporary file, and a moved run folder resumes onto its own ``last.ckpt``.
 

@@ -1,6 +1,6 @@
 """Every tools/*.py ends a user mistake with one line on stderr and exit code 2; --debug shows the
 traceback; abbreviations are refused; predict/export take train.py's --data.* overrides and keep a
-checkpoint's classes (issue 14).
+checkpoint's classes.
 
 Cost: the light cases are real processes that fail before torch is imported (well under a second
 each); the cases that need Lightning or a model run batched in one process (tests/cli_runner.py).

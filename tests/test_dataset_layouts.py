@@ -1,4 +1,4 @@
-"""`--data.root` alone finds the layouts users bring: Roboflow/CVAT COCO exports and YOLO (issue 14)."""
+"""`--data.root` alone finds the layouts users bring: Roboflow/CVAT COCO exports and YOLO."""
 import json
 
 import numpy as np

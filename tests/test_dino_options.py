@@ -1,4 +1,4 @@
-"""The DINO-line training options of Deformable DETR (issue 11): denoising queries, mixed query
+"""The DINO-line training options of Deformable DETR: denoising queries, mixed query
 selection, look forward twice, Group DETR, shared heads; the registered DINO models; bad input.
 
 Toy sizes (ResNet-18 trunk at 64x96, d 32, 8 queries) throughout. Cost: about 15 s.

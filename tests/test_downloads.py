@@ -1,4 +1,4 @@
-"""Offline ``pretrained=True`` fails at once with its message, instead of retrying for ~50 s (issue 14).
+"""Offline ``pretrained=True`` fails at once with its message, instead of retrying for ~50 s.
 
 No test opens a socket: ``socket.create_connection`` and the download functions are monkeypatched.
 """

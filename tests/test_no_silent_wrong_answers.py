@@ -1,4 +1,4 @@
-"""No silent wrong answers (issue 15, item 4): each case used to give a wrong result without a word.
+"""No silent wrong answers: each case used to give a wrong result without a word.
 
 Cost: small files and models (a 1-block ViT, a box-finding stand-in for DETR), one tiny fit for the
 config checks; about 10 s on 2 shared cores.

@@ -1,4 +1,4 @@
-"""Install settings: the SPDX licence string, and `make ... TORCH_INDEX=...` for CPU-only torch (issue 14)."""
+"""Install settings: the SPDX licence string, and `make ... TORCH_INDEX=...` for CPU-only torch."""
 import shutil
 import subprocess
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Robust compute (issue 15, item 5) and bounded memory (item 6).
+"""Robust compute and bounded memory.
 
 Cost: a 1-block SETR step, small DETR/ViT forwards, PNG files of 10 x 2000 pixels, and (slow) two
 fresh processes predicting 8 and 40 images for the memory check: about 25 s on 2 shared cores.

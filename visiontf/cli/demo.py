@@ -27,7 +27,7 @@ from visiontf.errors import UserError
 ROOT = Path(__file__).resolve().parents[2]
 #: the demo's model and recipe: the one setting that switches `make demo` to another config
 DEMO_CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
-#: the synthetic set it trains on (tools/make_synthetic.py --preset) and its size: issue 11's
+#: the synthetic set it trains on (tools/make_synthetic.py --preset) and its size: the CPU recipe's
 #: second bar (``--preset demo --num-train 1000 --num-val 100``)
 DATA_PRESET = "demo"
 NUM_TRAIN, NUM_VAL = 1000, 100

@@ -9,7 +9,7 @@ its pixel coordinates, the first row and column used for the valid ratios) is co
 set of shapes by :func:`level_layout`, so reference points, valid ratios and two-stage proposals
 are single vectorised expressions rather than the original's per-level loops.
 
-The decoder is written for the DINO-style options built on it later (issue 11): it takes any
+The decoder is written for the DINO-style options built on it later: it takes any
 target queries, 2-d reference points or 4-d reference boxes and a self-attention mask, folds query
 groups into the batch for self-attention (``num_groups``), and returns every layer's input
 references (detached between layers, as the original) and, when refining, the undetached new ones
