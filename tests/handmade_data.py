@@ -89,3 +89,27 @@ def make_dataset(root: str | Path, layout: str = "coco", num_train: int = 4, num
         names = [CATEGORIES[c] for c in sorted(CATEGORIES)]
         (root / "data.yaml").write_text(f"train: ../train/images\nval: ../valid/images\n\nnc: {len(names)}\nnames: {names}\n")
     return root
+
+
+def own_detections_as_truth(ckpt: Path, data: Path, out: Path) -> Path:
+    """``data`` (a COCO layout) with its validation truth replaced by every detection of the checkpoint's
+    model, at batch 1 and float32: a few-step model then scores far from 0 on it, so that a change of
+    precision or post-processing has something to lose, which it would not against the real truth."""
+    import shutil
+
+    from visiontf.inference.predictor import Predictor
+
+    shutil.copytree(data, out)
+    ann_file = out / "annotations" / "instances_val2017.json"
+    ann = json.loads(ann_file.read_text())
+    predictor = Predictor.from_checkpoint(ckpt, device="cpu", batch_size=1)  # as eval below: no padding between images
+    results = predictor([out / "val2017" / im["file_name"] for im in ann["images"]], score_threshold=None)
+    ann["annotations"] = []
+    for im, r in zip(ann["images"], results):
+        for box, label in zip(r["boxes"].tolist(), r["labels"].tolist()):
+            x0, y0, x1, y1 = box
+            ann["annotations"].append({"id": len(ann["annotations"]) + 1, "image_id": im["id"], "iscrowd": 0,
+                                       "category_id": predictor.label_to_cat_id[label],
+                                       "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})
+    ann_file.write_text(json.dumps(ann))
+    return out

@@ -17,6 +17,7 @@ import lightning as L
 import pytest
 import torch
 from cli_runner import run_tools
+from handmade_data import own_detections_as_truth
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
@@ -150,37 +151,13 @@ def test_config_trains_two_clipped_steps_on_cuda(family_data, tmp_path, family, 
 
 
 # ------------------------------------------------------------------ evaluation and prediction under bf16
-def _own_detections_as_truth(ckpt: Path, data: Path, out: Path) -> Path:
-    """``data`` with its validation truth replaced by every float32 detection of the model: each detection
-    then matches its own box, float32 scores near 1 and every stat has something to lose when bf16 moves
-    a box or a score, which two-step weights scored against the real truth would not."""
-    import shutil
-
-    from visiontf.inference.predictor import Predictor
-
-    shutil.copytree(data, out)
-    ann_file = out / "annotations" / "instances_val2017.json"
-    ann = json.loads(ann_file.read_text())
-    predictor = Predictor.from_checkpoint(ckpt, device="cpu", batch_size=1)  # as eval below: no padding between images
-    results = predictor([out / "val2017" / im["file_name"] for im in ann["images"]], score_threshold=None)
-    ann["annotations"] = []
-    for im, r in zip(ann["images"], results):
-        for box, label in zip(r["boxes"].tolist(), r["labels"].tolist()):
-            x0, y0, x1, y1 = box
-            ann["annotations"].append({"id": len(ann["annotations"]) + 1, "image_id": im["id"], "iscrowd": 0,
-                                       "category_id": predictor.label_to_cat_id[label],
-                                       "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})
-    ann_file.write_text(json.dumps(ann))
-    return out
-
-
 # DETR: every query is a detection. With two-step weights, DINO's query selection (the top encoder
 # proposals of near-tied scores) changes under any rounding, so its bf16 agreement is measured on the
 # trained recipe instead (docs/benchmarks.md, "Precision"); here it must run and return float32.
 @pytest.mark.parametrize("family", ["detr"])
 def test_eval_under_bf16_gives_the_float32_stats(fitted, family_data, tmp_path, family):
     ckpt = fitted[(family, "32-true")] / "checkpoints" / "last.ckpt"
-    root = _own_detections_as_truth(ckpt, family_data[family], tmp_path / "data")
+    root = own_detections_as_truth(ckpt, family_data[family], tmp_path / "data")
     cases = []
     for precision in ("32-true", "bf16-mixed"):
         cases.append({"argv": ["tools/eval.py", "--config", FAMILIES[family], f"--data.init_args.root={root}",

@@ -94,10 +94,8 @@ class DetectionAdapter(TaskAdapter):
         # boxes are relative to each image's unpadded extent, so the original (h, w) maps them straight
         # back to original pixels, whatever the resize and padding were
         orig = torch.tensor([tuple(im.shape[-2:]) for im in images], device=batch.images.device)
-        k = None if top_k is None else int(top_k)
-        if k is None and score_threshold is not None:
-            k = int(outputs["pred_logits"].shape[1])  # sorted by score
-        preds = build_postprocess(model)(outputs, orig, score_threshold=score_threshold, top_k=k)
+        preds = build_postprocess(model)(outputs, orig, score_threshold=score_threshold,
+                                         top_k=None if top_k is None else int(top_k))
         results = []
         for p in preds:
             labels = p["labels"].cpu()

@@ -197,6 +197,9 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
             overrides[key] = getattr(args, key)
     if getattr(args, "seg_mode", None):
         overrides["seg_mode"] = args.seg_mode
+    postprocess = {k: getattr(args, f"postprocess_{k}", None) for k in ("nms_iou_threshold", "nms_class_agnostic", "num_top")}
+    if any(v is not None for v in postprocess.values()):
+        overrides["postprocess"] = postprocess
     config = getattr(args, "config", None)
     dm, dm_args = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
     cfg_names, cfg_ids = getattr(dm, "class_names", None), getattr(dm, "label_to_cat_id", None)
@@ -257,6 +260,13 @@ def predict_parser() -> ToolParser:
     p.add_argument("--num_workers", type=int, default=None,
                    help="processes decoding the images (default: up to 4 when there is more than one batch)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--postprocess.nms_iou_threshold", dest="postprocess_nms_iou_threshold", type=float, default=None,
+                   help="detection: NMS IoU (0 or -1: no NMS; default: the checkpoint's)")
+    p.add_argument("--postprocess.nms_class_agnostic", dest="postprocess_nms_class_agnostic", default=None,
+                   type=lambda v: {"true": True, "false": False}[v.lower()], metavar="{true,false}",
+                   help="detection: NMS over all labels or within each label (default: the checkpoint's)")
+    p.add_argument("--postprocess.num_top", dest="postprocess_num_top", type=int, default=None,
+                   help="detection: detections kept per image before NMS (default: the checkpoint's)")
     p.add_argument("--precision", choices=("32-true", "bf16-mixed", "16-mixed"), default=None,
                    help="the model's forward under autocast, as trainer.precision (default 32-true)")
     return p

@@ -113,6 +113,13 @@ class VisionCLI(LightningCLI):
             "--precision_without_native_bf16", type=str | None, default=None,
             help="the trainer.precision used instead of a bf16 one on a CPU without native bf16 (e.g. 32-true; "
                  "bf16 is emulated there, many times slower); null: trainer.precision as given (visiontf.cli.precision)")
+        # post-processing at evaluation: the checkpoint's settings unless given (its hyper-parameters win over --model.*)
+        parser.add_argument("--postprocess.nms_iou_threshold", type=float | None, default=None,
+                            help="detection: NMS IoU for validate/test/predict (0 or -1: no NMS; default: the checkpoint's)")
+        parser.add_argument("--postprocess.nms_class_agnostic", type=bool | None, default=None,
+                            help="detection: NMS over all labels (true) or within each label (false); default: the checkpoint's")
+        parser.add_argument("--postprocess.num_top", type=int | None, default=None,
+                            help="detection: detections kept per image before NMS; default: the checkpoint's")
 
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -197,6 +204,20 @@ class VisionCLI(LightningCLI):
     def _check_ckpt(self) -> None:
         path, ckpt = getattr(self, "_loaded_ckpt", None) or (self.config_init[self.subcommand].get("ckpt_path"), None)
         check_ckpt_path(path, self.model, ckpt)
+        self._apply_postprocess()
+
+    def _apply_postprocess(self) -> None:
+        """``--postprocess.*`` over the post-processing the checkpoint's model was built with."""
+        given = {k: v for k, v in vars(self.config_init[self.subcommand].get("postprocess") or {}).items() if v is not None}
+        if not given:
+            return
+        options = ", ".join(f"--postprocess.{k}" for k in given)
+        if self.subcommand == "fit":
+            raise UsageError(f"{options}: for evaluation and prediction; to train with them set the model's own "
+                             "arguments (--model.init_args.model_kwargs)")
+        if not callable(getattr(self.model, "set_postprocess", None)):
+            raise UsageError(f"{options}: {type(self.model).__name__} has no detection post-processing")
+        self.model.set_postprocess(**given)
 
     before_fit = before_validate = before_test = before_predict = _check_ckpt
 

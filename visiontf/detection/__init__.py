@@ -1,10 +1,10 @@
 """The DETR family's Hungarian matcher, set criterion and post-processing (torch, torchvision, scipy only)."""
 from visiontf.detection.criterion import SetCriterion
 from visiontf.detection.matcher import HungarianMatcher
-from visiontf.detection.postprocess import DeformablePostProcess, PostProcess, build_postprocess
+from visiontf.detection.postprocess import DeformablePostProcess, PostProcess, build_postprocess, set_postprocess
 from visiontf.detection.set_loss import SET_LOSS_BY_CLASS_HEAD, build_criterion
 
 __all__ = [
-    "HungarianMatcher", "SetCriterion", "PostProcess", "DeformablePostProcess", "build_postprocess",
+    "HungarianMatcher", "SetCriterion", "PostProcess", "DeformablePostProcess", "build_postprocess", "set_postprocess",
     "build_criterion", "SET_LOSS_BY_CLASS_HEAD",
 ]

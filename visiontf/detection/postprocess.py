@@ -1,21 +1,72 @@
-"""Turn raw detector outputs into per-image detections: DETR's softmax ``PostProcess`` and Deformable DETR's sigmoid top-k."""
+"""Turn raw detector outputs into per-image detections: DETR's softmax ``PostProcess`` and Deformable DETR's sigmoid top-k.
+
+Both take the same options (:class:`~visiontf.models.postprocess_options.PostprocessOptions`), which a
+model carries and :func:`set_postprocess` replaces at evaluation or prediction time.
+"""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torchvision.ops import batched_nms, box_convert, nms
 
+from visiontf.models.postprocess_options import PostprocessOptions
+
 logger = logging.getLogger(__name__)
 
 
-class PostProcess(nn.Module):
+class _DetectionPostProcess(nn.Module):
+    """What both post-processings share: input checks, boxes in absolute xyxy, NMS and the score threshold."""
+
+    def __init__(self, num_top: int | None = None, nms_iou_threshold: float | None = None,
+                 nms_class_agnostic: bool = True) -> None:
+        super().__init__()
+        self.options = PostprocessOptions(num_top, nms_iou_threshold, nms_class_agnostic)
+
+    # read by tests and callers as plain attributes
+    num_top = property(lambda self: self.options.num_top)
+    nms_iou_threshold = property(lambda self: self.options.nms_iou_threshold)
+    nms_class_agnostic = property(lambda self: self.options.nms_class_agnostic)
+
+    @staticmethod
+    def _checked_sizes(logits: Tensor, target_sizes: Tensor | Sequence[Sequence[int]], top_k: int | None) -> Tensor:
+        sizes = torch.as_tensor(target_sizes, device=logits.device)
+        if sizes.dim() != 2 or sizes.shape[1] != 2:
+            raise ValueError(f"target_sizes must be (B, 2) as (h, w), got shape {tuple(sizes.shape)}")
+        if len(logits) != len(sizes):
+            raise ValueError(f"target_sizes has {len(sizes)} rows for a batch of {len(logits)} predictions")
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        return sizes
+
+    @staticmethod
+    def _absolute_xyxy(boxes: Tensor, sizes: Tensor) -> Tensor:
+        """Normalised cxcywh (B, Q, 4) -> xyxy in the pixels of each image's ``(h, w)``, float32."""
+        img_h, img_w = sizes.float().unbind(1)
+        return box_convert(boxes.float(), "cxcywh", "xyxy") * torch.stack([img_w, img_h, img_w, img_h], dim=1)[:, None, :]
+
+    def _suppress(self, s: Tensor, l: Tensor, b: Tensor, score_threshold: float | None) -> dict[str, Tensor]:
+        if self.options.nms_iou_threshold is not None:
+            # both return the kept indices sorted by decreasing score
+            keep = (nms(b, s, self.options.nms_iou_threshold) if self.options.nms_class_agnostic
+                    else batched_nms(b, s, l, self.options.nms_iou_threshold))
+            s, l, b = s[keep], l[keep], b[keep]
+        if score_threshold is not None:
+            keep = s > score_threshold
+            s, l, b = s[keep], l[keep], b[keep]
+        return {"scores": s, "labels": l, "boxes": b}
+
+
+class PostProcess(_DetectionPostProcess):
     """Scores, labels and absolute xyxy boxes for every query, as the COCO API expects.
 
     Per query: softmax over the K+1 logits, drop "no object", take the max as score and label.
-    Boxes go from normalised cxcywh to xyxy scaled by each image's ``(h, w)``.
+    Boxes go from normalised cxcywh to xyxy scaled by each image's ``(h, w)``. The options
+    (``num_top``, NMS) are off by default, as in the original DETR.
     """
 
     @torch.no_grad()
@@ -33,45 +84,31 @@ class PostProcess(nn.Module):
             target_sizes: (B, 2) as ``(h, w)``: the original image size for evaluation, the
                 augmented size before padding for visualisation.
             score_threshold: keep only detections with ``score > score_threshold``.
-            top_k: keep only the ``top_k`` highest-scoring detections, sorted by score.
+            top_k: keep only the ``top_k`` highest-scoring detections, sorted by score (default: ``num_top``).
 
         Returns:
             One dict per image with ``scores`` (float32), ``labels`` (int64) and ``boxes`` (float32
-            absolute xyxy). With neither option, all Q queries in query order, as the original.
+            absolute xyxy), sorted by score; with no option and no threshold, all Q queries in query
+            order, as the original.
         """
         logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
-        sizes = torch.as_tensor(target_sizes, device=logits.device)
-        if sizes.dim() != 2 or sizes.shape[1] != 2:
-            raise ValueError(f"target_sizes must be (B, 2) as (h, w), got shape {tuple(sizes.shape)}")
-        if len(logits) != len(sizes):
-            raise ValueError(
-                f"target_sizes has {len(sizes)} rows for a batch of {len(logits)} predictions"
-            )
-        if top_k is not None and top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {top_k}")
-
+        sizes = self._checked_sizes(logits, target_sizes, top_k)
         # float32 so bf16 models produce COCO-ready scores and boxes.
-        prob = logits.float().softmax(-1)
-        scores, labels = prob[..., :-1].max(-1)
-
-        xyxy = box_convert(boxes.float(), "cxcywh", "xyxy")
-        img_h, img_w = sizes.float().unbind(1)
-        scale = torch.stack([img_w, img_h, img_w, img_h], dim=1)
-        xyxy = xyxy * scale[:, None, :]
-
+        scores, labels = logits.float().softmax(-1)[..., :-1].max(-1)
+        xyxy = self._absolute_xyxy(boxes, sizes)
+        top_k = self.options.num_top if top_k is None else top_k
+        # sorted by score whenever something is kept or dropped by score; all queries in query order otherwise
+        sort = top_k is not None or self.options.nms_iou_threshold is not None or score_threshold is not None
         results = []
         for s, l, b in zip(scores, labels, xyxy):
-            if top_k is not None:
+            if sort:
                 order = s.argsort(descending=True, stable=True)[:top_k]
                 s, l, b = s[order], l[order], b[order]
-            if score_threshold is not None:
-                keep = s > score_threshold
-                s, l, b = s[keep], l[keep], b[keep]
-            results.append({"scores": s, "labels": l, "boxes": b})
+            results.append(self._suppress(s, l, b, score_threshold))
         return results
 
 
-class DeformablePostProcess(nn.Module):
+class DeformablePostProcess(_DetectionPostProcess):
     """Deformable DETR's post-processing (fundamentalvision/Deformable-DETR ``PostProcess``).
 
     Sigmoid scores of every (query, class) pair; the ``num_top`` best pairs over queries x classes
@@ -94,17 +131,9 @@ class DeformablePostProcess(nn.Module):
     """
 
     def __init__(self, num_top: int = 100, nms_iou_threshold: float | None = None, nms_class_agnostic: bool = True) -> None:
-        super().__init__()
-        if num_top < 1:
+        if num_top is None or num_top < 1:
             raise ValueError(f"num_top must be >= 1, got {num_top}")
-        if nms_iou_threshold is not None and not 0.0 < nms_iou_threshold <= 1.0:
-            raise ValueError(
-                f"nms_iou_threshold must be in (0, 1] or None (no NMS), got {nms_iou_threshold} "
-                "(DINO's -1 for 'off' is None here)"
-            )
-        self.num_top = num_top
-        self.nms_iou_threshold = nms_iou_threshold
-        self.nms_class_agnostic = nms_class_agnostic
+        super().__init__(num_top, nms_iou_threshold, nms_class_agnostic)
 
     @torch.no_grad()
     def forward(
@@ -128,35 +157,15 @@ class DeformablePostProcess(nn.Module):
             absolute xyxy), sorted by score. With NMS, the pairs it keeps.
         """
         logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
-        sizes = torch.as_tensor(target_sizes, device=logits.device)
-        if sizes.dim() != 2 or sizes.shape[1] != 2:
-            raise ValueError(f"target_sizes must be (B, 2) as (h, w), got shape {tuple(sizes.shape)}")
-        if len(logits) != len(sizes):
-            raise ValueError(f"target_sizes has {len(sizes)} rows for a batch of {len(logits)} predictions")
-        if top_k is not None and top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        sizes = self._checked_sizes(logits, target_sizes, top_k)
         B, Q, K = logits.shape
-        k = min(self.num_top if top_k is None else top_k, Q * K)
+        k = min(self.options.num_top if top_k is None else top_k, Q * K)
         prob = logits.float().sigmoid().view(B, Q * K)
         scores, index = torch.topk(prob, k, dim=1)
         query = torch.div(index, K, rounding_mode="floor")
         labels = index % K
-        xyxy = box_convert(boxes.float(), "cxcywh", "xyxy")
-        xyxy = torch.gather(xyxy, 1, query.unsqueeze(-1).expand(-1, -1, 4))
-        img_h, img_w = sizes.float().unbind(1)
-        xyxy = xyxy * torch.stack([img_w, img_h, img_w, img_h], dim=1)[:, None, :]
-        results = []
-        for s, l, b in zip(scores, labels, xyxy):
-            if self.nms_iou_threshold is not None:
-                # both return the kept indices sorted by decreasing score
-                keep = (nms(b, s, self.nms_iou_threshold) if self.nms_class_agnostic
-                        else batched_nms(b, s, l, self.nms_iou_threshold))
-                s, l, b = s[keep], l[keep], b[keep]
-            if score_threshold is not None:
-                keep = s > score_threshold
-                s, l, b = s[keep], l[keep], b[keep]
-            results.append({"scores": s, "labels": l, "boxes": b})
-        return results
+        xyxy = torch.gather(self._absolute_xyxy(boxes, sizes), 1, query.unsqueeze(-1).expand(-1, -1, 4))
+        return [self._suppress(s, l, b, score_threshold) for s, l, b in zip(scores, labels, xyxy)]
 
 
 #: post-processing by class-head convention (a model's ``class_head`` attribute)
@@ -164,19 +173,50 @@ POSTPROCESS_BY_CLASS_HEAD: dict[str, type] = {"softmax": PostProcess, "sigmoid":
 
 
 def build_postprocess(model: nn.Module) -> nn.Module:
-    """The post-processing that matches ``model``'s class head (its ``class_head`` attribute).
+    """The post-processing that matches ``model``'s class head, with the model's ``postprocess_options``.
 
     ``"softmax"`` (DETR: K + 1 logits, the last meaning "no object") gives :class:`PostProcess`;
     ``"sigmoid"`` (Deformable DETR and its successors: K sigmoid logits) gives
-    :class:`DeformablePostProcess`. Models without the attribute are taken to be softmax models,
-    as every DETR checkpoint is. A family with another convention adds its entry to
-    :data:`POSTPROCESS_BY_CLASS_HEAD`. A model's ``postprocess_kwargs`` (e.g. DINO's
-    ``{"num_top": 300}``) are passed to the post-processing's constructor.
+    :class:`DeformablePostProcess`. A family with another convention adds its entry to
+    :data:`POSTPROCESS_BY_CLASS_HEAD`.
     """
-    head = getattr(model, "class_head", "softmax")
+    head = getattr(model, "class_head", "softmax")  # a module built by hand without it: DETR's convention
     if head not in POSTPROCESS_BY_CLASS_HEAD:
         raise ValueError(
             f"{type(model).__name__}.class_head = {head!r}: no post-processing for it "
             f"(known: {sorted(POSTPROCESS_BY_CLASS_HEAD)}); add an entry to POSTPROCESS_BY_CLASS_HEAD"
         )
-    return POSTPROCESS_BY_CLASS_HEAD[head](**dict(getattr(model, "postprocess_kwargs", None) or {}))
+    options = {k: v for k, v in dataclasses.asdict(postprocess_options(model)).items() if v is not None}
+    return POSTPROCESS_BY_CLASS_HEAD[head](**options)
+
+
+def postprocess_options(model: nn.Module) -> PostprocessOptions:
+    """``model.postprocess_options``; the defaults (every query, no NMS) for a module built without them."""
+    return getattr(model, "postprocess_options", None) or PostprocessOptions()
+
+
+#: the options :func:`set_postprocess` takes (the fields of ``PostprocessOptions``)
+POSTPROCESS_OPTIONS = tuple(f.name for f in dataclasses.fields(PostprocessOptions))
+
+
+def set_postprocess(model: nn.Module, **overrides: Any) -> PostprocessOptions:
+    """Replace some of ``model``'s post-processing options (no weight changes); returns the new options.
+
+    ``None`` leaves an option as it is (the checkpoint's), so command-line defaults change nothing;
+    an ``nms_iou_threshold`` of 0 or below (DINO's -1) turns NMS off. Every later
+    :func:`build_postprocess` of the model, in the task, the Predictor or an export, uses them.
+    """
+    unknown = sorted(set(overrides) - set(POSTPROCESS_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown post-processing option(s) {unknown}; known: {list(POSTPROCESS_OPTIONS)}")
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if changes.get("nms_iou_threshold", 1.0) <= 0:
+        changes["nms_iou_threshold"] = None
+    current = postprocess_options(model)
+    if not changes:
+        return current
+    options = dataclasses.replace(current, **changes)
+    if options != current:
+        logger.info("post-processing of %s: %s (was %s)", type(model).__name__, options, current)
+    model.postprocess_options = options
+    return options

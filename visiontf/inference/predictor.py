@@ -62,6 +62,9 @@ class Predictor:
         seg_scale: mmseg-style keep-ratio resize scale ``(long, short)`` before segmentation
             (``resize``); ``None`` segments at the original resolution.
         label_to_cat_id: detection label -> dataset category id (for COCO results files).
+        postprocess: detection post-processing options over the model's own (a checkpoint's), e.g.
+            ``{"nms_iou_threshold": 0.6}`` (0 or -1: no NMS), ``num_top``, ``nms_class_agnostic``
+            (:func:`visiontf.detection.set_postprocess`; the model is changed in place).
         precision: ``"32-true"``, or ``"bf16-mixed"`` / ``"16-mixed"`` to run the model under
             ``torch.autocast`` as a Trainer with that precision validates (bf16 is fast on GPUs and
             on CPUs with native bf16; results are returned in float32).
@@ -90,12 +93,19 @@ class Predictor:
         seg_scale: Sequence[int] | None = None,
         label_to_cat_id: dict[int, int] | None = None,
         num_workers: int | None = None,
+        postprocess: dict[str, Any] | None = None,
         precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true",
     ) -> None:
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision {precision!r}: use one of {', '.join(AUTOCAST_DTYPES)}")
         self.precision = precision
         self.adapter = get_adapter(model, task)
+        if postprocess:
+            if self.adapter.task != "detection":
+                raise ValueError(f"postprocess={postprocess}: a {self.adapter.task} model has no detection post-processing")
+            from visiontf.detection import set_postprocess
+
+            set_postprocess(model, **postprocess)
         self.task: Task = self.adapter.task  # type: ignore[assignment]
         self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device).eval()

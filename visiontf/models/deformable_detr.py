@@ -11,7 +11,7 @@ The forward is composed of steps the DINO-style options can reuse or replace:
 :meth:`DeformableDETR.encode` (backbone, projections, encoder), :meth:`~DeformableDETR.initial_queries`
 (learned queries or two-stage proposals), the decoder, and :meth:`~DeformableDETR.predict`.
 
-Training options of the DINO line (issue 11), each off by default so that the published models
+Training options of the DINO line, each off by default so that the published models
 stay exact (see :class:`DeformableDETR`'s arguments for the sources): contrastive denoising queries
 (``num_denoising``), mixed query selection (``mixed_query_selection``), look forward twice
 (``look_forward_twice``), Group DETR's one-to-many groups (``num_query_groups``), DINO's shared
@@ -46,6 +46,7 @@ from visiontf.models.deformable_transformer import (
 from visiontf.models.denoising import DenoisingQueries, build_contrastive_denoising
 from visiontf.models.detr import MLP
 from visiontf.models.detr_backbone import DetrBackbone
+from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import PositionEmbeddingSine2d
 
 
@@ -129,7 +130,8 @@ class DeformableDETR(nn.Module):
             from the un-normalised outputs, as in DINO, so the predicted boxes then differ from
             the next layer's reference. Needs ``with_box_refine``.
         num_select: detections kept per image by the post-processing (Deformable DETR 100,
-            DINO 300); read by :func:`visiontf.detection.build_postprocess`.
+            DINO 300). This and the two NMS settings make ``postprocess_options``, which
+            :func:`visiontf.detection.build_postprocess` reads and ``set_postprocess`` replaces.
         nms_iou_threshold: NMS on the kept detections at this IoU (DINO's post-processing option,
             off there and here by default: None); see
             :class:`~visiontf.detection.DeformablePostProcess`.
@@ -210,11 +212,8 @@ class DeformableDETR(nn.Module):
         self.dn_box_noise_scale = dn_box_noise_scale
         self.num_query_groups = num_query_groups
         self.share_decoder_heads = share_decoder_heads
-        self.num_select = num_select
-        if nms_iou_threshold is not None and not 0.0 < nms_iou_threshold <= 1.0:
-            raise ValueError(f"nms_iou_threshold must be in (0, 1] or None (no NMS), got {nms_iou_threshold}")
-        self.nms_iou_threshold = nms_iou_threshold
-        self.nms_class_agnostic = nms_class_agnostic
+        # replaceable at evaluation and prediction: visiontf.detection.set_postprocess
+        self.postprocess_options = PostprocessOptions(num_select, nms_iou_threshold, nms_class_agnostic)
         self.dec_layers = dec_layers
         if backbone_stages is None:
             stages = (4,) if num_feature_levels == 1 else (2, 3, 4)[-min(num_feature_levels, 3):]
@@ -289,12 +288,6 @@ class DeformableDETR(nn.Module):
         if "sampling_offsets" in name or "reference_points" in name:
             return "offsets"
         return "default"
-
-    @property
-    def postprocess_kwargs(self) -> dict:
-        """Settings of the post-processing this model's outputs need (``build_postprocess`` reads them)."""
-        return {"num_top": self.num_select, "nms_iou_threshold": self.nms_iou_threshold,
-                "nms_class_agnostic": self.nms_class_agnostic}
 
     def _decoder_heads(self, heads: nn.ModuleList) -> list[nn.Module]:
         """The head of each decoder layer (one shared by all with ``share_decoder_heads``)."""

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from visiontf.models._registry import register_model, torch_hub_state_dict
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.detr_convert import convert_state_dict
+from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import (
     PositionEmbeddingLearned2d,
     PositionEmbeddingSine2d,
@@ -144,6 +145,8 @@ class DETR(nn.Module):
         self.num_queries = num_queries
         self.hidden_dim = hidden_dim
         self.aux_loss = aux_loss
+        # every query a detection, as the original; replaceable at evaluation: visiontf.detection.set_postprocess
+        self.postprocess_options = PostprocessOptions()
         self.backbone = DetrBackbone(backbone, dilation, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem)
         if position_embedding in ("sine", "v2"):
             self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True)

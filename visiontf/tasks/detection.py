@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from visiontf.config_checks import (
     check_config,
@@ -16,7 +16,7 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
-from visiontf.detection import build_criterion, build_postprocess
+from visiontf.detection import build_criterion, build_postprocess, set_postprocess
 from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
@@ -107,9 +107,17 @@ class DetectionTask(BaseTask):
                                     **(criterion.get("weight_dict") or {})}
         # the criterion's matcher runs outside any compiled graph: scipy needs the CPU
         self.criterion = build_criterion(self.model, num_classes, matcher, criterion)
-        self.postprocess = build_postprocess(self.model)
         self.metrics: dict[str, Any] = {}
         self._last_report: dict | None = None
+
+    @property
+    def postprocess(self) -> nn.Module:
+        """The model's post-processing as its options stand now (``tools/eval.py --postprocess.*`` replaces them)."""
+        return build_postprocess(self.model)
+
+    def set_postprocess(self, **overrides: Any) -> None:
+        """Replace post-processing options for evaluation and prediction (:func:`visiontf.detection.set_postprocess`)."""
+        set_postprocess(self.model, **overrides)
 
     # -- evaluation plumbing -------------------------------------------------------------------
     def _metric(self, stage: str):
