@@ -8,7 +8,7 @@ DEMO_DIR ?= outputs/demo
 # (empty: torch comes from the default index, as before; applies when .venv is created)
 TORCH_INDEX ?=
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test test-fast lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -24,9 +24,14 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# ruff's rules are in pyproject.toml ([tool.ruff]); lint reports, it never rewrites files
+# the inner loop: everything not marked slow (CI runs it all through `make test`)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# ruff's rules and the import-linter layer contracts are in pyproject.toml; lint reports, it never rewrites files
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 demo: $(STAMP)
 	$(PY) tools/demo.py --out $(DEMO_DIR)

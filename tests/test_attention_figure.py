@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 import visiontf
-from visiontf.inference.attention import MAX_FIGURE_SIDE_PX, _panel_grid, detr_attention_maps, save_detr_attention_figure
+from visiontf.adapters.attention import MAX_FIGURE_SIDE_PX, _panel_grid, detr_attention_maps, save_detr_attention_figure
 from visiontf.inference.predictor import Predictor
 
 

@@ -10,12 +10,21 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
 
 
+@pytest.fixture(scope="module")
+def printed_configs(tmp_path_factory) -> dict[str, dict]:
+    """``tools/train.py fit --config C --print_config`` for every shipped config, in one process."""
+    from cli_runner import run_tools
+
+    results = run_tools([{"argv": ["tools/train.py", "fit", "--config", c, "--print_config"]} for c in CONFIGS],
+                        tmp_path_factory.mktemp("print_config"))
+    return dict(zip(CONFIGS, results))
+
+
 @pytest.mark.parametrize("config", CONFIGS)
-def test_every_config_parses(config):
-    out = subprocess.run([sys.executable, "tools/train.py", "fit", "--config", config, "--print_config"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    cfg = yaml.safe_load(out.stdout)
+def test_every_config_parses(printed_configs, config):
+    out = printed_configs[config]
+    assert out["code"] == 0, out["stderr"][-2000:]
+    cfg = yaml.safe_load(out["stdout"])
     assert cfg["model"]["class_path"].startswith("visiontf.tasks.")
     assert cfg["data"]["class_path"].startswith("visiontf.data.")
 

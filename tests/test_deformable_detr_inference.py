@@ -13,9 +13,9 @@ from PIL import Image
 from torchvision.ops import box_convert
 
 import visiontf
+from visiontf.adapters.deformable_attention import deformable_sampling_points, save_sampling_points_figure
 from visiontf.cli import export_main, predict_main
 from visiontf.detection import DeformablePostProcess
-from visiontf.inference.deformable_attention import deformable_sampling_points, save_sampling_points_figure
 from visiontf.inference.predictor import Predictor
 from visiontf.nn.ms_deform_attn import MSDeformAttn
 

@@ -1,4 +1,4 @@
-"""Contrastive denoising queries (visiontf.detection.denoising): layout, noise, mask, losses' indices."""
+"""Contrastive denoising queries (visiontf.models.denoising): layout, noise, mask, losses' indices."""
 from __future__ import annotations
 
 import logging
@@ -8,9 +8,9 @@ import torch
 from torch import nn
 from torchvision.ops import box_convert
 
-import visiontf.models.denoising as dn  # the implementation (visiontf.detection.denoising re-exports it)
+import visiontf.models.denoising as dn
 from visiontf.detection import SetCriterion
-from visiontf.detection.denoising import (
+from visiontf.models.denoising import (
     build_contrastive_denoising,
     denoising_match_indices,
     split_denoising_outputs,

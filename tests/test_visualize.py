@@ -11,14 +11,14 @@ import torch
 from PIL import Image
 
 import visiontf
-from visiontf.inference.attention import (
+from visiontf.adapters.attention import (
     attention_rollout,
     detr_attention_maps,
     save_detr_attention_figure,
     save_rollout_overlay,
     vit_attention_rollout,
 )
-from visiontf.inference.visualize import (
+from visiontf.adapters.drawing import (
     color_for,
     draw_caption,
     draw_detections,

@@ -107,6 +107,10 @@ class TaskAdapter:
         """Results for float (3, H, W) images in [0, 1], mapped back to each image's original pixels."""
         raise NotImplementedError
 
+    def set_postprocess(self, model: nn.Module, options: dict[str, Any]) -> None:
+        """Replace the model's post-processing options (the tasks that have any say which)."""
+        raise ValueError(f"postprocess={options}: a {self.task} model has no post-processing options")
+
     # ------------------------------------------------------------------ pictures
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         """A uint8 (3, H, W) picture of ``result`` on the uint8 (3, H, W) ``image``."""

@@ -133,7 +133,7 @@ class ClassificationAdapter(TaskAdapter):
         """ViT attention rollout over the crop the model saw (models with ``forward_attention``)."""
         if not hasattr(predictor.model, "forward_attention"):
             return super().save_attention(predictor, image, out, stem)
-        from visiontf.inference.attention import save_rollout_overlay, vit_attention_rollout
+        from visiontf.adapters.attention import save_rollout_overlay, vit_attention_rollout
 
         x = predictor.preprocess([image.tensor.to(predictor.device)])
         rollout = vit_attention_rollout(predictor.model, x, preprocess=False)[0]

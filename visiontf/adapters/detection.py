@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,11 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from visiontf.adapters import drawing
+from visiontf.adapters import attention, deformable_attention, drawing
 from visiontf.adapters.base import PredictionWriter, PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
 from visiontf.data.batching import PaddedBatch, pad_images
 from visiontf.data.detection_transforms import resized_hw
-from visiontf.detection import build_postprocess
+from visiontf.detection import build_postprocess, set_postprocess
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +39,9 @@ def detection_resize(image: Tensor, min_size: int, max_size: int | None) -> Tens
 
 #: attention picture by a model's ``attention_picture`` attribute (DETR has none: ``"maps"``):
 #: (module, function of (predictor, image) giving the data, function saving it as a PNG)
-ATTENTION_PICTURES: dict[str, tuple[str, str, str]] = {
-    "maps": ("visiontf.inference.attention", "detr_attention_maps", "save_detr_attention_figure"),
-    "sampling_points": ("visiontf.inference.deformable_attention", "deformable_sampling_points", "save_sampling_points_figure"),
+ATTENTION_PICTURES: dict[str, tuple[Callable, Callable]] = {
+    "maps": (attention.detr_attention_maps, attention.save_detr_attention_figure),
+    "sampling_points": (deformable_attention.deformable_sampling_points, deformable_attention.save_sampling_points_figure),
 }
 
 
@@ -103,6 +102,10 @@ class DetectionAdapter(TaskAdapter):
                             "class_names": [class_name(int(i)) for i in labels]})
         return results
 
+    def set_postprocess(self, model: nn.Module, options: dict[str, Any]) -> None:
+        """NMS IoU, NMS over all labels or per label, detections kept (:func:`visiontf.detection.set_postprocess`)."""
+        set_postprocess(model, **options)
+
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return drawing.draw_detections(image, result)
 
@@ -148,10 +151,8 @@ class DetectionAdapter(TaskAdapter):
         kind = getattr(predictor.model, "attention_picture", "maps")
         if kind not in ATTENTION_PICTURES:
             raise ValueError(f"{type(predictor.model).__name__}.attention_picture = {kind!r}; known: {sorted(ATTENTION_PICTURES)}")
-        module, compute, save = ATTENTION_PICTURES[kind]
-        functions = import_module(module)
-        data = getattr(functions, compute)(predictor, [image.tensor])
-        return getattr(functions, save)(data, out / f"{stem}_attention.png")
+        compute, save = ATTENTION_PICTURES[kind]
+        return save(compute(predictor, [image.tensor]), out / f"{stem}_attention.png")
 
     def onnx_wrapper(self, model: nn.Module) -> nn.Module:
         return _DetectorGraph(model)

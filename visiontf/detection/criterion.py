@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_convert, box_iou, generalized_box_iou, sigmoid_focal_loss
 
-from visiontf.detection.denoising import denoising_match_indices
 from visiontf.detection.losses import ia_bce_loss, varifocal_loss
 from visiontf.detection.matcher import HungarianMatcher, Indices
+from visiontf.models.denoising import denoising_match_indices
 
 logger = logging.getLogger(__name__)
 

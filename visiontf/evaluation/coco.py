@@ -307,9 +307,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "predictions": str(args.predictions), **stats}
         args.output.write_text(json.dumps(payload, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    from visiontf.cli.errors import run_tool
-
-    raise SystemExit(run_tool(main, prog="visiontf.evaluation.coco"))

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from visiontf.inference.inputs import InputError, InputFailure, expand_inputs
+from visiontf.data.inputs import InputError, InputFailure, expand_inputs
 
 log = logging.getLogger(__name__)
 

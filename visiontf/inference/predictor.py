@@ -4,7 +4,7 @@
 ``pretrained_cfg``, or the settings saved with a checkpoint or export), batches images of different
 sizes, and maps every result back to the original image: detection boxes in original pixels,
 segmentation label maps at the original resolution. Everything task-specific is the adapter's
-(:mod:`visiontf.adapters`); this module loops over batches, which :mod:`visiontf.inference.inputs`
+(:mod:`visiontf.adapters`); this module loops over batches, which :mod:`visiontf.data.inputs`
 streams (files decoded in DataLoader workers, so memory does not grow with the number of files).
 
 An image that cannot be predicted (unreadable, no pixels, NaN values, or one the model fails on
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from visiontf.adapters.base import TASKS, Task, canonical_cfg, get_adapter, infer_task
 from visiontf.checkpoints import load_checkpoint_model
-from visiontf.inference.inputs import (
+from visiontf.data.inputs import (
     InputError,
     InputFailure,
     LoadedImage,
@@ -101,11 +101,7 @@ class Predictor:
         self.precision = precision
         self.adapter = get_adapter(model, task)
         if postprocess:
-            if self.adapter.task != "detection":
-                raise ValueError(f"postprocess={postprocess}: a {self.adapter.task} model has no detection post-processing")
-            from visiontf.detection import set_postprocess
-
-            set_postprocess(model, **postprocess)
+            self.adapter.set_postprocess(model, postprocess)
         self.task: Task = self.adapter.task  # type: ignore[assignment]
         self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device).eval()

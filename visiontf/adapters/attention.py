@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from visiontf.adapters.base import canonical_cfg, get_adapter
 from visiontf.adapters.drawing import color_for, to_uint8_chw
-from visiontf.inference.predictor import Predictor, load_inputs
+from visiontf.data.inputs import load_inputs
 
 log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------- helpers
+def model_view(model: Any, task: str, settings: dict[str, Any]) -> tuple[nn.Module, nn.Module, Callable[[int], str]]:
+    """(network, its eval preprocessing, class naming) of a model built with ``settings`` (``pretrained_cfg``
+    keys or Predictor options such as ``min_size``), or those of a Predictor given in its place."""
+    if all(hasattr(model, a) for a in ("model", "preprocess", "class_name")):  # a Predictor: its own settings
+        return model.model, model.preprocess, model.class_name
+    device = next(model.parameters()).device
+    preprocess = get_adapter(model, task).preprocess(model, canonical_cfg(settings)).to(device)
+    return model.eval(), preprocess, lambda label: f"class_{label}"
+
+
 def choose_queries(scores, score_threshold: float, max_queries: int, query_indices=None) -> list[int]:
     """The queries a picture shows: ``query_indices`` as given (checked against the query count), or
     the best-scoring ones above ``score_threshold`` (at most ``max_queries``; the best one if none is)."""
@@ -74,7 +85,7 @@ def _grid_to_image(maps: Tensor, stride: int, resized: tuple[int, int], original
 # ---------------------------------------------------------------------------------------- DETR
 @torch.inference_mode()
 def detr_attention_maps(
-    model: nn.Module | Predictor,
+    model: Any,
     image: Any,
     query_indices: Sequence[int] | None = None,
     points: Sequence[tuple[float, float]] | None = None,
@@ -86,7 +97,7 @@ def detr_attention_maps(
 
     Args:
         model: a DETR (or a detection :class:`Predictor`, whose preprocessing is used).
-        image: one image in any form :func:`~visiontf.inference.predictor.load_inputs` accepts.
+        image: one image in any form :func:`~visiontf.data.inputs.load_inputs` accepts.
         query_indices: queries to show; default the ``max_queries`` best with ``score > score_threshold``
             (the best one if none passes).
         points: ``(x, y)`` in original image pixels for encoder self-attention; default the centres of
@@ -101,19 +112,19 @@ def detr_attention_maps(
     """
     from visiontf.detection import build_postprocess
 
-    pred = model if isinstance(model, Predictor) else Predictor(model, task="detection", **predictor_kwargs)
+    net, preprocess, class_name = model_view(model, "detection", predictor_kwargs)
     images = load_inputs(image)
     if len(images) != 1:
         raise ValueError(f"detr_attention_maps takes one image, got {len(images)}")
     im = images[0]
     H, W = im.size
-    batch, sizes = pred.preprocess([im.tensor.to(pred.device)])
-    out = pred.model(batch.images, None, need_weights=True)
+    batch, sizes = preprocess([im.tensor.to(next(net.parameters()).device)])
+    out = net(batch.images, None, need_weights=True)
     if "dec_attn" not in out or out["dec_attn"] is None:
-        raise ValueError(f"{type(pred.model).__name__} returned no attention maps; it needs forward(..., need_weights=True)")
+        raise ValueError(f"{type(net).__name__} returned no attention maps; it needs forward(..., need_weights=True)")
     h, w = out["feature_size"]
     stride = 2 ** round(math.log2(batch.images.shape[-2] / h))
-    det = build_postprocess(pred.model)({"pred_logits": out["pred_logits"], "pred_boxes": out["pred_boxes"]}, [(H, W)])[0]
+    det = build_postprocess(net)({"pred_logits": out["pred_logits"], "pred_boxes": out["pred_boxes"]}, [(H, W)])[0]
     scores, labels, boxes = det["scores"].cpu(), det["labels"].cpu(), det["boxes"].cpu()
     chosen = choose_queries(scores, score_threshold, max_queries, query_indices)
     q = torch.tensor(chosen, dtype=torch.long)
@@ -141,7 +152,7 @@ def detr_attention_maps(
         "query_indices": np.asarray(chosen),
         "scores": scores[q].numpy(),
         "labels": labels[q].numpy(),
-        "class_names": [pred.class_name(int(l)) for l in labels[q]],
+        "class_names": [class_name(int(l)) for l in labels[q]],
         "boxes": boxes[q].numpy(),
         "dec_attn": _grid_to_image(dec_grid, stride, (hr, wr), (H, W)).numpy(),
         "dec_attn_grid": dec_grid.numpy(),
@@ -253,14 +264,14 @@ def attention_rollout(maps: Sequence[Tensor], add_residual: bool = True) -> Tens
 def vit_attention_rollout(model: nn.Module, images: Any, preprocess: bool = True, **predictor_kwargs: Any) -> Tensor:
     """CLS-token attention rollout over the patch grid: (B, gh, gw), each map's sum <= 1.
 
-    ``images``: any :class:`Predictor` input, centre-cropped and normalised as the model's eval
+    ``images``: any Predictor input, centre-cropped and normalised as the model's eval
     transform; with ``preprocess=False``, an already normalised (B, 3, H, W) tensor.
     """
     if not hasattr(model, "forward_attention"):
         raise ValueError(f"{type(model).__name__} has no forward_attention(x); attention rollout needs a visiontf ViT")
     if preprocess:
-        pred = Predictor(model, task="classification", **predictor_kwargs)
-        x = pred.preprocess([im.tensor.to(pred.device) for im in load_inputs(images)])
+        net, transform, _ = model_view(model, "classification", predictor_kwargs)
+        x = transform([im.tensor.to(next(net.parameters()).device) for im in load_inputs(images)])
     else:
         x = images.to(next(model.parameters()).device)
     model.eval()

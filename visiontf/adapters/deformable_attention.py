@@ -20,11 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
+from visiontf.adapters.attention import choose_queries, model_view
 from visiontf.adapters.drawing import color_for
-from visiontf.inference.attention import choose_queries
-from visiontf.inference.predictor import Predictor, load_inputs
+from visiontf.data.inputs import load_inputs
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ def _level_strides(shapes: Sequence[tuple[int, int]], input_hw: tuple[int, int])
 
 @torch.inference_mode()
 def deformable_sampling_points(
-    model: nn.Module | Predictor,
+    model: Any,
     image: Any,
     query_indices: Sequence[int] | None = None,
     score_threshold: float = 0.5,
@@ -52,7 +51,7 @@ def deformable_sampling_points(
     Args:
         model: a Deformable DETR (any model whose ``forward(..., need_weights=True)`` returns
             ``dec_sampling_locations``), or a detection :class:`Predictor` (its preprocessing is used).
-        image: one image in any form :func:`~visiontf.inference.predictor.load_inputs` accepts.
+        image: one image in any form :func:`~visiontf.data.inputs.load_inputs` accepts.
         query_indices: queries to show; default the ``max_queries`` best whose best class scores
             ``> score_threshold`` (the best one if none does).
         predictor_kwargs: preprocessing overrides (``min_size=256``, ...) when ``model`` is a module.
@@ -64,17 +63,17 @@ def deformable_sampling_points(
         sampling location (x, y), ``weights`` (n, heads, L, P) their attention weights (summing to
         1 per head), ``spatial_shapes`` and ``strides`` of the levels.
     """
-    pred = model if isinstance(model, Predictor) else Predictor(model, task="detection", **predictor_kwargs)
+    net, preprocess, class_name = model_view(model, "detection", predictor_kwargs)
     images = load_inputs(image)
     if len(images) != 1:
         raise ValueError(f"deformable_sampling_points takes one image, got {len(images)}")
     im = images[0]
     H, W = im.size
-    batch, sizes = pred.preprocess([im.tensor.to(pred.device)])
-    out = pred.model(batch.images, None, need_weights=True)
+    batch, sizes = preprocess([im.tensor.to(next(net.parameters()).device)])
+    out = net(batch.images, None, need_weights=True)
     if out.get("dec_sampling_locations") is None:
         raise ValueError(
-            f"{type(pred.model).__name__} returned no sampling locations; the picture needs a model whose "
+            f"{type(net).__name__} returned no sampling locations; the picture needs a model whose "
             "forward(images, mask, need_weights=True) returns dec_sampling_locations (Deformable DETR)"
         )
     prob = out["pred_logits"][0].float().sigmoid()
@@ -100,7 +99,7 @@ def deformable_sampling_points(
         "query_indices": np.asarray(chosen),
         "scores": scores[q].numpy(),
         "labels": labels[q].numpy(),
-        "class_names": [pred.class_name(int(l)) for l in labels[q]],
+        "class_names": [class_name(int(l)) for l in labels[q]],
         "boxes": xyxy.numpy(),
         "reference": reference.numpy(),
         "points": points.numpy(),
