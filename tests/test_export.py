@@ -31,7 +31,7 @@ def test_safetensors_round_trip_with_labels(tmp_path):
         torch.testing.assert_close(also(x), vit(x), atol=0, rtol=0)
     assert read_labels_file(report["safetensors"])["class_names"] == ["a", "b", "c"]
     p = Predictor.from_file(report["safetensors"], device="cpu")
-    assert p.class_names == ["a", "b", "c"] and p.crop_pct == 1.0
+    assert p.class_names == ["a", "b", "c"] and p.cfg["crop_pct"] == 1.0
 
 
 def test_onnx_vit_matches_pytorch(tmp_path):

@@ -40,15 +40,6 @@ _NOT_HERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # a former import path, resolved lazily so that this module stays light
-    if name == "coco_results":
-        from visiontf.adapters.detection import coco_results
-
-        return coco_results
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # ---------------------------------------------------------------------------------------- arguments
 def split_data_overrides(argv: Sequence[str], prog: str) -> tuple[list[str], dict[str, str]]:
     """Take ``--data.KEY VALUE`` / ``--data.KEY=VALUE`` out of ``argv``; refuse train.py's other sections.

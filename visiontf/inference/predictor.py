@@ -165,14 +165,6 @@ class Predictor:
         """The complete eval preprocessing settings (``pretrained_cfg`` keys)."""
         return self.preprocess.cfg
 
-    # the former attribute names of the settings
-    mean = property(lambda self: self.cfg.get("mean"))
-    std = property(lambda self: self.cfg.get("std"))
-    crop_pct = property(lambda self: self.cfg.get("crop_pct"))
-    input_size = property(lambda self: tuple(self.cfg["input_size"][-2:]) if "input_size" in self.cfg else None)
-    min_size = property(lambda self: self.cfg.get("min_size"))
-    max_size = property(lambda self: self.cfg.get("max_size"))
-
     # ------------------------------------------------------------------ inference
     @torch.inference_mode()
     def __call__(self, inputs: Any, score_threshold: float | None = 0.5, top_k: int | None = None) -> list[dict[str, Any]]:
