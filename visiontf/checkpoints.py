@@ -43,13 +43,11 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     ``class_names`` and ``label_to_cat_id``, besides the raw ``hyper_parameters`` and
     ``datamodule_hyper_parameters``.
 
-    Weights that do not fit the rebuilt model as saved (a checkpoint of an earlier visiontf whose
-    layout changed since) go through the family's ``filter_fn`` (:func:`visiontf.registry.convert_state`);
-    where it names constructor arguments that rebuild their structure exactly, the model is built
-    with them. ``strict=False`` loads what fits and leaves the rest at init; ``overrides`` are
+    Weights that do not fit the rebuilt model as saved go through the family's ``filter_fn``
+    (:func:`visiontf.registry.convert_state`). ``strict=False`` loads what fits and leaves the rest at init; ``overrides`` are
     constructor arguments on top of the saved ``model_kwargs``.
     """
-    from visiontf.registry import WeightsLayoutError, convert_state, create_model
+    from visiontf.registry import convert_state, create_model
 
     path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
@@ -67,15 +65,7 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     saved = {k.replace("_orig_mod.", ""): v for k, v in saved.items()}
     state = saved
     if not _fits_as_saved(model, saved):
-        try:
-            state = convert_state(model, dict(saved), strict=strict)
-        except WeightsLayoutError as e:
-            if not e.fits_kwargs or set(e.fits_kwargs) & set(overrides):
-                raise
-            log.warning("%s: written by an earlier visiontf; rebuilt as %s with %s, the structure of its weights",
-                        path, hp["model_name"], e.fits_kwargs)
-            model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **{**kwargs, **e.fits_kwargs})
-            state = convert_state(model, dict(saved), strict=strict)
+        state = convert_state(model, dict(saved), strict=strict)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if strict and (missing or unexpected):
         raise CheckpointError(

@@ -34,17 +34,8 @@ class ModelNameError(UserError, ValueError):
 
 
 class WeightsLayoutError(UserError, ValueError):
-    """Weights that the model, as built, cannot take exactly (a family's ``filter_fn`` says what differs).
-
-    ``fits_kwargs``: constructor arguments under which the same registered model takes them exactly
-    (e.g. the structure of an earlier visiontf version), or None when there are none. The loaders of
-    saved models (:func:`load_model`, :func:`visiontf.checkpoints.load_checkpoint_model`) rebuild with
-    them, since those files describe a trained model; ``create_model`` builds what it is asked and refuses.
-    """
-
-    def __init__(self, message: str, fits_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.fits_kwargs = fits_kwargs
+    """Weights that the model, as built, cannot take exactly (a family's ``filter_fn`` says what differs,
+    and which registered model they fit where one does)."""
 
 
 @dataclass
@@ -171,9 +162,7 @@ def _is_head_key(model: nn.Module, key: str) -> bool:
 def load_model(path: str | Path, **overrides: Any) -> nn.Module:
     """Rebuild a model saved by :func:`visiontf.save_model` (config stored with the weights).
 
-    ``overrides`` go to :func:`create_model` (``strict=False`` among them). Weights saved by an earlier
-    visiontf whose layout changed go through the family's ``filter_fn``; where it names the arguments
-    that rebuild their structure (:class:`WeightsLayoutError`), the model is built with them.
+    ``overrides`` go to :func:`create_model` (``strict=False`` among them).
     """
     config = read_config(path)
     if config is None:
@@ -182,15 +171,7 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
             "use create_model(name, pretrained=path) and name the model yourself."
         )
     kwargs = {**config.get("model_kwargs", {}), **overrides}
-    try:
-        return create_model(config["model_name"], pretrained=path, **kwargs)
-    except WeightsLayoutError as e:
-        # saved by an earlier version with another layout: rebuild the structure its weights describe
-        if not e.fits_kwargs or set(e.fits_kwargs) & set(overrides):
-            raise
-        log.warning("%s: saved by an earlier visiontf; rebuilt as %s with %s, the structure of its weights",
-                    path, config["model_name"], e.fits_kwargs)
-        return create_model(config["model_name"], pretrained=path, **{**kwargs, **e.fits_kwargs})
+    return create_model(config["model_name"], pretrained=path, **kwargs)
 
 
 def torch_hub_state_dict(url: str, name: str) -> Callable[[], dict]:

@@ -8,10 +8,7 @@ Recognised layouts (detected from the keys):
   ``aux_heads``; every other decoder name is already mmseg's;
 * a bare timm / visiontf ViT (``patch_embed.proj.weight``, ``blocks.N.*``): it initialises the encoder,
   its classifier and final norm are dropped;
-* visiontf's own SETR names, passed through;
-* visiontf's SETR layout from before the mmseg rework (``decode_head.convs.*``, ``neck.norms.*``):
-  renamed by :mod:`~visiontf.models.setr_legacy`, loaded where the model computes as the former one did,
-  refused otherwise with what differs and the arguments that rebuild the former structure.
+* visiontf's own SETR names, passed through.
 
 In every case ``pos_embed`` is resized to the model's crop grid (bilinearly, as mmseg's
 ``init_weights``), and a patch-embedding bias is folded into ``pos_embed`` when the model has none:
@@ -35,8 +32,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from visiontf.models.setr_legacy import check_legacy_state, is_legacy_layout, rename_legacy_state
 
 log = logging.getLogger(__name__)
 
@@ -240,20 +235,14 @@ def rename_mmseg_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
 def convert_state_dict(state: Mapping[str, Any], model: nn.Module, strict: bool = True) -> dict[str, Tensor]:
     """The registry's ``filter_fn`` for every SETR: ``state`` in visiontf's names, fitted to ``model``.
 
-    ``strict`` (the loader's) matters for former visiontf checkpoints only: ``False`` keeps what fits.
+    ``strict`` is the loader's (``False``: keep what fits).
 
     Raises:
         ValueError: an mmseg 0.x / original SETR layout, another decoder or auxiliary layout, a class
-            count the model was not asked to adapt to, or an unrecognised layout;
-            :class:`~visiontf.registry.WeightsLayoutError` for a former visiontf layout without an exact
-            equivalent in ``model``.
+            count the model was not asked to adapt to, or an unrecognised layout.
     """
     state = _unwrap(state)
     mode = getattr(model, "pos_embed_interp", "bilinear")
-    if is_legacy_layout(state):
-        old, state = rename_legacy_state(state)
-        state = _fit_encoder(state, model.encoder, "encoder.", mode, "this former visiontf SETR checkpoint")
-        return check_legacy_state(old, state, model, strict)
     fmt = detect_format(state)
     if fmt == "mmseg0":
         sample = [k for k in state if k.startswith("backbone.")][:3]
