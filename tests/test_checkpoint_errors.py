@@ -49,7 +49,8 @@ def trained(tmp_path_factory):
     records = _Records()
     logger = logging.getLogger("visiontf.checkpoints")
     logger.addHandler(records)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel, not .level =: it also clears the logger's isEnabledFor cache
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
