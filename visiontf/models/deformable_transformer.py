@@ -28,7 +28,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from visiontf.nn import MSDeformAttn, MultiheadAttention
-from visiontf.nn.ms_deform_attn import PackedTokens
+from visiontf.nn.packed_tokens import PackedTokens
 from visiontf.nn.tensor_cache import tensor_cache
 
 
@@ -139,7 +139,7 @@ class DeformableEncoderLayer(nn.Module):
 class DeformableTransformerEncoder(nn.Module):
     """Deformable encoder stack.
 
-    With padding it runs on the unpadded tokens only (:class:`~visiontf.nn.ms_deform_attn.PackedTokens`):
+    With padding it runs on the unpadded tokens only (:class:`~visiontf.nn.packed_tokens.PackedTokens`):
     the original's output at padded positions is never read (every reader zeroes it), so its
     projections, FFN and attention queries there are wasted work, a quarter or more of it in
     batches of mixed aspect ratios. The returned memory is zero at padded positions.
