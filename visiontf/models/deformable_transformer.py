@@ -117,6 +117,27 @@ def encoder_reference_points(layout: LevelLayout, valid_ratios: Tensor) -> Tenso
     return ref[:, :, None] * valid_ratios[:, None]
 
 
+@dataclass
+class MultiScaleMemory:
+    """The encoder's output and what the decoder needs to attend to it.
+
+    Attributes:
+        memory: (B, S, C), all levels flattened and concatenated, finest first.
+        padding_mask: (B, S) True on padding, or None when no image is padded.
+        spatial_shapes: (H_l, W_l) of each level.
+        valid_ratios: (B, L, 2) unpadded fraction (w, h) of each level.
+        valid_counts: (B, L, 2) unpadded columns and rows of each level.
+        layout: per-position tables of these shapes (:class:`LevelLayout`).
+    """
+
+    memory: Tensor
+    padding_mask: Tensor | None
+    spatial_shapes: list[tuple[int, int]]
+    valid_ratios: Tensor
+    valid_counts: Tensor
+    layout: LevelLayout
+
+
 class DeformableEncoderLayer(nn.Module):
     """Post-norm: deformable self-attention over all levels, then the FFN."""
 

@@ -32,7 +32,10 @@ This module holds the attention layer; the cores and their tables are beside it:
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +46,7 @@ from visiontf.nn.ms_deform_gather import gather_core
 from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes
 from visiontf.nn.packed_tokens import PackedTokens
 
-__all__ = ["MSDeformAttn"]
+__all__ = ["MSDeformAttn", "recording_sampling"]
 
 
 def _float(t: Tensor) -> Tensor:
@@ -202,3 +205,20 @@ class MSDeformAttn(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, n_points={self.n_points}, method={self.method!r}"
+
+
+@contextlib.contextmanager
+def recording_sampling(attn: MSDeformAttn, sampled: list[tuple[Tensor, Tensor]]) -> Iterator[None]:
+    """Within it, each call of ``attn`` appends its sampling (locations, weights) to ``sampled``: its
+    inputs, re-read by :meth:`MSDeformAttn.sampling`, which both attention cores compute from."""
+    signature = inspect.signature(attn.forward)
+
+    def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        call = signature.bind(*args, **kwargs).arguments
+        sampled.append(module.sampling(call["query"], call["reference_points"], call["spatial_shapes"]))
+
+    handle = attn.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
