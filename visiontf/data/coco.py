@@ -6,6 +6,7 @@ found by :mod:`visiontf.data.layouts`.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -16,13 +17,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from visiontf.config_checks import check_config, each, non_negative_int, optional, positive_int
 from visiontf.data import detection_transforms as DT
-from visiontf.data.coco_annotations import AnnotationError, load_coco_json, log, parse_categories
+from visiontf.data.coco_annotations import AnnotationError, load_coco_json, parse_categories
 from visiontf.data.coco_dataset import CocoDetection, collate_detection
 from visiontf.data.layouts import resolve_detection_layout
 from visiontf.data.loading import TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import aspect_ratio_groups, eval_sampler, train_sampler
 
+log = logging.getLogger(__name__)
+
 __all__ = ["CocoDataModule"]
+
 
 class CocoDataModule(L.LightningDataModule):
     """COCO-layout detection data (``root/train2017``, ``root/annotations/instances_*.json``, ...).

@@ -24,13 +24,15 @@ import numpy as np
 
 from visiontf.errors import UserError
 
-# the one logger of the COCO data modules (coco_annotations, coco_dataset, coco), named as users' logging configs know it
+# the logger of the COCO data modules, as before they were split (users' logging configs name it)
 log = logging.getLogger("visiontf.data.coco")
 
 __all__ = ["AnnotationError", "CocoIndex", "load_coco_json", "parse_categories", "parse_coco"]
 
+
 #: How many offending ids a log line or error message lists.
 SHOW = 5
+
 
 class AnnotationError(UserError, ValueError):
     """The annotation file cannot be used as it is; the message names the file, entry and fix."""

@@ -8,6 +8,7 @@ line counting them all (counted across DataLoader workers).
 from __future__ import annotations
 
 import ctypes
+import logging
 import multiprocessing as mp
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,11 +20,15 @@ from torchvision.ops import box_convert
 
 from visiontf.data import detection_transforms as DT
 from visiontf.data.batching import pad_images
-from visiontf.data.coco_annotations import SHOW, AnnotationError, load_coco_json, log, parse_coco
+from visiontf.data.coco_annotations import SHOW, AnnotationError, load_coco_json, parse_coco
 from visiontf.data.io import ImageReadError, read_image
 from visiontf.data.loading import AugmentedDataset, EpochIndex
 
+# the logger of the COCO data modules, as before they were split (users' logging configs name it)
+log = logging.getLogger("visiontf.data.coco")
+
 __all__ = ["CocoDetection", "clip_boxes", "collate_detection"]
+
 
 class CocoDetection(AugmentedDataset):
     """Images and boxes of a COCO detection file.

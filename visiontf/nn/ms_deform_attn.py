@@ -54,7 +54,6 @@ def _float(t: Tensor) -> Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
-
 class MSDeformAttn(nn.Module):
     """Multi-scale deformable attention with the original's parameters and initialisation.
 

@@ -151,7 +151,6 @@ def _table_grad(
     return grad_table
 
 
-
 def gather_core(value: Tensor, spatial_shapes: SpatialShapes, pix: Tensor, attn: Tensor, packed: PackedTokens | None = None) -> Tensor:
     """The ``"gather"`` core in its native layout (what :class:`MSDeformAttn` calls).
 

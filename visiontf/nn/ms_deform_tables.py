@@ -25,6 +25,7 @@ def as_shapes(spatial_shapes) -> list[tuple[int, int]]:
         return [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
     return [(int(h), int(w)) for h, w in spatial_shapes]
 
+
 #: zero border around every level map in the gather table: 1 before, 2 after (a location clamped
 #: to x = W has its corners at W and W + 1), so no corner ever needs an in-range test or wraps into
 #: the next row, level or image
@@ -79,7 +80,6 @@ def gather_constants(shapes: tuple[tuple[int, int], ...], N: int, M: int, P: int
     )
     return {"key_base": key_base, "row_stride": per_sample(width * M), "corner": corner, "size": size, "total": total,
             "spans": spans, "image_rows": total * M}
-
 
 
 def bordered_table(value: Tensor, shapes: tuple[tuple[int, int], ...], dtype: torch.dtype, N: int, packed: PackedTokens | None) -> Tensor:
