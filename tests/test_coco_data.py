@@ -15,7 +15,9 @@ from PIL import Image
 from torch.utils.data import DistributedSampler, SequentialSampler
 
 from visiontf.data import detection_transforms as DT
-from visiontf.data.coco import AnnotationError, CocoDataModule, CocoDetection, collate_detection
+from visiontf.data.coco import CocoDataModule
+from visiontf.data.coco_annotations import AnnotationError
+from visiontf.data.coco_dataset import CocoDetection, collate_detection
 from visiontf.data.io import ImageReadError
 from visiontf.data.synthetic.detection import make_detection_dataset
 

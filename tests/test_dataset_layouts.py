@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from handmade_data import CATEGORIES, make_dataset
 
-from visiontf.data.coco import AnnotationError, CocoDataModule, load_coco_json
+from visiontf.data.coco import CocoDataModule
+from visiontf.data.coco_annotations import AnnotationError, load_coco_json
 from visiontf.data.layouts import resolve_detection_layout
 from visiontf.data.loading import DatasetLayoutError
 from visiontf.data.yolo import convert_yolo, label_file, read_data_yaml

@@ -5,6 +5,7 @@ Toy sizes (ResNet-18 trunk at 64x96, d 32, 8 queries) throughout. Cost: about 15
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -14,6 +15,7 @@ import visiontf.models.denoising as dn
 from visiontf.detection import build_postprocess
 from visiontf.models.deformable_detr import DeformableDETR
 from visiontf.models.denoising import build_contrastive_denoising, denoising_attn_mask
+from visiontf.models.query_groups import self_attn_mask
 from visiontf.registry import create_model, list_models
 
 TOY = dict(num_classes=5, backbone="resnet18", num_feature_levels=3, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2,
@@ -75,14 +77,14 @@ def test_matching_queries_never_see_the_denoising_queries():
 
 def test_self_attention_mask():
     # one matching group: the complement of the denoising module's mask (True there = blocked)
-    allowed = DeformableDETR.self_attn_mask(12, 4, 5, 1)
+    allowed = self_attn_mask(12, 4, 5, 1)
     torch.testing.assert_close(allowed, ~denoising_attn_mask(12, 4, 5))
     # two matching groups: each sees itself only; denoising queries see both
-    allowed = DeformableDETR.self_attn_mask(4, 4, 6, 2)
+    allowed = self_attn_mask(4, 4, 6, 2)
     assert allowed[:4].all()
     assert allowed[4:7, 4:7].all() and not allowed[4:7, 7:].any() and not allowed[4:, :4].any()
     # no denoising: block-diagonal groups
-    allowed = DeformableDETR.self_attn_mask(0, 0, 4, 2)
+    allowed = self_attn_mask(0, 0, 4, 2)
     assert torch.equal(allowed, torch.block_diag(torch.ones(2, 2), torch.ones(2, 2)).bool())
 
 
@@ -93,7 +95,7 @@ def test_groups_are_independent_and_the_first_is_the_inference_set():
         model = _model(**kw, num_query_groups=3).train()
         with torch.no_grad():
             grouped = model(images, mask)
-            model.num_query_groups = 1
+            model.dino_options = dataclasses.replace(model.dino_options, num_query_groups=1)
             single = model(images, mask)
         torch.testing.assert_close(grouped["pred_logits"][:, :8], single["pred_logits"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(grouped["pred_boxes"][:, :8], single["pred_boxes"], rtol=1e-5, atol=1e-5)
@@ -206,9 +208,10 @@ def test_registered_dino_models():
     assert {"dino_resnet50_4scale", "dino_tiny"} <= set(list_models("dino_*"))
     with torch.device("meta"):
         model = create_model("dino_resnet50_4scale")
-    assert (model.num_queries, model.num_denoising, model.num_feature_levels, model.hidden_dim) == (900, 100, 4, 256)
+    assert (model.num_queries, model.dino_options.num_denoising, model.num_feature_levels, model.hidden_dim) == (900, 100, 4, 256)
     assert model.transformer.encoder.layers[0].mlp.fc1.out_features == 2048
-    assert model.mixed_query_selection and model.look_forward_twice and model.share_decoder_heads
+    options = model.dino_options
+    assert options.mixed_query_selection and options.look_forward_twice and options.share_decoder_heads
     assert model.position_embedding.temperature == 20 and len(model.class_embed) == 2  # shared decoder head + proposals
     assert build_postprocess(model).num_top == 300
     assert model.label_enc.num_embeddings == 92 and model.tgt_embed.num_embeddings == 900
@@ -216,8 +219,9 @@ def test_registered_dino_models():
     # the faithful models keep every option off
     with torch.device("meta"):
         plain = create_model("deformable_detr_resnet50_two_stage")
-    assert not (plain.mixed_query_selection or plain.look_forward_twice or plain.num_denoising or plain.share_decoder_heads)
-    assert plain.num_query_groups == 1 and build_postprocess(plain).num_top == 100
+    options = plain.dino_options
+    assert not (options.mixed_query_selection or options.look_forward_twice or options.num_denoising or options.share_decoder_heads)
+    assert options.num_query_groups == 1 and build_postprocess(plain).num_top == 100
 
 
 def test_denoising_builder_runs_on_the_targets_device_without_cuda():

@@ -188,7 +188,7 @@ def test_bad_shapes_name_the_problem():
 @pytest.mark.parametrize("method", METHODS)
 def test_packed_tokens_equal_the_padded_batch(method):
     """Self-attention over the unpadded tokens only gives the padded batch's result at those tokens."""
-    from visiontf.nn.ms_deform_attn import PackedTokens
+    from visiontf.nn.packed_tokens import PackedTokens
 
     ours, _ = _module_pair()
     ours.method = method

@@ -17,7 +17,8 @@ from torch import nn
 from torchvision.ops import box_convert
 
 import visiontf
-from visiontf.data.coco import AnnotationError, CocoDetection
+from visiontf.data.coco_annotations import AnnotationError
+from visiontf.data.coco_dataset import CocoDetection
 from visiontf.data.image_ids import match_image_ids
 from visiontf.data.io import ImageReadError, read_image, read_mask
 from visiontf.evaluation.coco import CocoEvalError, evaluate_coco
@@ -194,7 +195,7 @@ def test_annotated_size_disagreeing_with_the_image_uses_the_real_size_and_counts
     (it used to be dropped, with one warning per image per epoch) and inside the real one."""
     from torch.utils.data import DataLoader
 
-    from visiontf.data.coco import collate_detection
+    from visiontf.data.coco_dataset import collate_detection
 
     for name in ("a.png", "b.png"):
         _image(tmp_path / name, (80, 60))

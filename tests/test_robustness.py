@@ -81,14 +81,15 @@ def test_error_in_dataloader_worker_names_the_file(tmp_path):
 
 
 def test_missing_annotation_file_is_a_clear_error(tmp_path):
-    from visiontf.data.coco import AnnotationError, load_coco_json
+    from visiontf.data.coco_annotations import AnnotationError, load_coco_json
 
     with pytest.raises(AnnotationError, match=r"instances_val\.json: annotation file not found"):
         load_coco_json(tmp_path / "instances_val.json")
 
 
 def test_empty_coco_split_is_reported(tmp_path):
-    from visiontf.data.coco import AnnotationError, CocoDetection
+    from visiontf.data.coco_annotations import AnnotationError
+    from visiontf.data.coco_dataset import CocoDetection
 
     ann = tmp_path / "empty.json"
     ann.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}]}))

@@ -126,7 +126,7 @@ class DetectionAdapter(TaskAdapter):
         return out
 
     def annotation_class_names(self, annotations: str | Path) -> list[str] | None:
-        from visiontf.data.coco import load_coco_json, parse_categories
+        from visiontf.data.coco_annotations import load_coco_json, parse_categories
 
         return parse_categories(load_coco_json(annotations), Path(annotations))[1]
 
@@ -235,7 +235,7 @@ def image_ids(files: Sequence[str | None], annotations: str | Path | None) -> tu
     (:func:`visiontf.data.image_ids.match_image_ids`: an ambiguous match is an error listing the clashes),
     else the numeric stem, else the input index; with an annotation file also its label -> category id table."""
     if annotations:
-        from visiontf.data.coco import load_coco_json, parse_categories
+        from visiontf.data.coco_annotations import load_coco_json, parse_categories
         from visiontf.data.image_ids import match_image_ids
 
         data = load_coco_json(annotations)

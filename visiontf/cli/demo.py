@@ -79,7 +79,7 @@ def draw_pictures(ckpt: Path, ann_file: Path, images_dir: Path, out: Path, num: 
     import torch
 
     from visiontf.adapters.drawing import compare_detections, save_image, side_by_side
-    from visiontf.data.coco import load_coco_json, parse_coco
+    from visiontf.data.coco_annotations import load_coco_json, parse_coco
     from visiontf.data.io import read_image
     from visiontf.inference.predictor import Predictor
 

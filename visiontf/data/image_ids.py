@@ -9,7 +9,7 @@ without a word. The rule here:
 2. a file that no ``file_name`` matches that way falls back to its base name, but only when exactly
    one entry has that base name;
 3. two entries matching a file equally well, or two files matching one entry, is an
-   :class:`~visiontf.data.coco.AnnotationError` listing the clashes; nothing is written.
+   :class:`~visiontf.data.coco_annotations.AnnotationError` listing the clashes; nothing is written.
 
 Files that match no entry get ``None`` (the caller leaves them out and says how many).
 """
@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
+
+from visiontf.data.coco_annotations import AnnotationError
 
 #: how many clashes an error lists
 _SHOW = 5
@@ -31,10 +33,8 @@ def _parts(name: str) -> tuple[str, ...]:
 def match_image_ids(files: Sequence[str | None], images: Sequence[dict], ann_file: str | Path) -> list[int | None]:
     """The ``id`` of the entry of ``images`` (COCO ``images`` list) that each of ``files`` is, or None.
 
-    Raises :class:`~visiontf.data.coco.AnnotationError` on ambiguity (see the module docstring).
+    Raises :class:`~visiontf.data.coco_annotations.AnnotationError` on ambiguity (see the module docstring).
     """
-    from visiontf.data.coco import AnnotationError
-
     by_suffix: dict[tuple[str, ...], list[dict]] = defaultdict(list)
     by_base: dict[str, list[dict]] = defaultdict(list)
     for entry in images:

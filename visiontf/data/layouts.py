@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from visiontf.data.loading import DatasetLayoutError
+from visiontf.data.yolo import convert_yolo
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,6 @@ def _yolo(root: Path) -> DetectionPaths | None:
     data_yaml = next((root / n for n in ("data.yaml", "data.yml", "dataset.yaml") if (root / n).is_file()), None)
     if data_yaml is None:
         return None
-    from visiontf.data.yolo import convert_yolo
-
     splits = convert_yolo(data_yaml)
     if "train" not in splits or "val" not in splits:
         raise DatasetLayoutError(f"{data_yaml}: needs both 'train' and 'val' image folders (has {sorted(splits)})")

@@ -15,7 +15,7 @@ annotation/video stack for a format that is five numbers per line. This file rea
   values are the box. An image without a label file has no objects.
 
 Category ids are the YOLO class indices (0..K-1), so predictions carry the same numbers as the
-dataset's labels. A bad line is an :class:`~visiontf.data.coco.AnnotationError` naming the file and line.
+dataset's labels. A bad line is an :class:`~visiontf.data.coco_annotations.AnnotationError` naming the file and line.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from visiontf.data.coco_annotations import AnnotationError
 from visiontf.data.io import image_size
 from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError
 
@@ -34,12 +35,6 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 
 __all__ = ["SPLITS", "convert_yolo", "label_file", "read_data_yaml", "yolo_split_to_coco", "yolo_cache_dir"]
-
-
-def _annotation_error(message: str) -> Exception:
-    from visiontf.data.coco import AnnotationError
-
-    return AnnotationError(message)
 
 
 def read_data_yaml(path: str | Path) -> tuple[list[str], dict[str, list[Path]], dict[str, Any]]:
@@ -116,10 +111,10 @@ def _box(values: list[float], width: int, height: int, pose: bool, where: str) -
         xs, ys = values[0::2], values[1::2]
         x0, y0, x1, y1 = min(xs), min(ys), max(xs), max(ys)
     else:
-        raise _annotation_error(f"{where}: expected 'class cx cy w h' (or a polygon 'class x1 y1 x2 y2 ...'), "
+        raise AnnotationError(f"{where}: expected 'class cx cy w h' (or a polygon 'class x1 y1 x2 y2 ...'), "
                                 f"got {len(values) + 1} values")
     if not all(-0.01 <= v <= 1.01 for v in (x0, y0, x1, y1)):
-        raise _annotation_error(f"{where}: coordinates must be normalised to 0..1 (YOLO format), got {values[:4]}")
+        raise AnnotationError(f"{where}: coordinates must be normalised to 0..1 (YOLO format), got {values[:4]}")
     return [x0 * width, y0 * height, (x1 - x0) * width, (y1 - y0) * height]
 
 
@@ -148,9 +143,9 @@ def yolo_split_to_coco(image_dirs: list[Path], names: list[str], pose: bool = Fa
             try:
                 cls, values = int(float(fields[0])), [float(v) for v in fields[1:]]
             except ValueError as e:
-                raise _annotation_error(f"{where}: not numbers: {line.strip()!r}") from e
+                raise AnnotationError(f"{where}: not numbers: {line.strip()!r}") from e
             if not 0 <= cls < len(names):
-                raise _annotation_error(f"{where}: class {cls} is not in data.yaml's names (0..{len(names) - 1})")
+                raise AnnotationError(f"{where}: class {cls} is not in data.yaml's names (0..{len(names) - 1})")
             x, y, w, h = _box(values, width, height, pose, where)
             coco["annotations"].append({"id": len(coco["annotations"]) + 1, "image_id": image_id, "category_id": cls,
                                         "bbox": [round(v, 3) for v in (x, y, w, h)], "area": round(w * h, 3), "iscrowd": 0})

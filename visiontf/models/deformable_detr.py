@@ -9,22 +9,20 @@ The original checkpoints and HuggingFace ``DeformableDetrForObjectDetection`` we
 
 The forward is composed of steps the DINO-style options can reuse or replace:
 :meth:`DeformableDETR.encode` (backbone, projections, encoder), :meth:`~DeformableDETR.initial_queries`
-(learned queries or two-stage proposals), the decoder, and :meth:`~DeformableDETR.predict`.
+(learned queries or proposals, :mod:`~visiontf.models.deformable_queries`), the decoder (query groups
+masked by :mod:`~visiontf.models.query_groups`), and :meth:`~DeformableDETR.predict`.
 
-Training options of the DINO line, each off by default so that the published models
-stay exact (see :class:`DeformableDETR`'s arguments for the sources): contrastive denoising queries
-(``num_denoising``), mixed query selection (``mixed_query_selection``), look forward twice
-(``look_forward_twice``), Group DETR's one-to-many groups (``num_query_groups``), DINO's shared
-decoder heads and position temperature. With denoising the model takes the batch's ``targets``
-in training (``forward_takes_targets``).
+Training options of the DINO line, each off by default so that the published models stay exact
+(:class:`~visiontf.models.dino_options.DinoOptions` gives the sources): contrastive denoising queries
+(``num_denoising``), mixed query selection, look forward twice, Group DETR's one-to-many groups
+(``num_query_groups``), DINO's shared decoder heads and position temperature. With denoising the
+model takes the batch's ``targets`` in training (``forward_takes_targets``).
 """
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,46 +30,29 @@ import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
+from visiontf.models import query_groups
 from visiontf.models._registry import register_model
 from visiontf.models.deformable_detr_convert import convert_state_dict
+from visiontf.models.deformable_queries import DeformableQueries
 from visiontf.models.deformable_transformer import (
     DeformableTransformer,
-    LevelLayout,
+    MultiScaleMemory,
     encoder_reference_points,
     inverse_sigmoid,
     level_layout,
     refine_boxes,
     valid_counts,
 )
-from visiontf.models.denoising import DenoisingQueries, build_contrastive_denoising
+from visiontf.models.denoising import build_contrastive_denoising
 from visiontf.models.detr import MLP
 from visiontf.models.detr_backbone import DetrBackbone
+from visiontf.models.dino_options import DinoOptions
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import PositionEmbeddingSine2d
+from visiontf.nn.ms_deform_attn import recording_sampling
 
 
-@dataclass
-class MultiScaleMemory:
-    """The encoder's output and what the decoder needs to attend to it.
-
-    Attributes:
-        memory: (B, S, C), all levels flattened and concatenated, finest first.
-        padding_mask: (B, S) True on padding, or None when no image is padded.
-        spatial_shapes: (H_l, W_l) of each level.
-        valid_ratios: (B, L, 2) unpadded fraction (w, h) of each level.
-        valid_counts: (B, L, 2) unpadded columns and rows of each level.
-        layout: per-position tables of these shapes (:class:`LevelLayout`).
-    """
-
-    memory: Tensor
-    padding_mask: Tensor | None
-    spatial_shapes: list[tuple[int, int]]
-    valid_ratios: Tensor
-    valid_counts: Tensor
-    layout: LevelLayout
-
-
-class DeformableDETR(nn.Module):
+class DeformableDETR(DeformableQueries, nn.Module):
     """Deformable DETR: multi-scale CNN features, deformable encoder-decoder, sigmoid set prediction.
 
     Args:
@@ -95,34 +76,13 @@ class DeformableDETR(nn.Module):
             i has stride 2^(i+1)); default the last ``min(L, 3)`` of C3-C5. ``(1, 2, 3)`` gives
             strides 4/8/16 from a ResNet truncated after ``layer3`` (small objects, cheap trunk).
 
-    Training options (the DINO line; all off by default, as in the published Deformable DETR):
+    Training options of the DINO line (all off by default, as in the published Deformable DETR):
+    ``mixed_query_selection``, ``look_forward_twice``, ``num_denoising``, ``dn_label_noise_ratio``,
+    ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, the fields of
+    :class:`~visiontf.models.dino_options.DinoOptions` (their meaning and sources), kept as
+    ``self.dino_options``; and:
 
     Args:
-        mixed_query_selection: DINO (Zhang et al., 2023, sec. 3.3; ``two_stage_type='standard'``
-            with ``embed_init_tgt``): the top ``num_queries`` encoder proposals (by their best
-            class score) give the anchor boxes, the content queries are learned
-            (``tgt_embed``), and each decoder layer's positional queries are computed from its
-            current anchor box (``ref_point_head``, DAB-DETR's dynamic anchors). Needs
-            ``two_stage``. The selected proposals are returned as ``interm_outputs`` and
-            supervised with the class labels (DINO's ``interm`` loss), unlike the original
-            two-stage's class-agnostic ``enc_outputs`` over every position.
-        look_forward_twice: DINO sec. 3.4: layer i's boxes are refined from layer i-1's boxes
-            before they are detached, so layer i's box loss also trains layer i-1 (the
-            reference the next layer attends with stays detached). Needs ``with_box_refine``.
-        num_denoising: DINO's contrastive denoising (``dn_number``, sec. 3.2; DN-DETR): this many
-            positive slots of noised ground-truth queries per batch (plus as many negatives), fed
-            before the matching queries in training only; 0 disables it. Needs 4-d anchors
-            (``two_stage``). See :mod:`visiontf.models.denoising`.
-        dn_label_noise_ratio, dn_box_noise_scale: DINO's 0.5 and 0.4 (its ``DINO_4scale.py``).
-        num_query_groups: Group DETR (Chen et al., 2023): in training, G groups of
-            ``num_queries`` queries, each matched one-to-one to the targets on its own and
-            attending only to itself (the groups are folded into the batch for self-attention);
-            inference uses the first group only. Learned queries get G sets of embeddings; with
-            mixed query selection every group starts from the same selected anchors and has its
-            own content queries. RF-DETR trains with 13 groups.
-        share_decoder_heads: one class head and one box head for all decoder layers (DINO's
-            ``dec_pred_class_embed_share`` / ``dec_pred_bbox_embed_share``); the two-stage
-            proposal heads stay separate.
         pos_temperature: temperature of the sine position embedding (DINO 20, Deformable DETR
             10000).
         decoder_norm: DINO's extra LayerNorm on the decoder outputs the heads predict from (its
@@ -194,10 +154,10 @@ class DeformableDETR(nn.Module):
             raise ValueError(f"num_feature_levels must be >= 1, got {num_feature_levels}")
         if two_stage and not with_box_refine:
             raise ValueError("two_stage=True needs with_box_refine=True (the published two-stage model refines boxes)")
-        _check_training_options(
-            num_queries, with_box_refine, two_stage, mixed_query_selection, look_forward_twice, num_denoising,
-            num_query_groups, share_decoder_heads, dn_label_noise_ratio, dn_box_noise_scale,
-        )
+        # the DINO line's training options, together (see DinoOptions); refused combinations name the fix
+        self.dino_options = DinoOptions(mixed_query_selection, look_forward_twice, num_denoising, dn_label_noise_ratio,
+                                        dn_box_noise_scale, num_query_groups, share_decoder_heads)
+        self.dino_options.check(num_queries, with_box_refine, two_stage)
         self.num_classes = num_classes
         self.num_queries = num_queries
         self.hidden_dim = hidden_dim
@@ -205,13 +165,6 @@ class DeformableDETR(nn.Module):
         self.with_box_refine = with_box_refine
         self.two_stage = two_stage
         self.aux_loss = aux_loss
-        self.mixed_query_selection = mixed_query_selection
-        self.look_forward_twice = look_forward_twice
-        self.num_denoising = num_denoising
-        self.dn_label_noise_ratio = dn_label_noise_ratio
-        self.dn_box_noise_scale = dn_box_noise_scale
-        self.num_query_groups = num_query_groups
-        self.share_decoder_heads = share_decoder_heads
         # replaceable at evaluation and prediction: visiontf.detection.set_postprocess
         self.postprocess_options = PostprocessOptions(num_select, nms_iou_threshold, nms_class_agnostic)
         self.dec_layers = dec_layers
@@ -268,7 +221,7 @@ class DeformableDETR(nn.Module):
         for i in range(1, len(self.class_embed)):
             self.class_embed[i].load_state_dict(self.class_embed[0].state_dict())
             self.bbox_embed[i].load_state_dict(self.bbox_embed[0].state_dict())
-        if self.mixed_query_selection:
+        if self.dino_options.mixed_query_selection:
             # DINO: the dynamic query-position MLP lives in its decoder, whose matrices are xavier-initialised
             for layer in self.ref_point_head.layers:
                 nn.init.xavier_uniform_(layer.weight)
@@ -291,7 +244,7 @@ class DeformableDETR(nn.Module):
 
     def _decoder_heads(self, heads: nn.ModuleList) -> list[nn.Module]:
         """The head of each decoder layer (one shared by all with ``share_decoder_heads``)."""
-        return [heads[0]] * self.dec_layers if self.share_decoder_heads else list(heads[: self.dec_layers])
+        return [heads[0]] * self.dec_layers if self.dino_options.share_decoder_heads else list(heads[: self.dec_layers])
 
     def set_attn_method(self, method: str) -> None:
         """Switch every deformable attention to ``"gather"`` or ``"grid_sample"`` (ONNX export)."""
@@ -329,94 +282,12 @@ class DeformableDETR(nn.Module):
         memory = self.transformer.encoder(src, pos, reference, shapes, padding_mask)
         return MultiScaleMemory(memory, padding_mask, shapes, ratios, counts, layout)
 
-    def initial_queries(self, enc: MultiScaleMemory, num_groups: int = 1) -> dict:
-        """Decoder inputs: ``tgt``, ``query_pos`` (B, G*Q, C), ``reference`` (B, G*Q, 2 or 4).
-
-        Two-stage adds ``enc_outputs``; mixed query selection adds ``interm_outputs`` and leaves
-        ``query_pos`` None (the decoder computes it from the anchors). ``num_groups`` G > 1 is
-        Group DETR's training (the first Q queries are the inference set).
-        """
-        B, _, C = enc.memory.shape
-        n = self.num_queries * num_groups
-        if self.mixed_query_selection:
-            return self._mixed_queries(enc, num_groups)
-        if not self.two_stage:
-            query_pos, tgt = self.query_embed.weight[:n].split(C, dim=1)
-            query_pos = query_pos.unsqueeze(0).expand(B, -1, -1)
-            return {"tgt": tgt.unsqueeze(0).expand(B, -1, -1), "query_pos": query_pos, "reference": self.transformer.reference_points(query_pos).sigmoid()}
-        S = enc.memory.shape[1]
-        if S < self.num_queries:
-            raise ValueError(
-                f"two-stage selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} feature maps of "
-                f"these images have only {S} positions; use larger images or fewer queries"
-            )
-        features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
-        enc_logits = self.class_embed[-1](features)
-        enc_boxes = self.bbox_embed[-1](features).float() + proposals
-        top = torch.topk(enc_logits[..., 0], self.num_queries, dim=1)[1]
-        reference = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4)).detach().sigmoid()
-        query_pos, tgt = self.transformer.proposal_queries(reference)
-        return {
-            "tgt": tgt, "query_pos": query_pos, "reference": reference,
-            "enc_outputs": {"pred_logits": enc_logits, "pred_boxes": enc_boxes.sigmoid()},
-        }
-
-    def _mixed_queries(self, enc: MultiScaleMemory, num_groups: int) -> dict:
-        """DINO's mixed query selection: anchors from the top-Q proposals, learned content queries."""
-        B = enc.memory.shape[0]
-        S = enc.memory.shape[1]
-        if S < self.num_queries:
-            raise ValueError(
-                f"mixed query selection selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} "
-                f"feature maps of these images have only {S} positions; use larger images or fewer queries"
-            )
-        features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
-        enc_logits = self.class_embed[-1](features)
-        enc_boxes = self.bbox_embed[-1](features).float() + proposals
-        # best class score per position; padded and border positions (inf proposals) are never chosen
-        scores = enc_logits.detach().float().amax(-1).masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
-        top = torch.topk(scores, self.num_queries, dim=1)[1]
-        boxes = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4))
-        logits = torch.gather(enc_logits, 1, top.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
-        reference = boxes.detach().sigmoid()
-        tgt = self.tgt_embed.weight[: self.num_queries * num_groups].unsqueeze(0).expand(B, -1, -1)
-        return {
-            "tgt": tgt, "query_pos": None, "reference": reference.repeat(1, num_groups, 1),
-            "interm_outputs": {"pred_logits": logits, "pred_boxes": boxes.sigmoid()},
-        }
-
-    def _with_denoising(self, queries: dict, dn: DenoisingQueries) -> dict:
-        """Denoising queries (label embeddings at noised boxes) placed before the matching queries."""
-        reference = dn.boxes_unact.sigmoid()
-        tgt = self.label_enc(dn.labels).to(queries["tgt"].dtype)
-        out = dict(queries)
-        out["tgt"] = torch.cat([tgt, queries["tgt"]], 1)
-        out["reference"] = torch.cat([reference.to(queries["reference"].dtype), queries["reference"]], 1)
-        if queries["query_pos"] is not None:  # pure two-stage: positions from the boxes, as its proposals'
-            out["query_pos"] = torch.cat([self.transformer.proposal_queries(reference)[0], queries["query_pos"]], 1)
-        return out
-
-    @staticmethod
-    def self_attn_mask(num_denoising_queries: int, dn_group_size: int, num_matching: int, num_groups: int, device=None) -> Tensor:
-        """Bool (N, N) decoder self-attention mask, True = may attend, N = denoising + matching queries.
-
-        Each denoising group sees itself and the matching queries; matching queries see only their
-        own Group DETR group, never a denoising query (they would read the answer; DINO's mask).
-        """
-        P = num_denoising_queries
-        dn_group = torch.arange(P, device=device) // max(dn_group_size, 1)
-        match_group = torch.arange(num_matching, device=device) // (num_matching // num_groups) + (int(dn_group.max()) + 1 if P else 0)
-        group = torch.cat([dn_group, match_group])
-        allowed = group[:, None] == group[None, :]
-        allowed[:P, P:] = True
-        return allowed
-
     def decode(self, queries: dict, enc: MultiScaleMemory, self_attn_mask: Tensor | None = None, num_groups: int = 1) -> dict:
         """The decoder on ``queries`` (see :meth:`initial_queries`); box refinement uses this model's heads."""
         return self.transformer.decoder(
             queries["tgt"], queries["reference"], enc.memory, enc.spatial_shapes, enc.valid_ratios, queries["query_pos"],
             enc.padding_mask, self_attn_mask, self._decoder_heads(self.bbox_embed) if self.with_box_refine else None, num_groups,
-            self.ref_point_head if self.mixed_query_selection else None,
+            self.ref_point_head if self.dino_options.mixed_query_selection else None,
         )
 
     def predict(self, dec: dict) -> tuple[Tensor, Tensor]:
@@ -427,20 +298,20 @@ class DeformableDETR(nn.Module):
             if self.decoder_norm is not None:
                 # DINO: the heads read normalised outputs; the decoder refined its references without
                 hidden = self.decoder_norm(hidden)
-                if self.share_decoder_heads:
+                if self.dino_options.share_decoder_heads:
                     deltas = list(self.bbox_embed[0](hidden).float().unbind(0))
                 else:
                     deltas = [head(h).float() for head, h in zip(self._decoder_heads(self.bbox_embed), hidden)]
-            if self.share_decoder_heads:
+            if self.dino_options.share_decoder_heads:
                 logits = self.class_embed[0](hidden)
             else:
                 logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
-            if self.look_forward_twice:
+            if self.dino_options.look_forward_twice:
                 # layer i refines layer i-1's boxes before they were detached: its loss reaches layer i-1
                 sources = dec["references"][:1] + dec["new_references"][:-1]
             else:
                 sources = dec["references"]
-            if self.decoder_norm is None and not self.look_forward_twice:
+            if self.decoder_norm is None and not self.dino_options.look_forward_twice:
                 return logits, torch.stack(dec["new_references"])  # the same values, computed once
             return logits, torch.stack([refine_boxes(ref, delta) for ref, delta in zip(sources, deltas)])
         # one shared head: all layers at once, offsets from the (fixed) initial reference points
@@ -482,20 +353,23 @@ class DeformableDETR(nn.Module):
             box) relative to the unpadded image, and ``spatial_shapes`` [(H_l, W_l)].
         """
         enc = self.encode(images, mask)
-        groups = self.num_query_groups if self.training else 1
+        options = self.dino_options
+        groups = options.num_query_groups if self.training else 1
         queries = self.initial_queries(enc, groups)
         num_matching = queries["tgt"].shape[1]
         dn = None
-        if self.training and self.num_denoising > 0 and targets is not None:
+        if self.training and options.num_denoising > 0 and targets is not None:
             dn = build_contrastive_denoising(
-                targets, self.num_classes, num_matching, self.num_denoising, self.dn_label_noise_ratio, self.dn_box_noise_scale
+                targets, self.num_classes, num_matching, options.num_denoising, options.dn_label_noise_ratio, options.dn_box_noise_scale
             )
         P = dn.meta.pad_size if dn is not None else 0
         sampled: list[tuple[Tensor, Tensor]] = []
-        with self._recording_last_cross_attention(sampled) if need_weights else contextlib.nullcontext():
+        # the last decoder layer's cross-attention: where it looked (the paper's figure)
+        last_cross_attn = self.transformer.decoder.layers[-1].cross_attn
+        with recording_sampling(last_cross_attn, sampled) if need_weights else contextlib.nullcontext():
             if P:
                 queries = self._with_denoising(queries, dn)
-                attn_mask = self.self_attn_mask(P, dn.meta.group_size, num_matching, groups, images.device)
+                attn_mask = query_groups.self_attn_mask(P, dn.meta.group_size, num_matching, groups, images.device)
                 dec = self.decode(queries, enc, attn_mask)
             else:
                 # without denoising queries the groups are folded into the batch: no mask needed
@@ -521,62 +395,6 @@ class DeformableDETR(nn.Module):
             out.update(dec_sampling_locations=sampled[-1][0], dec_attention_weights=sampled[-1][1],
                        dec_reference_points=dec["references"][-1].float(), spatial_shapes=list(enc.spatial_shapes))
         return out
-
-    @contextlib.contextmanager
-    def _recording_last_cross_attention(self, sampled: list[tuple[Tensor, Tensor]]):
-        """Within it, each call of the last decoder layer's cross-attention appends its sampling
-        (locations, weights) to ``sampled``: its inputs, re-read by
-        :meth:`~visiontf.nn.MSDeformAttn.sampling`, which both attention cores compute from."""
-        attn = self.transformer.decoder.layers[-1].cross_attn
-        signature = inspect.signature(attn.forward)
-
-        def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            call = signature.bind(*args, **kwargs).arguments
-            sampled.append(module.sampling(call["query"], call["reference_points"], call["spatial_shapes"]))
-
-        handle = attn.register_forward_pre_hook(record, with_kwargs=True)
-        try:
-            yield
-        finally:
-            handle.remove()
-
-
-def _check_training_options(
-    num_queries: int, with_box_refine: bool, two_stage: bool, mixed: bool, look_forward_twice: bool, num_denoising: int,
-    num_query_groups: int, share_decoder_heads: bool, dn_label_noise_ratio: float = 0.5, dn_box_noise_scale: float = 0.4,
-) -> None:
-    """Refuse combinations of the DINO-line options that cannot work, naming the fix."""
-    # checked here, not only at the first denoising step of a run
-    if not 0.0 <= dn_label_noise_ratio <= 1.0:
-        raise ValueError(f"dn_label_noise_ratio must be in [0, 1] (DINO 0.5), got {dn_label_noise_ratio}")
-    if dn_box_noise_scale < 0:
-        raise ValueError(f"dn_box_noise_scale must be >= 0 (DINO 0.4), got {dn_box_noise_scale}")
-    if mixed and not two_stage:
-        raise ValueError("mixed_query_selection=True selects encoder proposals: it needs two_stage=True (and with_box_refine=True)")
-    if look_forward_twice and not with_box_refine:
-        raise ValueError("look_forward_twice=True refines each layer's boxes from the previous layer's: it needs with_box_refine=True")
-    if share_decoder_heads and not with_box_refine:
-        raise ValueError("share_decoder_heads=True only matters with with_box_refine=True (without it one head is always shared)")
-    if num_denoising < 0:
-        raise ValueError(f"num_denoising must be >= 0 (0 disables denoising), got {num_denoising}")
-    if num_denoising and not two_stage:
-        raise ValueError(
-            "num_denoising > 0 feeds noised ground-truth boxes as 4-d anchors: it needs two_stage=True "
-            "(best with mixed_query_selection=True, as DINO)"
-        )
-    if num_query_groups < 1:
-        raise ValueError(f"num_query_groups must be >= 1 (1: no Group DETR), got {num_query_groups}")
-    if num_query_groups > num_queries:
-        raise ValueError(
-            f"num_query_groups={num_query_groups} is larger than num_queries={num_queries}: each Group DETR group is a "
-            f"full set of num_queries queries (RF-DETR: 13 groups of 300), so this trains {num_query_groups * num_queries} "
-            "queries per image; did you swap the two? Use num_query_groups <= num_queries"
-        )
-    if num_query_groups > 1 and two_stage and not mixed:
-        raise ValueError(
-            "num_query_groups > 1 with pure two-stage queries would give every group the same queries; "
-            "use mixed_query_selection=True (groups get their own content queries) or learned queries (two_stage=False)"
-        )
 
 
 # ------------------------------------------------------------------------------------ registry

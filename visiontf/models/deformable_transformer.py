@@ -28,7 +28,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from visiontf.nn import MSDeformAttn, MultiheadAttention
-from visiontf.nn.ms_deform_attn import PackedTokens
+from visiontf.nn.packed_tokens import PackedTokens
 from visiontf.nn.tensor_cache import tensor_cache
 
 
@@ -117,6 +117,27 @@ def encoder_reference_points(layout: LevelLayout, valid_ratios: Tensor) -> Tenso
     return ref[:, :, None] * valid_ratios[:, None]
 
 
+@dataclass
+class MultiScaleMemory:
+    """The encoder's output and what the decoder needs to attend to it.
+
+    Attributes:
+        memory: (B, S, C), all levels flattened and concatenated, finest first.
+        padding_mask: (B, S) True on padding, or None when no image is padded.
+        spatial_shapes: (H_l, W_l) of each level.
+        valid_ratios: (B, L, 2) unpadded fraction (w, h) of each level.
+        valid_counts: (B, L, 2) unpadded columns and rows of each level.
+        layout: per-position tables of these shapes (:class:`LevelLayout`).
+    """
+
+    memory: Tensor
+    padding_mask: Tensor | None
+    spatial_shapes: list[tuple[int, int]]
+    valid_ratios: Tensor
+    valid_counts: Tensor
+    layout: LevelLayout
+
+
 class DeformableEncoderLayer(nn.Module):
     """Post-norm: deformable self-attention over all levels, then the FFN."""
 
@@ -139,7 +160,7 @@ class DeformableEncoderLayer(nn.Module):
 class DeformableTransformerEncoder(nn.Module):
     """Deformable encoder stack.
 
-    With padding it runs on the unpadded tokens only (:class:`~visiontf.nn.ms_deform_attn.PackedTokens`):
+    With padding it runs on the unpadded tokens only (:class:`~visiontf.nn.packed_tokens.PackedTokens`):
     the original's output at padded positions is never read (every reader zeroes it), so its
     projections, FFN and attention queries there are wasted work, a quarter or more of it in
     batches of mixed aspect ratios. The returned memory is zero at padded positions.

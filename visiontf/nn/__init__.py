@@ -1,6 +1,7 @@
 """Shared building blocks: attention, transformer layers, position embeddings."""
 from visiontf.nn.attention import MultiheadAttention
-from visiontf.nn.ms_deform_attn import MSDeformAttn, ms_deform_attn_core
+from visiontf.nn.ms_deform_attn import MSDeformAttn
+from visiontf.nn.ms_deform_core import ms_deform_attn_core
 from visiontf.nn.pos_embed import (
     LearnedPositionEmbedding1d,
     PositionEmbeddingLearned2d,

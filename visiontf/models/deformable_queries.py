@@ -1,0 +1,92 @@
+"""The decoder's initial queries of :class:`~visiontf.models.deformable_detr.DeformableDETR`.
+
+One step of the model's forward (after :meth:`~visiontf.models.deformable_detr.DeformableDETR.encode`,
+before the decoder): learned queries, the original two-stage's encoder proposals, DINO's mixed
+query selection (anchors from the top proposals, learned content queries), each repeated for
+Group DETR's groups, and DINO's denoising queries placed before them.
+"""
+from __future__ import annotations
+
+import torch
+
+from visiontf.models.deformable_transformer import MultiScaleMemory
+from visiontf.models.denoising import DenoisingQueries
+
+__all__ = ["DeformableQueries"]
+
+
+class DeformableQueries:
+    """The query steps of :class:`~visiontf.models.deformable_detr.DeformableDETR`, which mixes this in.
+
+    They read the model's ``num_queries``, ``two_stage``, ``dino_options``, ``transformer``,
+    ``class_embed`` and ``bbox_embed`` (the last of each: the proposal heads), and, as the options
+    make them, ``query_embed`` (learned queries), ``tgt_embed`` (mixed query selection) and
+    ``label_enc`` (denoising).
+    """
+
+    def initial_queries(self, enc: MultiScaleMemory, num_groups: int = 1) -> dict:
+        """Decoder inputs: ``tgt``, ``query_pos`` (B, G*Q, C), ``reference`` (B, G*Q, 2 or 4).
+
+        Two-stage adds ``enc_outputs``; mixed query selection adds ``interm_outputs`` and leaves
+        ``query_pos`` None (the decoder computes it from the anchors). ``num_groups`` G > 1 is
+        Group DETR's training (the first Q queries are the inference set).
+        """
+        B, _, C = enc.memory.shape
+        n = self.num_queries * num_groups
+        if self.dino_options.mixed_query_selection:
+            return self._mixed_queries(enc, num_groups)
+        if not self.two_stage:
+            query_pos, tgt = self.query_embed.weight[:n].split(C, dim=1)
+            query_pos = query_pos.unsqueeze(0).expand(B, -1, -1)
+            return {"tgt": tgt.unsqueeze(0).expand(B, -1, -1), "query_pos": query_pos, "reference": self.transformer.reference_points(query_pos).sigmoid()}
+        S = enc.memory.shape[1]
+        if S < self.num_queries:
+            raise ValueError(
+                f"two-stage selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} feature maps of "
+                f"these images have only {S} positions; use larger images or fewer queries"
+            )
+        features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
+        enc_logits = self.class_embed[-1](features)
+        enc_boxes = self.bbox_embed[-1](features).float() + proposals
+        top = torch.topk(enc_logits[..., 0], self.num_queries, dim=1)[1]
+        reference = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4)).detach().sigmoid()
+        query_pos, tgt = self.transformer.proposal_queries(reference)
+        return {
+            "tgt": tgt, "query_pos": query_pos, "reference": reference,
+            "enc_outputs": {"pred_logits": enc_logits, "pred_boxes": enc_boxes.sigmoid()},
+        }
+
+    def _mixed_queries(self, enc: MultiScaleMemory, num_groups: int) -> dict:
+        """DINO's mixed query selection: anchors from the top-Q proposals, learned content queries."""
+        B = enc.memory.shape[0]
+        S = enc.memory.shape[1]
+        if S < self.num_queries:
+            raise ValueError(
+                f"mixed query selection selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} "
+                f"feature maps of these images have only {S} positions; use larger images or fewer queries"
+            )
+        features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
+        enc_logits = self.class_embed[-1](features)
+        enc_boxes = self.bbox_embed[-1](features).float() + proposals
+        # best class score per position; padded and border positions (inf proposals) are never chosen
+        scores = enc_logits.detach().float().amax(-1).masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
+        top = torch.topk(scores, self.num_queries, dim=1)[1]
+        boxes = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4))
+        logits = torch.gather(enc_logits, 1, top.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
+        reference = boxes.detach().sigmoid()
+        tgt = self.tgt_embed.weight[: self.num_queries * num_groups].unsqueeze(0).expand(B, -1, -1)
+        return {
+            "tgt": tgt, "query_pos": None, "reference": reference.repeat(1, num_groups, 1),
+            "interm_outputs": {"pred_logits": logits, "pred_boxes": boxes.sigmoid()},
+        }
+
+    def _with_denoising(self, queries: dict, dn: DenoisingQueries) -> dict:
+        """Denoising queries (label embeddings at noised boxes) placed before the matching queries."""
+        reference = dn.boxes_unact.sigmoid()
+        tgt = self.label_enc(dn.labels).to(queries["tgt"].dtype)
+        out = dict(queries)
+        out["tgt"] = torch.cat([tgt, queries["tgt"]], 1)
+        out["reference"] = torch.cat([reference.to(queries["reference"].dtype), queries["reference"]], 1)
+        if queries["query_pos"] is not None:  # pure two-stage: positions from the boxes, as its proposals'
+            out["query_pos"] = torch.cat([self.transformer.proposal_queries(reference)[0], queries["query_pos"]], 1)
+        return out

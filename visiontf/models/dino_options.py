@@ -1,0 +1,88 @@
+"""The DINO line's training options of :class:`~visiontf.models.deformable_detr.DeformableDETR`, as one object.
+
+Each is off by default, so that the published Deformable DETR models stay exact. The model takes
+them as flat keyword arguments (what configs' ``model_kwargs``, checkpoints' hyper-parameters and
+:mod:`visiontf.models.dino`'s variants pass) and keeps them together as ``model.dino_options``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DinoOptions"]
+
+
+@dataclass(frozen=True)
+class DinoOptions:
+    """Training options of the DINO line (all off by default, as in the published Deformable DETR).
+
+    Args:
+        mixed_query_selection: DINO (Zhang et al., 2023, sec. 3.3; ``two_stage_type='standard'``
+            with ``embed_init_tgt``): the top ``num_queries`` encoder proposals (by their best
+            class score) give the anchor boxes, the content queries are learned
+            (``tgt_embed``), and each decoder layer's positional queries are computed from its
+            current anchor box (``ref_point_head``, DAB-DETR's dynamic anchors). Needs
+            ``two_stage``. The selected proposals are returned as ``interm_outputs`` and
+            supervised with the class labels (DINO's ``interm`` loss), unlike the original
+            two-stage's class-agnostic ``enc_outputs`` over every position.
+        look_forward_twice: DINO sec. 3.4: layer i's boxes are refined from layer i-1's boxes
+            before they are detached, so layer i's box loss also trains layer i-1 (the
+            reference the next layer attends with stays detached). Needs ``with_box_refine``.
+        num_denoising: DINO's contrastive denoising (``dn_number``, sec. 3.2; DN-DETR): this many
+            positive slots of noised ground-truth queries per batch (plus as many negatives), fed
+            before the matching queries in training only; 0 disables it. Needs 4-d anchors
+            (``two_stage``). See :mod:`visiontf.models.denoising`.
+        dn_label_noise_ratio, dn_box_noise_scale: DINO's 0.5 and 0.4 (its ``DINO_4scale.py``).
+        num_query_groups: Group DETR (Chen et al., 2023): in training, G groups of
+            ``num_queries`` queries, each matched one-to-one to the targets on its own and
+            attending only to itself (the groups are folded into the batch for self-attention,
+            or masked: :mod:`visiontf.models.query_groups`); inference uses the first group only.
+            Learned queries get G sets of embeddings; with mixed query selection every group
+            starts from the same selected anchors and has its own content queries. RF-DETR trains
+            with 13 groups.
+        share_decoder_heads: one class head and one box head for all decoder layers (DINO's
+            ``dec_pred_class_embed_share`` / ``dec_pred_bbox_embed_share``); the two-stage
+            proposal heads stay separate.
+    """
+
+    mixed_query_selection: bool = False
+    look_forward_twice: bool = False
+    num_denoising: int = 0
+    dn_label_noise_ratio: float = 0.5
+    dn_box_noise_scale: float = 0.4
+    num_query_groups: int = 1
+    share_decoder_heads: bool = False
+
+    def check(self, num_queries: int, with_box_refine: bool, two_stage: bool) -> None:
+        """Refuse combinations (with the model's architecture) that cannot work, naming the fix."""
+        # checked at construction, not only at the first denoising step of a run
+        if not 0.0 <= self.dn_label_noise_ratio <= 1.0:
+            raise ValueError(f"dn_label_noise_ratio must be in [0, 1] (DINO 0.5), got {self.dn_label_noise_ratio}")
+        if self.dn_box_noise_scale < 0:
+            raise ValueError(f"dn_box_noise_scale must be >= 0 (DINO 0.4), got {self.dn_box_noise_scale}")
+        if self.mixed_query_selection and not two_stage:
+            raise ValueError("mixed_query_selection=True selects encoder proposals: it needs two_stage=True (and with_box_refine=True)")
+        if self.look_forward_twice and not with_box_refine:
+            raise ValueError("look_forward_twice=True refines each layer's boxes from the previous layer's: it needs with_box_refine=True")
+        if self.share_decoder_heads and not with_box_refine:
+            raise ValueError("share_decoder_heads=True only matters with with_box_refine=True (without it one head is always shared)")
+        if self.num_denoising < 0:
+            raise ValueError(f"num_denoising must be >= 0 (0 disables denoising), got {self.num_denoising}")
+        if self.num_denoising and not two_stage:
+            raise ValueError(
+                "num_denoising > 0 feeds noised ground-truth boxes as 4-d anchors: it needs two_stage=True "
+                "(best with mixed_query_selection=True, as DINO)"
+            )
+        groups = self.num_query_groups
+        if groups < 1:
+            raise ValueError(f"num_query_groups must be >= 1 (1: no Group DETR), got {groups}")
+        if groups > num_queries:
+            raise ValueError(
+                f"num_query_groups={groups} is larger than num_queries={num_queries}: each Group DETR group is a "
+                f"full set of num_queries queries (RF-DETR: 13 groups of 300), so this trains {groups * num_queries} "
+                "queries per image; did you swap the two? Use num_query_groups <= num_queries"
+            )
+        if groups > 1 and two_stage and not self.mixed_query_selection:
+            raise ValueError(
+                "num_query_groups > 1 with pure two-stage queries would give every group the same queries; "
+                "use mixed_query_selection=True (groups get their own content queries) or learned queries (two_stage=False)"
+            )
