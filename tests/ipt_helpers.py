@@ -11,12 +11,16 @@ from benchmarks.reference_ipt import OriginalIPT  # noqa: E402
 
 #: a small model of the released layout: same module tree and maths, fewer features and layers
 SMALL = dict(n_feats=8, num_heads=2, num_layers=1)
+#: ipt_tiny's settings
+TINY = dict(n_feats=8, patch_dim=4, num_heads=4, num_layers=2)
 
 
-def randomized_reference(scales=(2,), num_queries=1, seed=0, n_feats=8, num_heads=2, num_layers=1) -> OriginalIPT:
+def randomized_reference(scales=(2,), num_queries=1, seed=0, n_feats=8, num_heads=2, num_layers=1,
+                         patch_dim=3) -> OriginalIPT:
     """The original layout with non-trivial values everywhere (LayerNorm affine too), in eval mode."""
     torch.manual_seed(seed)
-    ref = OriginalIPT(scales, n_feats=n_feats, num_heads=num_heads, num_layers=num_layers, num_queries=num_queries)
+    ref = OriginalIPT(scales, n_feats=n_feats, patch_dim=patch_dim, num_heads=num_heads, num_layers=num_layers,
+                      num_queries=num_queries)
     with torch.no_grad():
         for name, p in ref.named_parameters():
             if ".norm" in name:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ipt_helpers import SMALL, randomized_reference, save_reference
+from ipt_helpers import SMALL, TINY, randomized_reference, save_reference
 
 from benchmarks.reference_ipt import OriginalIPT
 from visiontf.models.ipt import IPT, PRETRAIN_TASKS
@@ -130,7 +130,7 @@ def test_other_task_weights_are_refused_naming_the_model_they_fit():
 
 
 def test_refusal_through_the_registry_loader(tmp_path):
-    ref = randomized_reference((3,), n_feats=16, num_heads=4, num_layers=2)
+    ref = randomized_reference((3,), **TINY)
     path = save_reference(ref, tmp_path / "tiny_x3.pt")
     with pytest.raises(WeightsLayoutError, match=r"ipt_tiny\(scale=3\).*create_model\('ipt_tiny', scale=3"):
         create_model("ipt_tiny", pretrained=path)
@@ -143,7 +143,7 @@ def test_refusal_through_the_registry_loader(tmp_path):
 
 
 def test_bad_inputs_are_clear_errors():
-    model = create_model("ipt_tiny", **SMALL).eval()
+    model = create_model("ipt_tiny", **SMALL, patch_dim=3).eval()
     with pytest.raises(ValueError, match="NaN or infinite"):
         model(torch.full((1, 3, 48, 48), float("nan")))
     with pytest.raises(ValueError, match=r"\(B, 3, H, W\)"):
@@ -157,7 +157,7 @@ def test_bad_inputs_are_clear_errors():
 
 
 def test_images_smaller_than_a_tile_are_padded():
-    model = create_model("ipt_tiny", **SMALL).eval()
+    model = create_model("ipt_tiny", **SMALL, patch_dim=3).eval()
     x = torch.rand(1, 3, 30, 41)
     with torch.no_grad():
         y = model(x)
@@ -173,8 +173,8 @@ def test_images_smaller_than_a_tile_are_padded():
 
 def test_tiny_trains_and_is_cpu_sized():
     model = create_model("ipt_tiny")
-    assert model.body.dim == 144 and len(model.body.encoder.layers) == 2
-    assert sum(p.numel() for p in model.parameters()) < 2e6
+    assert (model.body.dim, model.body.num_tokens, len(model.body.encoder.layers)) == (128, 144, 2)
+    assert sum(p.numel() for p in model.parameters()) < 1.2e6
     x = torch.rand(2, 3, 48, 48)
     loss = (model(x) - torch.rand(2, 3, 96, 96)).abs().mean()
     loss.backward()

@@ -291,8 +291,9 @@ DEFAULT_CFGS: dict[str, dict] = {
     "ipt_denoise_sigma50": dict(tasks=("denoise_sigma50",)),
     "ipt_derain": dict(tasks=("derain",)),
     "ipt_pretrain": dict(tasks=PRETRAIN_TASKS),
-    # 16 features x 3x3 patches = 144-dim tokens, 256 per 48x48 window, 2+2 layers
-    "ipt_tiny": dict(tasks=("sr_x2",), n_feats=16, num_heads=4, num_layers=2),
+    # 8 features x 4x4 patches = 128-dim tokens, 144 per 48x48 window, 2+2 layers: a training step at
+    # batch 8 of 48x48 crops takes ~0.28 s on one loaded CPU core (16 features x 3x3: 144 dims, 0.65 s)
+    "ipt_tiny": dict(tasks=("sr_x2",), n_feats=8, patch_dim=4, num_heads=4, num_layers=2),
 }
 
 
@@ -344,7 +345,8 @@ def ipt_pretrain(**kwargs) -> IPT:
 
 @register_model(filter_fn=convert_state_dict, tags=_TAGS)
 def ipt_tiny(scale: int = 2, **kwargs) -> IPT:
-    """A CPU-sized IPT (16 features, 144-dim tokens, 2+2 layers, 4 heads) for ``scale`` (1: restoration)."""
+    """A CPU-sized IPT (8 features, 4x4 patches: 144 tokens of 128 dims, 2+2 layers, 4 heads), 1.1 M
+    parameters, for ``scale`` (1: a restoration task named ``"restore"``)."""
     if "tasks" not in kwargs:
         kwargs["tasks"] = (f"sr_x{scale}",) if scale > 1 else ("restore",)
     return _create("ipt_tiny", **kwargs)
