@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from benchmarks.reference_ipt import forward_chop as reference_chop
 from benchmarks.reference_ipt import forward_x8 as reference_x8
+from visiontf.models.ipt_convert import convert_state_dict
 from visiontf.models.ipt_tiling import chop_geometry, forward_chop, forward_x8
 from visiontf.registry import create_model
 
@@ -119,3 +120,18 @@ def test_tiling_is_differentiable():
     x = torch.rand(1, 3, 50, 53, requires_grad=True)
     model(x).mean().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("scale,h,w", [(2, 50, 61), (3, 73, 101), (1, 50, 61)])
+def test_spandrel_gives_the_same_output(scale, h, w):
+    """spandrel (PyPI) keeps its own copy of the original code; where installed, it agrees (run by hand)."""
+    spandrel = pytest.importorskip("spandrel")
+    ref = randomized_reference((scale,), n_feats=8, num_heads=12, num_layers=1)  # spandrel assumes 12 heads
+    descriptor = spandrel.ModelLoader().load_from_state_dict(ref.state_dict())
+    name = {1: "ipt_derain", 2: "ipt_sr_x2", 3: "ipt_sr_x3"}[scale]
+    model = create_model(name, n_feats=8, num_heads=12, num_layers=1)
+    model.load_state_dict(convert_state_dict(ref.state_dict(), model))
+    x = torch.rand(1, 3, h, w)
+    with torch.no_grad():  # spandrel's descriptor clamps to [0, 1]; its call_fn does not
+        expected = descriptor._call_fn(descriptor.model.eval(), x)
+        assert (model.eval()(x) - expected).abs().max().item() < 1e-5
