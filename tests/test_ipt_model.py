@@ -182,6 +182,18 @@ def test_tiny_trains_and_is_cpu_sized():
     assert not any(b.requires_grad for b in model.buffers())
 
 
+def test_save_model_and_load_model_round_trip(tmp_path):
+    import visiontf
+    from visiontf.registry import load_model
+
+    model = create_model("ipt_tiny", scale=3).eval()
+    path = visiontf.save_model(model, tmp_path / "tiny.safetensors")
+    again = load_model(path).eval()
+    x = torch.rand(1, 3, 50, 50)
+    with torch.no_grad():
+        assert again.scales == (3,) and torch.equal(model(x), again(x))
+
+
 @pytest.mark.slow
 def test_full_size_x2_official_weights(tmp_path):
     """The full 115 M parameter x2 model: official-layout file -> the reference's output (48x48).
