@@ -91,7 +91,8 @@ class RestorationDataModule(L.LightningDataModule):
         hp = self.hparams
         records, _ = find_records(folder, split, self.tasks, hp.layout, hp.lq_dir, hp.gt_dir)
         scale = max(task_scale(t) for t in self.tasks)
-        min_size = hp.patch_size * scale if train else 2 * scale + 1
+        # validation: SSIM's 11x11 window must fit inside the scale's border cut
+        min_size = hp.patch_size * scale if train else 3 * scale + 11
         records = check_records(records, min_size, hp.strict, f"{folder} ({'train' if train else 'val'})")
         return RestorationDataset(records, self.tasks, train, hp.patch_size, hp.augment, hp.repeat, hp.seed,
                                   hp.cache, None if train else hp.val_crop)
