@@ -32,6 +32,18 @@ CONFIG = "configs/ipt/ipt_tiny_sr_x2.yaml"
 SMALL = {"n_feats": 4, "patch_dim": 4, "num_heads": 2, "num_layers": 1, "tile_size": 16}
 
 
+def test_input_skip_starts_as_bicubic_and_keeps_the_state_dict():
+    torch.manual_seed(0)
+    plain, skip = create_model("ipt_tiny", **SMALL), create_model("ipt_tiny", **SMALL, input_skip="bicubic")
+    assert plain.state_dict().keys() == skip.state_dict().keys()
+    x = torch.rand(2, 3, 16, 16)
+    expected = torch.nn.functional.interpolate(x, scale_factor=2, mode="bicubic", align_corners=False)
+    assert torch.allclose(skip(x), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="input_skip"):
+        create_model("ipt_tiny", input_skip="nearest")
+
+
+@pytest.mark.slow  # ~3 s alone, up to 20 s on the loaded 2-core machine
 def test_multitask_steps_pick_the_batch_task_and_learn():
     torch.manual_seed(0)
     task = RestorationTask("ipt_tiny", model_kwargs={**SMALL, "tasks": ["sr_x2", "denoise_sigma30"]}, lr=1e-3,
