@@ -87,7 +87,8 @@ except ModuleNotFoundError:  # pragma: no cover
 def _patch_eval_samplers() -> None:
     import importlib
 
-    for name in ("visiontf.data.classification", "visiontf.data.coco", "visiontf.data.segmentation"):
+    for name in ("visiontf.data.classification", "visiontf.data.coco", "visiontf.data.segmentation",
+                 "visiontf.data.restoration"):
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError:

@@ -24,6 +24,8 @@ _LAZY = {
     "DetectionPreprocess": "visiontf.adapters.detection",
     "SegmentationAdapter": "visiontf.adapters.segmentation",
     "SegmentationPreprocess": "visiontf.adapters.segmentation",
+    "RestorationAdapter": "visiontf.adapters.restoration",
+    "RestorationPreprocess": "visiontf.adapters.restoration",
 }
 
 __all__ = sorted(_LAZY)

@@ -18,13 +18,14 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
-Task = Literal["classification", "detection", "segmentation"]
+Task = Literal["classification", "detection", "segmentation", "restoration"]
 
 #: task -> "module:class" of its adapter (imported on first use, so a light import stays light)
 ADAPTERS: dict[str, str] = {
     "classification": "visiontf.adapters.classification:ClassificationAdapter",
     "detection": "visiontf.adapters.detection:DetectionAdapter",
     "segmentation": "visiontf.adapters.segmentation:SegmentationAdapter",
+    "restoration": "visiontf.adapters.restoration:RestorationAdapter",
 }
 TASKS: tuple[str, ...] = tuple(ADAPTERS)
 
@@ -61,7 +62,7 @@ def infer_task(model: nn.Module) -> Task:
                 return tag  # type: ignore[return-value]
     raise ValueError(
         f"cannot tell the task of a {type(model).__name__} (it was not built by visiontf.create_model, or its "
-        f"registry tags name no task); pass task='classification'|'detection'|'segmentation'"
+        f"registry tags name no task); pass task='classification'|'detection'|'segmentation'|'restoration'"
     )
 
 

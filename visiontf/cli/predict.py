@@ -27,7 +27,8 @@ from visiontf.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-_DATA_MODULES = ("visiontf.data.coco", "visiontf.data.classification", "visiontf.data.segmentation")
+_DATA_MODULES = ("visiontf.data.coco", "visiontf.data.classification", "visiontf.data.segmentation",
+                 "visiontf.data.restoration")
 
 #: train.py options that predict/export do not take, and what to use instead
 _NOT_HERE = {
@@ -191,6 +192,8 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     postprocess = {k: getattr(args, f"postprocess_{k}", None) for k in ("nms_iou_threshold", "nms_class_agnostic", "num_top")}
     if any(v is not None for v in postprocess.values()):
         overrides["postprocess"] = postprocess
+    # restoration: which task of a multi-task model runs (the Predictor reads it from its preprocess settings)
+    restore = {"restore_task": args.restore_task} if getattr(args, "restore_task", None) else {}
     config = getattr(args, "config", None)
     dm, dm_args = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
     cfg_names, cfg_ids = getattr(dm, "class_names", None), getattr(dm, "label_to_cat_id", None)
@@ -198,7 +201,7 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
         labels = read_labels_file(args.weights)
         names, ids = resolve_classes(labels.get("class_names"), labels.get("label_to_cat_id"), cfg_names, cfg_ids,
                                      f"--weights {args.weights}", f"--config {config}")
-        return Predictor.from_file(args.weights, class_names=names, label_to_cat_id=ids, **overrides)
+        return Predictor.from_file(args.weights, class_names=names, label_to_cat_id=ids, preprocess=restore, **overrides)
     model, info = load_checkpoint_model(args.ckpt_path)
     names, ids = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), cfg_names, cfg_ids,
                                  f"--ckpt_path {args.ckpt_path}", f"--config {config}")
@@ -206,7 +209,7 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     if names and isinstance(n, int) and n > 0 and len(names) != n:
         raise UsageError(f"--config {config}: its data has {len(names)} classes but the checkpoint's model has {n}; "
                          "drop --config, or give the config it was trained with")
-    preprocess = {**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)}
+    preprocess = {**info.get("preprocess", {}), **legacy_eval_cfg(dm_args), **restore}
     return Predictor(model, class_names=names, preprocess=preprocess, label_to_cat_id=ids, **overrides)
 
 
@@ -247,6 +250,8 @@ def predict_parser() -> ToolParser:
     p.add_argument("--min_size", type=int, help="detection: shorter side (default: the checkpoint's)")
     p.add_argument("--max_size", type=int, help="detection: longer side cap")
     p.add_argument("--seg_mode", choices=("whole", "slide"), help="segmentation inference")
+    p.add_argument("--restore_task", help="restoration: the task of a multi-task model to run (a name such as "
+                   "denoise_sigma30, or an index; default the first)")
     p.add_argument("--batch_size", type=int, default=None)
     p.add_argument("--num_workers", type=int, default=None,
                    help="processes decoding the images (default: up to 4 when there is more than one batch)")

@@ -1,4 +1,4 @@
-"""Evaluation metrics of every task: COCO box mAP (detection) and mIoU (segmentation).
+"""Evaluation metrics of every task: COCO box mAP (detection), mIoU (segmentation), PSNR/SSIM (restoration).
 
 Names resolve lazily: ``visiontf.evaluation.coco`` must stay importable without torch (fast
 command-line evaluation of results files), while ``CocoMetric`` needs torchmetrics.
@@ -14,6 +14,9 @@ _LAZY = {
     "COCO_STATS": "visiontf.evaluation.coco",
     "CocoMetric": "visiontf.evaluation.coco_metric",
     "segmentation_scores": "visiontf.evaluation.segmentation",
+    "calc_psnr": "visiontf.evaluation.restoration",
+    "calc_ssim": "visiontf.evaluation.restoration",
+    "quantize": "visiontf.evaluation.restoration",
 }
 
 __all__ = sorted(_LAZY)

@@ -43,7 +43,7 @@ AUTOCAST_DTYPES = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": to
 
 # ---------------------------------------------------------------------------------------- predictor
 class Predictor:
-    """Run a classification, detection or segmentation model on raw images.
+    """Run a classification, detection, segmentation or restoration model on raw images.
 
     Args:
         model: a visiontf model (or any module with a ``pretrained_cfg`` and the same outputs).
@@ -176,6 +176,8 @@ class Predictor:
           ``class_names``; detections with ``score > score_threshold`` (``None`` keeps all), at most
           ``top_k`` (default: no limit), sorted by score.
         * segmentation: ``label_map`` (H, W) int64 at the original resolution.
+        * restoration: ``image`` uint8 (3, H*s, W*s), the restored image (``s`` the model's scale),
+          and ``task``: the task of a multi-task model that ran (``preprocess={"restore_task": ...}``).
 
         Every dict also has ``source`` and ``image_size``; an image that could not be predicted has
         ``error`` instead of results (see the module docstring); when no image could, the first error

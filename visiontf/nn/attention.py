@@ -1,7 +1,8 @@
 """Multi-head attention on ``F.scaled_dot_product_attention``.
 
 One module serves ViT (fused self-attention, timm's ``qkv``/``proj`` parameter names) and DETR
-(position embeddings added to queries and keys but not values, cross-attention). The input
+(position embeddings added to queries and keys but not values, cross-attention) and IPT
+(``nn.MultiheadAttention(bias=False)``: ``qkv_bias=False, proj_bias=False``). The input
 projection is stored as one ``qkv`` Linear, as both timm and ``nn.MultiheadAttention``
 (``in_proj_weight``) do, so either checkpoint maps onto it without reshaping.
 """
@@ -20,6 +21,7 @@ class MultiheadAttention(nn.Module):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        proj_bias: bool = True,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -29,7 +31,7 @@ class MultiheadAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
-        self.proj = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def _project(self, query: Tensor, key: Tensor | None, value: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:

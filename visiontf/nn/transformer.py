@@ -2,7 +2,8 @@
 
 Pre-norm (ViT) and post-norm (original Transformer / DETR) share one layer class. Parameter names
 follow timm's ViT block (``norm1``, ``attn.qkv``, ``attn.proj``, ``norm2``, ``mlp.fc1``,
-``mlp.fc2``) so timm checkpoints load unchanged; DETR checkpoints are renamed on load.
+``mlp.fc2``) so timm checkpoints load unchanged; DETR and IPT checkpoints are renamed on load.
+``qkv_bias=False, proj_bias=False`` is ``nn.MultiheadAttention(bias=False)`` (IPT).
 Position embeddings, when given, are added to queries and keys only, never to values (DETR).
 """
 from __future__ import annotations
@@ -33,11 +34,12 @@ class TransformerEncoderLayer(nn.Module):
         qkv_bias: bool = True,
         act_layer: type[nn.Module] = nn.GELU,
         norm_eps: float = 1e-6,
+        proj_bias: bool = True,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = MultiheadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop)
+        self.attn = MultiheadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_bias=proj_bias)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, mlp_dim or 4 * dim, act_layer=act_layer, drop=dropout)
         self.drop1 = nn.Dropout(dropout)
@@ -83,11 +85,12 @@ class TransformerDecoderLayer(nn.Module):
         qkv_bias: bool = True,
         act_layer: type[nn.Module] = nn.ReLU,
         norm_eps: float = 1e-5,
+        proj_bias: bool = True,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiheadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop)
-        self.cross_attn = MultiheadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop)
+        self.self_attn = MultiheadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_bias=proj_bias)
+        self.cross_attn = MultiheadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_bias=proj_bias)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.norm3 = nn.LayerNorm(dim, eps=norm_eps)

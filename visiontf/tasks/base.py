@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from visiontf.adapters.base import adapter_for_task
 from visiontf.checkpoints import check_checkpoint_fits
-from visiontf.config_checks import check_config, one_of, positive_int
+from visiontf.config_checks import check_config, one_of, optional, positive_int
 from visiontf.distributed import is_distributed
 from visiontf.registry import create_model
 
@@ -30,6 +30,8 @@ class BaseTask(L.LightningModule):
     ``"skip"`` skips that optimizer step (on every rank at once under DDP, so ranks stay in step)
     and counts it in the ``train/nonfinite_steps`` metric.
 
+    ``num_classes`` None: a task without classes (restoration); the model is built without the argument.
+
     Checkpoints also carry ``preprocess``: the eval preprocessing (``pretrained_cfg`` keys) resolved by
     the task's adapter from the model, the data module's ``eval_cfg()`` and the task's own
     :meth:`eval_cfg`, so that :class:`~visiontf.inference.Predictor` needs neither the data nor guesses.
@@ -41,14 +43,14 @@ class BaseTask(L.LightningModule):
     def __init__(
         self,
         model_name: str,
-        num_classes: int,
+        num_classes: int | None,
         model_kwargs: dict[str, Any] | None = None,
         pretrained: str | None = None,
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__()
-        check_config(type(self).__name__, "model", num_classes=(num_classes, positive_int),
+        check_config(type(self).__name__, "model", num_classes=(num_classes, optional(positive_int)),
                      on_nonfinite=(on_nonfinite, one_of("raise", "skip")))
         self._model_name, self._num_classes = model_name, num_classes
         self.model: nn.Module = create_model(model_name, pretrained=pretrained, num_classes=num_classes, **(model_kwargs or {}))
