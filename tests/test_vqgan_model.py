@@ -50,17 +50,18 @@ def _reference(cfg: dict, n_embed: int, embed_dim: int, seed: int = 0) -> ref.Or
     return model
 
 
-def _save_ckpt(model: nn.Module, path: Path) -> Path:
+def _save_ckpt(model: nn.Module, path: Path, callback: str = "callbacks.model_checkpoint.ModelCheckpoint") -> Path:
     """A taming-style Lightning 1.0 checkpoint: the callbacks keyed by their class, as Lightning < 1.5 wrote them
     (pickled by reference to ``pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint``; a stand-in
     module holds it while saving, which spares the tests Lightning's import time)."""
-    names = ("pytorch_lightning", "pytorch_lightning.callbacks", "pytorch_lightning.callbacks.model_checkpoint")
+    module, cls = f"pytorch_lightning.{callback}".rsplit(".", 1)
+    names = ("pytorch_lightning", "pytorch_lightning.callbacks", module)
     saved = {n: sys.modules.get(n) for n in names}
-    stand_in = type("ModelCheckpoint", (), {"__module__": names[-1]})
+    stand_in = type(cls, (), {"__module__": module})
     try:
         for n in names:
             sys.modules[n] = types.ModuleType(n)
-        sys.modules[names[-1]].ModelCheckpoint = stand_in
+        setattr(sys.modules[module], cls, stand_in)
         torch.save({"epoch": 3, "global_step": 1000, "pytorch-lightning_version": "1.0.8",
                     "callbacks": {stand_in: {"best_model_score": torch.tensor(0.5), "best_model_path": "x.ckpt"}},
                     "optimizer_states": [], "lr_schedulers": [], "state_dict": model.state_dict()}, path)
@@ -70,7 +71,7 @@ def _save_ckpt(model: nn.Module, path: Path) -> Path:
                 sys.modules.pop(n, None)
             else:
                 sys.modules[n] = mod
-    assert b"ModelCheckpoint" in path.read_bytes()
+    assert cls.encode() in path.read_bytes()
     return path
 
 
@@ -222,9 +223,12 @@ def test_training_gradients_pass_the_quantiser():
 
 
 def test_lightning_1_0_callback_keys_load_as_inert_stand_ins(tmp_path):
-    from visiontf.weights import safe_torch_load
+    from visiontf.weights import WeightsError, safe_torch_load
 
     ckpt = safe_torch_load(_save_ckpt(nn.Conv2d(1, 1, 1), tmp_path / "old.ckpt"))
     (key,) = ckpt["callbacks"]
     assert key.__name__ == "ModelCheckpoint" and not hasattr(key, "on_save_checkpoint")
     assert ckpt["callbacks"][key]["best_model_path"] == "x.ckpt"
+    # any other class is still refused
+    with pytest.raises(WeightsError, match="refused to load with weights_only=True"):
+        safe_torch_load(_save_ckpt(nn.Conv2d(1, 1, 1), tmp_path / "other.ckpt", "callbacks.lr_monitor.LearningRateMonitor"))
