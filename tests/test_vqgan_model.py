@@ -232,3 +232,14 @@ def test_lightning_1_0_callback_keys_load_as_inert_stand_ins(tmp_path):
     # any other class is still refused
     with pytest.raises(WeightsError, match="refused to load with weights_only=True"):
         safe_torch_load(_save_ckpt(nn.Conv2d(1, 1, 1), tmp_path / "other.ckpt", "callbacks.lr_monitor.LearningRateMonitor"))
+
+
+def test_save_model_and_load_model_round_trip(tmp_path):
+    import visiontf
+
+    m = create_model("vqgan_tiny", n_embed=256).eval()
+    path = visiontf.save_model(m, tmp_path / "tok.safetensors")
+    back = visiontf.load_model(path).eval()
+    x = _images(1, 32, 32)
+    with torch.no_grad():
+        assert back.num_codes == 256 and torch.equal(back.tokenize(x), m.tokenize(x))
