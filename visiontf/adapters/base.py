@@ -18,13 +18,14 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
-Task = Literal["classification", "detection", "segmentation"]
+Task = Literal["classification", "detection", "segmentation", "generation"]
 
 #: task -> "module:class" of its adapter (imported on first use, so a light import stays light)
 ADAPTERS: dict[str, str] = {
     "classification": "visiontf.adapters.classification:ClassificationAdapter",
     "detection": "visiontf.adapters.detection:DetectionAdapter",
     "segmentation": "visiontf.adapters.segmentation:SegmentationAdapter",
+    "generation": "visiontf.adapters.generation:GenerationAdapter",
 }
 TASKS: tuple[str, ...] = tuple(ADAPTERS)
 
