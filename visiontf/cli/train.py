@@ -36,6 +36,7 @@ import visiontf.tasks.classification  # noqa: F401
 import visiontf.tasks.detection  # noqa: F401
 import visiontf.tasks.segmentation  # noqa: F401
 import visiontf.tasks.tokenizer  # noqa: F401
+import visiontf.tasks.transformer  # noqa: F401
 from visiontf.arguments import close_options
 from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
 from visiontf.callbacks.epoch_lines import EpochLines
