@@ -34,9 +34,19 @@ class WeightsError(UserError, RuntimeError):
 #: hyper-parameters as given, which may be pathlib paths
 SAFE_GLOBALS = (argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
 
+#: Lightning < 1.5 keyed ``checkpoint["callbacks"]`` by the callback's class (taming-transformers' and
+#: latent-diffusion's published ``.ckpt`` files): each name unpickles as an inert stand-in class of
+#: its own, so nothing of Lightning is imported or run and the callback states stay plain data
+LEGACY_LIGHTNING_CALLBACKS = tuple(
+    (type(name.rsplit(".", 1)[1], (), {"__doc__": f"stand-in for {name} as a checkpoint key"}), name)
+    for name in ("pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint",
+                 "pytorch_lightning.callbacks.early_stopping.EarlyStopping")
+)
+
 
 def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load(path, weights_only=True)`` allowing only :data:`SAFE_GLOBALS` beyond tensors.
+    """``torch.load(path, weights_only=True)`` allowing only :data:`SAFE_GLOBALS` beyond tensors (and the
+    stand-ins of :data:`LEGACY_LIGHTNING_CALLBACKS`).
 
     The one reader of ``.pth``/``.pt``/``.ckpt`` files in visiontf (weight files and Lightning
     checkpoints alike). Refused, truncated and corrupt files raise :class:`WeightsError` naming the
@@ -49,7 +59,7 @@ def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu") 
     if damaged:
         raise corrupt_file_error(path, damaged)
     try:
-        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+        with torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS]):
             return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         raise (describe_load_failure(path, e) or e) from e

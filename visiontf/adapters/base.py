@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
-Task = Literal["classification", "detection", "segmentation", "restoration"]
+Task = Literal["classification", "detection", "segmentation", "restoration", "generation"]
 
 #: task -> "module:class" of its adapter (imported on first use, so a light import stays light)
 ADAPTERS: dict[str, str] = {
@@ -26,6 +26,7 @@ ADAPTERS: dict[str, str] = {
     "detection": "visiontf.adapters.detection:DetectionAdapter",
     "segmentation": "visiontf.adapters.segmentation:SegmentationAdapter",
     "restoration": "visiontf.adapters.restoration:RestorationAdapter",
+    "generation": "visiontf.adapters.generation:GenerationAdapter",
 }
 TASKS: tuple[str, ...] = tuple(ADAPTERS)
 

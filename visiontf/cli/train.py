@@ -30,12 +30,15 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 # every task and data module, so that configs may name them by short class_path (e.g. "ClassificationTask")
 import visiontf.data.classification  # noqa: F401
 import visiontf.data.coco  # noqa: F401
+import visiontf.data.image_folder  # noqa: F401
 import visiontf.data.restoration  # noqa: F401
 import visiontf.data.segmentation  # noqa: F401
 import visiontf.tasks.classification  # noqa: F401
 import visiontf.tasks.detection  # noqa: F401
 import visiontf.tasks.restoration  # noqa: F401
 import visiontf.tasks.segmentation  # noqa: F401
+import visiontf.tasks.tokenizer  # noqa: F401
+import visiontf.tasks.transformer  # noqa: F401
 from visiontf.arguments import close_options
 from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
 from visiontf.callbacks.epoch_lines import EpochLines

@@ -1,0 +1,50 @@
+#!/usr/bin/env python
+"""Sample images from a trained VQGAN transformer (a TransformerTask checkpoint) into a grid PNG.
+
+    python tools/sample.py --ckpt_path outputs/vqgan_transformer_tiny/checkpoints/last.ckpt --output samples.png \
+        --num 16 --latent 8 8 --temperature 1.0 --top_k 100 --seed 0
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from visiontf.arguments import ToolParser  # noqa: E402
+from visiontf.cli.errors import run_tool  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = ToolParser(prog="sample.py", description=__doc__)
+    p.add_argument("--ckpt_path", required=True, type=Path)
+    p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--num", type=int, default=16)
+    p.add_argument("--latent", type=int, nargs=2, default=None, help="code grid h w (default: the block size's square)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top_k", type=int, default=None)
+    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    import math
+
+    import torch
+    from torchvision.utils import save_image
+
+    from visiontf.checkpoints import load_checkpoint_model
+
+    model, _ = load_checkpoint_model(args.ckpt_path)
+    if not hasattr(model, "sample"):
+        raise SystemExit(f"{args.ckpt_path}: not a second-stage (transformer) checkpoint; reconstruct with tools/predict.py")
+    model.eval()
+    h, w = args.latent or (int(math.isqrt(model.transformer.block_size)),) * 2
+    gen = torch.Generator().manual_seed(args.seed)
+    codes = model.sample(args.num, (h, w), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         generator=gen)
+    images = (model.decode_to_img(codes).clamp(-1, 1) + 1) / 2
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    save_image(images, args.output, nrow=int(math.ceil(math.sqrt(args.num))), padding=2)
+    print(f"{args.num} samples ({h}x{w} codes) -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool(main, prog="sample.py"))

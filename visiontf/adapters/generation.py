@@ -1,0 +1,98 @@
+"""The generation adapter (VQGAN tokenizers): images in, reconstructions at the original size out.
+
+``Predictor(model)`` of a first stage returns, per image, ``reconstruction`` (uint8 (3, H, W), the
+original size: the model pads to a multiple of its downsampling factor and crops back), ``codes``
+(int64 (h, w) code indices of the padded image) and ``psnr`` (dB, against the input).
+``tools/predict.py`` writes ``<stem>.png`` (the reconstruction) per input and the PSNRs in
+``predictions.json``. Second stages (``Net2NetTransformer``) sample rather than predict:
+``tools/sample.py``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from visiontf.adapters import drawing
+from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+
+
+class GenerationPreprocess(PreprocessModule):
+    """One float (3, H, W) image in [0, 1] -> (1, 3, H, W) normalised with ``mean``/``std`` ([-1, 1] for VQGAN)."""
+
+    def forward(self, image: Tensor) -> Tensor:
+        mean = torch.tensor(self.cfg["mean"], device=image.device)[:, None, None]
+        std = torch.tensor(self.cfg["std"], device=image.device)[:, None, None]
+        return ((image - mean) / std)[None]
+
+
+class GenerationAdapter(TaskAdapter):
+    """Image tokenizers: ``(B, 3, H, W) -> reconstruction (B, 3, H, W)``."""
+
+    task = "generation"
+    output_names = ("reconstruction",)
+
+    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
+        return {"mean": tuple(cfg.get("mean", (0.5, 0.5, 0.5))), "std": tuple(cfg.get("std", (0.5, 0.5, 0.5)))}
+
+    def build_preprocess(self, cfg: dict[str, Any]) -> GenerationPreprocess:
+        return GenerationPreprocess(cfg)
+
+    @staticmethod
+    def _check_tokenizer(model: nn.Module) -> None:
+        if not hasattr(model, "tokenize"):
+            raise ValueError(f"{type(model).__name__} is a second stage: it samples codes, it does not reconstruct "
+                             "images; draw samples with tools/sample.py, or predict with its first stage's checkpoint")
+
+    def to_uint8(self, x: Tensor, cfg: dict[str, Any]) -> Tensor:
+        mean = torch.tensor(cfg["mean"], device=x.device)[:, None, None]
+        std = torch.tensor(cfg["std"], device=x.device)[:, None, None]
+        return ((x.float() * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor], *,
+                score_threshold: float | None = None, top_k: int | None = None,
+                class_name: Callable[[int], str] = lambda i: f"class_{i}") -> list[dict[str, Any]]:
+        self._check_tokenizer(model)
+        out = []
+        for image in images:  # one at a time: sizes differ
+            x = preprocess(image)
+            H, W = x.shape[-2:]
+            f = model.downsample_factor
+            padded = F.pad(x, (0, -W % f, 0, -H % f), mode="replicate") if (H % f or W % f) else x
+            codes = model.tokenize(padded)
+            rec = model.detokenize(codes)[..., :H, :W]
+            mse = ((rec.clamp(-1, 1) - x) ** 2).mean().clamp_min(1e-10)
+            out.append({"reconstruction": self.to_uint8(rec[0], preprocess.cfg).cpu(), "codes": codes[0].cpu(),
+                        "psnr": float(10 * torch.log10(4.0 / mse))})
+        return out
+
+    def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
+        """The original beside its reconstruction."""
+        return torch.cat([image.cpu(), result["reconstruction"]], dim=-1)
+
+    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+                     class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
+        x = (batch[0] if isinstance(batch, (tuple, list)) else batch)[:num_images]
+        rec = pl_module.model(x).clamp(-1, 1)
+        cfg = {"mean": tuple(mean), "std": tuple(std)}
+        return [torch.cat([self.to_uint8(a, cfg), self.to_uint8(b, cfg)], dim=-1).cpu() for a, b in zip(x, rec)]
+
+    def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
+                          out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:
+        """``<stem>.png``: the reconstruction at the input's size."""
+        records = []
+        for im, r, stem in zip(images, results, stems):
+            drawing.save_image(r["reconstruction"], out / f"{stem}.png")
+            records.append({"file": im.source, "reconstruction": f"{stem}.png", "psnr": round(r["psnr"], 3),
+                            "codes_shape": list(r["codes"].shape)})
+        return records
+
+    def default_export_size(self, model: nn.Module) -> tuple[int, int]:
+        size = pretrained_cfg(model).get("input_size", (3, 256, 256))
+        return int(size[-2]), int(size[-1])

@@ -1,0 +1,107 @@
+"""VQGAN's second stage as a LightningModule: a GPT over a trained tokenizer's codes (taming's
+``Net2NetTransformer`` training step).
+
+The first stage comes from a :class:`~visiontf.tasks.tokenizer.TokenizerTask` checkpoint
+(``first_stage_ckpt``), or a taming/visiontf file through ``model_kwargs.first_stage`` and
+``pretrained``; a transformer without a trained first stage is refused (its codes would be noise).
+Optimiser: minGPT's groups (weight decay only on Linear weights), AdamW betas (0.9, 0.95), lr
+``base_lr x batch x devices`` with ``scale_lr`` (taming: 4.5e-6 base). Logged: cross-entropy,
+``bits_per_token`` (nats / ln 2) and, on validation, ``unigram_bits``: the entropy of the held-out
+codes' own histogram, the best any model ignoring context can do on them (a lower bound for a
+unigram model fitted elsewhere). Lightning's FSDP strategy wraps it as any module (the first stage
+is frozen and holds no optimiser state).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from visiontf.config_checks import check_config, non_negative, positive
+from visiontf.distributed import is_distributed
+from visiontf.errors import UserError
+from visiontf.registry import create_model
+from visiontf.tasks.base import BaseTask
+
+log = logging.getLogger(__name__)
+
+
+class MissingFirstStageError(UserError, ValueError):
+    """A second stage asked to train without a trained first stage."""
+
+
+class TransformerTask(BaseTask):
+    """Next-code prediction over a frozen tokenizer (unconditional: taming's SOS token first)."""
+
+    task = "generation"
+
+    def __init__(self, model_name: str = "vqgan_transformer_tiny", num_classes: int | None = None,
+                 model_kwargs: dict[str, Any] | None = None, pretrained: str | None = None,
+                 first_stage_ckpt: str | None = None, base_lr: float = 4.5e-6, scale_lr: bool = True,
+                 weight_decay: float = 0.01, compile: bool = False,
+                 on_nonfinite: Literal["raise", "skip"] = "raise") -> None:
+        init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        check_config(type(self).__name__, "model", base_lr=(base_lr, positive), weight_decay=(weight_decay, non_negative))
+        L.LightningModule.__init__(self)
+        self.save_hyperparameters(init_args)
+        self._model_name, self._num_classes = model_name, None
+        self.model = create_model(model_name, pretrained=pretrained, **(model_kwargs or {}))
+        if first_stage_ckpt:
+            from visiontf.checkpoints import load_checkpoint_model
+
+            first, _ = load_checkpoint_model(first_stage_ckpt)
+            self.model.first_stage_model.load_state_dict(first.state_dict())
+        elif not pretrained:
+            raise MissingFirstStageError(
+                f"{model_name}: no trained first stage; give the tokenizer's checkpoint with "
+                "model.init_args.first_stage_ckpt=outputs/vqgan_tiny/checkpoints/last.ckpt (or pretrained= a "
+                "Net2NetTransformer checkpoint holding first_stage_model.*)")
+        self.compile_model, self.on_nonfinite, self.nonfinite_steps = compile, on_nonfinite, 0
+        self._val_counts: Tensor | None = None
+
+    def training_step(self, batch, batch_idx: int):
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        logits, target = self.model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+        if not self.check_finite(loss, {"ce": loss}):
+            return None
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/bits_per_token", loss.detach() / math.log(2))
+        return loss
+
+    def _eval_step(self, batch, stage: str) -> None:
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        logits, target = self.model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+        self.log(f"{stage}/bits_per_token", loss / math.log(2), prog_bar=True, sync_dist=True)
+        counts = torch.bincount(target.reshape(-1), minlength=self.model.transformer.vocab_size)
+        self._val_counts = counts if self._val_counts is None else self._val_counts + counts
+
+    def _eval_end(self, stage: str) -> None:
+        if self._val_counts is None:
+            return
+        counts = self._val_counts.float()
+        if is_distributed():
+            torch.distributed.all_reduce(counts)
+        self._val_counts = None
+        p = counts / counts.sum().clamp_min(1)
+        self.log(f"{stage}/unigram_bits", -(p * torch.log2(p + 1e-12)).sum())
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        lr = hp.base_lr
+        if hp.scale_lr and self._trainer is not None:
+            dm = getattr(self.trainer, "datamodule", None)
+            lr = hp.base_lr * int(getattr(dm, "batch_size", 1) or 1) * self.trainer.world_size
+        no_decay = self.model.no_weight_decay()
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        groups = [{"params": [p for n, p in params if n not in no_decay], "weight_decay": hp.weight_decay},
+                  {"params": [p for n, p in params if n in no_decay], "weight_decay": 0.0}]
+        log.info("learning rate %.3g; %d decayed / %d undecayed tensors", lr, len(groups[0]["params"]),
+                 len(groups[1]["params"]))
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
