@@ -112,6 +112,12 @@ def heavy(tmp_path_factory):
         "unknown model": [*fit, "--data.root", four_classes, "--model.init_args.model_name", "detr_tinyy"],
         "eval missing ckpt": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", tmp / "missing.ckpt"],
         "eval other classes": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", ckpt],
+        # no weights at all: a full table of noise used to be written with exit code 0
+        "eval no weights": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--output", tmp / "noise.json"],
+        "validate no weights": ["tools/train.py", "validate", "--config", CONFIG, "--data.root", four_classes],
+        "eval random on purpose": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--allow_random_weights",
+                                   "true", "--model.init_args.model_kwargs={enc_layers: 1, dec_layers: 1, num_queries: 5}",
+                                   "--trainer.enable_progress_bar=false", "--output", tmp / "random.json"],
         "debug flag": [*fit, "--data.root", tmp / "nope", "--debug"],
         "debug env": [*fit, "--data.root", tmp / "nope"],
         # train.py's data overrides in both spellings, old option spellings; classes agree with the checkpoint's
@@ -137,6 +143,8 @@ def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy)
         "missing config": f"--config: File does not exist: '{tmp / 'nope.yaml'}'",
         "unknown model": "unknown model 'detr_tinyy'. Did you mean: detr_tiny,",
         "eval missing ckpt": f"{tmp / 'missing.ckpt'}: checkpoint not found; {tmp} holds three_classes.ckpt",
+        "eval no weights": "validate without --ckpt_path would score the model's random initial weights; give --ckpt_path",
+        "validate no weights": "validate without --ckpt_path would score the model's random initial weights",
         "eval other classes": f"{ckpt}: trained for 3 classes, but this run has 4 (from the data); --ckpt_path resumes "
                               f"or evaluates that same model. To fine-tune with a new head, start a new run with "
                               f"`--model.init_args.pretrained={ckpt}` instead of --ckpt_path",
@@ -145,6 +153,9 @@ def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy)
         prog = "eval.py" if name.startswith("eval") else "train.py"
         line = _one_line(heavy[name], prog)
         assert line.startswith(start), (name, line)
+    assert not (tmp / "noise.json").exists()
+    assert heavy["eval random on purpose"]["code"] == 0, heavy["eval random on purpose"]["stderr"][-2000:]
+    assert "map" in json.loads((tmp / "random.json").read_text())
     for name in ("debug flag", "debug env"):
         assert heavy[name]["code"] == 1 and "Traceback (most recent call last)" in heavy[name]["stderr"]
         assert "DatasetLayoutError" in heavy[name]["stderr"]

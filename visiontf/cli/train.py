@@ -118,6 +118,8 @@ class VisionCLI(LightningCLI):
             "--precision_without_native_bf16", type=str | None, default=None,
             help="the trainer.precision used instead of a bf16 one on a CPU without native bf16 (e.g. 32-true; "
                  "bf16 is emulated there, many times slower); null: trainer.precision as given (visiontf.cli.precision)")
+        parser.add_argument("--allow_random_weights", type=bool, default=False,
+                            help="validate/test without --ckpt_path or model.init_args.pretrained: score untrained weights on purpose")
         # post-processing at evaluation: the checkpoint's settings unless given (its hyper-parameters win over --model.*)
         parser.add_argument("--postprocess.nms_iou_threshold", type=float | None, default=None,
                             help="detection: NMS IoU for validate/test/predict (0 or -1: no NMS; default: the checkpoint's)")
@@ -209,7 +211,18 @@ class VisionCLI(LightningCLI):
     def _check_ckpt(self) -> None:
         path, ckpt = getattr(self, "_loaded_ckpt", None) or (self.config_init[self.subcommand].get("ckpt_path"), None)
         check_ckpt_path(path, self.model, ckpt)
+        self._refuse_random_weights(path)
         self._apply_postprocess()
+
+    def _refuse_random_weights(self, path: object) -> None:
+        """validate/test (tools/eval.py) of weights nobody trained would write full stats of noise"""
+        config = self.config_init[self.subcommand]
+        if self.subcommand not in ("validate", "test") or path is not None or config.get("allow_random_weights"):
+            return
+        if getattr(getattr(self.model, "hparams", None), "get", lambda k: None)("pretrained"):
+            return  # published weights given to the model (e.g. an mmseg SETR file)
+        raise UsageError(f"{self.subcommand} without --ckpt_path would score the model's random initial weights; give "
+                         "--ckpt_path K.ckpt (or last), --model.init_args.pretrained FILE, or --allow_random_weights true")
 
     def _apply_postprocess(self) -> None:
         """``--postprocess.*`` over the post-processing the checkpoint's model was built with."""
