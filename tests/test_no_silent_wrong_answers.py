@@ -269,3 +269,27 @@ def test_config_values_and_one_class_name_the_key(tmp_path):
 
     with pytest.raises(ConfigError, match=r"model\.init_args\.eos_coef=0: must be a number in \(0, 1\]"):
         DetectionTask(num_classes=2, eos_coef=0)
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda t: t.to(torch.int64), r"tensor 'class_embed.bias' is torch.int64 where the model holds torch.float32"),
+    (lambda t: t.fill_(float("nan")), r"tensor 'class_embed.bias' has \d+ NaN/infinite value"),
+])
+def test_weights_of_a_non_float_dtype_or_non_finite_are_refused_naming_the_tensor(tmp_path, spoil, message):
+    """int64 weights in a safetensors file used to be cast silently (every score then 0.2)."""
+    from safetensors.torch import save_file
+
+    from visiontf.checkpoints import load_checkpoint_model
+    from visiontf.registry import create_model
+    from visiontf.weights import WeightsError
+
+    kw = {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}
+    state = create_model("detr_tiny", num_classes=2, **kw).state_dict()
+    state["class_embed.bias"] = spoil(state["class_embed.bias"].clone())
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "w.safetensors")
+    with pytest.raises(WeightsError, match=message):
+        create_model("detr_tiny", num_classes=2, pretrained=tmp_path / "w.safetensors", **kw)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()},
+                "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 2, "model_kwargs": kw}}, tmp_path / "k.ckpt")
+    with pytest.raises(WeightsError, match=message):
+        load_checkpoint_model(tmp_path / "k.ckpt")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from visiontf.errors import UserError
-from visiontf.weights import WeightsError, corrupt_file_error, damaged_record, describe_load_failure, safe_torch_load
+from visiontf.weights import WeightsError, check_tensor_values, corrupt_file_error, damaged_record, describe_load_failure, safe_torch_load
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     state = saved
     if not _fits_as_saved(model, saved):
         state = convert_state(model, dict(saved), strict=strict)
+    check_tensor_values(state, model, str(path))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if strict and (missing or unexpected):
         raise CheckpointError(

@@ -144,6 +144,24 @@ def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
+def check_tensor_values(state: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> None:
+    """Refuse weights that ``load_state_dict`` would take silently but that cannot be a trained model's:
+    an integer or boolean tensor where the model holds floats (cast without a word: every score
+    became the same), or NaN/infinite values (a diverged run). Names the tensor and the file."""
+    own = model.state_dict()
+    for key, value in state.items():
+        mine = own.get(key)
+        if mine is None or not torch.is_tensor(value):
+            continue
+        if mine.is_floating_point() and not value.is_floating_point():
+            raise WeightsError(f"{source}: tensor {key!r} is {value.dtype} where the model holds {mine.dtype}; these are not "
+                               "a model's trained weights (re-export them from the training checkpoint)")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            raise WeightsError(f"{source}: tensor {key!r} has {bad} NaN/infinite value(s) of {value.numel()}; the run that "
+                               "wrote it diverged (take an earlier checkpoint)")
+
+
 def load_state_dict_file(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Load a state dict from ``.safetensors`` or a ``.pth/.pt/.bin/.ckpt`` file.
 

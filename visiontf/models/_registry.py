@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from visiontf.errors import UserError
-from visiontf.weights import WeightsError, load_state_dict_file, read_config
+from visiontf.weights import WeightsError, check_tensor_values, load_state_dict_file, read_config
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
             "%s: class head not loaded because the number of classes differs (fine-tuning): %s",
             source or entry.name, "; ".join(dropped),
         )
+    check_tensor_values(state, model, source or entry.name)
     missing, unexpected = model.load_state_dict(state, strict=False)
     head_missing = [k for k in missing if _is_head_key(model, k)]
     real_missing = [k for k in missing if k not in head_missing]
