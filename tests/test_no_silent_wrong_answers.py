@@ -293,3 +293,18 @@ def test_weights_of_a_non_float_dtype_or_non_finite_are_refused_naming_the_tenso
                 "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 2, "model_kwargs": kw}}, tmp_path / "k.ckpt")
     with pytest.raises(WeightsError, match=message):
         load_checkpoint_model(tmp_path / "k.ckpt")
+
+
+def test_non_finite_detections_are_dropped_and_counted_never_written_as_nan(tmp_path, caplog):
+    """A diverged model (NaN boxes) made predict.py write ``"bbox": [NaN, ...]``: invalid JSON, exit 0, no word."""
+    model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=5)
+    with torch.no_grad():
+        model.bbox_embed.layers[-1].bias.fill_(float("nan"))
+    image = tmp_path / "a.png"
+    Image.fromarray(np.full((40, 50, 3), 120, np.uint8)).save(image)
+    with caplog.at_level(logging.WARNING, logger="visiontf.adapters.detection"):
+        predict_to_folder(Predictor(model, device="cpu", min_size=32, max_size=64), [image], tmp_path / "out", score_threshold=None)
+    text = (tmp_path / "out" / "predictions.json").read_text()
+    records = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in predictions.json"))
+    assert isinstance(records, list) and "NaN" not in text
+    assert any("dropped 5 detection(s) with NaN or infinite boxes or scores" in r.getMessage() for r in caplog.records)

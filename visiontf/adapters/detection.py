@@ -95,11 +95,17 @@ class DetectionAdapter(TaskAdapter):
         orig = torch.tensor([tuple(im.shape[-2:]) for im in images], device=batch.images.device)
         preds = build_postprocess(model)(outputs, orig, score_threshold=score_threshold,
                                          top_k=None if top_k is None else int(top_k))
-        results = []
+        results, dropped = [], 0
         for p in preds:
-            labels = p["labels"].cpu()
-            results.append({"boxes": p["boxes"].cpu(), "scores": p["scores"].cpu(), "labels": labels,
+            # a diverged model's NaN/infinite outputs are no detections (they would be invalid JSON)
+            finite = torch.isfinite(p["boxes"]).all(dim=1) & torch.isfinite(p["scores"])
+            dropped += int((~finite).sum())
+            labels = p["labels"][finite].cpu()
+            results.append({"boxes": p["boxes"][finite].cpu(), "scores": p["scores"][finite].cpu(), "labels": labels,
                             "class_names": [class_name(int(i)) for i in labels]})
+        if dropped:
+            log.warning("dropped %d detection(s) with NaN or infinite boxes or scores in a batch of %d image(s): the model's "
+                        "outputs are not finite (a diverged run?)", dropped, len(images))
         return results
 
     def set_postprocess(self, model: nn.Module, options: dict[str, Any]) -> None:

@@ -88,7 +88,12 @@ def predict_to_folder(predictor: Any, inputs: Sequence[Any], out: str | Path, *,
             raise first_failure.exception
         raise InputError(f"no input could be predicted: {failed[0]['error']}")
     records = writer.finish()
-    (out / "predictions.json").write_text(json.dumps(records) + "\n")
+    try:  # JSON has no NaN: a non-finite value must never reach the file as the invalid token NaN
+        text = json.dumps(records, allow_nan=False)
+    except ValueError as e:
+        raise InputError(f"{out / 'predictions.json'}: the model's outputs hold NaN or infinite values ({e}); "
+                         "nothing was written. The checkpoint comes from a diverged run?") from e
+    (out / "predictions.json").write_text(text + "\n")
     if failed:
         (out / "failed.json").write_text(json.dumps(failed, indent=1) + "\n")
         log.warning("%d of %d inputs were not predicted (each with its reason in %s), e.g. %s", len(failed), len(items),
