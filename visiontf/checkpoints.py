@@ -22,7 +22,14 @@ import torch
 from torch import nn
 
 from visiontf.errors import UserError
-from visiontf.weights import WeightsError, check_tensor_values, corrupt_file_error, damaged_record, describe_load_failure, safe_torch_load
+from visiontf.weights import (
+    WeightsError,
+    check_tensor_values,
+    corrupt_file_error,
+    damaged_record,
+    describe_load_failure,
+    safe_torch_load,
+)
 
 log = logging.getLogger(__name__)
 
