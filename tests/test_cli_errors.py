@@ -76,7 +76,7 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
         ("eval.py", "--annotations", tmp_path / "missing.json", "--predictions", tmp_path / "notes.json"):
             f"{tmp_path / 'missing.json'}: annotation file not found",
         ("make_synthetic.py", "--task", "detector", "--out", tmp_path / "d"):
-            "argument --task: invalid choice: 'detector' (choose from 'classification', 'detection', 'segmentation') "
+            "argument --task: invalid choice: 'detector' (choose from 'classification', 'detection', 'photos', 'restoration', 'segmentation') "
             "(see make_synthetic.py --help)",
         ("plot_logs.py", tmp_path / "no_run"): f"{tmp_path / 'no_run'}: neither a metrics.csv nor a run folder",
         ("demo.py", "--epochs", "ten"): "argument --epochs: invalid int value: 'ten' (see demo.py --help)",

@@ -5,6 +5,8 @@ config checks; about 10 s on 2 shared cores.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 from pathlib import Path
@@ -308,3 +310,39 @@ def test_non_finite_detections_are_dropped_and_counted_never_written_as_nan(tmp_
     records = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in predictions.json"))
     assert isinstance(records, list) and "NaN" not in text
     assert any("dropped 5 detection(s) with NaN or infinite boxes or scores" in r.getMessage() for r in caplog.records)
+
+
+def _self_scored_file(path: Path, same_id: bool) -> Path:
+    """Two images, three boxes; every annotation id 1 when ``same_id`` (as merged COCO files often have)."""
+    anns = [{"id": 1 if same_id else i + 1, "image_id": img, "category_id": 1, "bbox": box, "area": box[2] * box[3],
+             "iscrowd": 0} for i, (img, box) in enumerate([(1, [10, 10, 20, 20]), (1, [40, 5, 15, 30]), (2, [5, 5, 30, 25])])]
+    path.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48},
+                                           {"id": 2, "file_name": "b.jpg", "width": 64, "height": 48}],
+                                "annotations": anns, "categories": [{"id": 1, "name": "thing"}]}))
+    return path
+
+
+def test_duplicate_annotation_ids_are_refused_naming_them(tmp_path):
+    """pycocotools itself scores a ground truth with repeated annotation ids against itself far below 1."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from visiontf.data.coco_annotations import parse_coco
+
+    dup = _self_scored_file(tmp_path / "dup.json", same_id=True)
+    results = [{"image_id": a["image_id"], "category_id": 1, "bbox": a["bbox"], "score": 1.0}
+               for a in json.loads(dup.read_text())["annotations"]]
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(dup))
+        ev = COCOeval(gt, gt.loadRes([dict(r) for r in results]), "bbox")
+        ev.evaluate(), ev.accumulate(), ev.summarize()
+    assert ev.stats[0] < 0.9  # the silent wrong answer this refusal prevents
+    assert evaluate_coco(_self_scored_file(tmp_path / "ok.json", same_id=False), results, backend="pycocotools")["AP"] == 1.0
+    with pytest.raises(CocoEvalError, match=r"1 annotation id\(s\) appear more than once, e.g. 1 \(3 times\); .*renumber"):
+        evaluate_coco(dup, results, backend="pycocotools")
+    with pytest.raises(AnnotationError, match=r"dup.json: 1 annotation id\(s\) appear more than once, e.g. 1 \(3 times\)"):
+        parse_coco(json.loads(dup.read_text()), dup)
+    data = json.loads(dup.read_text())
+    del data["annotations"][1]["id"]
+    with pytest.raises(CocoEvalError, match=r"annotations\[1\] has no 'id'"):
+        evaluate_coco(data, results)

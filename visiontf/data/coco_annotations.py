@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,23 @@ def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: 
                 ann_file, action, len(ids), kind, ids[:SHOW], note)
 
 
+def _refuse_bad_annotation_ids(annotations: list, ann_file: Path) -> None:
+    """COCOeval matches by annotation id: with duplicates (merged files often have them) a ground truth
+    scored against itself gives AP 0.02 instead of 1.0, silently, on pycocotools and faster-coco-eval."""
+    seen: Counter = Counter()
+    for i, ann in enumerate(annotations):
+        if isinstance(ann, dict):
+            if "id" not in ann:
+                raise AnnotationError(f"{ann_file}: annotations[{i}] has no 'id'; COCO annotations need unique integer ids "
+                                      "(number them 1..N)")
+            seen[ann["id"]] += 1
+    repeated = [(aid, n) for aid, n in seen.items() if n > 1]
+    if repeated:
+        shown = ", ".join(f"{aid} ({n} times)" for aid, n in repeated[:SHOW])
+        raise AnnotationError(f"{ann_file}: {len(repeated)} annotation id(s) appear more than once, e.g. {shown}; COCO "
+                              "evaluation matches annotations by id, so renumber them 1..N (e.g. after merging files)")
+
+
 def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
     """Validate a loaded COCO dict (see the module docstring) and index it per image."""
     ann_file = Path(ann_file)
@@ -159,6 +176,7 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
         image_pos[img["id"]] = i
         images.append(img)
 
+    _refuse_bad_annotation_ids(data["annotations"], ann_file)
     per_image: dict[int, list[tuple[list[float], int, int]]] = defaultdict(list)
     raw: dict[int, list[tuple[list[float], int]]] = defaultdict(list)
     unknown_image, degenerate, outside, clipped, crowd = [], [], [], [], []

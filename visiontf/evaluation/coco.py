@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,17 @@ def _gt_dataset(annotations: Any) -> tuple[dict, str]:
         raise CocoEvalError(f"annotations must be a path, a dict or a COCO object, got {type(annotations).__name__}")
     if not isinstance(data, dict) or any(k not in data for k in ("images", "annotations", "categories")):
         raise CocoEvalError(f"{name}: not a COCO annotation file (needs 'images', 'annotations' and 'categories')")
+    # COCOeval matches by annotation id: duplicates silently score a ground truth against itself at AP 0.02
+    ids = [a.get("id") if isinstance(a, dict) else None for a in data["annotations"]]
+    if None in ids:
+        raise CocoEvalError(f"{name}: annotations[{ids.index(None)}] has no 'id'; COCO annotations need unique ids (number "
+                            "them 1..N)")
+    counts = Counter(ids)
+    repeated = [(aid, n) for aid, n in counts.items() if n > 1]
+    if repeated:
+        shown = ", ".join(f"{aid} ({n} times)" for aid, n in repeated[:_SHOW])
+        raise CocoEvalError(f"{name}: {len(repeated)} annotation id(s) appear more than once, e.g. {shown}; COCO evaluation "
+                            "matches annotations by id, so renumber them 1..N (e.g. after merging files)")
     return data, name
 
 
