@@ -346,3 +346,15 @@ def test_duplicate_annotation_ids_are_refused_naming_them(tmp_path):
     del data["annotations"][1]["id"]
     with pytest.raises(CocoEvalError, match=r"annotations\[1\] has no 'id'"):
         evaluate_coco(data, results)
+
+
+def test_predicted_boxes_are_clipped_to_the_image():
+    model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=5)
+    with torch.no_grad():  # centres at the left/top edge, full-size boxes: half of each box lies outside
+        model.bbox_embed.layers[-1].bias.copy_(torch.tensor([-8.0, -8.0, 8.0, 8.0]))
+    unclipped = box_convert(torch.tensor([[0.0, 0.0, 1.0, 1.0]]), "cxcywh", "xyxy")
+    assert (unclipped < 0).any()  # what the model says, in relative units
+    (r,) = Predictor(model, device="cpu", min_size=32, max_size=64)([torch.rand(3, 40, 50)], score_threshold=None)
+    assert len(r["boxes"]) == 5
+    assert (r["boxes"] >= 0).all() and (r["boxes"][:, 0::2] <= 50).all() and (r["boxes"][:, 1::2] <= 40).all()
+    assert torch.allclose(r["boxes"][:, 2:], torch.tensor([25.0, 20.0]), atol=0.5)  # the inside half kept

@@ -96,10 +96,13 @@ class DetectionAdapter(TaskAdapter):
         preds = build_postprocess(model)(outputs, orig, score_threshold=score_threshold,
                                          top_k=None if top_k is None else int(top_k))
         results, dropped = [], 0
-        for p in preds:
+        for p, (h, w) in zip(preds, orig.tolist()):
             # a diverged model's NaN/infinite outputs are no detections (they would be invalid JSON)
             finite = torch.isfinite(p["boxes"]).all(dim=1) & torch.isfinite(p["scores"])
             dropped += int((~finite).sum())
+            # inside the image: a box the model extends past the border is clipped to it (x0 = -15 before)
+            p["boxes"][:, 0::2] = p["boxes"][:, 0::2].clamp(0, w)
+            p["boxes"][:, 1::2] = p["boxes"][:, 1::2].clamp(0, h)
             labels = p["labels"][finite].cpu()
             results.append({"boxes": p["boxes"][finite].cpu(), "scores": p["scores"][finite].cpu(), "labels": labels,
                             "class_names": [class_name(int(i)) for i in labels]})
