@@ -63,6 +63,16 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
             f"--input {tmp_path / 'missing.jpg'}: no such file or folder",
         ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--score", "0.3"):
             "unrecognized arguments: --score 0.3; did you mean --score_threshold? (see predict.py --help)",
+        ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--batch_size", "0"):
+            "--batch_size 0: must be >= 1",
+        ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--top_k", "-1"):
+            "--top_k -1: must be >= 1",
+        ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--device", "foo"):
+            "--device foo: use cpu, cuda or cuda:N (or mps)",
+        ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--score_threshold", "2"):
+            "--score_threshold 2.0: scores are in [0, 1), so this keeps nothing; give a value in [0, 1)",
+        ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--score_threshold", "nan"):
+            "--score_threshold nan: scores are in [0, 1), so this keeps nothing; give a value in [0, 1)",
         ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--trainer.devices", "2"):
             "predict.py does not take --trainer.devices (a tools/train.py option); use --device (cpu, cuda, cuda:1): "
             "prediction runs on one device",

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import json
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -268,10 +269,24 @@ def predict_parser() -> ToolParser:
     return p
 
 
+def _check_predict_values(args: argparse.Namespace) -> None:
+    """Values argparse's types let through but that would give a traceback or, worse, silently no results."""
+    for name in ("batch_size", "num_workers", "top_k", "postprocess_num_top"):
+        value, least = getattr(args, name, None), 0 if name == "num_workers" else 1
+        if value is not None and value < least:
+            raise UsageError(f"--{name.replace('postprocess_', 'postprocess.')} {value}: must be >= {least}")
+    t = args.score_threshold
+    if t is not None and not 0.0 <= t < 1.0:  # NaN fails both comparisons
+        raise UsageError(f"--score_threshold {t}: scores are in [0, 1), so this keeps nothing; give a value in [0, 1)")
+    if args.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
+        raise UsageError(f"--device {args.device}: use cpu, cuda or cuda:N (or mps)")
+
+
 def _predict(argv: Sequence[str]) -> int:
     argv, data_overrides = split_data_overrides(argv, "predict.py")
     p = predict_parser()
     args = p.parse_args(argv)
+    _check_predict_values(args)
     _model_source(args)
     input_paths(args.input)
     out = output_folder(args.output)
