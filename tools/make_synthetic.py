@@ -46,6 +46,9 @@ def main(argv=None) -> int:
                    help="detection: the easier set of `make demo` and configs/detr/detr_tiny_shapes.yaml "
                         "(128x160 images, 1-3 large objects, one colour per class)")
     args = p.parse_args(argv)
+    if args.out.is_dir() and any(args.out.iterdir()):
+        # a set written over another mixes in the old files (more images, stale annotations)
+        raise UsageError(f"--out {args.out}: the folder is not empty; remove it or give a new folder")
     module, fn = GENERATORS[args.task]
     make = getattr(__import__(module, fromlist=[fn]), fn)
     kwargs = {"seed": args.seed}
