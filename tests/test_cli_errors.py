@@ -124,6 +124,9 @@ def heavy(tmp_path_factory):
         "unknown model": [*fit, "--data.root", four_classes, "--model.init_args.model_name", "detr_tinyy"],
         "eval missing ckpt": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", tmp / "missing.ckpt"],
         "eval other classes": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", ckpt],
+        # Lightning refuses these Trainer settings with a MisconfigurationException (a traceback before)
+        "devices 0": [*fit, "--data.root", four_classes, "--trainer.devices", "0"],
+        "gpu without one": [*fit, "--data.root", four_classes, "--trainer.accelerator", "gpu"],
         # no weights at all: a full table of noise used to be written with exit code 0
         "eval no weights": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--output", tmp / "noise.json"],
         "validate no weights": ["tools/train.py", "validate", "--config", CONFIG, "--data.root", four_classes],
@@ -166,6 +169,10 @@ def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy)
         line = _one_line(heavy[name], prog)
         assert line.startswith(start), (name, line)
     assert not (tmp / "noise.json").exists()
+    for name in ("devices 0", "gpu without one"):
+        if name == "gpu without one" and torch.cuda.is_available():
+            continue
+        assert "Traceback" not in heavy[name]["stderr"] and heavy[name]["code"] == 2, heavy[name]["stderr"][-2000:]
     assert heavy["eval random on purpose"]["code"] == 0, heavy["eval random on purpose"]["stderr"][-2000:]
     assert "map" in json.loads((tmp / "random.json").read_text())
     for name in ("debug flag", "debug env"):

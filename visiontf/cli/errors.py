@@ -158,6 +158,11 @@ def user_message(exc: BaseException) -> str | None:
     for e in chain:
         if isinstance(e, _FILE_ERRORS):
             return _one_line(str(e))
+    for e in chain:
+        # Lightning's refusal of a Trainer setting (devices 0, a GPU accelerator without a GPU, max_steps -5):
+        # the user's configuration, named by Lightning; matched by name so that this module never imports it
+        if type(e).__name__ == "MisconfigurationException" and type(e).__module__.startswith(("lightning", "pytorch_lightning")):
+            return _one_line(str(e))
     # anything else, including a class jsonargparse could not build for another reason, is a bug
     return None
 
