@@ -358,3 +358,15 @@ def test_predicted_boxes_are_clipped_to_the_image():
     assert len(r["boxes"]) == 5
     assert (r["boxes"] >= 0).all() and (r["boxes"][:, 0::2] <= 50).all() and (r["boxes"][:, 1::2] <= 40).all()
     assert torch.allclose(r["boxes"][:, 2:], torch.tensor([25.0, 20.0]), atol=0.5)  # the inside half kept
+
+
+def test_an_evaluation_set_smaller_than_the_process_count_is_a_clear_error():
+    """1 validation image on 2 processes stopped on a bare AssertionError in Lightning's sampler."""
+    from types import SimpleNamespace
+
+    from visiontf.data.samplers import eval_sampler
+    from visiontf.errors import UserError
+
+    with pytest.raises(UserError, match=r"the evaluation set has 1 image\(s\) for 2 processes: .*--trainer.devices 1"):
+        eval_sampler([0], SimpleNamespace(world_size=2, global_rank=1))
+    assert len(list(eval_sampler([0, 1, 2], SimpleNamespace(world_size=2, global_rank=1)))) == 1

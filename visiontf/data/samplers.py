@@ -15,6 +15,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from visiontf.data.loading import EpochIndex
+from visiontf.errors import UserError
 
 
 class EpochSampler(DistributedSampler):
@@ -75,6 +76,9 @@ def eval_sampler(dataset: Dataset, trainer) -> Sampler | None:
     """An unrepeated distributed sampler when running on several processes, else None (sequential)."""
     if trainer is None or getattr(trainer, "world_size", 1) <= 1:
         return None
+    if len(dataset) < trainer.world_size:  # Lightning's sampler stops on a bare AssertionError instead
+        raise UserError(f"the evaluation set has {len(dataset)} image(s) for {trainer.world_size} processes: each "
+                        "process needs at least one; evaluate with --trainer.devices 1 (or more images)")
     return UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False)
 
 
