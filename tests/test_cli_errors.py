@@ -85,6 +85,8 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
             "<default_root_dir>/checkpoints/)",
         ("eval.py", "--annotations", tmp_path / "missing.json", "--predictions", tmp_path / "notes.json"):
             f"{tmp_path / 'missing.json'}: annotation file not found",
+        ("eval.py", f"--annotations={tmp_path / 'missing.json'}", f"--predictions={tmp_path / 'notes.json'}"):
+            f"{tmp_path / 'missing.json'}: annotation file not found",
         ("make_synthetic.py", "--task", "detection", "--out", tmp_path):
             f"--out {tmp_path}: the folder is not empty; remove it or give a new folder",
         ("make_synthetic.py", "--task", "detector", "--out", tmp_path / "d"):

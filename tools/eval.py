@@ -12,7 +12,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if __name__ == "__main__":
-    if "--annotations" in sys.argv or "--predictions" in sys.argv:
+    # a results file (both --annotations F and --annotations=F): no torch, no Lightning
+    if any(a.split("=", 1)[0] in ("--annotations", "--predictions") for a in sys.argv[1:]):
         from visiontf.cli.errors import run_tool
         from visiontf.evaluation.coco import main as results_main
 
