@@ -183,13 +183,19 @@ class Predictor:
         ``error`` instead of results (see the module docstring); when no image could, the first error
         is raised. For many files use :meth:`stream`, which holds one batch at a time.
         """
-        pairs = list(self.stream(inputs, score_threshold=score_threshold, top_k=top_k))
-        if pairs and all("error" in r for _, r in pairs):
-            first = pairs[0][0]
-            if isinstance(first, InputFailure) and first.exception is not None:
-                raise first.exception
-            raise InputError(pairs[0][1]["error"])
-        return [r for _, r in pairs]
+        # only the results are kept: each decoded image is released with its batch, so memory grows
+        # with the results (a few numbers per detection), not with the pixels
+        results: list[dict[str, Any]] = []
+        first_failure: InputFailure | None = None
+        for image, r in self.stream(inputs, score_threshold=score_threshold, top_k=top_k):
+            if not results and isinstance(image, InputFailure):
+                first_failure = image
+            results.append(r)
+        if results and all("error" in r for r in results):
+            if first_failure is not None and first_failure.exception is not None:
+                raise first_failure.exception
+            raise InputError(results[0]["error"])
+        return results
 
     @torch.inference_mode()
     def stream(self, inputs: Any, score_threshold: float | None = 0.5, top_k: int | None = None
