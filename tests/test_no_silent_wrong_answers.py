@@ -393,3 +393,23 @@ def test_predictor_call_keeps_results_not_decoded_images(monkeypatch):
     gc.collect()
     assert len(results) == 5 and len(refs) == 5
     assert all(r() is None for r in refs), "decoded images are still held after the call"
+
+
+def test_predict_without_annotations_gives_unique_ids_and_never_overwrites_a_picture(tmp_path):
+    """camA/0001.jpg and camB/0001.jpg shared image id 1, and camC/0001_1.jpg's picture overwrote camB's;
+    1.jpg and a.jpg also shared id 1."""
+    model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=5)
+    files = [tmp_path / "in" / p for p in ("camA/0001.jpg", "camB/0001.jpg", "camC/0001_1.jpg", "1.jpg", "a.jpg", "a.png")]
+    for i, f in enumerate(files):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((30, 40, 3), 40 * i, np.uint8)).save(f)
+    folders = [tmp_path / "in" / f for f in ("", "camA", "camB", "camC")]
+    predict_to_folder(Predictor(model, device="cpu", min_size=32, max_size=48), folders, tmp_path / "out", score_threshold=None)
+    pictures = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.png"))
+    assert pictures == ["1.png", "a.jpg.png", "a.png.png", "camA/0001.png", "camB/0001.png", "camC/0001_1.png"]
+    images = json.loads((tmp_path / "out" / "images.json").read_text())
+    assert sorted(i["id"] for i in images) == list(range(1, 7))
+    assert {Path(i["file_name"]).relative_to(tmp_path / "in").as_posix() for i in images} == {
+        p.relative_to(tmp_path / "in").as_posix() for p in files}
+    records = json.loads((tmp_path / "out" / "predictions.json").read_text())
+    assert {r["image_id"] for r in records} == set(range(1, 7))

@@ -8,6 +8,7 @@ picks the matching post-processing, so a new family plugs in without changes her
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -206,6 +207,7 @@ class _DetectionWriter(PredictionWriter):
         self.ids, self.ann_l2c = list(ids), ann_l2c
         self.position = 0
         self.missing: list[str | None] = []
+        self.images: list[dict[str, Any]] = []  # without annotations: which file each image id is
 
     def add(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str]) -> None:
         ids = self.ids[self.position : self.position + len(images)]
@@ -214,6 +216,9 @@ class _DetectionWriter(PredictionWriter):
             drawing.save_image(self.adapter.draw(im.uint8(), r), self.out / f"{stem}.png")
             if i is None:
                 self.missing.append(im.source)
+            else:
+                self.images.append({"id": int(i), "file_name": im.source or f"{stem}.png", "height": im.size[0],
+                                    "width": im.size[1]})
         self.records.extend(coco_results(results, ids, self.predictor.label_to_cat_id or self.ann_l2c))
 
     def skip(self, count: int = 1) -> None:
@@ -224,6 +229,9 @@ class _DetectionWriter(PredictionWriter):
         if self.missing and self.annotations:
             log.warning("%d images are not in %s and are left out of predictions.json (e.g. %s)",
                         len(self.missing), self.annotations, self.missing[:3])
+        if not self.annotations:
+            # the image ids of predictions.json were numbered here: images.json says which file each is
+            (self.out / "images.json").write_text(json.dumps(self.images, indent=1) + "\n")
         return self.records
 
 
@@ -242,7 +250,8 @@ class _DetectorGraph(nn.Module):
 def image_ids(files: Sequence[str | None], annotations: str | Path | None) -> tuple[list[int | None], dict[int, int] | None]:
     """COCO image ids from an annotation file, matched by its relative ``file_name``
     (:func:`visiontf.data.image_ids.match_image_ids`: an ambiguous match is an error listing the clashes),
-    else the numeric stem, else the input index; with an annotation file also its label -> category id table."""
+    else the numeric file names when all are numbers and distinct, else 1..N in input order; with an
+    annotation file also its label -> category id table."""
     if annotations:
         from visiontf.data.coco_annotations import load_coco_json, parse_categories
         from visiontf.data.image_ids import match_image_ids
@@ -251,11 +260,13 @@ def image_ids(files: Sequence[str | None], annotations: str | Path | None) -> tu
         ids = match_image_ids(files, data.get("images", []), annotations)
         cat_ids, _ = parse_categories(data, Path(annotations))
         return ids, dict(enumerate(cat_ids))
-    ids: list[int | None] = []
-    for i, f in enumerate(files):
-        stem = Path(f).stem if f else ""
-        ids.append(int(stem) if stem.isdigit() else i)
-    return ids, None
+    # COCO-style numeric names (000000000139.jpg) keep their numbers when every name has a distinct one;
+    # otherwise 1..N in input order, since camA/0001.jpg and camB/0001.jpg, or 1.jpg and a.jpg, would share one
+    stems = [Path(f).stem if f else "" for f in files]
+    numbers = [int(s) if s.isdigit() else None for s in stems]
+    if None not in numbers and len(set(numbers)) == len(numbers):
+        return list(numbers), None
+    return list(range(1, len(files) + 1)), None
 
 
 def coco_results(results: Sequence[dict[str, Any]], image_ids: Sequence[int | None],

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,16 +41,27 @@ def return_large_buffers_to_the_os(threshold: int = 1 << 20) -> bool:
 
 
 def unique_stems(sources: Sequence[str | None]) -> list[str]:
-    """Output names: each input's file stem, ``_1``, ``_2``... appended to repeats, ``image_<i>`` without a path."""
-    seen: dict[str, int] = {}
-    stems = []
-    for i, source in enumerate(sources):
-        stem = Path(source).stem if source else f"image_{i:05d}"
-        if stem in seen:
-            seen[stem] += 1
-            stem = f"{stem}_{seen[stem]}"
-        else:
-            seen[stem] = 0
+    """Output names, one per input and never two alike: each file's path relative to the inputs' common
+    folder without its suffix (``camA/0001``: pictures mirror the input folders), the suffix kept where two
+    files differ only by it (``a.jpg``, ``a.png``), ``image_<i>`` for an input without a path; a name
+    still taken is numbered ``~1``, ``~2``... (a tensor input named like a file)."""
+    files = [Path(s) for s in sources if s]
+    root = Path(os.path.commonpath([str(f.parent.resolve()) for f in files])) if files else None
+
+    def relative(source: str) -> Path:
+        path = Path(source).resolve()
+        return path.relative_to(root) if root is not None and path.is_relative_to(root) else Path(path.name)
+
+    preferred = [relative(s).with_suffix("").as_posix() if s else f"image_{i:05d}" for i, s in enumerate(sources)]
+    repeats = Counter(preferred)
+    names = [relative(s).as_posix() if s and repeats[p] > 1 else p for s, p in zip(sources, preferred)]
+    wanted, used, stems = set(names), set(), []
+    for name in names:
+        stem, k = name, 0
+        while stem in used or (k and stem in wanted):
+            k += 1
+            stem = f"{name}~{k}"
+        used.add(stem)
         stems.append(stem)
     return stems
 
@@ -69,6 +82,8 @@ def predict_to_folder(predictor: Any, inputs: Sequence[Any], out: str | Path, *,
     out.mkdir(parents=True, exist_ok=True)
     sources = [it.source for it in items]
     stems = unique_stems(sources)
+    for stem in {str(Path(s).parent) for s in stems} - {"."}:
+        (out / stem).mkdir(parents=True, exist_ok=True)
     adapter = predictor.adapter
     writer = adapter.prediction_writer(out, predictor, sources, annotations)
     failed: list[dict[str, Any]] = []
