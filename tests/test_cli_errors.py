@@ -111,6 +111,10 @@ def heavy(tmp_path_factory):
     same = make_dataset(tmp / "same", "coco")
     ckpt = fake_checkpoint(tmp / "three_classes.ckpt")
     (tmp / "broken.jpg").write_text("not an image")
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(3)}, tmp / "foreign.safetensors")  # no key of any DETR layout
+    (tmp / "foreign.json").write_text(json.dumps({"model_name": "detr_tiny", "model_kwargs": {"num_classes": 2}}))
     fit = ["tools/train.py", "fit", "--config", CONFIG]
     predict = ["tools/predict.py", "--ckpt_path", ckpt, "--device", "cpu"]
     data_paths = ["--data.train_images", "images/train", "--data.val_images", "images/val",
@@ -126,6 +130,8 @@ def heavy(tmp_path_factory):
         "unknown model": [*fit, "--data.root", four_classes, "--model.init_args.model_name", "detr_tinyy"],
         "eval missing ckpt": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", tmp / "missing.ckpt"],
         "eval other classes": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", ckpt],
+        "predict foreign weights": ["tools/predict.py", "--weights", tmp / "foreign.safetensors", "--input", images,
+                                    "--output", tmp / "fw"],
         # Lightning refuses these Trainer settings with a MisconfigurationException (a traceback before)
         "devices 0": [*fit, "--data.root", four_classes, "--trainer.devices", "0"],
         "gpu without one": [*fit, "--data.root", four_classes, "--trainer.accelerator", "gpu"],
@@ -171,6 +177,8 @@ def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy)
         line = _one_line(heavy[name], prog)
         assert line.startswith(start), (name, line)
     assert not (tmp / "noise.json").exists()
+    line = _one_line(heavy["predict foreign weights"], "predict.py")
+    assert line.startswith(f"{tmp / 'foreign.safetensors'}: unrecognised DETR checkpoint layout"), line
     for name in ("devices 0", "gpu without one"):
         if name == "gpu without one" and torch.cuda.is_available():
             continue

@@ -115,7 +115,12 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     """Load a (possibly foreign-format) state dict, dropping heads whose class count differs."""
     if entry is None:
         entry = get_entry(model.model_name)
-    state = convert_state(model, state, strict=strict, entry=entry)
+    try:
+        state = convert_state(model, state, strict=strict, entry=entry)
+    except UserError:
+        raise
+    except ValueError as e:  # the family's filter_fn refusing a layout: the file's fault, named, not a traceback
+        raise WeightsError(f"{source or entry.name}: {e}") from e
     own = model.state_dict()
     dropped = []
     for key in list(state):
