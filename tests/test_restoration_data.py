@@ -153,6 +153,10 @@ def test_benchmark_layouts(tmp_path):
     _write(tmp_path / "Rain" / "norain" / "norain-001.png", hr)
     records, layout = find_records(tmp_path / "Rain", "val", ["derain"], lq_dir="rain", gt_dir="norain")
     assert layout == "paired" and records[0].lq["derain"].name == "rain-001.png"
+    _write(tmp_path / "SRF" / "image_SRF_2" / "img_001_SRF_2_HR.png", hr)
+    _write(tmp_path / "SRF" / "image_SRF_2" / "img_001_SRF_2_LR.png", hr[:20, :22])
+    records, layout = find_records(tmp_path / "SRF", "val", ["sr_x2"])
+    assert layout == "srf" and records[0].lq["sr_x2"].name == "img_001_SRF_2_LR.png"
     _write(tmp_path / "Set5" / "HR" / "bird.png", hr)
     with pytest.raises(DatasetLayoutError, match="bird.png"):
         find_records(tmp_path / "Set5", "val", ["sr_x2"])
