@@ -61,3 +61,12 @@ def test_transformer_task_groups_and_loss(tmp_path):
     assert not any(p.requires_grad for p in task.model.first_stage_model.parameters())
     loss = task.training_step(torch.rand(2, 3, 8, 8) * 2 - 1, 0)  # 8 px -> 4x4 = 16 codes
     assert torch.isfinite(loss)
+
+
+def test_weights_of_another_codebook_size_are_refused_by_name(tmp_path):
+    from visiontf.registry import WeightsLayoutError
+
+    path = tmp_path / "tok.pt"
+    torch.save(create_model("vqgan_tiny", **TOY).state_dict(), path)
+    with pytest.raises(WeightsLayoutError, match="codebook of 16 codes"):
+        create_model("vqgan_tiny", pretrained=str(path), **{**TOY, "n_embed": 32})
