@@ -57,7 +57,7 @@ def _resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
 
 def to_tensor(img: np.ndarray) -> torch.Tensor:
     """uint8 (H, W, 3) -> float32 (3, H, W) in [-1, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float() / 127.5 - 1.0
+    return torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).float() / 127.5 - 1.0
 
 
 class ImageFolderDataset(AugmentedDataset):
