@@ -90,7 +90,7 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
         ("make_synthetic.py", "--task", "detection", "--out", tmp_path):
             f"--out {tmp_path}: the folder is not empty; remove it or give a new folder",
         ("make_synthetic.py", "--task", "detector", "--out", tmp_path / "d"):
-            "argument --task: invalid choice: 'detector' (choose from 'classification', 'detection', 'photos', 'restoration', 'segmentation') "
+            "argument --task: invalid choice: 'detector' (choose from 'classification', 'detection', 'photos', 'segmentation') "
             "(see make_synthetic.py --help)",
         ("plot_logs.py", tmp_path / "no_run"): f"{tmp_path / 'no_run'}: neither a metrics.csv nor a run folder",
         ("demo.py", "--epochs", "ten"): "argument --epochs: invalid int value: 'ten' (see demo.py --help)",

@@ -81,5 +81,5 @@ def test_photos_set_is_written_without_download(tmp_path):
     from visiontf.data.synthetic.photos import make_photos_dataset
 
     out = make_photos_dataset(tmp_path / "photos", num_train=2, num_val=1)
-    assert sorted(p.name for p in (out / "train").iterdir()) == ["astronaut.png", "coffee.png"]
-    assert [p.name for p in (out / "val").iterdir()] == ["chelsea.png"]
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["astronaut.png", "rocket.png"]
+    assert [p.name for p in (out / "val").iterdir()] == ["coffee.png"]

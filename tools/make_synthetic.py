@@ -5,7 +5,6 @@
     python tools/make_synthetic.py --task detection --out data/synthetic_det
     python tools/make_synthetic.py --task detection --preset demo --out data/demo_det   # make demo's set
     python tools/make_synthetic.py --task segmentation --out data/synthetic_seg
-    python tools/make_synthetic.py --task restoration --out data/photos   # scikit-image's photographs
     python tools/make_synthetic.py --task photos --out data/photos   # scikit-image's photographs
 
 Deterministic for a seed. No network, no downloads.
@@ -25,9 +24,7 @@ GENERATORS = {
     "classification": ("visiontf.data.synthetic.classification", "make_classification_dataset"),
     "detection": ("visiontf.data.synthetic.detection", "make_detection_dataset"),
     "segmentation": ("visiontf.data.synthetic.segmentation", "make_segmentation_dataset"),
-    # real photographs (scikit-image's, no download), for configs/ipt/ipt_tiny_sr_x2.yaml
-    "restoration": ("visiontf.data.synthetic.restoration", "make_restoration_photos"),
-    # real photographs scikit-image ships (no download): the VQGAN tokenizer's CPU recipe
+    # real photographs scikit-image ships (no download): the IPT and VQGAN CPU recipes
     "photos": ("visiontf.data.synthetic.photos", "make_photos_dataset"),
 }
 
