@@ -27,6 +27,18 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------- helpers
+def forward_one_image(model: Any, image: Any, settings: dict[str, Any], picture: str) -> tuple:
+    """What both detector attention pictures start from: the model's view (:func:`model_view`), the one
+    image (loaded as a Predictor would), its preprocessed batch and sizes, and the forward with the
+    attention recorded: ``(net, class_name, image, batch, sizes, outputs)``."""
+    net, preprocess, class_name = model_view(model, "detection", settings)
+    images = load_inputs(image)
+    if len(images) != 1:
+        raise ValueError(f"{picture} takes one image, got {len(images)}")
+    batch, sizes = preprocess([images[0].tensor.to(next(net.parameters()).device)])
+    return net, class_name, images[0], batch, sizes, net(batch.images, None, need_weights=True)
+
+
 def model_view(model: Any, task: str, settings: dict[str, Any]) -> tuple[nn.Module, nn.Module, Callable[[int], str]]:
     """(network, its eval preprocessing, class naming) of a model built with ``settings`` (``pretrained_cfg``
     keys or Predictor options such as ``min_size``), or those of a Predictor given in its place."""
@@ -112,14 +124,8 @@ def detr_attention_maps(
     """
     from visiontf.detection import build_postprocess
 
-    net, preprocess, class_name = model_view(model, "detection", predictor_kwargs)
-    images = load_inputs(image)
-    if len(images) != 1:
-        raise ValueError(f"detr_attention_maps takes one image, got {len(images)}")
-    im = images[0]
+    net, class_name, im, batch, sizes, out = forward_one_image(model, image, predictor_kwargs, "detr_attention_maps")
     H, W = im.size
-    batch, sizes = preprocess([im.tensor.to(next(net.parameters()).device)])
-    out = net(batch.images, None, need_weights=True)
     if "dec_attn" not in out or out["dec_attn"] is None:
         raise ValueError(f"{type(net).__name__} returned no attention maps; it needs forward(..., need_weights=True)")
     h, w = out["feature_size"]

@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from visiontf.adapters.attention import choose_queries, model_view
+from visiontf.adapters.attention import choose_queries, forward_one_image
 from visiontf.adapters.drawing import color_for
-from visiontf.data.inputs import load_inputs
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +62,8 @@ def deformable_sampling_points(
         sampling location (x, y), ``weights`` (n, heads, L, P) their attention weights (summing to
         1 per head), ``spatial_shapes`` and ``strides`` of the levels.
     """
-    net, preprocess, class_name = model_view(model, "detection", predictor_kwargs)
-    images = load_inputs(image)
-    if len(images) != 1:
-        raise ValueError(f"deformable_sampling_points takes one image, got {len(images)}")
-    im = images[0]
+    net, class_name, im, batch, sizes, out = forward_one_image(model, image, predictor_kwargs, "deformable_sampling_points")
     H, W = im.size
-    batch, sizes = preprocess([im.tensor.to(next(net.parameters()).device)])
-    out = net(batch.images, None, need_weights=True)
     if out.get("dec_sampling_locations") is None:
         raise ValueError(
             f"{type(net).__name__} returned no sampling locations; the picture needs a model whose "
