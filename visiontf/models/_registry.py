@@ -120,7 +120,7 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     except UserError:
         raise
     except ValueError as e:  # the family's filter_fn refusing a layout: the file's fault, named, not a traceback
-        raise WeightsError(f"{source or entry.name}: {e}") from e
+        raise WeightsLayoutError(f"{source or entry.name}: {e}") from e
     own = model.state_dict()
     dropped = []
     for key in list(state):
