@@ -25,6 +25,13 @@ def get_rank() -> int:
     return _from_env(_RANK_VARS, 0)
 
 
+def sum_over_ranks(tensor):
+    """``tensor`` summed in place over the processes of the group (unchanged without one), and returned."""
+    if is_distributed():
+        dist.all_reduce(tensor)
+    return tensor
+
+
 def get_world_size() -> int:
     """How many processes take part in the initialised process group; 1 without one."""
     return dist.get_world_size() if is_distributed() else 1

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
-from visiontf.distributed import is_distributed
+from visiontf.distributed import is_distributed, sum_over_ranks
 from visiontf.models.vqgan_discriminator import NLayerDiscriminator
 from visiontf.registry import create_model
 from visiontf.tasks.base import BaseTask
@@ -193,10 +193,7 @@ class TokenizerTask(BaseTask):
     def _eval_end(self, stage: str) -> None:
         if self._val_counts is None:
             return
-        counts = self._val_counts.float()
-        if is_distributed():
-            torch.distributed.all_reduce(counts)
-        self._val_counts = None
+        counts, self._val_counts = sum_over_ranks(self._val_counts.float()), None
         p = counts / counts.sum().clamp_min(1)
         self.log(f"{stage}/perplexity", torch.exp(-(p * torch.log(p + 1e-10)).sum()))
         self.log(f"{stage}/codes_used", (counts > 0).float().mean(), prog_bar=True)

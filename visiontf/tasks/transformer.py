@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from visiontf.config_checks import check_config, non_negative, positive
-from visiontf.distributed import is_distributed
+from visiontf.distributed import sum_over_ranks
 from visiontf.errors import UserError
 from visiontf.registry import create_model
 from visiontf.tasks.base import BaseTask
@@ -87,10 +87,7 @@ class TransformerTask(BaseTask):
     def _eval_end(self, stage: str) -> None:
         if self._val_counts is None:
             return
-        counts = self._val_counts.float()
-        if is_distributed():
-            torch.distributed.all_reduce(counts)
-        self._val_counts = None
+        counts, self._val_counts = sum_over_ranks(self._val_counts.float()), None
         p = counts / counts.sum().clamp_min(1)
         self.log(f"{stage}/unigram_bits", -(p * torch.log2(p + 1e-12)).sum())
 
