@@ -21,6 +21,7 @@ from torchvision.ops import box_convert
 
 from visiontf.distributed import get_rank as _rank
 from visiontf.evaluation.coco import METRIC_NAMES, CocoEvalError, evaluate_coco
+from visiontf.evaluation.duplicates import duplicate_stats
 
 __all__ = ["METRIC_NAMES", "CocoMetric"]
 
@@ -48,7 +49,9 @@ class CocoMetric(Metric):
     ``update(preds, image_ids)``: ``preds`` is one dict per image with ``boxes`` (n, 4) absolute
     ``xyxy`` in ORIGINAL image pixels, ``scores`` (n,), ``labels`` (n,) contiguous; ``image_ids``
     the matching COCO image ids. Only the images seen are evaluated (COCOeval ``imgIds``).
-    ``compute()`` returns float tensors named as :data:`METRIC_NAMES`.
+    ``compute()`` returns float tensors named as :data:`METRIC_NAMES`, and ``dup_rate``: duplicate
+    pairs per confident detection (:func:`~visiontf.evaluation.duplicates.duplicate_stats`), which
+    tells whether the model needs NMS.
     """
 
     is_differentiable = False
@@ -143,4 +146,6 @@ class CocoMetric(Metric):
             return {name: torch.tensor(-1.0) for name in METRIC_NAMES}
         stats = evaluate_coco(self.ann_file, results, backend=self.backend, img_ids=img_ids)
         self.last_table = stats.table  # COCO's printed 12-line summary, for reports
-        return {name: torch.tensor(value, dtype=torch.float32) for name, value in zip(METRIC_NAMES, stats.values())}
+        out = {name: torch.tensor(value, dtype=torch.float32) for name, value in zip(METRIC_NAMES, stats.values())}
+        out["dup_rate"] = torch.tensor(duplicate_stats(results)["dup_rate"], dtype=torch.float32)
+        return out
