@@ -171,7 +171,42 @@ def test_more_boxes_than_denoising_slots_shrink_to_one_group_logged_once(caplog,
     assert sum("more than num_denoising" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_distinct_query_selection_takes_the_best_proposals_that_nms_keeps():
+    from torchvision.ops import box_convert, box_iou, nms
+
+    images, mask, _ = _inputs()
+
+    def large_proposals(model):  # proposals of a quarter of the image overlap: NMS has work to do
+        with torch.no_grad():
+            list(model.bbox_embed[-1].parameters())[-1][2:] = 2.5
+        return model.eval()
+
+    model = large_proposals(_model(**DINO, distinct_query_iou=0.5))
+    with torch.no_grad():
+        enc = model.encode(images, mask)
+        q = model.initial_queries(enc)
+        features, proposals = model.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
+        scores = model.class_embed[-1](features).amax(-1).masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
+        boxes = (model.bbox_embed[-1](features) + proposals).sigmoid()
+    for b in range(2):
+        valid = torch.isfinite(scores[b]).nonzero().squeeze(1)
+        xyxy = box_convert(boxes[b, valid], "cxcywh", "xyxy")
+        keep = valid[nms(xyxy, scores[b, valid], 0.5)]  # sorted by score, as the selection must be
+        assert len(keep) >= 8
+        torch.testing.assert_close(q["reference"][b], boxes[b, keep[:8]])
+        chosen = box_convert(q["reference"][b], "cxcywh", "xyxy")
+        assert (torch.triu(box_iou(chosen, chosen), diagonal=1) <= 0.5).all()  # no two anchors on one object
+    plain = large_proposals(_model(**DINO))
+    with torch.no_grad():
+        ref = box_convert(plain.initial_queries(plain.encode(images, mask))["reference"][0], "cxcywh", "xyxy")
+    assert torch.triu(box_iou(ref, ref), diagonal=1).max() > 0.5  # the option changes the choice on these proposals
+
+
 def test_bad_option_combinations_are_refused():
+    with pytest.raises(ValueError, match="needs mixed_query_selection=True"):
+        _model(with_box_refine=True, two_stage=True, distinct_query_iou=0.8)
+    with pytest.raises(ValueError, match=r"distinct_query_iou must be in \(0, 1\]"):
+        _model(**DINO, distinct_query_iou=0.0)
     with pytest.raises(ValueError, match="larger than num_queries"):
         _model(num_query_groups=9)
     with pytest.raises(ValueError, match="num_query_groups must be >= 1"):

@@ -78,7 +78,7 @@ class DeformableDETR(DeformableQueries, nn.Module):
 
     Training options of the DINO line (all off by default, as in the published Deformable DETR):
     ``mixed_query_selection``, ``look_forward_twice``, ``num_denoising``, ``dn_label_noise_ratio``,
-    ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, the fields of
+    ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, ``distinct_query_iou``, the fields of
     :class:`~visiontf.models.dino_options.DinoOptions` (their meaning and sources), kept as
     ``self.dino_options``; and:
 
@@ -139,6 +139,7 @@ class DeformableDETR(DeformableQueries, nn.Module):
         dn_box_noise_scale: float = 0.4,
         num_query_groups: int = 1,
         share_decoder_heads: bool = False,
+        distinct_query_iou: float | None = None,
         pos_temperature: float = 10000.0,
         num_select: int = 100,
         decoder_norm: bool = False,
@@ -156,7 +157,7 @@ class DeformableDETR(DeformableQueries, nn.Module):
             raise ValueError("two_stage=True needs with_box_refine=True (the published two-stage model refines boxes)")
         # the DINO line's training options, together (see DinoOptions); refused combinations name the fix
         self.dino_options = DinoOptions(mixed_query_selection, look_forward_twice, num_denoising, dn_label_noise_ratio,
-                                        dn_box_noise_scale, num_query_groups, share_decoder_heads)
+                                        dn_box_noise_scale, num_query_groups, share_decoder_heads, distinct_query_iou)
         self.dino_options.check(num_queries, with_box_refine, two_stage)
         self.num_classes = num_classes
         self.num_queries = num_queries

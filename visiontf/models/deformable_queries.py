@@ -8,11 +8,30 @@ Group DETR's groups, and DINO's denoising queries placed before them.
 from __future__ import annotations
 
 import torch
+from torchvision.ops import batched_nms, box_convert
 
 from visiontf.models.deformable_transformer import MultiScaleMemory
 from visiontf.models.denoising import DenoisingQueries
 
-__all__ = ["DeformableQueries"]
+__all__ = ["DeformableQueries", "distinct_first"]
+
+
+def distinct_first(scores: torch.Tensor, boxes_unact: torch.Tensor, iou: float) -> torch.Tensor:
+    """``scores`` (B, S) ranked so that the proposals a class-agnostic NMS at ``iou`` keeps come first.
+
+    DDQ DETR's distinct query selection. The ranking is the score's sigmoid, plus 1 for the kept
+    proposals: every kept one comes before every suppressed one, and each keeps its order within
+    its set, so a top-K over the result picks distinct anchors while there are enough. Positions
+    at -inf (padding, borders) stay there. Only the ranking changes; no gradient flows through it.
+    """
+    B, S = scores.shape
+    valid = torch.isfinite(scores)
+    boxes = box_convert(boxes_unact.float().sigmoid().reshape(-1, 4), "cxcywh", "xyxy")
+    flat = scores.reshape(-1)
+    keep = batched_nms(boxes, flat.masked_fill(~valid.reshape(-1), -1e9), torch.arange(B, device=scores.device).repeat_interleave(S), iou)
+    kept = torch.zeros_like(flat, dtype=torch.bool).index_fill_(0, keep, True).reshape(B, S)
+    rank = scores.sigmoid()  # in (0, 1): +1 for kept proposals puts them all first
+    return torch.where(valid, rank + kept.to(rank.dtype), scores)
 
 
 class DeformableQueries:
@@ -70,6 +89,8 @@ class DeformableQueries:
         enc_boxes = self.bbox_embed[-1](features).float() + proposals
         # best class score per position; padded and border positions (inf proposals) are never chosen
         scores = enc_logits.detach().float().amax(-1).masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
+        if self.dino_options.distinct_query_iou is not None:
+            scores = distinct_first(scores, enc_boxes.detach(), self.dino_options.distinct_query_iou)
         top = torch.topk(scores, self.num_queries, dim=1)[1]
         boxes = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4))
         logits = torch.gather(enc_logits, 1, top.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))

@@ -42,6 +42,12 @@ class DinoOptions:
         share_decoder_heads: one class head and one box head for all decoder layers (DINO's
             ``dec_pred_class_embed_share`` / ``dec_pred_bbox_embed_share``); the two-stage
             proposal heads stay separate.
+        distinct_query_iou: DDQ DETR (Zhang et al., CVPR 2023, "Dense Distinct Queries"): mixed
+            query selection takes the top ``num_queries`` proposals among those that a
+            class-agnostic NMS at this IoU keeps (the suppressed ones only fill what is left), so
+            no two anchors start on one object and the one-to-one matching is not asked to tell
+            near-identical queries apart. Part of the model in training and inference (not a
+            post-processing); None (DINO) selects by score alone. Needs ``mixed_query_selection``.
     """
 
     mixed_query_selection: bool = False
@@ -51,6 +57,7 @@ class DinoOptions:
     dn_box_noise_scale: float = 0.4
     num_query_groups: int = 1
     share_decoder_heads: bool = False
+    distinct_query_iou: float | None = None
 
     def check(self, num_queries: int, with_box_refine: bool, two_stage: bool) -> None:
         """Refuse combinations (with the model's architecture) that cannot work, naming the fix."""
@@ -61,6 +68,11 @@ class DinoOptions:
             raise ValueError(f"dn_box_noise_scale must be >= 0 (DINO 0.4), got {self.dn_box_noise_scale}")
         if self.mixed_query_selection and not two_stage:
             raise ValueError("mixed_query_selection=True selects encoder proposals: it needs two_stage=True (and with_box_refine=True)")
+        if self.distinct_query_iou is not None:
+            if not self.mixed_query_selection:
+                raise ValueError("distinct_query_iou selects distinct encoder proposals: it needs mixed_query_selection=True")
+            if not 0.0 < self.distinct_query_iou <= 1.0:
+                raise ValueError(f"distinct_query_iou must be in (0, 1] (DDQ DETR 0.8) or None, got {self.distinct_query_iou}")
         if self.look_forward_twice and not with_box_refine:
             raise ValueError("look_forward_twice=True refines each layer's boxes from the previous layer's: it needs with_box_refine=True")
         if self.share_decoder_heads and not with_box_refine:
