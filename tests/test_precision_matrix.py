@@ -14,11 +14,13 @@ import json
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from cli_runner import run_tools
 from handmade_data import own_detections_as_truth
 from lightning.pytorch.plugins.precision import MixedPrecision
+from PIL import Image
 from torch import nn
 
 from visiontf.tasks.base import BaseTask
@@ -89,6 +91,11 @@ FAMILIES = {
     "detr": "configs/detr/detr_tiny_shapes.yaml",
     "dino": "configs/deformable_detr/deformable_detr_tiny_shapes.yaml",
     "setr": "configs/setr/setr_tiny_synthetic.yaml",
+    "ipt": "configs/ipt/ipt_tiny_sr_x2.yaml",
+    # the tokenizer optimises manually and clips with its own gradient_clip_val (1.0 in the config)
+    "vqgan": "configs/vqgan/vqgan_tiny.yaml",
+    # its first stage: the vqgan row's float32 checkpoint (the rows run in this order)
+    "vqgan_gpt": "configs/vqgan/vqgan_transformer_tiny.yaml",
 }
 
 
@@ -102,17 +109,38 @@ def family_data(tmp_path_factory) -> dict[str, Path]:
     cls = make_classification_dataset(base / "cls", num_train=8, num_val=4, num_classes=3, image_size=64)
     make_detection_dataset(base / "det", num_train=4, num_val=3, image_size=(96, 128), num_classes=3)
     make_segmentation_dataset(base / "seg", num_train=4, num_val=2)
-    return {"vit": Path(cls), "detr": base / "det", "dino": base / "det", "setr": base / "seg"}
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 2), ("val", 1)):
+        (base / "photos" / split).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (104, 112, 3), dtype=np.uint8)).save(base / "photos" / split / f"p{i}.png")
+    return {"vit": Path(cls), "detr": base / "det", "dino": base / "det", "setr": base / "seg", "ipt": base / "photos",
+            "vqgan": base / "photos", "vqgan_gpt": base / "photos"}
+
+
+def _family_args(family: str, root: Path, runs: Path) -> list[str]:
+    """Each config's data at toy size; the trainer's clipping where the task optimises automatically."""
+    if family == "ipt":
+        return [f"--data.init_args.root={root}", "--data.init_args.batch_size=2", "--data.init_args.repeat=1",
+                "--data.init_args.val_crop=48", "--trainer.gradient_clip_val=0.1"]
+    photos = [f"--data.init_args.root={root}/train", f"--data.init_args.val_root={root}/val", "--data.init_args.batch_size=2",
+              "--data.init_args.repeat=1", "--data.init_args.cache=false"]
+    if family == "vqgan":
+        return [*photos, "--data.init_args.crop_size=32", "--data.init_args.val_size=32", "--model.init_args.gradient_clip_val=0.1"]
+    if family == "vqgan_gpt":
+        return [*photos, "--data.init_args.crop_size=64", "--data.init_args.val_size=64", "--trainer.gradient_clip_val=0.1",
+                f"--model.init_args.first_stage_ckpt={runs / 'vqgan_32-true' / 'checkpoints' / 'last.ckpt'}"]
+    return [f"--data.init_args.root={root}", "--trainer.gradient_clip_val=0.1"]
 
 
 def _fit_argv(family: str, root: Path, out: Path, precision: str, accelerator: str = "cpu") -> list:
-    return ["tools/train.py", "fit", "--config", FAMILIES[family], f"--data.init_args.root={root}",
-            "--data.init_args.num_workers=0", f"--trainer.precision={precision}", "--trainer.gradient_clip_val=0.1",
+    return ["tools/train.py", "fit", "--config", FAMILIES[family], *_family_args(family, root, out.parent),
+            "--data.init_args.num_workers=0", f"--trainer.precision={precision}",
             "--trainer.max_steps=2", "--trainer.devices=1", f"--trainer.accelerator={accelerator}",
             "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
             f"--trainer.default_root_dir={out}",
-            # the recipe trains in float32 on CPUs without native bf16: here bf16 is asked for on any CPU
-            *(["--precision_without_native_bf16=null"] if family == "dino" else [])]
+            # recipes train in float32 on CPUs without native bf16: here bf16 is asked for on any CPU
+            "--precision_without_native_bf16=null"]
 
 
 def _check_fit(result: dict, out: Path, precision: str) -> None:
@@ -138,7 +166,13 @@ def fitted(family_data, tmp_path_factory) -> dict[tuple[str, str], Path]:
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_config_trains_two_clipped_steps(fitted, family, precision):
     # the fits ran (and were checked) in the fixture; here each row reports on its own
-    assert (fitted[(family, precision)] / "checkpoints" / "last.ckpt").is_file()
+    ckpt = fitted[(family, precision)] / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    if family == "vqgan_gpt":  # its first stage keeps the tokenizer's quantizer options, also when rebuilt
+        from visiontf.checkpoints import load_checkpoint_model
+
+        model, _ = load_checkpoint_model(ckpt)
+        assert model.first_stage_model.quantize.l2_norm
 
 
 @CUDA

@@ -52,11 +52,18 @@ class TransformerTask(BaseTask):
         if not self.hparams:  # built directly: frame inspection needs super().__init__, so state them
             self.save_hyperparameters(init_args)
         self._model_name, self._num_classes = model_name, None
-        self.model = create_model(model_name, pretrained=pretrained, **(model_kwargs or {}))
+        first = None
         if first_stage_ckpt:
             from visiontf.checkpoints import load_checkpoint_model
 
             first, _ = load_checkpoint_model(first_stage_ckpt)
+            # the tokenizer's own architecture options (its quantizer's l2_norm, code restarts) build the
+            # first stage, and are saved with this task so that its checkpoints rebuild the same model
+            kwargs = dict(model_kwargs or {})
+            kwargs["first_stage_kwargs"] = {**first.model_kwargs, **kwargs.get("first_stage_kwargs", {})}
+            model_kwargs = self.hparams["model_kwargs"] = kwargs
+        self.model = create_model(model_name, pretrained=pretrained, **(model_kwargs or {}))
+        if first is not None:
             self.model.first_stage_model.load_state_dict(first.state_dict())
         elif not pretrained:
             raise MissingFirstStageError(
