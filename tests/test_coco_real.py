@@ -242,3 +242,154 @@ def test_crowd_regions_are_ignored_as_pycocotools_does(ann_file, tmp_path):
     # ... whereas without the crowd regions in the truth, the same detections cost precision
     without_crowd = {**gt, "annotations": [a for a in gt["annotations"] if not a["iscrowd"]]}
     assert evaluate_coco(without_crowd, dets, backend="pycocotools")["AP"] < ref[0] - 0.005
+
+
+# ---------------------------------------------------------------- bad input: crowd-only images, foreign category ids
+
+def _crowd_only(ann_file: Path, image_id: int) -> dict:
+    """The file with ``image_id`` keeping only its crowd region(s)."""
+    data = _load(ann_file)
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] != image_id or a["iscrowd"]]
+    assert any(a["image_id"] == image_id for a in data["annotations"])
+    return data
+
+
+def test_an_image_with_only_crowd_regions_trains_on_no_object_and_evaluates_as_pycocotools(tmp_path):
+    from visiontf.data.coco_dataset import collate_detection
+    from visiontf.tasks.detection import DetectionTask
+
+    root = tmp_path / "coco"
+    shutil.copytree(DATA, root, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    (root / "annotations" / "instances_train2017.json").write_text(json.dumps(_crowd_only(TRAIN_ANN, CROWD_TRAIN_ID)))
+    dm = CocoDataModule(root, num_workers=0, scales=[96], max_size=160, crop_scales=[96], crop_size=[64, 96], val_size=96)
+    dm.setup("fit")
+    ds = dm.train_dataset
+    pos = next(i for i, im in enumerate(ds.index.images) if im["id"] == CROWD_TRAIN_ID)
+    image, target = ds[pos]
+    assert target["boxes"].shape == (0, 4) and target["labels"].shape == (0,)
+    # a batch of that image alone (and one with the empty COCO image): every query learns "no object"
+    empty = next(i for i, im in enumerate(ds.index.images) if im["id"] == 10263)
+    task = DetectionTask(num_classes=dm.num_classes, model_kwargs={"hidden_dim": 32, "nheads": 2, "enc_layers": 1,
+                         "dec_layers": 1, "dim_feedforward": 32, "num_queries": 6})
+    task.train()
+    _, losses, _ = task._step(collate_detection([ds[pos], ds[empty]]))
+    assert torch.isfinite(losses["loss"]) and losses["loss"] > 0
+    losses["loss"].backward()
+    assert task.model.class_embed.weight.grad.abs().sum() > 0
+
+    # evaluation: COCOeval sets detections on a crowd region aside; the image's other detections are false positives
+    gt = _crowd_only(VAL_ANN, CROWD_VAL_ID)
+    dets = _detections_on_truth(gt)
+    ref = _pycocotools(gt, dets)
+    for backend in ("pycocotools", "faster_coco_eval"):
+        assert list(evaluate_coco(gt, dets, backend=backend).values()) == pytest.approx(ref, abs=1e-9), backend
+    # only that image: no object to find, so COCO's -1 for every stat (not an error, not 0)
+    only = evaluate_coco(gt, [d for d in dets if d["image_id"] == CROWD_VAL_ID], img_ids=[CROWD_VAL_ID])
+    assert list(only.values()) == [-1.0] * 12
+
+
+def test_results_with_category_ids_not_in_the_annotations_are_refused_naming_them(tmp_path):
+    gt = _load(VAL_ANN)
+    dets = _detections_on_truth(gt)
+    label_of = {c["id"]: i for i, c in enumerate(sorted(gt["categories"], key=lambda c: c["id"]))}
+    as_labels = [{**d, "category_id": label_of[d["category_id"]]} for d in dets]  # the classic mistake
+    # what pycocotools does with them: no error, it scores only the file's categories (here AP 0.3 lower)
+    assert _pycocotools(gt, as_labels)[0] < _pycocotools(gt, dets)[0] - 0.1
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(as_labels))
+    with pytest.raises(CocoEvalError) as e:
+        evaluate_coco(VAL_ANN, results)
+    msg = str(e.value)
+    foreign = sorted({d["category_id"] for d in as_labels} - set(label_of))
+    assert 0 in foreign and f"category id(s) {foreign[:5]}" in msg  # named, e.g. 0, which no COCO category has
+    assert msg.startswith(f"{results}: ") and str(VAL_ANN) in msg and "contiguous training labels 0..79" in msg
+    one_wrong = tmp_path / "one_wrong.json"
+    one_wrong.write_text(json.dumps(dets[:5] + [{**dets[5], "category_id": 91}]))
+    with pytest.raises(CocoEvalError, match=r"1 result\(s\) use category id\(s\) \[91\] \(1 in all\) that are not in"):
+        evaluate_coco(VAL_ANN, one_wrong, backend="faster_coco_eval")
+
+    from cli_runner import error_line, run_tools
+
+    cases = [{"argv": [tool, "--annotations", VAL_ANN, "--predictions", results]}
+             for tool in ("tools/eval_coco_results.py", "tools/eval.py")]
+    for r in run_tools(cases, tmp_path):
+        assert r["code"] == 2
+        line = error_line(r)
+        assert str(results) in line and f"category id(s) {foreign[:5]}" in line and str(VAL_ANN) in line
+
+
+# ---------------------------------------------------------------- the tools end to end on real COCO
+
+CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
+TOY_MODEL = ("--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
+             "dim_feedforward: 32, num_queries: 12, num_denoising: 6, num_query_groups: 2, "
+             "nms_iou_threshold: 0.7, nms_class_agnostic: false}")
+# batches of 3: the 2 steps see all 5 training images, the crowd-only and the empty one among them
+TOY_DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=3", "--data.init_args.scales=[96]",
+            "--data.init_args.max_size=160", "--data.init_args.crop_scales=[96]", "--data.init_args.val_size=96",
+            "--trainer.devices=1", "--trainer.strategy=auto", "--precision_without_native_bf16=null",
+            "--trainer.precision=32-true"]
+#: ids COCO skips within 1..90, and 0: a contiguous label would show up as one of them
+NOT_COCO_IDS = {0, 12, 26, 29, 30, 45, 66, 68, 69, 71, 83}
+
+
+@pytest.mark.slow
+def test_train_eval_predict_on_real_coco_keep_coco_ids_and_the_displayed_frame(tmp_path):
+    """dino_tiny of the CPU recipe, 2 steps on the real images (one image with only a crowd region, one
+    without objects), then tools/eval.py, tools/predict.py on the val folder (EXIF image included) and on
+    the grayscale image, and tools/eval.py on predict.py's results file. About 20 s."""
+    from cli_runner import run_tools
+
+    root = tmp_path / "coco"
+    shutil.copytree(DATA, root, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    (root / "annotations" / "instances_train2017.json").write_text(json.dumps(_crowd_only(TRAIN_ANN, CROWD_TRAIN_ID)))
+    val_ann, run = root / "annotations" / "instances_val2017.json", tmp_path / "run"
+    ckpt = run / "checkpoints" / "last.ckpt"
+    cases = [
+        {"argv": ["tools/train.py", "fit", "--config", CONFIG, f"--data.init_args.root={root}", TOY_MODEL, *TOY_DATA,
+                  "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+                  f"--trainer.default_root_dir={run}"]},
+        {"argv": ["tools/eval.py", "--config", CONFIG, f"--data.init_args.root={root}", TOY_MODEL, *TOY_DATA,
+                  f"--trainer.default_root_dir={tmp_path / 'eval'}", "--ckpt_path", ckpt, "--output", tmp_path / "stats.json"]},
+        {"argv": ["tools/predict.py", "--ckpt_path", ckpt, "--input", root / "val2017", "--output", tmp_path / "pred",
+                  "--annotations", val_ann, "--score_threshold", "0", "--device", "cpu"]},
+        {"argv": ["tools/predict.py", "--ckpt_path", ckpt, "--input", root / "train2017" / "000000010125.jpg",
+                  "--output", tmp_path / "gray", "--score_threshold", "0", "--device", "cpu"]},
+        {"argv": ["tools/eval.py", "--annotations", val_ann, "--predictions", tmp_path / "pred" / "predictions.json",
+                  "--output", tmp_path / "results_stats.json"]},
+    ]
+    results = run_tools(cases, tmp_path)
+    for case, r in zip(cases, results):
+        assert r["code"] == 0, f"{case['argv'][:2]}\n{r['stdout'][-2000:]}\n{r['stderr'][-4000:]}"
+    fit = results[0]["stdout"] + results[0]["stderr"]
+    assert "not training on 1 annotation(s) with iscrowd=1" in fit and "`max_steps=2` reached" in fit
+
+    ckpt_data = torch.load(ckpt, weights_only=True, map_location="cpu")
+    assert ckpt_data["hyper_parameters"]["num_classes"] == 80 and ckpt_data["label_to_cat_id"][79] == 90
+    for stats_file in ("stats.json", "results_stats.json"):
+        stats = _load(tmp_path / stats_file)
+        values = [stats[k] for k in (("map", "map_50", "mar_100") if stats_file == "stats.json" else ("AP", "AP50", "AR_100"))]
+        assert all(0.0 <= v <= 1.0 for v in values), stats  # every area has objects here: no -1
+
+    # predictions.json: COCO's image ids (matched by file name) and category ids, boxes in the displayed frame
+    preds = _load(tmp_path / "pred" / "predictions.json")
+    sizes = {im["id"]: (im["width"], im["height"]) for im in _load(val_ann)["images"]}
+    assert {p["image_id"] for p in preds} == set(sizes) and len(preds) == 300  # 100 per image
+    cat_ids = {p["category_id"] for p in preds}
+    assert cat_ids <= {c["id"] for c in _load(val_ann)["categories"]} and not cat_ids & NOT_COCO_IDS
+    assert max(cat_ids) > 80  # only a COCO id can be above the 80 labels
+    for p in preds:
+        x, y, w, h = p["bbox"]
+        width, height = sizes[p["image_id"]]
+        assert 0 <= x and 0 <= y and x + w <= width + 0.01 and y + h <= height + 0.01
+    exif_boxes = [p["bbox"] for p in preds if p["image_id"] == EXIF_ID]
+    assert max(x + w for x, _, w, _ in exif_boxes) > 335  # only possible in the upright 500 x 335 frame
+    picture = np.asarray(Image.open(tmp_path / "pred" / "000000013291_exif_orientation6.png").convert("RGB"))
+    upright = read_image(DATA / "train2017" / "000000013291.jpg")
+    assert picture.shape == upright.shape == (335, 500, 3)
+    assert np.median(np.abs(picture.astype(int) - upright.astype(int))) <= 3  # the upright picture, boxes drawn on it
+
+    gray = _load(tmp_path / "gray" / "predictions.json")
+    assert gray and all(p["bbox"][0] + p["bbox"][2] <= 640.01 and p["bbox"][1] + p["bbox"][3] <= 436.01 for p in gray)
+    assert max(p["bbox"][1] + p["bbox"][3] for p in gray) > 0.5 * 436  # spread over the image, not squeezed in a corner
+    assert Image.open(tmp_path / "gray" / "000000010125.png").size == (640, 436)
