@@ -337,7 +337,7 @@ NOT_COCO_IDS = {0, 12, 26, 29, 30, 45, 66, 68, 69, 71, 83}
 def test_train_eval_predict_on_real_coco_keep_coco_ids_and_the_displayed_frame(tmp_path):
     """dino_tiny of the CPU recipe, 2 steps on the real images (one image with only a crowd region, one
     without objects), then tools/eval.py, tools/predict.py on the val folder (EXIF image included) and on
-    the grayscale image, and tools/eval.py on predict.py's results file. About 20 s."""
+    the grayscale image, and tools/eval.py on predict.py's results file. 26 s alone, 40 s on two busy shared cores."""
     from cli_runner import run_tools
 
     root = tmp_path / "coco"
@@ -374,7 +374,8 @@ def test_train_eval_predict_on_real_coco_keep_coco_ids_and_the_displayed_frame(t
     # predictions.json: COCO's image ids (matched by file name) and category ids, boxes in the displayed frame
     preds = _load(tmp_path / "pred" / "predictions.json")
     sizes = {im["id"]: (im["width"], im["height"]) for im in _load(val_ann)["images"]}
-    assert {p["image_id"] for p in preds} == set(sizes) and len(preds) == 300  # 100 per image
+    assert {p["image_id"] for p in preds} == set(sizes)
+    assert all(sum(p["image_id"] == i for p in preds) >= 20 for i in sizes)  # score_threshold 0: up to 100 each
     cat_ids = {p["category_id"] for p in preds}
     assert cat_ids <= {c["id"] for c in _load(val_ann)["categories"]} and not cat_ids & NOT_COCO_IDS
     assert max(cat_ids) > 80  # only a COCO id can be above the 80 labels
