@@ -164,11 +164,19 @@ def _validate(dets: list[dict], gt: dict, det_name: str, gt_name: str, iou_type:
             f"{det_name}: {n} result(s) name {len(unknown)} image id(s) not in {gt_name}, e.g. {unknown[:_SHOW]}; "
             "evaluate against the annotation file the predictions were made for"
         )
-    unknown = sorted(cat_ids - {c["id"] for c in gt["categories"]}, key=str)
+    known = sorted(c["id"] for c in gt["categories"])
+    unknown = sorted(cat_ids - set(known), key=str)
     if unknown:
+        # pycocotools would score them as nothing (COCOeval only looks at the file's categories): a silent AP loss
+        n = sum(1 for d in dets if d["category_id"] in set(unknown))
+        hint = " (not contiguous training labels)"
+        if all(isinstance(c, int) for c in cat_ids) and min(cat_ids) >= 0 and max(cat_ids) < len(known):
+            hint = (f"; these look like contiguous training labels 0..{len(known) - 1}: label i is the category "
+                    f"with the i-th smallest id ({known[:3]}...)")
         raise CocoEvalError(
-            f"{det_name}: results use category id(s) {unknown[:_SHOW]} not in {gt_name}; results must carry the "
-            "file's category ids (not contiguous training labels)"
+            f"{det_name}: {n} result(s) use category id(s) {unknown[:_SHOW]}{' ...' if len(unknown) > _SHOW else ''} "
+            f"({len(unknown)} in all) that are not in {gt_name} (its {len(known)} category ids: "
+            f"{known[:_SHOW]}{' ...' if len(known) > _SHOW else ''}); results must carry the file's category ids{hint}"
         )
 
 
