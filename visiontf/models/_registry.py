@@ -122,8 +122,9 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     Raises:
         WeightsLayoutError: the weights need another architecture: a setting the model's
             ``weights_settings`` reads back differs (``num_queries``, ``num_feature_levels``, ...; the
-            message names it and the value to build with), another tensor has another shape, or the
-            family's ``filter_fn`` refuses the layout. With ``strict=False`` what fits loads instead.
+            message names it and the value to build with), another tensor has another shape (models
+            with ``weights_settings``; with ``strict=False`` what fits loads instead), or the family's
+            ``filter_fn`` refuses the layout.
         WeightsError: keys missing or unexpected (``strict``), or values no trained model holds.
     """
     if entry is None:
@@ -138,10 +139,13 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     except ValueError as e:  # the family refusing a layout: the file's fault, named, not a traceback
         raise WeightsLayoutError(f"{where}: {e}") from e
     own = model.state_dict()
+    # other shapes outside the heads: named here for models that declare their settings (the DETR family);
+    # others may adapt them in a load hook (ViT resamples pos_embed), so load_state_dict judges those
+    exact = hasattr(model, "weights_settings")
     reinitialised, mismatched, dropped = [], [], set()
     for key in list(state):
         mine = own.get(key)
-        if mine is None or state[key].shape == mine.shape:
+        if mine is None or state[key].shape == mine.shape or not (exact or _is_head_key(model, key)):
             continue
         change = f"{key} {tuple(state[key].shape)} -> {tuple(mine.shape)}"
         (reinitialised if _is_head_key(model, key) else mismatched).append(change)
