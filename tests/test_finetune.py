@@ -227,3 +227,69 @@ def test_other_tensor_shapes_are_refused_by_name_or_skipped_when_not_strict(tmp_
     assert "strict=False: not all others loaded" in caplog.text
     ref = detr_convert.convert_state_dict(load_state_dict_file(path), model)
     assert torch.equal(model.state_dict()["query_embed.weight"], ref["query_embed.weight"])
+
+
+# --------------------------------------------------------------------------- from a config to an export
+def _tiny_recipe_argv(config: str, model_name: str, data, pretrained, out) -> list[str]:
+    """``tools/train.py fit`` on a fine-tuning recipe, at the doc test's tiny sizes on the CPU."""
+    from test_custom_dataset_doc import TINY
+
+    return ["tools/train.py", "fit", "--config", config, "--data.root", str(data), "--model.init_args.pretrained", str(pretrained),
+            f"--model.init_args.model_name={model_name}", "--trainer.accelerator=cpu", "--trainer.devices=1",
+            "--trainer.strategy=auto", "--trainer.default_root_dir", str(out), *TINY]
+
+
+@pytest.mark.slow
+def test_recipes_finetune_coco_weights_then_export_and_predict_the_new_classes(tmp_path):
+    """dino_tiny and detr_tiny with COCO's 91 classes (visiontf layout) fine-tuned by the shipped recipes to
+    the hand-made set's 3 classes (ids 3, 7, 12); the export's labels file, ONNX graph and Predictor carry them."""
+    import json
+
+    import onnxruntime as ort
+    from cli_runner import run_tools
+    from handmade_data import make_dataset
+    from test_custom_dataset_doc import TINY_MODEL
+
+    from visiontf.inference.predictor import Predictor
+
+    data = make_dataset(tmp_path / "data", "coco")
+    small = dict(frozen_bn=False, freeze_stem=False, num_queries=10, enc_layers=1, dec_layers=1)  # = TINY_MODEL
+    assert TINY_MODEL == "{" + ", ".join(f"{k}: {str(v).lower()}" for k, v in small.items()) + "}"
+    runs = {"dino": ("configs/deformable_detr/dino_r50_finetune_custom.yaml", "dino_tiny", 3),
+            "detr": ("configs/detr/detr_r50_finetune_custom.yaml", "detr_tiny", 4)}  # logits: K sigmoid, K + 1 softmax
+    cases = []
+    for name, (config, model_name, _) in runs.items():
+        coco = _save(create_model(model_name, num_classes=91, **small).state_dict(), tmp_path / f"{name}_coco.safetensors")
+        out = tmp_path / name
+        cases += [
+            {"argv": _tiny_recipe_argv(config, model_name, data, coco, out)},
+            {"argv": ["tools/export.py", "--ckpt_path", out / "checkpoints" / "last.ckpt", "--output", out / "model.safetensors",
+                      "--onnx", out / "model.onnx", "--image_size", "64", "64"]},
+            {"argv": ["tools/predict.py", "--weights", out / "model.safetensors", "--input", data / "images" / "val",
+                      "--output", out / "pred", "--annotations", data / "annotations" / "val.json", "--score_threshold", "0.0",
+                      "--top_k", "3", "--device", "cpu"]},
+        ]
+    results = run_tools(cases, tmp_path, timeout=900)
+    for case, r in zip(cases, results):
+        assert r["code"] == 0, f"{' '.join(map(str, case['argv']))}\n{r['stdout'][-2000:]}\n{r['stderr'][-4000:]}"
+    for i, (name, (_, _, width)) in enumerate(runs.items()):
+        fit, export = results[3 * i], results[3 * i + 1]
+        line = next(ln for ln in fit["stderr"].splitlines() if "class head not loaded" in ln)
+        expected = {"class_embed.0.weight", "class_embed.0.bias", "class_embed.1.weight", "class_embed.1.bias", "label_enc.weight"} \
+            if name == "dino" else {"class_embed.weight", "class_embed.bias"}
+        assert _listed(line) == expected, line
+        assert ("label_enc.weight (92, 128) -> (4, 128)" if name == "dino" else "class_embed.weight (92, 128) -> (4, 128)") in line
+        out = tmp_path / name
+        ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+        assert ckpt["hyper_parameters"]["num_classes"] == 3 and ckpt["label_to_cat_id"] == {0: 3, 1: 7, 2: 12}
+        labels = json.loads((out / "model.labels.json").read_text())
+        assert labels["label_to_cat_id"] == {"0": 3, "1": 7, "2": 12} and labels["class_names"] == ["circle", "square", "bar"]
+        assert json.loads(export["stdout"])["onnx_max_abs_diff"] < 1e-4
+        logits = next(o for o in ort.InferenceSession(str(out / "model.onnx")).get_outputs() if o.name == "pred_logits")
+        assert logits.shape[-1] == width, (name, logits.shape)
+        predictor = Predictor.from_file(out / "model.safetensors", device="cpu")
+        assert predictor.label_to_cat_id == {0: 3, 1: 7, 2: 12}
+        found = predictor(data / "images" / "val", score_threshold=0.0, top_k=5)
+        assert found and all(set(r["labels"].tolist()) <= {0, 1, 2} and len(r["labels"]) == 5 for r in found)
+        preds = json.loads((out / "pred" / "predictions.json").read_text())
+        assert preds and {p["category_id"] for p in preds} <= {3, 7, 12} and {p["image_id"] for p in preds} <= {101, 102}
