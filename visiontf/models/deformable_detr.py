@@ -43,8 +43,8 @@ from visiontf.models.deformable_transformer import (
     valid_counts,
 )
 from visiontf.models.denoising import build_contrastive_denoising
-from visiontf.models.detr import MLP
 from visiontf.models.detector_settings import DeformableWeightsSettings
+from visiontf.models.detr import MLP
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.dino_options import DinoOptions
 from visiontf.models.postprocess_options import PostprocessOptions
