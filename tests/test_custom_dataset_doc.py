@@ -1,12 +1,13 @@
 """docs/custom_dataset.md cannot rot: every command in its ```bash blocks runs here, in order, on a
 hand-made COCO set with category ids 3, 7 and 12, in tiny versions (1 epoch, 4 training images at
-64 px, a 1+1-layer DETR).
+64 px, a 1+1-layer DETR or DINO).
 
 What the test changes in each command, and nothing else:
-* paths: ``data/my_dataset``, ``outputs/``, ``my_detr.yaml`` and the R50 weight file point into tmp;
+* paths: ``data/my_dataset``, ``outputs/``, ``my_detr.yaml`` and the R50 and DINO weight files point into tmp;
 * train commands get :data:`TINY` (sizes, epochs, workers); the R50 recipe also runs ``detr_tiny`` on
   the CPU, from a 91-class weight file in DETR's checkpoint form, so its class head is replaced as
-  the R50's would be;
+  the R50's would be; the DINO recipe runs ``dino_tiny`` from a 91-class file likewise (class heads
+  and the denoising label book replaced);
 * predict commands keep every detection (``--score_threshold 0``), so the category ids are checked
   on real output of an untrained model.
 The commands run batched in one process (tests/cli_runner.py): about 40 s on two shared cores.
@@ -35,6 +36,9 @@ TINY = ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", "--trai
         "--data.init_args.val_size=64", f"--model.init_args.model_kwargs={TINY_MODEL}"]
 R50_ON_CPU = ["--model.init_args.model_name=detr_tiny", "--trainer.accelerator=cpu", "--trainer.devices=1",
               "--trainer.strategy=auto", "--model.init_args.lr_backbone=1e-5"]
+#: the DINO-4scale R50 recipe, run as dino_tiny (the same class-dependent tensors: class heads and label_enc)
+DINO_ON_CPU = ["--model.init_args.model_name=dino_tiny", "--trainer.accelerator=cpu", "--trainer.devices=1",
+               "--trainer.strategy=auto"]
 
 
 def doc_commands() -> list[list[str]]:
@@ -60,6 +64,7 @@ def _tiny_version(argv: list[str], paths: dict[str, str]) -> dict:
     tool, sub = Path(argv[0]).name, argv[1] if len(argv) > 1 else ""
     if tool == "train.py" and sub == "fit":
         extra = TINY + (R50_ON_CPU if "detr_r50_finetune_custom" in " ".join(argv) else [])
+        extra += DINO_ON_CPU if "dino_r50_finetune_custom" in " ".join(argv) else []
         if "--print_config" in argv:
             i = argv.index("--print_config")
             argv = argv[:i] + extra + argv[i:]
@@ -77,11 +82,13 @@ def test_every_command_of_the_custom_dataset_doc(tmp_path):
     r50 = tmp_path / "detr-r50-e632da11.pth"  # DETR's checkpoint form ({"model": state}) with COCO's 91 classes
     kwargs = {"frozen_bn": False, "freeze_stem": False, "num_queries": 10, "enc_layers": 1, "dec_layers": 1}
     torch.save({"model": visiontf.create_model("detr_tiny", num_classes=91, **kwargs).state_dict()}, r50)
+    dino = tmp_path / "checkpoint0011_4scale.pth"  # COCO's 91 classes, in visiontf's names
+    torch.save({"model": visiontf.create_model("dino_tiny", num_classes=91, **kwargs).state_dict()}, dino)
     out = tmp_path / "outputs"
     paths = {"data/my_dataset": str(data), "outputs/": f"{out}/", "my_detr.yaml": str(tmp_path / "my_detr.yaml"),
-             "checkpoints/detr-r50-e632da11.pth": str(r50)}
+             "checkpoints/detr-r50-e632da11.pth": str(r50), "checkpoints/checkpoint0011_4scale.pth": str(dino)}
     commands = doc_commands()
-    assert len(commands) == 10, commands
+    assert len(commands) == 11, commands
     cases = [_tiny_version(c, paths) for c in commands]
     results = run_tools(cases, tmp_path, timeout=900)
     for case, r in zip(cases, results):
@@ -107,6 +114,11 @@ def test_every_command_of_the_custom_dataset_doc(tmp_path):
     r50_log = text("tools/train.py fit --config configs/detr/detr_r50_finetune_custom.yaml")
     assert "class head not loaded because the number of classes differs (fine-tuning): class_embed.weight (92, 128) -> (4, 128)" in r50_log
     assert (out / "my_run_r50" / "checkpoints" / "last.ckpt").is_file()
+    dino_log = text("tools/train.py fit --config configs/deformable_detr/dino_r50_finetune_custom.yaml")
+    dino_line = next(ln for ln in dino_log.splitlines() if "class head not loaded because the number of classes differs" in ln)
+    assert "label_enc.weight (92, 128) -> (4, 128)" in dino_line and "class_embed.1.bias (91,) -> (3,)" in dino_line
+    assert dino_line.endswith("(5 class-dependent tensors re-initialised, every other tensor loaded unchanged)"), dino_line
+    assert (out / "my_run_dino" / "checkpoints" / "last.ckpt").is_file()
     finetuned = text("tools/train.py fit --config my_detr.yaml --model.init_args.pretrained")
     assert re.search(rf"loaded \d+ tensors from {re.escape(str(run / 'checkpoints' / 'last.ckpt'))} \(0 head tensors left at init\)",
                      finetuned), finetuned[-3000:]

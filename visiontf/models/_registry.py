@@ -15,7 +15,7 @@ import difflib
 import fnmatch
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,37 +112,88 @@ def create_model(
 
 
 def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = None, strict: bool = True, source: str = "") -> None:
-    """Load a (possibly foreign-format) state dict, dropping heads whose class count differs."""
+    """Load a (possibly foreign-format) state dict; fine-tuning re-initialises the class-dependent tensors.
+
+    Every tensor of ``state`` (after the family's ``filter_fn``) loads unchanged, except those under
+    the model's ``head_prefixes`` (class heads, DINO's denoising label book: tensors whose shape
+    follows ``num_classes``) when their shape differs or the file lacks them: those keep the model's
+    initialisation and are listed in one warning, as timm and torchvision do for ``num_classes``.
+
+    Raises:
+        WeightsLayoutError: the weights need another architecture: a setting the model's
+            ``weights_settings`` reads back differs (``num_queries``, ``num_feature_levels``, ...; the
+            message names it and the value to build with), another tensor has another shape (models
+            with ``weights_settings``; with ``strict=False`` what fits loads instead), or the family's
+            ``filter_fn`` refuses the layout.
+        WeightsError: keys missing or unexpected (``strict``), or values no trained model holds.
+    """
     if entry is None:
         entry = get_entry(model.model_name)
+    where = source or entry.name
     try:
         state = convert_state(model, state, strict=strict, entry=entry)
+        if strict:
+            _check_settings(model, state)
     except UserError:
         raise
-    except ValueError as e:  # the family's filter_fn refusing a layout: the file's fault, named, not a traceback
-        raise WeightsLayoutError(f"{source or entry.name}: {e}") from e
+    except ValueError as e:  # the family refusing a layout: the file's fault, named, not a traceback
+        raise WeightsLayoutError(f"{where}: {e}") from e
     own = model.state_dict()
-    dropped = []
+    # other shapes outside the heads: named here for models that declare their settings (the DETR family);
+    # others may adapt them in a load hook (ViT resamples pos_embed), so load_state_dict judges those
+    exact = hasattr(model, "weights_settings")
+    reinitialised, mismatched, dropped = [], [], set()
     for key in list(state):
-        if key in own and state[key].shape != own[key].shape and _is_head_key(model, key):
-            dropped.append(f"{key} {tuple(state[key].shape)} -> {tuple(own[key].shape)}")
-            del state[key]
-    if dropped:
-        log.warning(
-            "%s: class head not loaded because the number of classes differs (fine-tuning): %s",
-            source or entry.name, "; ".join(dropped),
-        )
-    check_tensor_values(state, model, source or entry.name)
+        mine = own.get(key)
+        if mine is None or state[key].shape == mine.shape or not (exact or _is_head_key(model, key)):
+            continue
+        change = f"{key} {tuple(state[key].shape)} -> {tuple(mine.shape)}"
+        (reinitialised if _is_head_key(model, key) else mismatched).append(change)
+        dropped.add(key)
+        del state[key]
+    if mismatched:
+        if strict:
+            raise WeightsLayoutError(
+                f"{where}: {len(mismatched)} tensors of the weights have another shape than in {entry.name} as built "
+                f"(weights -> model): {'; '.join(mismatched[:6])}. Only the class-dependent tensors "
+                f"({', '.join(_head_prefixes(model))}) may differ (fine-tuning to other classes): build the model with the "
+                "weights' settings, or pass strict=False to load what fits."
+            )
+        log.warning("%s: %d tensors not loaded because their shapes differ (strict=False): %s", where, len(mismatched),
+                    "; ".join(mismatched))
+    check_tensor_values(state, model, where)
     missing, unexpected = model.load_state_dict(state, strict=False)
     head_missing = [k for k in missing if _is_head_key(model, k)]
     real_missing = [k for k in missing if k not in head_missing]
     if strict and (real_missing or unexpected):
         raise WeightsError(
-            f"{source or entry.name}: weights do not fit {entry.name}: "
+            f"{where}: weights do not fit {entry.name}: "
             f"missing {len(real_missing)} keys (e.g. {real_missing[:5]}), "
             f"unexpected {len(unexpected)} keys (e.g. {unexpected[:5]}). Pass strict=False to load what fits."
         )
+    reinitialised += [f"{k} (not in the weights) -> {tuple(own[k].shape)}" for k in head_missing if k not in dropped]
+    if reinitialised:
+        # one line, as timm's and torchvision's num_classes handling: what starts from scratch
+        rest = "every other tensor loaded unchanged" if not (mismatched or real_missing) else "strict=False: not all others loaded"
+        log.warning(
+            "%s: class head not loaded because the number of classes differs (fine-tuning): %s (%d class-dependent tensors "
+            "re-initialised, %s)", where, "; ".join(reinitialised), len(reinitialised), rest,
+        )
     log.info("loaded %d tensors from %s (%d head tensors left at init)", len(state), source or "weights", len(head_missing))
+
+
+def _check_settings(model: nn.Module, state: dict) -> None:
+    """Refuse weights of another architecture by the setting that differs, not by a tensor's shape.
+
+    A model may define ``weights_settings(state) -> {setting: value}`` (read from tensors in its
+    own names); the weights' values are compared with those of the model's own state dict.
+    """
+    read = getattr(model, "weights_settings", None)
+    if read is None:
+        return
+    problem = describe_differences(read(state), read(model.state_dict()))
+    if problem:
+        raise ValueError(problem)
 
 
 def convert_state(model: nn.Module, state: dict, strict: bool = True, entry: ModelEntry | None = None) -> dict:
@@ -160,9 +211,28 @@ def convert_state(model: nn.Module, state: dict, strict: bool = True, entry: Mod
     return fn(state, model)
 
 
+def describe_differences(found: Mapping[str, int], built: Mapping[str, int]) -> str | None:
+    """None when every setting both sides show agrees; else a message naming each difference and the fix."""
+    differ = [name for name in found if name in built and found[name] != built[name]]
+    if not differ:
+        return None
+    weights = ", ".join(f"{n}={found[n]}" for n in differ)
+    model = ", ".join(f"{n}={built[n]}" for n in differ)
+    kwargs = ", ".join(f"{n}: {found[n]}" for n in differ)
+    return (
+        f"the weights were trained with {weights}, but the model is built with {model}. Only the class-dependent "
+        f"tensors may differ when fine-tuning (the number of classes); build the model with the weights' settings: "
+        f"create_model(..., {weights}), or in a config model_kwargs: {{{kwargs}}}"
+    )
+
+
+def _head_prefixes(model: nn.Module) -> tuple[str, ...]:
+    """The model's class-dependent tensors: their shape follows ``num_classes`` (timm's ``head``)."""
+    return tuple(getattr(model, "head_prefixes", ("head.", "head_dist.")))
+
+
 def _is_head_key(model: nn.Module, key: str) -> bool:
-    prefixes = getattr(model, "head_prefixes", ("head.", "head_dist."))
-    return key.startswith(tuple(prefixes))
+    return key.startswith(_head_prefixes(model))
 
 
 def load_model(path: str | Path, **overrides: Any) -> nn.Module:

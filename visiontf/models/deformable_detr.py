@@ -4,8 +4,7 @@ Multi-scale features (C3-C5 of a ResNet plus a stride-64 level) are encoded by d
 self-attention; 300 queries decode them with deformable cross-attention and predict sigmoid class
 scores (no "no object" class) and boxes relative to reference points. Options: iterative box
 refinement (a head per decoder layer) and two-stage (encoder proposals become the reference boxes).
-The original checkpoints and HuggingFace ``DeformableDetrForObjectDetection`` weights load through
-:mod:`visiontf.models.deformable_detr_convert` (``create_model(name, pretrained=path)``).
+Original and HuggingFace weights load through :mod:`visiontf.models.deformable_detr_convert` (``create_model``).
 
 The forward is composed of steps the DINO-style options can reuse or replace:
 :meth:`DeformableDETR.encode` (backbone, projections, encoder), :meth:`~DeformableDETR.initial_queries`
@@ -44,6 +43,7 @@ from visiontf.models.deformable_transformer import (
     valid_counts,
 )
 from visiontf.models.denoising import build_contrastive_denoising
+from visiontf.models.detector_settings import DeformableWeightsSettings
 from visiontf.models.detr import MLP
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.dino_options import DinoOptions
@@ -52,7 +52,7 @@ from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.nn.ms_deform_attn import recording_sampling
 
 
-class DeformableDETR(DeformableQueries, nn.Module):
+class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
     """Deformable DETR: multi-scale CNN features, deformable encoder-decoder, sigmoid set prediction.
 
     Args:
@@ -100,7 +100,8 @@ class DeformableDETR(DeformableQueries, nn.Module):
 
     #: sigmoid class scores over K classes, focal loss (the DETR family's other convention: "softmax")
     class_head = "sigmoid"
-    head_prefixes = ("class_embed.",)
+    #: shaped by num_classes, re-initialised by fine-tuning: every class head, DINO's label book (K + 1 rows)
+    head_prefixes = ("class_embed.", "label_enc.")
     #: a traced graph holds the traced image size: level shapes are Python ints (ONNX exports fix H, W)
     trace_fixes_image_size = True
     #: ``forward(..., need_weights=True)`` returns sampling points, drawn as the paper's figure

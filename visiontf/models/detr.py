@@ -16,6 +16,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model, torch_hub_state_dict
+from visiontf.models.detector_settings import detr_settings
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.detr_convert import convert_state_dict
 from visiontf.models.postprocess_options import PostprocessOptions
@@ -112,7 +113,10 @@ class DETR(nn.Module):
         frozen_bn, freeze_stem: see :class:`DetrBackbone`; both True (the paper) by default.
     """
 
+    #: the tensors whose shape follows num_classes (K + 1 rows), re-initialised when fine-tuning to other classes
     head_prefixes = ("class_embed.",)
+    #: the settings weights in DETR's names were trained with, compared with the model's when loading
+    weights_settings = staticmethod(detr_settings)
     #: K + 1 logits per query, the last meaning "no object" (see visiontf.detection.build_postprocess)
     class_head = "softmax"
 
