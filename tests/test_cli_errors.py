@@ -128,6 +128,8 @@ def heavy(tmp_path_factory):
         "unknown data option": [*fit, "--data.rot", four_classes],
         "missing config": ["tools/train.py", "fit", "--config", tmp / "nope.yaml"],
         "unknown model": [*fit, "--data.root", four_classes, "--model.init_args.model_name", "detr_tinyy"],
+        # the data's class count is linked into the task: another one asked for was replaced without a word
+        "other num_classes": [*fit, "--data.root", four_classes, "--model.init_args.num_classes", "7"],
         "eval missing ckpt": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", tmp / "missing.ckpt"],
         "eval other classes": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--ckpt_path", ckpt],
         "predict foreign weights": ["tools/predict.py", "--weights", tmp / "foreign.safetensors", "--input", images,
@@ -165,6 +167,8 @@ def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy)
         "unknown data option": "--data.init_args.rot: not an option of CocoDataModule; did you mean root?",
         "missing config": f"--config: File does not exist: '{tmp / 'nope.yaml'}'",
         "unknown model": "unknown model 'detr_tinyy'. Did you mean: detr_tiny,",
+        "other num_classes": "--model.init_args.num_classes 7: the data has 4 classes (CocoDataModule reads them from its "
+                             "annotations) and the model takes its class count from there; drop the option",
         "eval missing ckpt": f"{tmp / 'missing.ckpt'}: checkpoint not found; {tmp} holds three_classes.ckpt",
         "eval no weights": "validate without --ckpt_path would score the model's random initial weights; give --ckpt_path",
         "validate no weights": "validate without --ckpt_path would score the model's random initial weights",

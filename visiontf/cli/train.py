@@ -15,6 +15,8 @@ other subcommands refuse).
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
 import logging
 import sys
@@ -173,6 +175,11 @@ class VisionCLI(LightningCLI):
         # jsonargparse wraps an error raised in a data module's or task's __init__ (ConfigError, a
         # missing dataset folder) in "Does not validate against any of the Union subtypes"; the user's
         # mistake is the cause, so it is what gets raised (named, one line for the CLI)
+        sub = self.config.get("subcommand")
+        config = self.config[sub] if sub else self.config
+        asked = config.get("model.init_args.num_classes") if getattr(self, "_loaded_ckpt", None) is None else None
+        if asked is not None and asked == _init_default(config.get("model.class_path"), "num_classes"):
+            asked = None  # the task's default, not a choice
         try:
             super().instantiate_classes()
         except ValueError as e:
@@ -180,6 +187,13 @@ class VisionCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from e
+        found = getattr(self.datamodule, "num_classes", None)
+        if asked is not None and found is not None and int(asked) != int(found):
+            # the link sets the task's class count from the data: a different one asked for would be replaced silently
+            raise UsageError(
+                f"--model.init_args.num_classes {asked}: the data has {found} classes ({type(self.datamodule).__name__} "
+                f"reads them from its annotations) and the model takes its class count from there; drop the option, "
+                f"or change the data's categories")
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads the checkpoint's hyper-parameters into the config before anything is built
@@ -240,6 +254,18 @@ class VisionCLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = _check_ckpt
 
 
+def _init_default(class_path: str | None, name: str) -> object:
+    """The default of ``name`` in ``class_path``'s constructor (None when unknown)."""
+    if not class_path:
+        return None
+    module, _, cls = class_path.rpartition(".")
+    try:
+        parameter = inspect.signature(getattr(importlib.import_module(module), cls).__init__).parameters.get(name)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return None
+    return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
 def _user_error_in_chain(error: BaseException) -> UserError | None:
     seen: set[int] = set()
     current: BaseException | None = error
@@ -264,7 +290,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
     # under DDP: the COCO stats are computed from every rank's detections (torchmetrics syncs them), so
     # each rank logs the same value, and the elapsed minutes are rank 0's; a mean over ranks adds nothing
-    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('((val|test)/(map|mar|mAP)|time/)",
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('((val|test)/(map|mar|mAP|dup_rate)|time/)",
                             category=UserWarning)
     return VisionCLI(
         L.LightningModule,
