@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import logging
+
 import lightning as L
 import pytest
 import torch
@@ -280,3 +282,15 @@ def test_sigkill_during_writes_never_leaves_a_partial_checkpoint(tmp_path):
             completed += 1
     assert completed >= 6, out["rounds"]
     assert out["after"] == ["last.ckpt"]
+
+
+def test_a_run_ending_before_its_first_validation_says_there_is_no_best_checkpoint(tmp_path, caplog):
+    cb = LastAndBestCheckpoint(dirpath=tmp_path / "ck", monitor="val/score", mode="max", save_last=True)
+    with caplog.at_level(logging.WARNING, logger="visiontf.callbacks.checkpoint"):
+        _fit(tmp_path, 3, cb, max_steps=1)  # the first validation would come at step 2
+    assert "training ended at step 1 before any validation logged 'val/score': no best checkpoint" in caplog.text
+    assert cb.best_model_path == "" and _step(tmp_path / "ck" / "last.ckpt") == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="visiontf.callbacks.checkpoint"):
+        _fit(tmp_path / "full", 1, LastAndBestCheckpoint(dirpath=tmp_path / "ck2", monitor="val/score", save_last=True))
+    assert "no best checkpoint" not in caplog.text

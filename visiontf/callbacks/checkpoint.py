@@ -73,6 +73,15 @@ class LastAndBestCheckpoint(ModelCheckpoint):
         super().on_train_epoch_end(trainer, pl_module)
         self._save_last_if_stale(trainer)
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self.monitor and not self.best_model_path and self._may_save(trainer) and trainer.is_global_zero:
+            # max_steps / max_time ended the run before any validation logged the monitored metric
+            log.warning(
+                "training ended at step %d before any validation logged %r: no best checkpoint was written (only %s). "
+                "Validate more often (--trainer.check_val_every_n_epoch, --trainer.val_check_interval) or train longer",
+                trainer.global_step, self.monitor, self.last_model_path or "no last.ckpt")
+
     # ------------------------------------------------------------------ how
     def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
         if not self.save_last:
