@@ -18,7 +18,7 @@ __all__ = ["DeformableQueries"]
 class DeformableQueries:
     """The query steps of :class:`~visiontf.models.deformable_detr.DeformableDETR`, which mixes this in.
 
-    They read the model's ``num_queries``, ``two_stage``, ``dino_options``, ``transformer``,
+    They read the model's ``num_queries``, ``two_stage``, ``dino_options``, ``select_padded_proposals``, ``transformer``,
     ``class_embed`` and ``bbox_embed`` (the last of each: the proposal heads), and, as the options
     make them, ``query_embed`` (learned queries), ``tgt_embed`` (mixed query selection) and
     ``label_enc`` (denoising).
@@ -68,8 +68,11 @@ class DeformableQueries:
         features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
         enc_logits = self.class_embed[-1](features)
         enc_boxes = self.bbox_embed[-1](features).float() + proposals
-        # best class score per position; padded and border positions (inf proposals) are never chosen
-        scores = enc_logits.detach().float().amax(-1).masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
+        # best class score per position; padded and border positions (inf proposals) are never chosen,
+        # unless the model reproduces DINO's code, which ranks them too (their boxes then sigmoid to 1)
+        scores = enc_logits.detach().float().amax(-1)
+        if not self.select_padded_proposals:
+            scores = scores.masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
         top = torch.topk(scores, self.num_queries, dim=1)[1]
         boxes = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4))
         logits = torch.gather(enc_logits, 1, top.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
