@@ -1,21 +1,18 @@
 """Deformable DETR (Zhu et al., 2021), faithful to fundamentalvision/Deformable-DETR, in pure PyTorch.
 
-Multi-scale features (C3-C5 of a ResNet plus a stride-64 level) are encoded by deformable
-self-attention; 300 queries decode them with deformable cross-attention and predict sigmoid class
-scores (no "no object" class) and boxes relative to reference points. Options: iterative box
-refinement (a head per decoder layer) and two-stage (encoder proposals become the reference boxes).
-Original and HuggingFace weights load through :mod:`visiontf.models.deformable_detr_convert` (``create_model``).
+Multi-scale features (C3-C5 of a ResNet plus a stride-64 level) are encoded by deformable self-attention; 300 queries
+decode them with deformable cross-attention and predict sigmoid class scores (no "no object" class) and boxes relative
+to reference points. Options: iterative box refinement (a head per decoder layer) and two-stage (encoder proposals
+become the reference boxes). The original checkpoints and HuggingFace ``DeformableDetrForObjectDetection`` weights
+load through :mod:`visiontf.models.deformable_detr_convert` (``create_model(name, pretrained=path)``).
 
-The forward is composed of steps the DINO-style options can reuse or replace:
-:meth:`DeformableDETR.encode` (backbone, projections, encoder), :meth:`~DeformableDETR.initial_queries`
-(learned queries or proposals, :mod:`~visiontf.models.deformable_queries`), the decoder (query groups
-masked by :mod:`~visiontf.models.query_groups`), and :meth:`~DeformableDETR.predict`.
+The forward's steps, reused or replaced by the DINO-style options: :meth:`DeformableDETR.encode`,
+:meth:`~DeformableDETR.initial_queries` (:mod:`~visiontf.models.deformable_queries`), the decoder, :meth:`predict`.
 
-Training options of the DINO line, each off by default so that the published models stay exact
-(:class:`~visiontf.models.dino_options.DinoOptions` gives the sources): contrastive denoising queries
-(``num_denoising``), mixed query selection, look forward twice, Group DETR's one-to-many groups
-(``num_query_groups``), DINO's shared decoder heads and position temperature. With denoising the
-model takes the batch's ``targets`` in training (``forward_takes_targets``).
+Training options of the DINO line, off by default so that the published models stay exact (sources:
+:class:`~visiontf.models.dino_options.DinoOptions`): denoising (``num_denoising``; the model then takes the batch's
+``targets`` in training), mixed query selection, look forward twice, Group DETR (``num_query_groups``, masked by
+:mod:`~visiontf.models.query_groups`), shared decoder heads, position temperature.
 """
 from __future__ import annotations
 
@@ -76,11 +73,10 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
             i has stride 2^(i+1)); default the last ``min(L, 3)`` of C3-C5. ``(1, 2, 3)`` gives
             strides 4/8/16 from a ResNet truncated after ``layer3`` (small objects, cheap trunk).
 
-    Training options of the DINO line (all off by default, as in the published Deformable DETR):
+    Training options of the DINO line (all off by default, as in the published Deformable DETR), the fields of
+    :class:`~visiontf.models.dino_options.DinoOptions` (their meaning and sources), kept as ``self.dino_options``:
     ``mixed_query_selection``, ``look_forward_twice``, ``num_denoising``, ``dn_label_noise_ratio``,
-    ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, ``distinct_query_iou``, the fields of
-    :class:`~visiontf.models.dino_options.DinoOptions` (their meaning and sources), kept as
-    ``self.dino_options``; and:
+    ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, ``distinct_query_iou``; and:
 
     Args:
         pos_temperature: temperature of the sine position embedding (DINO 20, Deformable DETR
@@ -96,12 +92,14 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
             off there and here by default: None); see
             :class:`~visiontf.detection.DeformablePostProcess`.
         nms_class_agnostic: NMS over all labels, as DINO (True), or within each label (False).
+        pos_offset, inverse_sigmoid_eps, select_padded_proposals: the position embedding's offset, the refinement's
+            clamp, and whether mixed selection may pick padded/border positions: DINO's code has 0, 1e-3, True
+            (set by the DINO R50 models: docs/dino.md "DINO's official checkpoints").
     """
 
     #: sigmoid class scores over K classes, focal loss (the DETR family's other convention: "softmax")
     class_head = "sigmoid"
-    #: shaped by num_classes, re-initialised by fine-tuning: every class head, DINO's label book (K + 1 rows)
-    head_prefixes = ("class_embed.", "label_enc.")
+    head_prefixes = ("class_embed.", "label_enc.")  # class-dependent: re-initialised when fine-tuning
     #: a traced graph holds the traced image size: level shapes are Python ints (ONNX exports fix H, W)
     trace_fixes_image_size = True
     #: ``forward(..., need_weights=True)`` returns sampling points, drawn as the paper's figure
@@ -146,6 +144,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
         decoder_norm: bool = False,
         nms_iou_threshold: float | None = None,
         nms_class_agnostic: bool = True,
+        pos_offset: float = 0.5, inverse_sigmoid_eps: float = 1e-5, select_padded_proposals: bool = False,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -179,7 +178,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
         self.backbone = DetrBackbone(
             backbone, False, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem, out_indices=stages
         )
-        self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, pos_temperature, normalize=True, offset=0.5)
+        self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, pos_temperature, normalize=True, offset=pos_offset)
         projections = [nn.Sequential(nn.Conv2d(c, hidden_dim, kernel_size=1), nn.GroupNorm(32, hidden_dim)) for c in self.backbone.channels]
         in_channels = self.backbone.channels[-1]
         for _ in range(num_feature_levels - len(projections)):
@@ -190,6 +189,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
             hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout, num_feature_levels, enc_n_points, dec_n_points,
             two_stage, attn_method, proposal_queries=not mixed_query_selection,
         )
+        self.transformer.decoder.inverse_sigmoid_eps, self.select_padded_proposals = inverse_sigmoid_eps, select_padded_proposals
         if not two_stage:
             # Group DETR: one set of learned queries per group (the first is the inference set)
             self.query_embed = nn.Embedding(num_queries * num_query_groups, 2 * hidden_dim)
@@ -315,7 +315,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
                 sources = dec["references"]
             if self.decoder_norm is None and not self.dino_options.look_forward_twice:
                 return logits, torch.stack(dec["new_references"])  # the same values, computed once
-            return logits, torch.stack([refine_boxes(ref, delta) for ref, delta in zip(sources, deltas)])
+            return logits, torch.stack([refine_boxes(ref, delta, self.transformer.decoder.inverse_sigmoid_eps) for ref, delta in zip(sources, deltas)])
         # one shared head: all layers at once, offsets from the (fixed) initial reference points
         delta = self.bbox_embed[0](hidden).float()
         ref = inverse_sigmoid(dec["references"][0].float())

@@ -128,6 +128,11 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
             model it fits), or its layout is unknown (the message lists unmatched keys).
     """
     state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    if any(k.startswith(("transformer.enc_out_class_embed.", "transformer.decoder.ref_point_head.")) for k in state):
+        raise ValueError(
+            "this is an IDEA-Research/DINO checkpoint (transformer.enc_out_class_embed, ref_point_head), not a Deformable DETR "
+            "one; use create_model('dino_resnet50_4scale' or 'dino_resnet50_5scale', pretrained=...)"
+        )
     counters = [k for k in state if k.endswith("num_batches_tracked")]
     state = {k: v for k, v in state.items() if k not in set(counters)}
     fmt = detect_format(state)

@@ -37,7 +37,7 @@ def distinct_first(scores: torch.Tensor, boxes_unact: torch.Tensor, iou: float) 
 class DeformableQueries:
     """The query steps of :class:`~visiontf.models.deformable_detr.DeformableDETR`, which mixes this in.
 
-    They read the model's ``num_queries``, ``two_stage``, ``dino_options``, ``transformer``,
+    They read the model's ``num_queries``, ``two_stage``, ``dino_options``, ``select_padded_proposals``, ``transformer``,
     ``class_embed`` and ``bbox_embed`` (the last of each: the proposal heads), and, as the options
     make them, ``query_embed`` (learned queries), ``tgt_embed`` (mixed query selection) and
     ``label_enc`` (denoising).
@@ -87,8 +87,11 @@ class DeformableQueries:
         features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
         enc_logits = self.class_embed[-1](features)
         enc_boxes = self.bbox_embed[-1](features).float() + proposals
-        # best class score per position; padded and border positions (inf proposals) are never chosen
-        scores = enc_logits.detach().float().amax(-1).masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
+        # best class score per position; padded and border positions (inf proposals) are never chosen,
+        # unless the model reproduces DINO's code, which ranks them too (their boxes then sigmoid to 1)
+        scores = enc_logits.detach().float().amax(-1)
+        if not self.select_padded_proposals:
+            scores = scores.masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
         if self.dino_options.distinct_query_iou is not None:
             scores = distinct_first(scores, enc_boxes.detach(), self.dino_options.distinct_query_iou)
         top = torch.topk(scores, self.num_queries, dim=1)[1]

@@ -227,6 +227,8 @@ class DeformableTransformerDecoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.num_layers = num_layers
+        #: the clamp of the refinement's inverse sigmoid (see :func:`refine_boxes`); the model sets it
+        self.inverse_sigmoid_eps = 1e-5
 
     def forward(
         self,
@@ -284,7 +286,7 @@ class DeformableTransformerDecoder(nn.Module):
             references.append(ref)
             if box_heads is not None:
                 deltas.append(box_heads[i](tgt).float())
-                new_references.append(refine_boxes(ref, deltas[-1]))
+                new_references.append(refine_boxes(ref, deltas[-1], self.inverse_sigmoid_eps))
                 ref = new_references[-1].detach()
         refined = box_heads is not None
         return {
@@ -295,12 +297,16 @@ class DeformableTransformerDecoder(nn.Module):
         }
 
 
-def refine_boxes(reference: Tensor, delta: Tensor) -> Tensor:
-    """``sigmoid(delta + inverse_sigmoid(reference))`` in float32; a 2-d reference offsets (cx, cy) only."""
+def refine_boxes(reference: Tensor, delta: Tensor, eps: float = 1e-5) -> Tensor:
+    """``sigmoid(delta + inverse_sigmoid(reference, eps))`` in float32; a 2-d reference offsets (cx, cy) only.
+
+    ``eps``: Deformable DETR clamps at 1e-5, DINO's code at 1e-3 (which matters for saturated
+    references, such as the (1, 1, 1, 1) boxes of padded proposals).
+    """
     delta = delta.float()
     if reference.shape[-1] == 4:
-        return (delta + inverse_sigmoid(reference.float())).sigmoid()
-    return torch.cat([delta[..., :2] + inverse_sigmoid(reference.float()), delta[..., 2:]], -1).sigmoid()
+        return (delta + inverse_sigmoid(reference.float(), eps)).sigmoid()
+    return torch.cat([delta[..., :2] + inverse_sigmoid(reference.float(), eps), delta[..., 2:]], -1).sigmoid()
 
 
 class DeformableTransformer(nn.Module):
