@@ -1,11 +1,14 @@
-"""Evaluation does not depend on the batch size or the number of processes.
+"""Evaluation does not depend on the batch size or the number of processes: COCO stats and the
+logged validation losses.
 
 A mixed-size validation set (7 images of 3 sizes, odd so that 2 ranks get 4 and 3). Zero padding
 in a mixed batch changes what the backbone's convolutions and the deformable sampling see, so
 before size-bucketed evaluation batches the COCO stats of one checkpoint moved with the batch size.
 Now every evaluation batch holds images of one size only (:class:`visiontf.data.batching.SizeBucketBatchSampler`)
 and the Predictor runs each size apart, so the stats at batch 1, 2 and 8, on 1 or 2 processes, and
-the Predictor's detections at any batch size are equal up to float rounding.
+the Predictor's detections at any batch size are equal up to float rounding. The losses are each
+image's own loss averaged with a sample-weighted ``MeanMetric`` (``BaseTask.log_eval_mean``), not
+Lightning's ``sync_dist`` epoch mean, which weighted the 2 ranks' unequal shares wrongly.
 
 The truth is the checkpoint's own detections (``own_detections_as_truth``), so a few-step model
 scores far from 0 and every image moves the stats. Cost: about 2 minutes (two fits, seven evals).
@@ -79,9 +82,14 @@ def fitted(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     return out
 
 
-def _assert_same(ref: dict, other: dict, keys: list[str], what: str) -> None:
+#: the logged validation losses: each image's own loss, averaged over the set
+LOSS_KEYS = ["val/loss", "val/loss_ce", "val/loss_bbox", "val/loss_giou", "val/class_error", "val/cardinality_error"]
+
+
+def _assert_same(ref: dict, other: dict, keys: list[str], what: str, tol: float = 1e-6) -> None:
     for k in keys:
-        assert math.isclose(ref[k], other[k], rel_tol=0, abs_tol=1e-6), f"{what}: {k} {other[k]} != {ref[k]} (batch 1)"
+        assert k in ref and k in other, f"{what}: {k} missing"
+        assert math.isclose(ref[k], other[k], rel_tol=0, abs_tol=tol), f"{what}: {k} {other[k]} != {ref[k]} (batch 1)"
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
@@ -97,11 +105,15 @@ def test_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(fitted, family, tmp_
     keys = [f"val/{k}" for k in COCO_KEYS]
     # the truth is the batch-1 detections: 1 here, and whatever a padded batch changes is lost
     assert stats[1]["val/map"] > 0.9, stats[1]
-    _assert_same(stats[1], stats[2], keys, "batch 2")
-    _assert_same(stats[1], stats[8], keys, "batch 8")
+    assert stats[1]["val/loss"] > 0.1, stats[1]
+    for b in (2, 8):
+        _assert_same(stats[1], stats[b], keys, f"batch {b}")
+        _assert_same(stats[1], stats[b], LOSS_KEYS, f"batch {b}", tol=1e-5)
+    # 2 ranks of 4 and 3 images: Lightning's sync_dist epoch mean inflated every loss (x7/6 at batch 1)
     ddp = evaluate(CONFIGS[family], ckpt, tmp_path / "ddp.json",
                    [o for o in overrides if o != "--trainer.strategy=auto"] + ["--data.init_args.val_batch_size=2"], ddp=True)
     _assert_same(stats[1], ddp, keys, "2 processes, batch 2")
+    _assert_same(stats[1], ddp, LOSS_KEYS, "2 processes, batch 2", tol=1e-5)
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
