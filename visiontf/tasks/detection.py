@@ -169,7 +169,7 @@ class DetectionTask(BaseTask):
 
     def _eval_step(self, batch, stage: str) -> None:
         images, mask, targets = batch
-        outputs = self.model(images, mask)
+        outputs = self._forward(images, mask, targets)
         # each image's own loss (the normaliser is its own box count), averaged over the set: the same
         # numbers at any batch size and process count; only training steps synchronise the box count
         for i, target in enumerate(targets):
