@@ -87,8 +87,9 @@ except ModuleNotFoundError:  # pragma: no cover
 def _patch_eval_samplers() -> None:
     import importlib
 
-    for name in ("visiontf.data.classification", "visiontf.data.coco", "visiontf.data.segmentation",
-                 "visiontf.data.restoration"):
+    # visiontf.data.samplers: its eval_batch_sampler (the COCO eval loaders) looks eval_sampler up there
+    for name in ("visiontf.data.samplers", "visiontf.data.classification", "visiontf.data.coco",
+                 "visiontf.data.segmentation", "visiontf.data.restoration"):
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError:

@@ -287,8 +287,14 @@ def test_datamodule_maps_categories_and_batches(synthetic):
         assert (t["labels"] < 4).all()
     val = dm.val_dataloader()
     assert isinstance(val.sampler, SequentialSampler)
-    val_ids = [t["image_id"] for _, _, ts in val for t in ts]
-    assert val_ids == [img["id"] for img in json.loads(paths["val_ann"].read_text())["images"]]
+    val_ids, val_batches = [], 0
+    for _, _, ts in val:  # (padded only to size_divisibility, alike for every image of a batch)
+        assert len({tuple(t["size"].tolist()) for t in ts}) == 1, "an evaluation batch mixed image sizes"
+        val_ids += [t["image_id"] for t in ts]
+        val_batches += 1
+    # every image once, grouped by size (so fewer full batches than in file order, never more images)
+    assert sorted(val_ids) == sorted(img["id"] for img in json.loads(paths["val_ann"].read_text())["images"])
+    assert val_batches == len(val)
     # Labels round-trip to the file's category ids.
     ds = dm.val_dataset
     for idx in range(len(ds)):

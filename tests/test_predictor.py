@@ -109,13 +109,17 @@ def _rect_image(h: int, w: int, box: tuple[int, int, int, int]) -> torch.Tensor:
 
 def test_detection_boxes_map_back_to_original_pixels_through_resize_and_padding():
     small_box, large_box = (10, 5, 30, 20), (25, 60, 70, 100)
-    small = _rect_image(37, 53, small_box)  # odd size, upscaled and padded in the batch
-    large = _rect_image(121, 90, large_box)  # downscaled, sets the batch size
+    small = _rect_image(37, 53, small_box)  # odd size, upscaled (padded in a mixed batch)
+    large = _rect_image(121, 90, large_box)  # downscaled, sets a mixed batch's size
     model = BoxFinder()
     p = Predictor(model, task="detection", device="cpu", batch_size=2)
     res = p([small, large], score_threshold=0.5)
+    # two sizes: each went through the model apart, unpadded (padding would change a real model's detections)
+    assert len(model.masks_seen) == 2 and all(m is None for m in model.masks_seen)
+    # the padded path still maps back (evaluation pads to size_divisibility): one mixed batch, as before
+    padded = p.adapter._predict_batch(model, p.preprocess, [small.float() / 255, large.float() / 255], 0.5, None, p.class_name)
     assert model.masks_seen[-1] is not None and bool(model.masks_seen[-1].any()), "the batch was padded"
-    for r, box in zip(res, (small_box, large_box)):
+    for r, box in [*zip(res, (small_box, large_box)), *zip(padded, (small_box, large_box))]:
         assert r["boxes"].shape == (1, 4) and r["labels"].tolist() == [1]
         # one resized pixel is at most ~2 original pixels here
         torch.testing.assert_close(r["boxes"][0], torch.tensor(box, dtype=torch.float32), atol=2.0, rtol=0)

@@ -22,7 +22,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from visiontf.adapters import attention, deformable_attention, drawing
 from visiontf.adapters.base import PredictionWriter, PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
-from visiontf.data.batching import PaddedBatch, pad_images
+from visiontf.data.batching import PaddedBatch, pad_images, size_buckets
 from visiontf.data.detection_transforms import resized_hw
 from visiontf.detection import build_postprocess, set_postprocess
 
@@ -87,7 +87,20 @@ class DetectionAdapter(TaskAdapter):
                 score_threshold: float | None = None, top_k: int | None = None,
                 class_name: Callable[[int], str] = lambda i: f"class_{i}") -> list[dict[str, Any]]:
         """``boxes`` (N, 4) xyxy in original pixels, ``scores``, ``labels``, ``class_names``: detections
-        with ``score > score_threshold`` (None keeps all), at most ``top_k``, sorted by score."""
+        with ``score > score_threshold`` (None keeps all), at most ``top_k``, sorted by score.
+
+        Images of one size go through the model together, each size apart: a padded batch would change
+        the detections (:mod:`visiontf.data.batching`), so they do not depend on the batch size."""
+        results: list[dict[str, Any]] = [{} for _ in images]
+        for group in size_buckets([tuple(im.shape[-2:]) for im in images]):
+            same_size = self._predict_batch(model, preprocess, [images[i] for i in group], score_threshold, top_k, class_name)
+            for i, r in zip(group, same_size):
+                results[i] = r
+        return results
+
+    def _predict_batch(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor],
+                       score_threshold: float | None, top_k: int | None, class_name: Callable[[int], str]
+                       ) -> list[dict[str, Any]]:
         batch, _ = preprocess(images)
         # no mask when nothing is padded: the model then takes its fused attention path
         outputs = model(batch.images, batch.mask if batch.padded else None)

@@ -7,7 +7,7 @@ found by :mod:`visiontf.data.layouts`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,8 @@ from visiontf.data import detection_transforms as DT
 from visiontf.data.coco_annotations import AnnotationError, load_coco_json, parse_categories
 from visiontf.data.coco_dataset import CocoDetection, collate_detection
 from visiontf.data.layouts import resolve_detection_layout
-from visiontf.data.loading import TrainLoader, default_num_workers, loader_kwargs
-from visiontf.data.samplers import aspect_ratio_groups, eval_sampler, train_sampler
+from visiontf.data.loading import BatchSamplerLoader, TrainLoader, default_num_workers, loader_kwargs
+from visiontf.data.samplers import aspect_ratio_groups, eval_batch_sampler, train_sampler
 
 log = logging.getLogger(__name__)
 
@@ -153,14 +153,26 @@ class CocoDataModule(L.LightningDataModule):
             raise RuntimeError(f"CocoDataModule: {name} dataset not set up; call setup() with the matching stage first")
         # train: epoch-seeded order whose keys seed each sample's augmentation (exact resume, any worker
         # count); eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
+        collate = partial(collate_detection, size_divisibility=self.size_divisibility)
+        kwargs = loader_kwargs(self.num_workers, self.seed, self.pin_memory, self.persistent_workers)
         if shuffle:
             sampler = train_sampler(ds, self.trainer, self.seed, **self._batch_layout(ds, batch_size))
-        else:
-            sampler = eval_sampler(ds, self.trainer)
-        loader = TrainLoader if shuffle else DataLoader
-        return loader(ds, batch_size=batch_size, sampler=sampler,
-                      collate_fn=partial(collate_detection, size_divisibility=self.size_divisibility),
-                      **loader_kwargs(self.num_workers, self.seed, self.pin_memory, self.persistent_workers))
+            return TrainLoader(ds, batch_size=batch_size, sampler=sampler, collate_fn=collate, **kwargs)
+        # eval: batches of one resized size (no padding), so the stats do not depend on the batch size
+        # or the process count (visiontf.data.batching)
+        batches = eval_batch_sampler(ds, self.trainer, batch_size, self._eval_sizes(ds))
+        return BatchSamplerLoader(ds, batch_sampler=batches, collate_fn=collate, **kwargs)
+
+    def _eval_sizes(self, ds: CocoDetection) -> list[Hashable]:
+        """Each image's size after the eval resize, from its annotated width/height (no image is read).
+        An image without them gets a key of its own: it is evaluated alone. One whose real size differs
+        from the annotation (warned about when it is read) may share a batch with another size."""
+        sizes: list[Hashable] = []
+        for i, im in enumerate(ds.index.images):
+            h, w = im.get("height"), im.get("width")
+            known = isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0
+            sizes.append(DT.resized_hw(h, w, self.val_size, self.max_size) if known else ("unknown size", i))
+        return sizes
 
     def _batch_layout(self, ds: CocoDetection, batch_size: int) -> dict[str, Any]:
         # batch numbers in the keys only when something is shared by a batch (the default keeps the keys,

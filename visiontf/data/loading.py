@@ -110,6 +110,24 @@ class TrainLoader(DataLoader):
         return _DeferredIterator(super().__iter__)
 
 
+class BatchSamplerLoader(DataLoader):
+    """A DataLoader built with ``batch_sampler=``, whose ``sampler`` is that batch sampler's sampler.
+
+    A plain DataLoader given a batch sampler reports a ``SequentialSampler`` it never uses. Under DDP,
+    Lightning replaces any sampler that is not a ``DistributedSampler`` with its own repeating one,
+    and would do so here although the batch sampler already reads this rank's unrepeated share
+    (:func:`visiontf.data.samplers.eval_batch_sampler`). Reporting the real sampler leaves it in place.
+    """
+
+    @property
+    def sampler(self):
+        return self.batch_sampler.sampler
+
+    @sampler.setter
+    def sampler(self, value) -> None:
+        pass  # DataLoader.__init__ stores its unused default here; the batch sampler's sampler is the one
+
+
 class _DeferredIterator:
     def __init__(self, start) -> None:
         self._start = start

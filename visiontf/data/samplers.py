@@ -8,12 +8,13 @@ place because it is already a ``DistributedSampler``.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 import numpy as np
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import Dataset, DistributedSampler, Sampler
+from torch.utils.data import Dataset, DistributedSampler, Sampler, SequentialSampler
 
+from visiontf.data.batching import SizeBucketBatchSampler
 from visiontf.data.loading import EpochIndex
 from visiontf.errors import UserError
 
@@ -80,6 +81,14 @@ def eval_sampler(dataset: Dataset, trainer) -> Sampler | None:
         raise UserError(f"the evaluation set has {len(dataset)} image(s) for {trainer.world_size} processes: each "
                         "process needs at least one; evaluate with --trainer.devices 1 (or more images)")
     return UnrepeatedDistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False)
+
+
+def eval_batch_sampler(dataset: Dataset, trainer, batch_size: int, sizes: Sequence[Hashable]) -> SizeBucketBatchSampler:
+    """Evaluation batches of same-size images (no padding) over this process's unrepeated share:
+    every image gets the computation it gets alone, at any batch size and process count. Use it
+    with :class:`~visiontf.data.loading.BatchSamplerLoader`."""
+    sampler = eval_sampler(dataset, trainer) or SequentialSampler(dataset)
+    return SizeBucketBatchSampler(sampler, batch_size, sizes=sizes)
 
 
 def train_sampler(dataset: Dataset, trainer, seed: int, batch_size: int = 0,

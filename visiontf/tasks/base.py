@@ -1,4 +1,5 @@
-"""What every visiontf task shares: model construction, torch.compile, the non-finite loss guard."""
+"""What every visiontf task shares: model construction, torch.compile, the non-finite loss guard, and
+evaluation means over the whole set that do not depend on the process count."""
 from __future__ import annotations
 
 import logging
@@ -9,11 +10,12 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
+from torchmetrics import MeanMetric
 
 from visiontf.adapters.base import adapter_for_task
 from visiontf.checkpoints import check_checkpoint_fits
 from visiontf.config_checks import check_config, one_of, optional, positive_int
-from visiontf.distributed import is_distributed
+from visiontf.distributed import get_world_size, is_distributed
 from visiontf.registry import create_model
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,9 @@ class BaseTask(L.LightningModule):
         self.compile_model = compile
         self.on_nonfinite = on_nonfinite
         self.nonfinite_steps = 0
+        # name -> weighted mean of an evaluation value over the whole set (see log_eval_mean)
+        self._eval_means: dict[str, MeanMetric] = {}
+        self._eval_prog_bar: set[str] = set()
 
     def configure_model(self) -> None:
         if self.compile_model and not getattr(self, "_compiled", False):
@@ -133,12 +138,45 @@ class BaseTask(L.LightningModule):
 
     def on_validation_epoch_end(self):
         self._eval_end("val")
+        self._log_eval_means("val")
 
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, "test")
 
     def on_test_epoch_end(self):
         self._eval_end("test")
+        self._log_eval_means("test")
+
+    def log_eval_mean(self, name: str, value: Tensor | float, weight: float | int, prog_bar: bool = False) -> None:
+        """Add ``value``, a mean over ``weight`` items (images, pixels, tokens), to the mean of ``name``
+        over the whole evaluation set, logged as ``name`` when the epoch ends.
+
+        Why not ``self.log(name, value, sync_dist=True, batch_size=n)``: under DDP the unrepeated eval
+        sampler gives ranks unequal image and batch counts (7 images: 4 and 3), and Lightning's epoch
+        mean of a ``sync_dist`` value weights them wrongly (inflated x7/6 there; Lightning issue #21859,
+        PR #21839). A ``MeanMetric`` sums value x weight and weight on each rank and adds those sums over
+        the ranks when computed, so the logged mean equals the 1-process one. NaN is kept, not dropped.
+        """
+        if prog_bar:
+            self._eval_prog_bar.add(name)
+        metric = self._eval_means.get(name)
+        if metric is None:
+            metric = self._eval_means[name] = MeanMetric(nan_strategy="disable").to(self.device)
+        value = value.detach().float() if torch.is_tensor(value) else torch.tensor(float(value))
+        metric.update(value.to(metric.device), torch.tensor(float(weight), device=metric.device))
+
+    def _log_eval_means(self, stage: str) -> None:
+        names = {n for n in self._eval_means if n.startswith(f"{stage}/")}
+        if get_world_size() > 1:  # every rank computes every name, or the first sync waits forever
+            gathered: list = [None] * get_world_size()
+            torch.distributed.all_gather_object(gathered, sorted(names))
+            names = set().union(*gathered)
+        for name in sorted(names):
+            metric = self._eval_means.get(name) or self._eval_means.setdefault(
+                name, MeanMetric(nan_strategy="disable").to(self.device))
+            # compute() has summed over the ranks: nothing left to synchronise
+            self.log(name, metric.compute(), prog_bar=name in self._eval_prog_bar, sync_dist=False)
+            metric.reset()
 
     def total_steps(self) -> int:
         return int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1

@@ -116,7 +116,7 @@ class ClassificationTask(BaseTask):
     def _eval_step(self, batch, prefix: str) -> None:
         images, labels = batch
         logits = self.model(images)
-        self.log(f"{prefix}/loss", F.cross_entropy(logits, labels), sync_dist=True)
+        self.log_eval_mean(f"{prefix}/loss", F.cross_entropy(logits, labels), len(labels))
         self.val_top1.update(logits, labels)
         self.val_top5.update(logits, labels)
 

@@ -31,6 +31,18 @@ def split_loss_terms(losses: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict
     return main, aux
 
 
+def one_image(outputs: Any, i: int, batch_size: int) -> Any:
+    """Image ``i`` of a detector's outputs: every tensor whose first dimension is the batch, sliced to
+    ``[i:i+1]`` through nested dicts and lists (auxiliary layers, encoder proposals); the rest as it is."""
+    if torch.is_tensor(outputs):
+        return outputs[i:i + 1] if outputs.dim() and outputs.shape[0] == batch_size else outputs
+    if isinstance(outputs, dict):
+        return {k: one_image(v, i, batch_size) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)):
+        return type(outputs)(one_image(v, i, batch_size) for v in outputs)
+    return outputs
+
+
 class DetectionTask(BaseTask):
     """Training and COCO evaluation of any detector of the DETR family (DETR, Deformable DETR, ...).
 
@@ -55,7 +67,8 @@ class DetectionTask(BaseTask):
 
     Every loss term the criterion returns is logged under its own name: ``train/<term>`` for the
     final layer, two-stage proposals (``_enc``) and other suffixed terms, ``train_aux/<term>_<i>``
-    for auxiliary decoder layers; evaluation logs the main terms under ``val/`` or ``test/``.
+    for auxiliary decoder layers; evaluation logs the main terms under ``val/`` or ``test/``, each the
+    mean over the images of that image's own loss (independent of batch size and process count).
 
     Learning rates follow the model's own parameter groups (``model.param_group(name)``): ``lr``
     for ``"default"``, ``lr_backbone`` for ``"backbone"`` and ``lr * lr_offsets_mult`` for
@@ -155,11 +168,15 @@ class DetectionTask(BaseTask):
         return loss
 
     def _eval_step(self, batch, stage: str) -> None:
-        outputs, losses, targets = self._step(batch)
-        bs = len(targets)
-        self.log(f"{stage}/loss", losses["loss"], sync_dist=True, batch_size=bs)
-        main, _ = split_loss_terms(losses)
-        self.log_dict({f"{stage}/{k}": v for k, v in main.items()}, sync_dist=True, batch_size=bs)
+        images, mask, targets = batch
+        outputs = self._forward(images, mask, targets)
+        # each image's own loss (the normaliser is its own box count), averaged over the set: the same
+        # numbers at any batch size and process count; only training steps synchronise the box count
+        for i, target in enumerate(targets):
+            losses = self.criterion(one_image(outputs, i, len(targets)), [target], sync_num_boxes=False)
+            main, _ = split_loss_terms(losses)
+            for k, v in {"loss": losses["loss"], **main}.items():
+                self.log_eval_mean(f"{stage}/{k}", v, 1)
         sizes = torch.stack([t["orig_size"] for t in targets]).to(outputs["pred_boxes"].device)
         preds = self.postprocess(outputs, sizes)
         ids = torch.as_tensor([int(t["image_id"]) for t in targets], device=self.device)

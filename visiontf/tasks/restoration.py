@@ -143,7 +143,7 @@ class RestorationTask(BaseTask):
         lq, hr, task = batch
         t = int(task[0])
         sr = self.restore(lq, t)
-        self.log(f"{prefix}/loss", F.l1_loss(sr, hr), sync_dist=True, batch_size=lq.shape[0])
+        self.log_eval_mean(f"{prefix}/loss", F.l1_loss(sr, hr), lq.shape[0])  # one size per batch: a mean of images
         scale = self.scales[t]
         self.scores.update(sr.float(), hr.float(), t, scale)
         if self.hparams.bicubic_baseline and scale > 1:

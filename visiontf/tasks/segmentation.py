@@ -191,8 +191,9 @@ class SegmentationTask(BaseTask):
         if sizes is not None:  # "resized": the original annotations resized (nearest) to the images
             masks = resized_masks(masks, sizes, images.shape[-2:], self.hparams.ignore_index)
         scores = self.predict_logits(images)
-        if self._single_view():
-            self.log(f"{prefix}/loss", labelled_cross_entropy(scores, masks, self.hparams.ignore_index)[0], sync_dist=True)
+        if self._single_view():  # the mean over the labelled pixels of the whole set
+            loss, pixels = labelled_cross_entropy(scores, masks, self.hparams.ignore_index)
+            self.log_eval_mean(f"{prefix}/loss", loss, int(pixels))
         self.confmat.update(scores.argmax(dim=1), masks)
 
     def _eval_original_size(self, images: Tensor, masks: Tensor, sizes: Tensor, prefix: str) -> None:
@@ -204,8 +205,8 @@ class SegmentationTask(BaseTask):
                 loss_sum = loss_sum + F.cross_entropy(scores[None], target[None], ignore_index=ignore, reduction="sum")
                 pixels += int((target != ignore).sum())
             self.confmat.update(scores.argmax(dim=0)[None], target[None])
-        if self._single_view():  # logged on every step of every rank (sync_dist), 0 when all is ignored
-            self.log(f"{prefix}/loss", loss_sum / max(pixels, 1), sync_dist=True)
+        if self._single_view():  # the mean over the labelled pixels of the whole set (NaN when there are none)
+            self.log_eval_mean(f"{prefix}/loss", loss_sum / max(pixels, 1), pixels)
 
     def _class_names(self) -> list[str]:
         dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None

@@ -184,11 +184,12 @@ class TokenizerTask(BaseTask):
         x_rec = self.model.decode(quant).clamp(-1, 1)
         counts = torch.bincount(indices.reshape(-1), minlength=self.model.num_codes)
         self._val_counts = counts if self._val_counts is None else self._val_counts + counts
-        self.log(f"{stage}/rec_loss", (x - x_rec).abs().mean(), sync_dist=True)
-        self.log(f"{stage}/psnr", psnr(x, x_rec).mean(), prog_bar=True, sync_dist=True)
-        self.log(f"{stage}/ssim", ssim(x_rec.float(), x.float(), data_range=2.0), sync_dist=True)
+        n = x.shape[0]  # every value is a mean over the batch's (same-size) images
+        self.log_eval_mean(f"{stage}/rec_loss", (x - x_rec).abs().mean(), n)
+        self.log_eval_mean(f"{stage}/psnr", psnr(x, x_rec).mean(), n, prog_bar=True)
+        self.log_eval_mean(f"{stage}/ssim", ssim(x_rec.float(), x.float(), data_range=2.0), n)
         if self._lpips_available():
-            self.log(f"{stage}/lpips", self.lpips(x.float(), x_rec.float()), sync_dist=True)
+            self.log_eval_mean(f"{stage}/lpips", self.lpips(x.float(), x_rec.float()), n)
 
     def _eval_end(self, stage: str) -> None:
         if self._val_counts is None:

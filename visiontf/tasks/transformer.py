@@ -87,7 +87,7 @@ class TransformerTask(BaseTask):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         logits, target = self.model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
-        self.log(f"{stage}/bits_per_token", loss / math.log(2), prog_bar=True, sync_dist=True)
+        self.log_eval_mean(f"{stage}/bits_per_token", loss / math.log(2), target.numel(), prog_bar=True)
         counts = torch.bincount(target.reshape(-1), minlength=self.model.transformer.vocab_size)
         self._val_counts = counts if self._val_counts is None else self._val_counts + counts
 

@@ -1,0 +1,133 @@
+"""Evaluation does not depend on the batch size or the number of processes: COCO stats and the
+logged validation losses.
+
+A mixed-size validation set (7 images of 3 sizes, odd so that 2 ranks get 4 and 3). Zero padding
+in a mixed batch changes what the backbone's convolutions and the deformable sampling see, so
+before size-bucketed evaluation batches the COCO stats of one checkpoint moved with the batch size.
+Now every evaluation batch holds images of one size only (:class:`visiontf.data.batching.SizeBucketBatchSampler`)
+and the Predictor runs each size apart, so the stats at batch 1, 2 and 8, on 1 or 2 processes, and
+the Predictor's detections at any batch size are equal up to float rounding. The losses are each
+image's own loss averaged with a sample-weighted ``MeanMetric`` (``BaseTask.log_eval_mean``), not
+Lightning's ``sync_dist`` epoch mean, which weighted the 2 ranks' unequal shares wrongly.
+
+The truth is the checkpoint's own detections (``own_detections_as_truth``), so a few-step model
+scores far from 0 and every image moves the stats. Cost: about 2 minutes (two fits, seven evals).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from cli_runner import run_tools
+from ddp_utils import evaluate
+from handmade_data import own_detections_as_truth
+
+pytestmark = pytest.mark.slow
+
+CONFIGS = {"detr": "configs/detr/detr_tiny_shapes.yaml", "dino": "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"}
+MODELS = {
+    "detr": "--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
+            "dim_feedforward: 32, num_queries: 10, frozen_bn: false, freeze_stem: false}",
+    "dino": "--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
+            "dim_feedforward: 32, num_queries: 12, num_denoising: 6, nms_iou_threshold: 0.7, nms_class_agnostic: false}",
+}
+DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.scales=[64]",
+        "--data.init_args.max_size=96", "--data.init_args.crop_scales=[64]", "--data.init_args.val_size=64",
+        "--precision_without_native_bf16=null", "--trainer.precision=32-true"]
+#: (height, width) of the 7 validation images: three sizes, so that batches of 2 and 8 mix them
+VAL_SIZES = [(64, 80), (80, 64), (64, 80), (72, 72), (64, 80), (80, 64), (64, 80)]
+COCO_KEYS = ["map", "map_50", "map_75", "mar_1", "mar_10", "mar_100"]
+
+
+def _mixed_sizes(img_dir: Path, ann_file: Path) -> None:
+    """Resize the val images to :data:`VAL_SIZES` (boxes scaled with them)."""
+    from PIL import Image
+
+    data = json.loads(ann_file.read_text())
+    assert len(data["images"]) == len(VAL_SIZES)
+    scale = {}
+    for img, (h, w) in zip(data["images"], VAL_SIZES):
+        path = img_dir / img["file_name"]
+        im = Image.open(path).convert("RGB")
+        scale[img["id"]] = (w / im.width, h / im.height)
+        im.resize((w, h), Image.BILINEAR).save(path, quality=95)
+        img["width"], img["height"] = w, h
+    for a in data["annotations"]:
+        sx, sy = scale[a["image_id"]]
+        x, y, bw, bh = a["bbox"]
+        a["bbox"], a["area"] = [x * sx, y * sy, bw * sx, bh * sy], bw * sx * bh * sy
+    ann_file.write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """detr_tiny and dino_tiny fitted 2 steps (1 process): family -> (data with own truth, checkpoint)."""
+    from visiontf.data.synthetic.detection import make_detection_dataset
+
+    base = tmp_path_factory.mktemp("invariance")
+    paths = make_detection_dataset(base / "data", num_train=4, num_val=len(VAL_SIZES), image_size=(64, 80), num_classes=3)
+    _mixed_sizes(paths["val_images"], paths["val_ann"])
+    cases = [{"argv": ["tools/train.py", "fit", "--config", CONFIGS[f], f"--data.init_args.root={paths['root']}", MODELS[f],
+                       *DATA, "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.max_steps=2",
+                       "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false", "--trainer.callbacks=[]",
+                       f"--trainer.default_root_dir={base / f}"]} for f in CONFIGS]
+    for r in run_tools(cases, base):
+        assert r["code"] == 0, r["stderr"][-3000:]
+    out = {}
+    for f in CONFIGS:
+        ckpt = base / f / "checkpoints" / "last.ckpt"
+        out[f] = (own_detections_as_truth(ckpt, paths["root"], base / f"data_{f}"), ckpt)
+    return out
+
+
+#: the logged validation losses: each image's own loss, averaged over the set
+LOSS_KEYS = ["val/loss", "val/loss_ce", "val/loss_bbox", "val/loss_giou", "val/class_error", "val/cardinality_error"]
+
+
+def _assert_same(ref: dict, other: dict, keys: list[str], what: str, tol: float = 1e-6) -> None:
+    for k in keys:
+        assert k in ref and k in other, f"{what}: {k} missing"
+        assert math.isclose(ref[k], other[k], rel_tol=0, abs_tol=tol), f"{what}: {k} {other[k]} != {ref[k]} (batch 1)"
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(fitted, family, tmp_path):
+    root, ckpt = fitted[family]
+    overrides = [f"--data.init_args.root={root}", MODELS[family], *DATA, "--trainer.strategy=auto", "--trainer.callbacks=[]"]
+    cases = [{"argv": ["tools/eval.py", "--config", CONFIGS[family], *overrides, f"--data.init_args.val_batch_size={b}",
+                       "--trainer.devices=1", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
+                       "--ckpt_path", ckpt, "--output", tmp_path / f"b{b}.json"]} for b in (1, 2, 8)]
+    for r in run_tools(cases, tmp_path):
+        assert r["code"] == 0, r["stderr"][-3000:]
+    stats = {b: json.loads((tmp_path / f"b{b}.json").read_text()) for b in (1, 2, 8)}
+    keys = [f"val/{k}" for k in COCO_KEYS]
+    # the truth is the batch-1 detections: 1 here, and whatever a padded batch changes is lost
+    assert stats[1]["val/map"] > 0.9, stats[1]
+    assert stats[1]["val/loss"] > 0.1, stats[1]
+    for b in (2, 8):
+        _assert_same(stats[1], stats[b], keys, f"batch {b}")
+        _assert_same(stats[1], stats[b], LOSS_KEYS, f"batch {b}", tol=1e-5)
+    # 2 ranks of 4 and 3 images: Lightning's sync_dist epoch mean inflated every loss (x7/6 at batch 1)
+    ddp = evaluate(CONFIGS[family], ckpt, tmp_path / "ddp.json",
+                   [o for o in overrides if o != "--trainer.strategy=auto"] + ["--data.init_args.val_batch_size=2"], ddp=True)
+    _assert_same(stats[1], ddp, keys, "2 processes, batch 2")
+    _assert_same(stats[1], ddp, LOSS_KEYS, "2 processes, batch 2", tol=1e-5)
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_predictor_detections_equal_at_any_batch_size(fitted, family):
+    import torch
+
+    from visiontf.inference.predictor import Predictor
+
+    root, ckpt = fitted[family]
+    images = sorted((root / "val2017").glob("*.jpg"))
+    one = Predictor.from_checkpoint(ckpt, device="cpu", batch_size=1)(images, score_threshold=None)
+    for batch_size in (2, 8):
+        many = Predictor.from_checkpoint(ckpt, device="cpu", batch_size=batch_size)(images, score_threshold=None)
+        for a, b in zip(one, many):
+            assert a["labels"].tolist() == b["labels"].tolist(), (batch_size, a["source"])
+            torch.testing.assert_close(b["scores"], a["scores"], rtol=0, atol=1e-5)
+            torch.testing.assert_close(b["boxes"], a["boxes"], rtol=0, atol=1e-3)  # pixels
