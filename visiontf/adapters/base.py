@@ -154,6 +154,14 @@ class TaskAdapter:
         """The graph's dynamic dimensions (``model``: the one exported, for adapters whose answer depends on it)."""
         return {name: {0: "batch"} for name in (*self.input_names, *self.output_names)}
 
+    def onnx_disagreements(self, model: nn.Module, inputs: dict[str, Tensor], ref: Sequence[Tensor],
+                           got: Sequence[Tensor], tolerance: Any) -> list[str]:
+        """Beyond the raw outputs (compared by :func:`visiontf.inference.onnx_check.check_onnx`): what of the
+        task's results, from PyTorch's outputs ``ref`` and onnxruntime's ``got`` on ``inputs``, differs more
+        than ``tolerance`` (an :class:`~visiontf.inference.onnx_check.ExportTolerance`) allows; by default
+        the raw outputs are what users consume, nothing more to compare."""
+        return []
+
     def default_export_size(self, model: nn.Module) -> tuple[int, int]:
         cfg = getattr(model, "pretrained_cfg", {}) or {}
         size = cfg.get("crop_size") or cfg.get("input_size", (3, 224, 224))
