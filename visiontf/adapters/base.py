@@ -84,6 +84,8 @@ class TaskAdapter:
     output_names: tuple[str, ...] = ()
     #: batch size of the example the ONNX graph is traced with
     trace_batch_size: int = 1
+    #: an axis along which every output is a set (a detector's queries): the export check lets rows swap
+    onnx_set_axis: int | None = None
 
     # ------------------------------------------------------------------ preprocessing
     def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

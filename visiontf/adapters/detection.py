@@ -70,6 +70,7 @@ class DetectionAdapter(TaskAdapter):
     input_names = ("images", "mask")
     output_names = ("pred_logits", "pred_boxes")
     trace_batch_size = 2  # the second example image is padded, so the padded path is traced
+    onnx_set_axis = 1  # queries: two-stage selection may order exactly tied ones either way
 
     def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}

@@ -324,7 +324,7 @@ def export_parser() -> ToolParser:
     p.add_argument("--no_check", dest="check", action="store_false", help="skip the onnxruntime comparison")
     p.add_argument("--rtol", type=float, help="the check: raw outputs may differ by atol + rtol * |PyTorch| "
                    "(default: visiontf.inference.onnx_check.ExportTolerance, 1e-3), detections by float32 noise")
-    p.add_argument("--atol", type=float, help="see --rtol (default 1e-4)")
+    p.add_argument("--atol", type=float, help="see --rtol (default 1e-3)")
     return p
 
 
