@@ -211,3 +211,60 @@ def test_from_lightning_checkpoint(tmp_path):
         ref = task.model.eval()(p.preprocess_classification(load_inputs(x))).softmax(-1)[0]
     torch.testing.assert_close(got["scores"], ref.sort(descending=True).values, atol=1e-5, rtol=0)
     assert set(got["class_names"]) == {"w", "x", "y", "z"}
+
+
+@pytest.fixture(scope="module")
+def dino():
+    """dino_tiny with DINO's options (two-stage mixed query selection, look forward twice, shared heads,
+    decoder norm, denoising off at inference), small, with biases moved off their init so that the
+    detections differ from image to image."""
+    torch.manual_seed(0)
+    model = visiontf.create_model("dino_tiny", num_classes=3, num_queries=30, enc_layers=1, dec_layers=2,
+                                  backbone_pretrained=False, num_query_groups=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def _direct_detections(model, images, min_size, max_size):
+    """What the Predictor should return, written out: resize, normalise, pad with a mask, the model,
+    the model's post-processing at the original sizes, boxes clipped to the image."""
+    from visiontf.adapters.detection import DetectionPreprocess
+    from visiontf.detection import build_postprocess
+
+    prep = DetectionPreprocess({"min_size": min_size, "max_size": max_size, "mean": model.pretrained_cfg["mean"],
+                                "std": model.pretrained_cfg["std"]})
+    batch, _ = prep(images)
+    with torch.no_grad():
+        out = model(batch.images, batch.mask if batch.padded else None)
+    sizes = torch.tensor([tuple(im.shape[-2:]) for im in images])
+    dets = build_postprocess(model)(out, sizes)
+    for d, (h, w) in zip(dets, sizes.tolist()):
+        d["boxes"][:, 0::2] = d["boxes"][:, 0::2].clamp(0, w)
+        d["boxes"][:, 1::2] = d["boxes"][:, 1::2].clamp(0, h)
+    return dets
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_dino_predictor_equals_model_and_postprocessing(dino, batch_size):
+    """The Predictor on dino_tiny (DINO's options on) gives the detections of the model + its
+    post-processing called directly, on images of different sizes and aspect ratios, one at a time or
+    two per (padded) batch."""
+    images = [torch.rand(3, 70, 100, generator=torch.Generator().manual_seed(1)),
+              torch.rand(3, 120, 64, generator=torch.Generator().manual_seed(2)),
+              torch.rand(3, 96, 96, generator=torch.Generator().manual_seed(3))]
+    p = Predictor(dino, device="cpu", batch_size=batch_size, min_size=96, max_size=160)
+    got = p(images, score_threshold=None)
+    want = []
+    for i in range(0, len(images), batch_size):
+        want += _direct_detections(dino, images[i : i + batch_size], 96, 160)
+    assert [r["image_size"] for r in got] == [(70, 100), (120, 64), (96, 96)]
+    for r, d in zip(got, want):
+        assert len(r["scores"]) == min(dino.postprocess_options.num_top, 30 * 3) == len(d["scores"])
+        torch.testing.assert_close(r["scores"], d["scores"], atol=0, rtol=0)
+        torch.testing.assert_close(r["labels"], d["labels"], atol=0, rtol=0)
+        torch.testing.assert_close(r["boxes"], d["boxes"], atol=0, rtol=0)
+    # non-trivial: different images give different detections
+    assert not torch.equal(got[0]["boxes"][:5], got[2]["boxes"][:5])

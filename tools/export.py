@@ -3,7 +3,9 @@
 
     python tools/export.py --ckpt_path K.ckpt [--config C.yaml] --output model.safetensors [--onnx model.onnx] [--image_size 224 224]
 
-The ONNX graph is compared with PyTorch through onnxruntime (atol 1e-4) unless --no_check.
+The ONNX graph is compared with PyTorch through onnxruntime unless --no_check: raw outputs within
+atol + rtol * |PyTorch| (--atol/--rtol, default 1e-3 each) and, for detectors, the post-processed
+detections (visiontf.inference.onnx_check).
 """
 import sys
 from pathlib import Path

@@ -84,6 +84,8 @@ class TaskAdapter:
     output_names: tuple[str, ...] = ()
     #: batch size of the example the ONNX graph is traced with
     trace_batch_size: int = 1
+    #: an axis along which every output is a set (a detector's queries): the export check lets rows swap
+    onnx_set_axis: int | None = None
 
     # ------------------------------------------------------------------ preprocessing
     def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -153,6 +155,14 @@ class TaskAdapter:
     def dynamic_axes(self, model: nn.Module | None = None) -> dict[str, dict[int, str]]:
         """The graph's dynamic dimensions (``model``: the one exported, for adapters whose answer depends on it)."""
         return {name: {0: "batch"} for name in (*self.input_names, *self.output_names)}
+
+    def onnx_disagreements(self, model: nn.Module, inputs: dict[str, Tensor], ref: Sequence[Tensor],
+                           got: Sequence[Tensor], tolerance: Any) -> list[str]:
+        """Beyond the raw outputs (compared by :func:`visiontf.inference.onnx_check.check_onnx`): what of the
+        task's results, from PyTorch's outputs ``ref`` and onnxruntime's ``got`` on ``inputs``, differs more
+        than ``tolerance`` (an :class:`~visiontf.inference.onnx_check.ExportTolerance`) allows; by default
+        the raw outputs are what users consume, nothing more to compare."""
+        return []
 
     def default_export_size(self, model: nn.Module) -> tuple[int, int]:
         cfg = getattr(model, "pretrained_cfg", {}) or {}

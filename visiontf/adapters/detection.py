@@ -25,6 +25,7 @@ from visiontf.adapters.base import PredictionWriter, PreprocessModule, TaskAdapt
 from visiontf.data.batching import PaddedBatch, pad_images, size_buckets
 from visiontf.data.detection_transforms import resized_hw
 from visiontf.detection import build_postprocess, set_postprocess
+from visiontf.detection.agreement import detections_disagreement
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class DetectionAdapter(TaskAdapter):
     input_names = ("images", "mask")
     output_names = ("pred_logits", "pred_boxes")
     trace_batch_size = 2  # the second example image is padded, so the padded path is traced
+    onnx_set_axis = 1  # queries: two-stage selection may order exactly tied ones either way
 
     def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
@@ -181,21 +183,31 @@ class DetectionAdapter(TaskAdapter):
         return _DetectorGraph(model)
 
     def dynamic_axes(self, model: nn.Module | None = None) -> dict[str, dict[int, str]]:
-        """Batch, height and width dynamic; batch only for a model whose trace holds the traced size
-        (``trace_fixes_image_size``: Deformable DETR's level shapes are Python ints, so another size
-        would run with the traced shapes and give wrong boxes instead of an error)."""
-        if getattr(model, "trace_fixes_image_size", False):
-            return {name: {0: "batch"} for name in (*self.input_names, *self.output_names)}
+        """Batch, height and width dynamic, for every detector (Deformable DETR's and DINO's level shapes,
+        valid ratios, reference points and proposals are computed in the graph from the input's size)."""
         return {"images": {0: "batch", 2: "height", 3: "width"}, "mask": {0: "batch", 1: "height", 2: "width"},
                 "pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}}
 
+    def onnx_disagreements(self, model: nn.Module, inputs: dict[str, Tensor], ref: Sequence[Tensor],
+                           got: Sequence[Tensor], tolerance: Any) -> list[str]:
+        """The model's post-processed detections of both (boxes in pixels of each image's unpadded size,
+        scores, labels), compared allowing near ties to swap (:func:`detections_disagreement`)."""
+        # the unpadded extent of each image: its unmasked rows and columns
+        valid = ~inputs["mask"].bool()
+        sizes = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], 1)
+        post = build_postprocess(model)
+        names = self.output_names
+        dets_ref, dets_got = (post(dict(zip(names, outs)), sizes) for outs in (ref, got))
+        problems = []
+        for i, (r, g, hw) in enumerate(zip(dets_ref, dets_got, sizes.tolist())):
+            why = detections_disagreement(r, g, tolerance.score_atol, tolerance.box_rtol * max(hw))
+            if why:
+                problems.append(f"detections of image {i} ({hw[0]}x{hw[1]}): {why}")
+        return problems
+
     def default_export_size(self, model: nn.Module) -> tuple[int, int]:
-        """``min_size`` square; for a fixed-size graph ``max_size`` square, so that every preprocessed
-        image fits once padded (the mask marks the padding)."""
-        cfg = pretrained_cfg(model)
-        s = int(cfg.get("min_size", 800))
-        if getattr(model, "trace_fixes_image_size", False) and cfg.get("max_size"):
-            s = int(cfg["max_size"])
+        """``min_size`` square (the graph takes any size; this is only the traced example's)."""
+        s = int(pretrained_cfg(model).get("min_size", 800))
         return s, s
 
     def example_inputs(self, model: nn.Module, image_size: Sequence[int] | None = None, batch_size: int = 1,

@@ -322,7 +322,9 @@ def export_parser() -> ToolParser:
     p.add_argument("--onnx", help="also write this ONNX file")
     p.add_argument("--image_size", type=int, nargs=2, metavar=("H", "W"), help="ONNX example input size")
     p.add_argument("--no_check", dest="check", action="store_false", help="skip the onnxruntime comparison")
-    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--rtol", type=float, help="the check: raw outputs may differ by atol + rtol * |PyTorch| "
+                   "(default: visiontf.inference.onnx_check.ExportTolerance, 1e-3), detections by float32 noise")
+    p.add_argument("--atol", type=float, help="see --rtol (default 1e-3)")
     return p
 
 
@@ -337,6 +339,7 @@ def _export(argv: Sequence[str]) -> int:
     from visiontf.adapters.base import canonical_cfg
     from visiontf.checkpoints import legacy_eval_cfg, load_checkpoint_model
     from visiontf.inference.export import export_model
+    from visiontf.inference.onnx_check import ExportTolerance
 
     model, info = load_checkpoint_model(ckpt)
     dm, dm_args = datamodule_from_config(args.config, data_overrides, required=bool(data_overrides))
@@ -345,7 +348,8 @@ def _export(argv: Sequence[str]) -> int:
     settings = canonical_cfg({**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)})
     with torch.no_grad():
         report = export_model(model, args.output, names, l2c, settings,
-                              onnx=args.onnx, image_size=args.image_size, check=args.check, atol=args.atol)
+                              onnx=args.onnx, image_size=args.image_size, check=args.check,
+                              tolerance=ExportTolerance(**{k: v for k, v in {"rtol": args.rtol, "atol": args.atol}.items() if v is not None}))
     print(json.dumps(report, indent=2))
     return 0
 

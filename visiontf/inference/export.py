@@ -8,10 +8,17 @@ adapter gives the graph's wrapper and signature (``visiontf.adapters``):
   position-embedding resampling is traced for the export size).
 * detection: ``images`` (B, 3, H, W), ``mask`` (B, H, W) bool, True on padding (all False for
   unpadded images) -> ``pred_logits`` (B, Q, K+1 for DETR, K for Deformable DETR), ``pred_boxes``
-  (B, Q, 4); batch, H and W dynamic for DETR. Deformable DETR's graph has the export size fixed
-  (batch dynamic; default ``max_size`` square, pad smaller images to it with the mask) and runs the
-  pure-PyTorch ``grid_sample`` attention core (:func:`exportable_attention`).
+  (B, Q, 4); batch, height and width dynamic for every detector. Deformable DETR's and DINO's level
+  shapes, valid ratios, reference points, two-stage proposals and level offsets are computed in the
+  graph from the input's size (:func:`visiontf.nn.ms_deform_tables.tracing_shapes`; eager runs keep
+  Python ints and cached tables), and the graph runs the pure-PyTorch ``grid_sample`` attention
+  core (:func:`exportable_attention`). Every option of the family exports: the training-only ones
+  (denoising queries, Group DETR's extra groups) are not part of the inference graph. A two-stage
+  graph needs at least ``num_queries`` feature positions (onnxruntime fails on its TopK otherwise).
 * segmentation: ``images`` (B, 3, H, W) -> ``logits`` (B, K, H, W); batch dynamic.
+
+The check after an export (:func:`visiontf.inference.onnx_check.check_onnx`) compares what users
+consume: raw outputs with a relative tolerance and, for detection, the post-processed detections.
 
 Graph inputs are already normalised; the preprocessing settings travel in the ``.labels.json``
 beside the safetensors file (``preprocess``), for the :class:`~visiontf.inference.Predictor` and for
@@ -26,11 +33,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from visiontf.adapters.base import Task, canonical_cfg, get_adapter
+from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, ExportTolerance, check_onnx, onnx_and_torch_outputs
 from visiontf.nn.ms_deform_attn import MSDeformAttn
 
 log = logging.getLogger(__name__)
@@ -91,24 +98,16 @@ def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | 
 
 def onnx_max_abs_diff(model: nn.Module, path: str | Path, inputs: dict[str, Tensor], task: Task | None = None) -> float:
     """Largest absolute difference between PyTorch and onnxruntime (CPU) outputs on ``inputs``."""
-    import onnxruntime as ort
-
-    adapter = get_adapter(model, task)
-    wrapper = adapter.onnx_wrapper(model).eval()
-    with torch.inference_mode():
-        ref = wrapper(*(inputs[n] for n in adapter.input_names))
-    ref = ref if isinstance(ref, tuple) else (ref,)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feeds = {i.name: inputs[i.name].cpu().numpy() for i in sess.get_inputs()}
-    got = sess.run(None, feeds)
-    return max(float(np.abs(g - r.float().cpu().numpy()).max()) for g, r in zip(got, ref))
+    ref, got = onnx_and_torch_outputs(model, path, inputs, task)
+    return max(float((g - r).abs().max()) for g, r in zip(got, ref))
 
 
 def export_model(model: nn.Module, output: str | Path, class_names: Sequence[str] | None = None,
                  label_to_cat_id: dict[int, int] | None = None, predictor_kwargs: dict[str, Any] | None = None,
                  onnx: str | Path | None = None, image_size: Sequence[int] | None = None, check: bool = True,
-                 atol: float = 1e-4) -> dict[str, Any]:
-    """safetensors (+ ``.json`` config and ``.labels.json``) and optionally ONNX, checked against PyTorch.
+                 tolerance: ExportTolerance = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """safetensors (+ ``.json`` config and ``.labels.json``) and optionally ONNX, checked against PyTorch
+    (:func:`~visiontf.inference.onnx_check.check_onnx` with ``tolerance``, on a padded batch of 2).
 
     ``predictor_kwargs``: eval settings over the model's ``pretrained_cfg`` (``pretrained_cfg`` keys or
     the Predictor's keyword names); the labels file keeps them as given and the complete settings the
@@ -127,8 +126,5 @@ def export_model(model: nn.Module, output: str | Path, class_names: Sequence[str
         report["onnx"] = str(export_onnx(model, onnx, image_size, adapter.task))
         if check:
             inputs = adapter.example_inputs(model, image_size, batch_size=2, pad=True)
-            diff = onnx_max_abs_diff(model, onnx, inputs, adapter.task)
-            report["onnx_max_abs_diff"] = diff
-            if diff > atol:
-                raise RuntimeError(f"{onnx}: onnxruntime differs from PyTorch by {diff:.3g} (> {atol})")
+            report.update(check_onnx(model, onnx, inputs, adapter.task, tolerance))
     return report

@@ -35,7 +35,6 @@ from visiontf.models.deformable_transformer import (
     MultiScaleMemory,
     encoder_reference_points,
     inverse_sigmoid,
-    level_layout,
     refine_boxes,
     valid_counts,
 )
@@ -44,6 +43,7 @@ from visiontf.models.detector_settings import DeformableWeightsSettings
 from visiontf.models.detr import MLP
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.dino_options import DinoOptions
+from visiontf.models.feature_levels import feature_levels
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.nn.ms_deform_attn import recording_sampling
@@ -100,8 +100,6 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
     #: sigmoid class scores over K classes, focal loss (the DETR family's other convention: "softmax")
     class_head = "sigmoid"
     head_prefixes = ("class_embed.", "label_enc.")  # class-dependent: re-initialised when fine-tuning
-    #: a traced graph holds the traced image size: level shapes are Python ints (ONNX exports fix H, W)
-    trace_fixes_image_size = True
     #: ``forward(..., need_weights=True)`` returns sampling points, drawn as the paper's figure
     attention_picture = "sampling_points"
     #: training steps pass the batch's targets (denoising queries are built from them)
@@ -271,8 +269,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
         for level in range(len(srcs), self.num_feature_levels):
             srcs.append(self.input_proj[level](maps[-1] if level == len(maps) else srcs[-1]))
             masks.append(F.interpolate(image_mask[None].float(), size=srcs[-1].shape[-2:]).to(torch.bool)[0])
-        shapes = [(int(s.shape[-2]), int(s.shape[-1])) for s in srcs]
-        layout = level_layout(tuple(shapes), images.device)
+        # Python ints and cached tables eagerly, traced sizes while exporting (the graph follows H, W)
+        shapes, layout = feature_levels(srcs, images.device)
         src = torch.cat([s.flatten(2).transpose(1, 2) for s in srcs], 1)
         pos = torch.cat([self.position_embedding(m).flatten(2).transpose(1, 2) for m in masks], 1)
         pos = (pos + self.transformer.level_embed[layout.level]).to(src.dtype)

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from visiontf.nn.ms_deform_core import METHODS, ms_deform_attn_core
 from visiontf.nn.ms_deform_gather import gather_core
-from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes
+from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes, size_table
 from visiontf.nn.packed_tokens import PackedTokens
 
 __all__ = ["MSDeformAttn", "recording_sampling"]
@@ -113,7 +113,7 @@ class MSDeformAttn(nn.Module):
         ref = _float(reference_points)
         if ref.shape[-1] == 2:
             # offsets are in pixels of each level: divide by (W_l, H_l)
-            normalizer = torch.tensor([(w, h) for h, w in as_shapes(spatial_shapes)], dtype=offsets.dtype, device=query.device)
+            normalizer = size_table(as_shapes(spatial_shapes), offsets.dtype, query.device)
             loc = ref[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
         elif ref.shape[-1] == 4:
             # box references: offsets are fractions of half the box size, spread over the points

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from visiontf.nn.ms_deform_gather import core_gather
-from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes
+from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes, tracing_shapes
 
 __all__ = ["METHODS", "core_grid_sample", "ms_deform_attn_core"]
 
@@ -40,7 +40,7 @@ def ms_deform_attn_core(
     """
     shapes = as_shapes(spatial_shapes)
     S = value.shape[1]
-    if sum(h * w for h, w in shapes) != S:
+    if not tracing_shapes() and sum(h * w for h, w in shapes) != S:
         raise ValueError(f"spatial_shapes {shapes} hold {sum(h * w for h, w in shapes)} positions, but value has S = {S}")
     if method == "gather":
         return core_gather(value, shapes, sampling_locations, attention_weights)

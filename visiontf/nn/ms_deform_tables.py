@@ -15,15 +15,37 @@ from torch import Tensor
 from visiontf.nn.packed_tokens import PackedTokens
 from visiontf.nn.tensor_cache import tensor_cache
 
-__all__ = ["PAD_HI", "PAD_LO", "SpatialShapes", "as_shapes", "bordered_layout", "bordered_table", "gather_constants"]
+__all__ = ["PAD_HI", "PAD_LO", "SpatialShapes", "as_shapes", "bordered_layout", "bordered_table", "gather_constants", "size_table",
+           "tracing_shapes"]
 
 SpatialShapes = Sequence[tuple[int, int]]
 
 
+def tracing_shapes() -> bool:
+    """True while a graph is being traced (ONNX export): level shapes then stay traced tensors.
+
+    Under ``torch.jit.trace`` (the TorchScript ONNX exporter) ``x.shape[i]`` is a 0-dim tensor
+    whose arithmetic is recorded, so a graph computed from it follows the input's size; ``int()``
+    of it would bake the traced size into the graph. Eager code keeps Python ints (and the cached
+    tables built from them), so training and eval run exactly as before.
+    """
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
 def as_shapes(spatial_shapes) -> list[tuple[int, int]]:
+    """(H_l, W_l) of each level as Python ints; while tracing, as given (traced sizes stay traced)."""
+    if tracing_shapes():
+        return [(h, w) for h, w in spatial_shapes]
     if isinstance(spatial_shapes, Tensor):
         return [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
     return [(int(h), int(w)) for h, w in spatial_shapes]
+
+
+def size_table(shapes: SpatialShapes, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(L, 2) (W_l, H_l) of each level; built from traced sizes while tracing, so it follows the input."""
+    if any(isinstance(v, Tensor) for hw in shapes for v in hw):
+        return torch.stack([torch.stack([torch.as_tensor(w), torch.as_tensor(h)]) for h, w in shapes]).to(dtype=dtype, device=device)
+    return torch.tensor([(w, h) for h, w in shapes], dtype=dtype, device=device)
 
 
 #: zero border around every level map in the gather table: 1 before, 2 after (a location clamped
