@@ -288,9 +288,10 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # eval.py and the tests pass args on purpose (eval.py adds "validate"); Lightning warns about that
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
-    # under DDP: the COCO stats are computed from every rank's detections (torchmetrics syncs them), so
-    # each rank logs the same value, and the elapsed minutes are rank 0's; a mean over ranks adds nothing
-    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('((val|test)/(map|mar|mAP|dup_rate)|time/)",
+    # under DDP every evaluation value is a torchmetrics state synced over ranks (COCO stats from every
+    # rank's detections, losses as sample-weighted means: BaseTask.log_eval_mean), so each rank logs the
+    # same value; the elapsed minutes are rank 0's. A mean over ranks would add nothing
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('((val|test)/|time/)",
                             category=UserWarning)
     return VisionCLI(
         L.LightningModule,
