@@ -17,6 +17,7 @@ from pycocotools.cocoeval import COCOeval
 
 from visiontf.evaluation.coco import STAT_NAMES, CocoEvalError, evaluate_coco
 from visiontf.evaluation.coco_metric import METRIC_NAMES, CocoMetric
+from visiontf.evaluation.duplicates import duplicate_stats
 
 REPO = Path(__file__).resolve().parents[1]
 CAT_IDS = [1, 3, 7]  # non-contiguous on purpose
@@ -175,6 +176,8 @@ def test_metric_matches_pycocotools_and_ignores_repeated_images(data):
     assert list(out) == list(METRIC_NAMES)
     got = [float(out[k]) for k in METRIC_NAMES]
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+    # the duplicate rate of the kept copy of each image's detections (the repeat did not count)
+    assert metric.last_duplicates == duplicate_stats(dets)
 
     fast = CocoMetric(ann_file, CAT_IDS, backend="faster_coco_eval")
     fast.update([pred(by_image[i]) for i in ids], ids)

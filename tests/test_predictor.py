@@ -250,16 +250,14 @@ def _direct_detections(model, images, min_size, max_size):
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_dino_predictor_equals_model_and_postprocessing(dino, batch_size):
     """The Predictor on dino_tiny (DINO's options on) gives the detections of the model + its
-    post-processing called directly, on images of different sizes and aspect ratios, one at a time or
-    two per (padded) batch."""
+    post-processing called directly, on images of different sizes and aspect ratios, at batch 1 or 2:
+    images of different sizes never share a (padded) batch, so each equals the model on it alone."""
     images = [torch.rand(3, 70, 100, generator=torch.Generator().manual_seed(1)),
               torch.rand(3, 120, 64, generator=torch.Generator().manual_seed(2)),
               torch.rand(3, 96, 96, generator=torch.Generator().manual_seed(3))]
     p = Predictor(dino, device="cpu", batch_size=batch_size, min_size=96, max_size=160)
     got = p(images, score_threshold=None)
-    want = []
-    for i in range(0, len(images), batch_size):
-        want += _direct_detections(dino, images[i : i + batch_size], 96, 160)
+    want = [d for image in images for d in _direct_detections(dino, [image], 96, 160)]
     assert [r["image_size"] for r in got] == [(70, 100), (120, 64), (96, 96)]
     for r, d in zip(got, want):
         assert len(r["scores"]) == min(dino.postprocess_options.num_top, 30 * 3) == len(d["scores"])

@@ -49,9 +49,9 @@ class CocoMetric(Metric):
     ``update(preds, image_ids)``: ``preds`` is one dict per image with ``boxes`` (n, 4) absolute
     ``xyxy`` in ORIGINAL image pixels, ``scores`` (n,), ``labels`` (n,) contiguous; ``image_ids``
     the matching COCO image ids. Only the images seen are evaluated (COCOeval ``imgIds``).
-    ``compute()`` returns float tensors named as :data:`METRIC_NAMES`, and ``dup_rate``: duplicate
-    pairs per confident detection (:func:`~visiontf.evaluation.duplicates.duplicate_stats`), which
-    tells whether the model needs NMS.
+    ``compute()`` returns float tensors named as :data:`METRIC_NAMES`; it also sets ``last_table``
+    (COCO's printed summary) and ``last_duplicates`` (duplicate pairs per confident detection and
+    their counts, :func:`~visiontf.evaluation.duplicates.duplicate_stats`: whether the model needs NMS).
     """
 
     is_differentiable = False
@@ -77,6 +77,7 @@ class CocoMetric(Metric):
         self.backend = backend
         self._counter = 0
         self.last_table: str | None = None
+        self.last_duplicates: dict[str, float] | None = None
         for name in ("det_boxes", "det_scores", "det_labels", "det_keys", "img_ids", "img_keys"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
@@ -141,11 +142,11 @@ class CocoMetric(Metric):
         return results, sorted(key_to_image.values())
 
     def compute(self) -> dict[str, torch.Tensor]:
+        self.last_duplicates = None
         results, img_ids = self.results()
         if not img_ids:
             return {name: torch.tensor(-1.0) for name in METRIC_NAMES}
         stats = evaluate_coco(self.ann_file, results, backend=self.backend, img_ids=img_ids)
         self.last_table = stats.table  # COCO's printed 12-line summary, for reports
-        out = {name: torch.tensor(value, dtype=torch.float32) for name, value in zip(METRIC_NAMES, stats.values())}
-        out["dup_rate"] = torch.tensor(duplicate_stats(results)["dup_rate"], dtype=torch.float32)
-        return out
+        self.last_duplicates = duplicate_stats(results)
+        return {name: torch.tensor(value, dtype=torch.float32) for name, value in zip(METRIC_NAMES, stats.values())}

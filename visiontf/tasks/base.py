@@ -10,12 +10,11 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
 
 from visiontf.adapters.base import adapter_for_task
 from visiontf.checkpoints import check_checkpoint_fits
 from visiontf.config_checks import check_config, one_of, optional, positive_int
-from visiontf.distributed import get_world_size, is_distributed
+from visiontf.distributed import get_world_size, is_distributed, sum_over_ranks
 from visiontf.registry import create_model
 
 log = logging.getLogger(__name__)
@@ -60,8 +59,6 @@ class BaseTask(L.LightningModule):
         self.on_nonfinite = on_nonfinite
         self.nonfinite_steps = 0
         # name -> weighted mean of an evaluation value over the whole set (see log_eval_mean)
-        self._eval_means: dict[str, MeanMetric] = {}
-        self._eval_prog_bar: set[str] = set()
 
     def configure_model(self) -> None:
         if self.compile_model and not getattr(self, "_compiled", False):
@@ -154,29 +151,37 @@ class BaseTask(L.LightningModule):
         Why not ``self.log(name, value, sync_dist=True, batch_size=n)``: under DDP the unrepeated eval
         sampler gives ranks unequal image and batch counts (7 images: 4 and 3), and Lightning's epoch
         mean of a ``sync_dist`` value weights them wrongly (inflated x7/6 there; Lightning issue #21859,
-        PR #21839). A ``MeanMetric`` sums value x weight and weight on each rank and adds those sums over
-        the ranks when computed, so the logged mean equals the 1-process one. NaN is kept, not dropped.
+        PR #21839). Each rank sums value x weight and weight, the sums are added over the ranks at the
+        end, so the logged mean equals the 1-process one. NaN is kept, not dropped. (Plain float sums,
+        not a torchmetrics ``MeanMetric``: its states, made or reset under the evaluation loop's
+        inference mode, refuse updates outside it.)
         """
+        if not hasattr(self, "_eval_means"):  # tasks with their own __init__ (tokenizer, transformer) too
+            self._eval_means: dict[str, list[float]] = {}  # name -> [sum of value x weight, sum of weight]
+            self._eval_prog_bar: set[str] = set()
         if prog_bar:
             self._eval_prog_bar.add(name)
-        metric = self._eval_means.get(name)
-        if metric is None:
-            metric = self._eval_means[name] = MeanMetric(nan_strategy="disable").to(self.device)
-        value = value.detach().float() if torch.is_tensor(value) else torch.tensor(float(value))
-        metric.update(value.to(metric.device), torch.tensor(float(weight), device=metric.device))
+        value = float(value.detach().float()) if torch.is_tensor(value) else float(value)
+        sums = self._eval_means.setdefault(name, [0.0, 0.0])
+        sums[0] += value * float(weight)
+        sums[1] += float(weight)
 
     def _log_eval_means(self, stage: str) -> None:
-        names = {n for n in self._eval_means if n.startswith(f"{stage}/")}
-        if get_world_size() > 1:  # every rank computes every name, or the first sync waits forever
+        means, prog_bar = getattr(self, "_eval_means", {}), getattr(self, "_eval_prog_bar", set())
+        names = {n for n in means if n.startswith(f"{stage}/")}
+        if get_world_size() > 1:  # every rank reduces every name, or the first sum waits forever
             gathered: list = [None] * get_world_size()
             torch.distributed.all_gather_object(gathered, sorted(names))
             names = set().union(*gathered)
-        for name in sorted(names):
-            metric = self._eval_means.get(name) or self._eval_means.setdefault(
-                name, MeanMetric(nan_strategy="disable").to(self.device))
-            # compute() has summed over the ranks: nothing left to synchronise
-            self.log(name, metric.compute(), prog_bar=name in self._eval_prog_bar, sync_dist=False)
-            metric.reset()
+        names = sorted(names)
+        if not names:
+            return
+        sums = torch.tensor([means.get(n, [0.0, 0.0]) for n in names], dtype=torch.float64, device=self.device)
+        sums = sum_over_ranks(sums).cpu()
+        for name, (total, weight) in zip(names, sums.tolist()):
+            mean = total / weight if weight else float("nan")
+            self.log(name, torch.tensor(mean, dtype=torch.float32), prog_bar=name in prog_bar, sync_dist=False)
+            means.pop(name, None)
 
     def total_steps(self) -> int:
         return int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1

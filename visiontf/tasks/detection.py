@@ -191,8 +191,10 @@ class DetectionTask(BaseTask):
             self._last_report["table"] = table
         self.log_dict({f"{stage}/{k}": stats[k].float() for k in METRIC_NAMES if k in stats}, sync_dist=False)
         self.log(f"{stage}/mAP", stats["map"].float(), prog_bar=True, sync_dist=False)
-        if "dup_rate" in stats:  # duplicate pairs per confident detection: what NMS would hide
-            self.log(f"{stage}/dup_rate", stats["dup_rate"].float(), sync_dist=False)
+        duplicates = getattr(metric, "last_duplicates", None)
+        if duplicates is not None:  # duplicate pairs per confident detection: what NMS would hide
+            self._last_report["dup_rate"] = duplicates["dup_rate"]
+            self.log(f"{stage}/dup_rate", float(duplicates["dup_rate"]), sync_dist=False)
         metric.reset()
 
     def predict_step(self, batch, batch_idx):
