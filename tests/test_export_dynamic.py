@@ -105,6 +105,8 @@ OPTION_COMBINATIONS = {
     "groups_look_forward_twice": ("deformable_detr_tiny", dict(num_query_groups=3, look_forward_twice=True, share_decoder_heads=True)),
     "dino_groups_4_levels_own_heads": ("dino_tiny", dict(num_query_groups=2, share_decoder_heads=False, decoder_norm=False,
                                                         num_feature_levels=4, nms_iou_threshold=0.7)),
+    # the NMS of the query selection is in the graph (ONNX NonMaxSuppression)
+    "dino_distinct_queries": ("dino_tiny", dict(distinct_query_iou=0.8)),
 }
 
 

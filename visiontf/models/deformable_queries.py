@@ -29,7 +29,7 @@ def distinct_first(scores: torch.Tensor, boxes_unact: torch.Tensor, iou: float) 
     boxes = box_convert(boxes_unact.float().sigmoid().reshape(-1, 4), "cxcywh", "xyxy")
     flat = scores.reshape(-1)
     keep = batched_nms(boxes, flat.masked_fill(~valid.reshape(-1), -1e9), torch.arange(B, device=scores.device).repeat_interleave(S), iou)
-    kept = torch.zeros_like(flat, dtype=torch.bool).index_fill_(0, keep, True).reshape(B, S)
+    kept = torch.zeros_like(flat).scatter(0, keep, torch.ones_like(flat[keep])).reshape(B, S) > 0
     rank = scores.sigmoid()  # in (0, 1): +1 for kept proposals puts them all first
     return torch.where(valid, rank + kept.to(rank.dtype), scores)
 
