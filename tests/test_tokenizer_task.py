@@ -168,3 +168,14 @@ def test_lpips_loads_a_vgg16_file(tmp_path):
     assert torch.equal(getattr(metric.net.slice5, "28").weight, vgg.features[28].weight)
     x = torch.rand(1, 3, 32, 32) * 2 - 1
     assert float(metric(x, x).mean()) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_validation_logs_psnr_ssim_and_code_usage():
+    # TokenizerTask builds its LightningModule without BaseTask's constructor: its evaluation state
+    # (the weighted means of log_eval_mean) must exist all the same, or every validation crashes
+    task = _task()
+    data = DataLoader(TensorDataset(torch.rand(4, 3, 16, 16) * 2 - 1), batch_size=2)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    metrics = trainer.validate(task, data, verbose=False)[0]
+    assert {"val/psnr", "val/ssim", "val/rec_loss", "val/codes_used", "val/perplexity"} <= set(metrics)
+    assert 0.0 < metrics["val/codes_used"] <= 1.0 and metrics["val/psnr"] > 0.0

@@ -63,6 +63,24 @@ def test_transformer_task_groups_and_loss(tmp_path):
     assert torch.isfinite(loss)
 
 
+
+def test_transformer_task_validation_logs_bits_per_token(tmp_path):
+    # TransformerTask builds its LightningModule without BaseTask's constructor: validation must still
+    # find log_eval_mean's state (it crashed with AttributeError '_eval_means')
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from visiontf.tasks.transformer import TransformerTask
+
+    kwargs = {"first_stage_kwargs": TOY, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32}
+    path = tmp_path / "net.pt"
+    torch.save({"state_dict": create_model("vqgan_transformer_tiny", **kwargs).state_dict()}, path)
+    task = TransformerTask(model_kwargs=kwargs, pretrained=str(path), scale_lr=False, base_lr=1e-3)
+    data = DataLoader(TensorDataset(torch.rand(2, 3, 8, 8) * 2 - 1), batch_size=2)  # 8 px -> 16 codes
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    metrics = trainer.validate(task, data, verbose=False)[0]
+    assert metrics["val/bits_per_token"] > 0.0 and "val/unigram_bits" in metrics
+
 def test_weights_of_another_codebook_size_are_refused_by_name(tmp_path):
     from visiontf.registry import WeightsLayoutError
 

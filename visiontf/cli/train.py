@@ -52,6 +52,8 @@ from visiontf.cli.errors import run_tool
 from visiontf.cli.precision import resolve_cpu_precision
 from visiontf.errors import UsageError, UserError
 
+log = logging.getLogger(__name__)
+
 #: the parsers' settings: raise on errors (one line, see visiontf.cli.errors), no abbreviated options
 _PARSER_KWARGS = {"exit_on_error": False, "allow_abbrev": False}
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -120,6 +122,10 @@ class VisionCLI(LightningCLI):
             "--precision_without_native_bf16", type=str | None, default=None,
             help="the trainer.precision used instead of a bf16 one on a CPU without native bf16 (e.g. 32-true; "
                  "bf16 is emulated there, many times slower); null: trainer.precision as given (visiontf.cli.precision)")
+        parser.add_argument(
+            "--torch_num_threads", type=int | None, default=None,
+            help="torch's intra-op CPU threads for this run (torch.set_num_threads); null: torch's default (all cores). "
+                 "Small models on a shared CPU: 1 (threads waiting for a descheduled peer make steps many times slower)")
         parser.add_argument("--allow_random_weights", type=bool, default=False,
                             help="validate/test without --ckpt_path or model.init_args.pretrained: score untrained weights on purpose")
         # post-processing at evaluation: the checkpoint's settings unless given (its hyper-parameters win over --model.*)
@@ -164,6 +170,12 @@ class VisionCLI(LightningCLI):
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
                 # a fixed folder, so a new process finds last.ckpt with --ckpt_path last
                 cb.dirpath = str(run_checkpoint_dir(root))
+        threads = self._get(self.config_init, "torch_num_threads", default=None)
+        if threads is not None:
+            if threads < 1:
+                raise UsageError(f"torch_num_threads={threads}: give a thread count >= 1, or null for torch's default")
+            torch.set_num_threads(threads)
+            log.info("torch intra-op threads: %d (the config's torch_num_threads)", threads)
         config["precision"] = resolve_cpu_precision(
             config.get("precision"), config.get("accelerator", "auto"),
             self._get(self.config_init, "precision_without_native_bf16", default=None))

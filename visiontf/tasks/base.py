@@ -58,6 +58,11 @@ class BaseTask(L.LightningModule):
         self.compile_model = compile
         self.on_nonfinite = on_nonfinite
         self.nonfinite_steps = 0
+        self.init_eval_state()
+
+    def init_eval_state(self) -> None:
+        """The state of :meth:`log_eval_mean`; tasks that build their LightningModule without this
+        constructor (no class count: tokenizer, transformer) call it themselves."""
         # name -> weighted mean of an evaluation value over the whole set (see log_eval_mean)
 
     def configure_model(self) -> None:

@@ -86,6 +86,7 @@ class TokenizerTask(BaseTask):
                      disc_layers=(disc_layers, positive_int), gradient_clip_val=(gradient_clip_val, optional(positive)),
                      on_nonfinite=(on_nonfinite, one_of("raise", "skip")))
         L.LightningModule.__init__(self)  # BaseTask's constructor needs a class count; a tokenizer has none
+        self.init_eval_state()
         self.save_hyperparameters()  # under LightningCLI: the hyper-parameters it gives (with _class_path)
         if not self.hparams:  # built directly: frame inspection needs super().__init__, so state them
             self.save_hyperparameters(init_args)

@@ -48,6 +48,7 @@ class TransformerTask(BaseTask):
         init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         check_config(type(self).__name__, "model", base_lr=(base_lr, positive), weight_decay=(weight_decay, non_negative))
         L.LightningModule.__init__(self)
+        self.init_eval_state()
         self.save_hyperparameters()  # under LightningCLI: the hyper-parameters it gives (with _class_path)
         if not self.hparams:  # built directly: frame inspection needs super().__init__, so state them
             self.save_hyperparameters(init_args)
