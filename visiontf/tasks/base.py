@@ -63,7 +63,8 @@ class BaseTask(L.LightningModule):
     def init_eval_state(self) -> None:
         """The state of :meth:`log_eval_mean`; tasks that build their LightningModule without this
         constructor (no class count: tokenizer, transformer) call it themselves."""
-        # name -> weighted mean of an evaluation value over the whole set (see log_eval_mean)
+        self._eval_means: dict[str, list[float]] = {}  # name -> [sum of value x weight, sum of weight]
+        self._eval_prog_bar: set[str] = set()
 
     def configure_model(self) -> None:
         if self.compile_model and not getattr(self, "_compiled", False):
@@ -161,9 +162,6 @@ class BaseTask(L.LightningModule):
         not a torchmetrics ``MeanMetric``: its states, made or reset under the evaluation loop's
         inference mode, refuse updates outside it.)
         """
-        if not hasattr(self, "_eval_means"):  # tasks with their own __init__ (tokenizer, transformer) too
-            self._eval_means: dict[str, list[float]] = {}  # name -> [sum of value x weight, sum of weight]
-            self._eval_prog_bar: set[str] = set()
         if prog_bar:
             self._eval_prog_bar.add(name)
         value = float(value.detach().float()) if torch.is_tensor(value) else float(value)
@@ -172,7 +170,7 @@ class BaseTask(L.LightningModule):
         sums[1] += float(weight)
 
     def _log_eval_means(self, stage: str) -> None:
-        means, prog_bar = getattr(self, "_eval_means", {}), getattr(self, "_eval_prog_bar", set())
+        means, prog_bar = self._eval_means, self._eval_prog_bar
         names = {n for n in means if n.startswith(f"{stage}/")}
         if get_world_size() > 1:  # every rank reduces every name, or the first sum waits forever
             gathered: list = [None] * get_world_size()
