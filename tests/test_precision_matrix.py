@@ -128,7 +128,7 @@ def _family_args(family: str, root: Path, runs: Path) -> list[str]:
     if family == "vqgan":
         return [*photos, "--data.init_args.crop_size=32", "--data.init_args.val_size=32", "--model.init_args.gradient_clip_val=0.1"]
     if family == "vqgan_gpt":
-        return [*photos, "--data.init_args.crop_size=64", "--data.init_args.val_size=64", "--trainer.gradient_clip_val=0.1",
+        return [*photos, "--data.init_args.crop_size=32", "--data.init_args.val_size=32", "--trainer.gradient_clip_val=0.1",
                 f"--model.init_args.first_stage_ckpt={runs / 'vqgan_32-true' / 'checkpoints' / 'last.ckpt'}"]
     return [f"--data.init_args.root={root}", "--trainer.gradient_clip_val=0.1"]
 
