@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import random
 import shutil
@@ -16,8 +17,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import logging
 
 import lightning as L
 import pytest
