@@ -300,3 +300,15 @@ def test_training_after_a_prediction_in_inference_mode(method):
     out = model(images, targets=[{"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.3, 0.3]])}])
     out["pred_boxes"].sum().backward()
     assert model.input_proj[0][0].weight.grad is not None
+
+
+def test_distinct_ranking_keeps_the_order_of_saturated_scores():
+    """Scores whose sigmoid is 1.0 in float32 keep their order (an exported graph must pick the same anchors)."""
+    from visiontf.models.deformable_queries import distinct_first
+
+    scores = torch.tensor([[20.0, 30.0, 25.0, float("-inf"), 29.0]])
+    far_apart = torch.tensor([[[-3.0, -3.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [3.0, 3.0, 0.0, 0.0],
+                               [0.0, 0.0, 0.0, 0.0], [0.05, 0.0, 0.0, 0.0]]])  # the last overlaps the second
+    ranked = distinct_first(scores, far_apart, 0.5)
+    assert ranked.topk(3).indices.tolist() == [[1, 2, 0]]  # 29.0 is suppressed by 30.0
+    assert ranked[0, 3] == float("-inf")

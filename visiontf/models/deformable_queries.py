@@ -19,19 +19,19 @@ __all__ = ["DeformableQueries", "distinct_first"]
 def distinct_first(scores: torch.Tensor, boxes_unact: torch.Tensor, iou: float) -> torch.Tensor:
     """``scores`` (B, S) ranked so that the proposals a class-agnostic NMS at ``iou`` keeps come first.
 
-    DDQ DETR's distinct query selection. The ranking is the score's sigmoid, plus 1 for the kept
-    proposals: every kept one comes before every suppressed one, and each keeps its order within
-    its set, so a top-K over the result picks distinct anchors while there are enough. Positions
-    at -inf (padding, borders) stay there. Only the ranking changes; no gradient flows through it.
+    DDQ DETR's distinct query selection. The ranking is the score itself (float64), plus 1e4 for the
+    kept proposals: every kept one comes before every suppressed one, and each keeps its exact order
+    within its set (no sigmoid, which ties the highest scores at 1.0 in float32 and would let an
+    exported graph order them otherwise), so a top-K over the result picks distinct anchors while
+    there are enough. Positions at -inf (padding, borders) stay there. No gradient flows through it.
     """
     B, S = scores.shape
     valid = torch.isfinite(scores)
     boxes = box_convert(boxes_unact.float().sigmoid().reshape(-1, 4), "cxcywh", "xyxy")
     flat = scores.reshape(-1)
     keep = batched_nms(boxes, flat.masked_fill(~valid.reshape(-1), -1e9), torch.arange(B, device=scores.device).repeat_interleave(S), iou)
-    kept = torch.zeros_like(flat).scatter(0, keep, torch.ones_like(flat[keep])).reshape(B, S) > 0
-    rank = scores.sigmoid()  # in (0, 1): +1 for kept proposals puts them all first
-    return torch.where(valid, rank + kept.to(rank.dtype), scores)
+    kept = torch.zeros_like(flat).scatter(0, keep, torch.ones_like(flat[keep])).reshape(B, S)
+    return scores.double() + 1e4 * kept.double()
 
 
 class DeformableQueries:
