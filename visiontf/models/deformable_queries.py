@@ -58,15 +58,7 @@ class DeformableQueries:
             query_pos, tgt = self.query_embed.weight[:n].split(C, dim=1)
             query_pos = query_pos.unsqueeze(0).expand(B, -1, -1)
             return {"tgt": tgt.unsqueeze(0).expand(B, -1, -1), "query_pos": query_pos, "reference": self.transformer.reference_points(query_pos).sigmoid()}
-        S = enc.memory.shape[1]
-        if S < self.num_queries:
-            raise ValueError(
-                f"two-stage selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} feature maps of "
-                f"these images have only {S} positions; use larger images or fewer queries"
-            )
-        features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
-        enc_logits = self.class_embed[-1](features)
-        enc_boxes = self.bbox_embed[-1](features).float() + proposals
+        enc_logits, enc_boxes, _ = self._encoder_proposals(enc, "two-stage")
         top = torch.topk(enc_logits[..., 0], self.num_queries, dim=1)[1]
         reference = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4)).detach().sigmoid()
         query_pos, tgt = self.transformer.proposal_queries(reference)
@@ -75,18 +67,21 @@ class DeformableQueries:
             "enc_outputs": {"pred_logits": enc_logits, "pred_boxes": enc_boxes.sigmoid()},
         }
 
-    def _mixed_queries(self, enc: MultiScaleMemory, num_groups: int) -> dict:
-        """DINO's mixed query selection: anchors from the top-Q proposals, learned content queries."""
-        B = enc.memory.shape[0]
+    def _encoder_proposals(self, enc: MultiScaleMemory, selection: str) -> tuple:
+        """The proposal heads on every encoder position: logits, unactivated boxes and the proposals."""
         S = enc.memory.shape[1]
         if S < self.num_queries:
             raise ValueError(
-                f"mixed query selection selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} "
+                f"{selection} selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} "
                 f"feature maps of these images have only {S} positions; use larger images or fewer queries"
             )
         features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
-        enc_logits = self.class_embed[-1](features)
-        enc_boxes = self.bbox_embed[-1](features).float() + proposals
+        return self.class_embed[-1](features), self.bbox_embed[-1](features).float() + proposals, proposals
+
+    def _mixed_queries(self, enc: MultiScaleMemory, num_groups: int) -> dict:
+        """DINO's mixed query selection: anchors from the top-Q proposals, learned content queries."""
+        B = enc.memory.shape[0]
+        enc_logits, enc_boxes, proposals = self._encoder_proposals(enc, "mixed query selection")
         # best class score per position; padded and border positions (inf proposals) are never chosen,
         # unless the model reproduces DINO's code, which ranks them too (their boxes then sigmoid to 1)
         scores = enc_logits.detach().float().amax(-1)
