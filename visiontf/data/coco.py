@@ -10,14 +10,14 @@ import logging
 from collections.abc import Hashable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from visiontf.config_checks import check_config, each, non_negative_int, optional, positive_int
 from visiontf.data import detection_transforms as DT
-from visiontf.data.coco_annotations import AnnotationError, load_coco_json, parse_categories
+from visiontf.data.coco_annotations import AnnotationError, label_maps, load_coco_json, parse_categories
 from visiontf.data.coco_dataset import CocoDetection, collate_detection
 from visiontf.data.layouts import resolve_detection_layout
 from visiontf.data.loading import BatchSamplerLoader, TrainLoader, default_num_workers, loader_kwargs
@@ -48,6 +48,11 @@ class CocoDataModule(L.LightningDataModule):
     aspect-ratio bins (torchvision's ``GroupedBatchSampler``, Detectron2's aspect-ratio grouping),
     read from the annotated image sizes. With DETR's per-image scales, a batch of 8 is about 30 %
     padding on the shapes sets; with both (2 groups) about 12 %.
+
+    ``label_space: category_id`` makes the class index the COCO category id (``num_classes`` = the
+    largest id + 1: 91 for COCO), as the original DETR, Deformable DETR and DINO train: their published
+    checkpoints then evaluate and fine-tune with their class heads. The default numbers the categories
+    0..K-1 (``label_to_cat_id`` maps them back in results files).
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class CocoDataModule(L.LightningDataModule):
         seed: int = 0,
         scale_per_batch: bool = False,
         aspect_ratio_groups: int = 0,
+        label_space: Literal["contiguous", "category_id"] = "contiguous",
     ):
         check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
                      val_batch_size=(val_batch_size, optional(positive_int)),
@@ -104,12 +110,14 @@ class CocoDataModule(L.LightningDataModule):
 
         # Categories only (the full train file can be large): the smaller val file normally has them.
         cat_file = self.val_ann_file if self.val_ann_file.is_file() else self.train_ann_file
-        self._category_ids, self.class_names = parse_categories(load_coco_json(cat_file), cat_file)
-        self.num_classes = len(self._category_ids)
-        self.label_to_cat_id = dict(enumerate(self._category_ids))
-        self.cat_id_to_label = {c: i for i, c in enumerate(self._category_ids)}
-        shown = ", ".join(f"{n} (id {c})" for c, n in list(zip(self._category_ids, self.class_names))[:10])
-        log.info("%d classes from %s: %s%s", self.num_classes, cat_file, shown, ", ..." if self.num_classes > 10 else "")
+        self.label_space = label_space
+        self._category_ids, names = parse_categories(load_coco_json(cat_file), cat_file)
+        self.cat_id_to_label, self.class_names = label_maps(self._category_ids, names, label_space, cat_file)
+        self.label_to_cat_id = {label: c for c, label in self.cat_id_to_label.items()}
+        self.num_classes = len(self.class_names)
+        shown = ", ".join(f"{n} (id {c})" for c, n in list(zip(self._category_ids, names))[:10])
+        space = "" if label_space == "contiguous" else f" (class index = category id: {self.num_classes} outputs)"
+        log.info("%d categories from %s%s: %s%s", len(names), cat_file, space, shown, ", ..." if len(names) > 10 else "")
         self.train_dataset: CocoDetection | None = None
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None
@@ -126,7 +134,7 @@ class CocoDataModule(L.LightningDataModule):
                                            scale_per_batch=self.scale_per_batch)
         else:
             tf = DT.build_val_transforms(self.val_size, self.max_size)
-        ds = CocoDetection(img_dir, ann_file, tf, seed=self.seed)
+        ds = CocoDetection(img_dir, ann_file, tf, seed=self.seed, label_space=self.label_space)
         if ds.index.category_ids != self._category_ids:
             raise AnnotationError(
                 f"{ann_file}: category ids {ds.index.category_ids} differ from {self._category_ids} in the file "

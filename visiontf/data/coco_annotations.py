@@ -27,11 +27,19 @@ from visiontf.errors import UserError
 # the logger of the COCO data modules, as before they were split (users' logging configs name it)
 log = logging.getLogger("visiontf.data.coco")
 
-__all__ = ["AnnotationError", "CocoIndex", "load_coco_json", "parse_categories", "parse_coco"]
+__all__ = ["LABEL_SPACES", "AnnotationError", "CocoIndex", "label_maps", "load_coco_json", "parse_categories", "parse_coco"]
 
 
 #: How many offending ids a log line or error message lists.
 SHOW = 5
+
+#: How a class index relates to the file's category ids. ``contiguous`` numbers the sorted ids 0..K-1.
+#: ``category_id`` uses the id itself (K = largest id + 1, the gaps being classes that never occur), as
+#: the original DETR, Deformable DETR and DINO train on COCO: 91 outputs for ids 1..90, which is what
+#: their published class heads predict.
+LABEL_SPACES = ("contiguous", "category_id")
+#: ``category_id`` labels above this would make a class head of mostly empty rows: refused.
+MAX_CATEGORY_ID_LABEL = 4096
 
 
 class AnnotationError(UserError, ValueError):
@@ -73,7 +81,7 @@ class CocoIndex:
     """The validated content of a COCO file, in the form training needs.
 
     ``boxes[i]`` are the trainable (non-crowd, valid, clipped) boxes of ``images[i]`` in COCO
-    ``xywh`` pixels, ``labels[i]`` their contiguous labels and ``ann_ids[i]`` their annotation ids.
+    ``xywh`` pixels, ``labels[i]`` their class indices (in ``label_space``) and ``ann_ids[i]`` their annotation ids.
     """
 
     ann_file: Path
@@ -88,14 +96,20 @@ class CocoIndex:
     #: annotated size, and its label: what the real size is applied to when the sizes disagree
     raw_boxes: list[np.ndarray] = field(default_factory=list)
     raw_labels: list[np.ndarray] = field(default_factory=list)
+    label_space: str = "contiguous"
 
     @property
     def cat_id_to_label(self) -> dict[int, int]:
-        return {c: i for i, c in enumerate(self.category_ids)}
+        return label_maps(self.category_ids, self.class_names, self.label_space, self.ann_file)[0]
 
     @property
     def label_to_cat_id(self) -> dict[int, int]:
-        return dict(enumerate(self.category_ids))
+        return {label: c for c, label in self.cat_id_to_label.items()}
+
+    @property
+    def label_names(self) -> list[str]:
+        """One name per class index (``N/A`` for the category-id gaps, as DETR's class list has them)."""
+        return label_maps(self.category_ids, self.class_names, self.label_space, self.ann_file)[1]
 
 
 def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
@@ -119,6 +133,26 @@ def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
         raise AnnotationError(f"{ann_file}: 'categories' lists only supercategories; list every class as {{'id': ..., 'name': ...}}")
     ids = sorted(cats)
     return ids, [cats[c] for c in ids]
+
+
+def label_maps(category_ids: list[int], class_names: list[str], label_space: str,
+               ann_file: str | Path) -> tuple[dict[int, int], list[str]]:
+    """``category id -> class index`` and the name of every class index, in ``label_space`` (see
+    :data:`LABEL_SPACES`)."""
+    if label_space == "contiguous":
+        return {c: i for i, c in enumerate(category_ids)}, list(class_names)
+    if label_space != "category_id":
+        raise AnnotationError(f"label_space {label_space!r}: use one of {LABEL_SPACES}")
+    bad = [c for c in category_ids if not 0 <= c <= MAX_CATEGORY_ID_LABEL]
+    if bad:
+        raise AnnotationError(
+            f"{ann_file}: category id(s) {bad[:SHOW]} cannot be class indices (label_space category_id takes ids "
+            f"0..{MAX_CATEGORY_ID_LABEL}); use label_space contiguous, which numbers the categories 0..K-1"
+        )
+    names = ["N/A"] * (max(category_ids) + 1)
+    for c, name in zip(category_ids, class_names):
+        names[c] = name
+    return {c: c for c in category_ids}, names
 
 
 def _grouping_categories(data: dict) -> list[int]:
@@ -155,11 +189,12 @@ def _refuse_bad_annotation_ids(annotations: list, ann_file: Path) -> None:
                               "evaluation matches annotations by id, so renumber them 1..N (e.g. after merging files)")
 
 
-def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
-    """Validate a loaded COCO dict (see the module docstring) and index it per image."""
+def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous") -> CocoIndex:
+    """Validate a loaded COCO dict (see the module docstring) and index it per image, with class
+    indices in ``label_space`` (see :data:`LABEL_SPACES`)."""
     ann_file = Path(ann_file)
     category_ids, class_names = parse_categories(data, ann_file)
-    cat_to_label = {c: i for i, c in enumerate(category_ids)}
+    cat_to_label = label_maps(category_ids, class_names, label_space, ann_file)[0]
 
     images: list[dict] = []
     image_pos: dict[int, int] = {}
@@ -236,7 +271,7 @@ def parse_coco(data: dict, ann_file: str | Path) -> CocoIndex:
     _log_dropped(ann_file, "a bbox reaching outside its image", clipped, "clipped", logging.INFO, note=real)
     _log_dropped(ann_file, "iscrowd=1 (kept for evaluation)", crowd, "not training on", logging.INFO)
 
-    index = CocoIndex(ann_file, images, category_ids, class_names)
+    index = CocoIndex(ann_file, images, category_ids, class_names, label_space=label_space)
     for pos in range(len(images)):
         entries = per_image.get(pos, [])
         index.boxes.append(np.array([e[0] for e in entries], dtype=np.float32).reshape(-1, 4))

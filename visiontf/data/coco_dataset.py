@@ -42,10 +42,13 @@ class CocoDetection(AugmentedDataset):
         seed: with the data module's train sampler, each sample's augmentation is drawn from
             (seed, epoch, index); with other loaders it is mixed into a per-worker reseeding so that
             workers draw different augmentations (see :class:`~visiontf.data.loading.AugmentedDataset`).
+        label_space: ``contiguous`` or ``category_id``
+            (:data:`~visiontf.data.coco_annotations.LABEL_SPACES`).
 
     Item: ``(image, target)`` with ``image`` a normalised float CHW tensor and ``target`` holding
     ``boxes`` (N, 4) normalised ``cxcywh`` relative to the transformed unpadded image, ``labels``
-    int64 contiguous, ``image_id`` int, ``orig_size`` and ``size`` tensors ``(h, w)``.
+    int64 class indices (contiguous, or the category ids themselves: ``label_space``), ``image_id``
+    int, ``orig_size`` and ``size`` tensors ``(h, w)``.
     """
 
     def __init__(
@@ -54,12 +57,13 @@ class CocoDetection(AugmentedDataset):
         ann_file: str | Path,
         transforms: Callable[..., dict] | None = None,
         seed: int = 0,
+        label_space: str = "contiguous",
     ):
         self.img_dir = Path(img_dir)
         self.ann_file = Path(ann_file)
         if not self.img_dir.is_dir():
             raise FileNotFoundError(f"{self.img_dir}: image folder not found (check the dataset root and *_images)")
-        self.index = parse_coco(load_coco_json(self.ann_file), self.ann_file)
+        self.index = parse_coco(load_coco_json(self.ann_file), self.ann_file, label_space)
         if not self.index.images:
             raise AnnotationError(
                 f"{self.ann_file}: 'images' is empty, so this split has nothing to train or evaluate on; "
@@ -120,7 +124,7 @@ class CocoDetection(AugmentedDataset):
 
     @property
     def class_names(self) -> list[str]:
-        return list(self.index.class_names)
+        return self.index.label_names
 
     @property
     def cat_id_to_label(self) -> dict[int, int]:
@@ -132,7 +136,7 @@ class CocoDetection(AugmentedDataset):
 
     @property
     def num_classes(self) -> int:
-        return len(self.index.category_ids)
+        return len(self.index.label_names)
 
     def __len__(self) -> int:
         return len(self.index.images)

@@ -43,8 +43,13 @@ class CocoMetric(Metric):
 
     Args:
         ann_file: the COCO annotation file the images come from (ground truth, areas, crowd).
-        label_to_cat_id: contiguous label -> COCO category id (a mapping, or a list indexed by label).
+        label_to_cat_id: class index -> COCO category id (a mapping, or a list indexed by label).
         backend: ``auto`` | ``pycocotools`` | ``faster_coco_eval`` (see :func:`evaluate_coco`).
+        num_classes: the model's class count when it predicts classes that are no category: the
+            ``N/A`` gaps of a head indexed by category id (91 outputs for COCO's ids 1..90). Their
+            detections are dropped and counted, which is what COCOeval does with them (it scores only
+            the file's categories). Without it, a label with no category id is an error (a model of
+            another class count than the data).
 
     ``update(preds, image_ids)``: ``preds`` is one dict per image with ``boxes`` (n, 4) absolute
     ``xyxy`` in ORIGINAL image pixels, ``scores`` (n,), ``labels`` (n,) contiguous; ``image_ids``
@@ -63,6 +68,7 @@ class CocoMetric(Metric):
         ann_file: str | Path,
         label_to_cat_id: Mapping[int, int] | Sequence[int],
         backend: str = "auto",
+        num_classes: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -75,6 +81,9 @@ class CocoMetric(Metric):
         else:
             self.label_to_cat_id = {i: int(c) for i, c in enumerate(label_to_cat_id)}
         self.backend = backend
+        self.num_classes = num_classes
+        #: detections of a class with no category (``num_classes`` given), dropped at the last compute()
+        self.last_unmapped = 0
         self._counter = 0
         self.last_table: str | None = None
         self.last_duplicates: dict[str, float] | None = None
@@ -120,6 +129,15 @@ class CocoMetric(Metric):
         scores = _cat(self.det_scores).cpu().double().numpy()[keep]
         labels = _cat(self.det_labels).cpu().numpy()[keep]
         unknown = sorted(set(np.unique(labels).tolist()) - set(self.label_to_cat_id))
+        self.last_unmapped = 0
+        if unknown and self.num_classes is not None and 0 <= unknown[0] and unknown[-1] < self.num_classes:
+            mapped = np.isin(labels, list(self.label_to_cat_id))
+            self.last_unmapped = int((~mapped).sum())
+            log.info("CocoMetric: %d detection(s) of class indices with no category (e.g. %s) not scored, as COCOeval "
+                     "scores only the categories of %s", self.last_unmapped, unknown[:5], self.ann_file)
+            keep[np.flatnonzero(keep)[~mapped]] = False
+            boxes, scores, labels = boxes[mapped], scores[mapped], labels[mapped]
+            unknown = []
         if unknown:
             raise CocoEvalError(
                 f"CocoMetric: predicted label(s) {unknown[:5]} have no category id in label_to_cat_id "

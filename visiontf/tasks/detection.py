@@ -139,7 +139,10 @@ class DetectionTask(BaseTask):
 
             dm = self.trainer.datamodule
             ann = dm.test_ann_file if stage == "test" and getattr(dm, "test_ann_file", None) else dm.val_ann_file
-            self.metrics[stage] = CocoMetric(ann, dm.label_to_cat_id, backend=self.hparams.eval_backend).to(self.device)
+            # a head indexed by category id predicts its gaps too: counted and not scored, as COCOeval does
+            gaps = self.hparams.num_classes if getattr(dm, "label_space", "contiguous") == "category_id" else None
+            self.metrics[stage] = CocoMetric(ann, dm.label_to_cat_id, backend=self.hparams.eval_backend,
+                                             num_classes=gaps).to(self.device)
         return self.metrics[stage]
 
     def _forward(self, images: Tensor, mask: Tensor, targets: list[dict]) -> dict:
