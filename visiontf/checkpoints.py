@@ -258,7 +258,7 @@ def checkpoint_task(ckpt: dict[str, Any]) -> str | None:
     name = (ckpt.get("hyper_parameters") or {}).get("model_name")
     if not name:
         return None
-    from visiontf.adapters.base import TASKS
+    from visiontf.adapters.task_table import TASKS
     from visiontf.registry import get_entry
 
     try:

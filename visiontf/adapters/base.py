@@ -1,7 +1,7 @@
 """The adapter interface, the task -> adapter table and the lookup through the registry's tags.
 
-Adding a task means writing one adapter module and adding one line to :data:`ADAPTERS`. Adding a
-model family of an existing task means registering its names with the task's tag; a detection
+Adding a task means writing one adapter module and adding its row to
+:data:`visiontf.adapters.task_table.TASK_TABLE`. Adding a model family of an existing task means registering its names with the task's tag; a detection
 family with another class-head convention also adds its entries to the tables behind
 :func:`visiontf.detection.build_postprocess` (which the detection adapter calls) and
 :func:`visiontf.detection.build_criterion` (which the detection task calls).
@@ -10,25 +10,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from importlib import import_module
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from torch import Tensor, nn
 
+from visiontf.adapters.task_table import TASK_TABLE, TASKS, import_class
+
 log = logging.getLogger(__name__)
 
-Task = Literal["classification", "detection", "segmentation", "restoration", "generation"]
-
-#: task -> "module:class" of its adapter (imported on first use, so a light import stays light)
-ADAPTERS: dict[str, str] = {
-    "classification": "visiontf.adapters.classification:ClassificationAdapter",
-    "detection": "visiontf.adapters.detection:DetectionAdapter",
-    "segmentation": "visiontf.adapters.segmentation:SegmentationAdapter",
-    "restoration": "visiontf.adapters.restoration:RestorationAdapter",
-    "generation": "visiontf.adapters.generation:GenerationAdapter",
-}
-TASKS: tuple[str, ...] = tuple(ADAPTERS)
+#: a task's name: one of :data:`TASKS`, the keys of :data:`~visiontf.adapters.task_table.TASK_TABLE`
+Task = str
 
 #: the Predictor's older keyword names -> the ``pretrained_cfg`` keys they set
 _PREDICTOR_ALIASES = {"seg_mode": "test_mode", "seg_crop": "crop_size", "seg_stride": "stride", "seg_scale": "resize"}
@@ -44,11 +36,10 @@ def canonical_cfg(settings: dict[str, Any] | None) -> dict[str, Any]:
 
 def adapter_for_task(task: str) -> TaskAdapter:
     """The adapter of ``task`` (one of :data:`TASKS`)."""
-    if task not in ADAPTERS:
+    if task not in TASK_TABLE:
         raise ValueError(f"task={task!r}; use one of {TASKS}")
     if task not in _INSTANCES:
-        module, cls = ADAPTERS[task].split(":")
-        _INSTANCES[task] = getattr(import_module(module), cls)()
+        _INSTANCES[task] = import_class(TASK_TABLE[task].adapter)()
     return _INSTANCES[task]
 
 
@@ -59,11 +50,11 @@ def infer_task(model: nn.Module) -> Task:
         from visiontf.registry import get_entry
 
         for tag in get_entry(model_name).tags:
-            if tag in ADAPTERS:
-                return tag  # type: ignore[return-value]
+            if tag in TASK_TABLE:
+                return tag
     raise ValueError(
         f"cannot tell the task of a {type(model).__name__} (it was not built by visiontf.create_model, or its "
-        f"registry tags name no task); pass task='classification'|'detection'|'segmentation'|'restoration'"
+        f"registry tags name no task); pass task= one of {', '.join(TASKS)}"
     )
 
 

@@ -13,7 +13,6 @@ in about a second.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import re
@@ -21,15 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from visiontf.adapters.task_table import data_module_by_name, import_class
 from visiontf.arguments import ToolParser
 from visiontf.cli.checks import checkpoint_file, input_paths, output_folder, weights_file
 from visiontf.cli.errors import run_tool
 from visiontf.errors import UsageError
 
 log = logging.getLogger(__name__)
-
-_DATA_MODULES = ("visiontf.data.coco", "visiontf.data.classification", "visiontf.data.segmentation",
-                 "visiontf.data.restoration")
 
 #: train.py options that predict/export do not take, and what to use instead
 _NOT_HERE = {
@@ -132,12 +129,8 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
     if not class_path:
         return None, init_args
     try:
-        if "." in class_path:
-            mod, name = class_path.rsplit(".", 1)
-            cls = getattr(importlib.import_module(mod), name)
-        else:
-            cls = next(getattr(importlib.import_module(m), class_path) for m in _DATA_MODULES
-                       if hasattr(importlib.import_module(m), class_path))
+        # a short name (as LightningCLI takes) is one of the task table's data modules
+        cls = import_class(class_path) if "." in class_path else data_module_by_name(class_path)
         _check_init_args(cls, init_args, overrides or {})
         return cls(**init_args), init_args
     except Exception as e:  # noqa: BLE001 - the data is optional for prediction

@@ -20,7 +20,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from visiontf.adapters.base import TASKS, Task, canonical_cfg, get_adapter, infer_task
+from visiontf.adapters.base import Task, canonical_cfg, get_adapter, infer_task
+from visiontf.adapters.task_table import TASKS
 from visiontf.checkpoints import load_checkpoint_model
 from visiontf.data.inputs import (
     InputError,
