@@ -15,7 +15,7 @@ from benchmarks.reference_deformable_detr import OriginalSetCriterion, original_
 from visiontf.detection import DeformablePostProcess, HungarianMatcher, PostProcess, SetCriterion, build_postprocess
 from visiontf.models.deformable_detr import DeformableDETR
 from visiontf.models.postprocess_options import PostprocessOptions
-from visiontf.registry import create_model
+from visiontf.models import create_model
 
 K = 6
 

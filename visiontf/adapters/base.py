@@ -22,16 +22,12 @@ log = logging.getLogger(__name__)
 #: a task's name: one of :data:`TASKS`, the keys of :data:`~visiontf.adapters.task_table.TASK_TABLE`
 Task = str
 
-#: the Predictor's older keyword names -> the ``pretrained_cfg`` keys they set
-_PREDICTOR_ALIASES = {"seg_mode": "test_mode", "seg_crop": "crop_size", "seg_stride": "stride", "seg_scale": "resize"}
-
 _INSTANCES: dict[str, TaskAdapter] = {}
 
 
 def canonical_cfg(settings: dict[str, Any] | None) -> dict[str, Any]:
-    """Preprocessing settings in ``pretrained_cfg`` keys: the Predictor's older names (``seg_mode``,
-    ``seg_crop``, ``seg_stride``, ``seg_scale``) are renamed, ``None`` values dropped."""
-    return {_PREDICTOR_ALIASES.get(k, k): v for k, v in (settings or {}).items() if v is not None}
+    """The settings given (``pretrained_cfg`` keys): ``None`` values, which mean "not given", dropped."""
+    return {k: v for k, v in (settings or {}).items() if v is not None}
 
 
 def adapter_for_task(task: str) -> TaskAdapter:
@@ -47,7 +43,7 @@ def infer_task(model: nn.Module) -> Task:
     """The task of a model built by ``create_model``: the first of its registry tags that names a task."""
     model_name = getattr(model, "model_name", None)
     if model_name:
-        from visiontf.registry import get_entry
+        from visiontf.models import get_entry
 
         for tag in get_entry(model_name).tags:
             if tag in TASK_TABLE:
@@ -81,7 +77,7 @@ class TaskAdapter:
     # ------------------------------------------------------------------ preprocessing
     def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """The complete eval preprocessing: the model's ``pretrained_cfg`` with ``overrides`` on top
-        (either key style, see :func:`canonical_cfg`) and this task's defaults for what neither sets."""
+        (``pretrained_cfg`` keys) and this task's defaults for what neither sets."""
         raise NotImplementedError
 
     def build_preprocess(self, cfg: dict[str, Any]) -> nn.Module:
