@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import visiontf
-from visiontf.adapters import adapter_for_task, canonical_cfg, get_adapter
+from visiontf.adapters import adapter_for_task, get_adapter
 from visiontf.inference.predictor import Predictor
 
 ROOT = Path(__file__).resolve().parents[1]
