@@ -208,7 +208,7 @@ def test_from_lightning_checkpoint(tmp_path):
     x = torch.rand(3, 32, 32)
     got = p(x, top_k=4)[0]
     with torch.no_grad():
-        ref = task.model.eval()(p.preprocess_classification(load_inputs(x))).softmax(-1)[0]
+        ref = task.model.eval()(p.preprocess([im.tensor for im in load_inputs(x)])).softmax(-1)[0]
     torch.testing.assert_close(got["scores"], ref.sort(descending=True).values, atol=1e-5, rtol=0)
     assert set(got["class_names"]) == {"w", "x", "y", "z"}
 

@@ -53,3 +53,11 @@ def test_infer_task_names_the_table_in_its_error():
 
     with pytest.raises(ValueError, match=", ".join(TASKS)):
         infer_task(nn.Linear(2, 2))
+
+
+def test_the_predictor_has_no_task_named_methods():
+    """What differs by task is the adapter's (preprocessing modules, ``predict``, ``logits``), not the Predictor's."""
+    from visiontf.inference.predictor import Predictor
+
+    named = [n for n in vars(Predictor) if any(t in n for t in (*TASKS, "classif", "detect", "segment", "restor"))]
+    assert not named, f"Predictor methods named after a task: {named}"

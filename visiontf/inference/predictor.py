@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from visiontf.adapters.base import Task, canonical_cfg, get_adapter, infer_task
 from visiontf.adapters.task_table import TASKS
@@ -255,19 +255,6 @@ class Predictor:
             if raise_if_all_fail and len(errors) == len(images):
                 raise errors[0] from batch_error
             return results
-
-    def preprocess_classification(self, images: Sequence[LoadedImage]) -> Tensor:
-        """Normalised (B, 3, H, W) crops as a classifier sees them."""
-        return self.preprocess([im.tensor.to(self.device) for im in images])
-
-    def preprocess_detection(self, images: Sequence[LoadedImage]) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:
-        """A detector's input: resized, normalised, zero-padded batch, its padding mask, and the resized sizes."""
-        batch, sizes = self.preprocess([im.tensor.to(self.device) for im in images])
-        return batch.images, batch.mask, sizes
-
-    def segmentation_logits(self, image: Tensor) -> Tensor:
-        """A segmenter's logits (1, K, H, W) at the original size of one float (3, H, W) image in [0, 1]."""
-        return self.adapter.logits(self.model, self.preprocess, image.to(self.device))
 
 
 __all__ = [
