@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.common import setup_torch  # noqa: F401  (puts the checkout on sys.path)
 from visiontf.data.batching import pad_images, size_buckets
-from visiontf.registry import create_model
+from visiontf.models import create_model
 
 SIZES = [(64, 80), (80, 64), (64, 80), (72, 72), (64, 80), (80, 64), (64, 80), (72, 72)]
 BATCHES = (2, 8)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import cli, max_abs_diff, pick_device, row, time_interleaved  # noqa: E402
-from visiontf.registry import create_model  # noqa: E402
+from visiontf.models import create_model  # noqa: E402
 
 TOL = 1e-4
 

@@ -87,9 +87,12 @@ except ModuleNotFoundError:  # pragma: no cover
 def _patch_eval_samplers() -> None:
     import importlib
 
-    # visiontf.data.samplers: its eval_batch_sampler (the COCO eval loaders) looks eval_sampler up there
-    for name in ("visiontf.data.samplers", "visiontf.data.classification", "visiontf.data.coco",
-                 "visiontf.data.segmentation", "visiontf.data.restoration"):
+    from visiontf.adapters.task_table import data_module_class_paths
+
+    # visiontf.data.samplers: its eval_batch_sampler (the COCO eval loaders) looks eval_sampler up there;
+    # then the module of every data module in the task table
+    modules = dict.fromkeys(["visiontf.data.samplers", *(p.rpartition(".")[0] for p in data_module_class_paths())])
+    for name in modules:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError:

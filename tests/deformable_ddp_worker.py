@@ -46,7 +46,7 @@ def _batch(rank: int, step: int):
 
 def _train(name: str, kwargs: dict, rank: int) -> tuple[str, float]:
     from visiontf.detection import build_criterion
-    from visiontf.registry import create_model
+    from visiontf.models import create_model
 
     torch.manual_seed(0)
     model = create_model("deformable_detr_tiny", num_classes=3, **SMALL, **kwargs)
@@ -88,6 +88,6 @@ if __name__ == "__main__":
     # imported once here and forked (nothing has run a kernel yet, so no OpenMP pool to inherit):
     # two fresh interpreters would import torch and visiontf again, most of this script's time
     import visiontf.detection  # noqa: F401
-    import visiontf.registry  # noqa: F401
+    import visiontf.models  # noqa: F401
 
     mp.start_processes(_worker, args=(sys.argv[1],), nprocs=2, join=True, start_method="fork")

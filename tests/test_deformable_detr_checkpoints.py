@@ -15,8 +15,8 @@ import torch
 from deformable_helpers import TOY, VARIANTS, inputs, max_diff, original, randomize
 from safetensors.torch import save_file, save_model
 
+from visiontf.models import create_model
 from visiontf.models.deformable_detr_convert import VARIANT_MODELS, checkpoint_variant, convert_state_dict, detect_format
-from visiontf.registry import create_model
 
 TOL = 1e-4
 #: a registered name per variant; the toy arguments override its sizes

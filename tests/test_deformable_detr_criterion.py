@@ -13,9 +13,9 @@ from torchvision.ops import box_convert, generalized_box_iou
 
 from benchmarks.reference_deformable_detr import OriginalSetCriterion, original_focal_cost, original_match, original_postprocess
 from visiontf.detection import DeformablePostProcess, HungarianMatcher, PostProcess, SetCriterion, build_postprocess
+from visiontf.models import create_model
 from visiontf.models.deformable_detr import DeformableDETR
 from visiontf.models.postprocess_options import PostprocessOptions
-from visiontf.registry import create_model
 
 K = 6
 

@@ -106,7 +106,7 @@ def test_export_onnx_and_predict_with_attention_clis(tmp_path, capsys):
     model = visiontf.create_model("deformable_detr_tiny", num_classes=3, **kwargs).eval()
     ckpt = _fake_checkpoint(model, tmp_path / "d.ckpt", kwargs)
     out, onnx = tmp_path / "export" / "d.safetensors", tmp_path / "export" / "d.onnx"
-    assert export_main(["--ckpt_path", str(ckpt), "--output", str(out), "--onnx", str(onnx), "--image-size", "64", "96"]) == 0
+    assert export_main(["--ckpt_path", str(ckpt), "--output", str(out), "--onnx", str(onnx), "--image_size", "64", "96"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["onnx_max_abs_diff"] < 1e-4
     print(f"ONNX vs PyTorch (padded batch of 2, 64x96): max abs diff {report['onnx_max_abs_diff']:.2e}")
@@ -121,8 +121,8 @@ def test_export_onnx_and_predict_with_attention_clis(tmp_path, capsys):
     images.mkdir()
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (81, 37, 3), dtype=np.uint8)).save(images / "000000000042.png")
     pred_dir = tmp_path / "pred"
-    assert predict_main(["--weights", str(out), "--input", str(images), "--output", str(pred_dir), "--score-threshold", "0.0",
-                         "--top-k", "3", "--attention", "--device", "cpu"]) == 0
+    assert predict_main(["--weights", str(out), "--input", str(images), "--output", str(pred_dir), "--score_threshold", "0.0",
+                         "--top_k", "3", "--attention", "--device", "cpu"]) == 0
     preds = json.loads((pred_dir / "predictions.json").read_text())
     assert len(preds) == 3 and {p["image_id"] for p in preds} == {42}
     assert np.asarray(Image.open(pred_dir / "000000000042.png")).shape == (81, 37, 3)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from visiontf.models import create_model
 from visiontf.nn.ms_deform_attn import MSDeformAttn
-from visiontf.registry import create_model
 from visiontf.tasks.detection import DetectionTask
 
 TINY = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from visiontf.models import create_model
 from visiontf.models.detr_convert import convert_state_dict, detect_format
-from visiontf.registry import create_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks.reference_detr import OriginalDETR  # noqa: E402

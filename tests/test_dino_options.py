@@ -13,10 +13,10 @@ import torch
 
 import visiontf.models.denoising as dn
 from visiontf.detection import build_postprocess
+from visiontf.models import create_model, list_models
 from visiontf.models.deformable_detr import DeformableDETR
 from visiontf.models.denoising import build_contrastive_denoising, denoising_attn_mask
 from visiontf.models.query_groups import self_attn_mask
-from visiontf.registry import create_model, list_models
 
 TOY = dict(num_classes=5, backbone="resnet18", num_feature_levels=3, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2,
            dim_feedforward=48, num_queries=8, dec_n_points=2, enc_n_points=2, dropout=0.0, frozen_bn=False, freeze_stem=False)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import visiontf
+import visiontf.models
 from visiontf import downloads
 from visiontf.downloads import DownloadError, network_problem, reachable
 from visiontf.errors import UserError
@@ -78,7 +79,7 @@ def test_torch_hub_weights_offline_fail_before_the_download(no_sockets, monkeypa
     monkeypatch.setattr(downloads, "torch_hub_cached", lambda url: False)
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", lambda *a, **k: pytest.fail("download attempted"))
     with pytest.raises(DownloadError, match="cannot download detr_resnet50 weights .* pass pretrained='/path/to/detr-r50-e632da11.pth'"):
-        visiontf.registry.get_entry("detr_resnet50").fetch_pretrained()
+        visiontf.models.get_entry("detr_resnet50").fetch_pretrained()
 
 
 def test_torch_hub_cache_needs_no_network(no_sockets, monkeypatch):
@@ -86,7 +87,7 @@ def test_torch_hub_cache_needs_no_network(no_sockets, monkeypatch):
 
     monkeypatch.setattr(downloads, "torch_hub_cached", lambda url: True)
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", lambda url, **k: {"model": {"w": torch.zeros(1)}})
-    assert list(visiontf.registry.get_entry("detr_resnet50").fetch_pretrained()) == ["w"]
+    assert list(visiontf.models.get_entry("detr_resnet50").fetch_pretrained()) == ["w"]
 
 
 def test_torchvision_backbone_offline_fails_at_once(no_sockets, monkeypatch):

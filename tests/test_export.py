@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_safetensors_round_trip_with_labels(tmp_path):
     vit = visiontf.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, depth=1).eval()
-    report = export_model(vit, tmp_path / "vit.safetensors", class_names=["a", "b", "c"], predictor_kwargs={"crop_pct": 1.0})
+    report = export_model(vit, tmp_path / "vit.safetensors", class_names=["a", "b", "c"], preprocess={"crop_pct": 1.0})
     back = visiontf.load_model(report["safetensors"]).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -58,7 +58,7 @@ def _fake_checkpoint(model, path: Path, model_name: str, num_classes: int, model
     ckpt = {
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()} | {"criterion.empty_weight": torch.ones(num_classes + 1)},
         "hyper_parameters": {"model_name": model_name, "num_classes": num_classes, "model_kwargs": model_kwargs},
-        "datamodule_hyper_parameters": {"val_size": 64, "max_size": 96},
+        "preprocess": {"min_size": 64, "max_size": 96},
         "epoch": 0,
     }
     torch.save(ckpt, path)
@@ -78,8 +78,9 @@ def test_export_and_predict_clis(tmp_path):
     x = torch.randn(1, 3, 64, 80)
     with torch.no_grad():
         torch.testing.assert_close(visiontf.load_model(out).eval()(x)["pred_boxes"], detr(x)["pred_boxes"], atol=0, rtol=0)
-    # eval preprocessing from the checkpoint's data module travels with the export
-    assert read_labels_file(out)["predictor_kwargs"] == {"min_size": 64, "max_size": 96}
+    # the checkpoint's eval preprocessing travels with the export
+    saved = read_labels_file(out)["preprocess"]
+    assert (saved["min_size"], saved["max_size"]) == (64, 96)
 
     images = tmp_path / "images"
     images.mkdir()
@@ -94,7 +95,7 @@ def test_export_and_predict_clis(tmp_path):
     }))
     pred_dir = tmp_path / "pred"
     proc = run(ROOT / "tools/predict.py", "--weights", out, "--input", images, "--output", pred_dir,
-               "--score-threshold", 0.0, "--top-k", 3, "--annotations", ann, "--attention", "--device", "cpu")
+               "--score_threshold", 0.0, "--top_k", 3, "--annotations", ann, "--attention", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     preds = json.loads((pred_dir / "predictions.json").read_text())
     assert len(preds) == 6

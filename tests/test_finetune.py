@@ -19,8 +19,7 @@ import torch
 from deformable_helpers import TOY, VARIANTS, original, randomize
 from safetensors.torch import save_file
 
-from visiontf.models import deformable_detr_convert, detr_convert
-from visiontf.registry import WeightsLayoutError, create_model
+from visiontf.models import WeightsLayoutError, create_model, deformable_detr_convert, detr_convert
 from visiontf.weights import load_state_dict_file
 
 REGISTRY_LOG = "visiontf.models._registry"

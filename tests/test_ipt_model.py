@@ -12,9 +12,9 @@ import torch
 from ipt_helpers import SMALL, TINY, randomized_reference, save_reference
 
 from benchmarks.reference_ipt import OriginalIPT
+from visiontf.models import WeightsLayoutError, create_model, get_entry, list_models
 from visiontf.models.ipt import IPT, PRETRAIN_TASKS
 from visiontf.models.ipt_convert import convert_state_dict, to_original_state_dict
-from visiontf.registry import WeightsLayoutError, create_model, get_entry, list_models
 
 TOL = 1e-4
 
@@ -184,7 +184,7 @@ def test_tiny_trains_and_is_cpu_sized():
 
 def test_save_model_and_load_model_round_trip(tmp_path):
     import visiontf
-    from visiontf.registry import load_model
+    from visiontf.models import load_model
 
     model = create_model("ipt_tiny", scale=3).eval()
     path = visiontf.save_model(model, tmp_path / "tiny.safetensors")

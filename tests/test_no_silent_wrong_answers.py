@@ -282,7 +282,7 @@ def test_weights_of_a_non_float_dtype_or_non_finite_are_refused_naming_the_tenso
     from safetensors.torch import save_file
 
     from visiontf.checkpoints import load_checkpoint_model
-    from visiontf.registry import create_model
+    from visiontf.models import create_model
     from visiontf.weights import WeightsError
 
     kw = {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}

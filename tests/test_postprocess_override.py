@@ -15,8 +15,8 @@ from cli_runner import error_line, run_tools
 from handmade_data import own_detections_as_truth
 
 from visiontf.detection import build_postprocess, set_postprocess
+from visiontf.models import create_model
 from visiontf.models.postprocess_options import PostprocessOptions
-from visiontf.registry import create_model
 
 CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
 TOY_MODEL = ("--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from visiontf.detection import HungarianMatcher, SetCriterion
-from visiontf.registry import create_model
+from visiontf.models import create_model
 from visiontf.tasks.detection import DetectionTask
 
 TINY = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=64, num_queries=8)

@@ -250,7 +250,7 @@ def test_dino_predictor_runs_under_bf16(fitted, family_data):
 
 def test_predictor_refuses_an_unknown_precision():
     from visiontf.inference.predictor import Predictor
-    from visiontf.registry import create_model
+    from visiontf.models import create_model
 
     with pytest.raises(ValueError, match="bf16-mixed"):
         Predictor(create_model("detr_tiny", num_classes=2), device="cpu", precision="bf16")

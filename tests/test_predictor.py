@@ -167,7 +167,7 @@ def test_segmentation_label_map_at_original_resolution():
     assert r["label_map"].shape == (45, 61) and r["label_map"].dtype == torch.int64
     assert torch.equal(r["label_map"], expected)
     # resized for the network (mmseg keep-ratio scale), logits resized back to 45 x 61
-    r = Predictor(Threshold(), task="segmentation", device="cpu", seg_scale=(128, 96))(img)[0]
+    r = Predictor(Threshold(), task="segmentation", device="cpu", resize=(128, 96))(img)[0]
     assert r["label_map"].shape == (45, 61)
     assert (r["label_map"] == expected).float().mean() > 0.97
 
@@ -175,7 +175,7 @@ def test_segmentation_label_map_at_original_resolution():
 def test_setr_tiny_whole_and_slide():
     model = visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=32, encoder_kwargs={"depth": 4})
     for mode in ("whole", "slide"):
-        r = Predictor(model, device="cpu", seg_mode=mode)([torch.rand(3, 50, 37), torch.rand(3, 20, 70)])
+        r = Predictor(model, device="cpu", test_mode=mode)([torch.rand(3, 50, 37), torch.rand(3, 20, 70)])
         assert [x["label_map"].shape for x in r] == [(50, 37), (20, 70)]
         assert all(int(x["label_map"].max()) < 3 for x in r)
 
@@ -208,7 +208,7 @@ def test_from_lightning_checkpoint(tmp_path):
     x = torch.rand(3, 32, 32)
     got = p(x, top_k=4)[0]
     with torch.no_grad():
-        ref = task.model.eval()(p.preprocess_classification(load_inputs(x))).softmax(-1)[0]
+        ref = task.model.eval()(p.preprocess([im.tensor for im in load_inputs(x)])).softmax(-1)[0]
     torch.testing.assert_close(got["scores"], ref.sort(descending=True).values, atol=1e-5, rtol=0)
     assert set(got["class_names"]) == {"w", "x", "y", "z"}
 

@@ -13,7 +13,7 @@ from PIL import Image
 from test_restoration_task import CONFIG, toy_overrides
 
 from visiontf.inference import Predictor
-from visiontf.registry import create_model
+from visiontf.models import create_model
 
 SMALL = {"n_feats": 4, "patch_dim": 4, "num_heads": 2, "num_layers": 1, "tile_size": 16}
 

@@ -13,8 +13,8 @@ import torch
 from visiontf.checkpoints import CheckpointError, check_checkpoint_fits
 from visiontf.evaluation.restoration import calc_psnr
 from visiontf.evaluation.restoration_metric import RestorationScores
+from visiontf.models import create_model
 from visiontf.models.ipt import PRETRAIN_TASKS
-from visiontf.registry import create_model
 from visiontf.tasks.restoration import RestorationTask, bicubic_upscale, patch_contrastive_loss
 
 

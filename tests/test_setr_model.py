@@ -3,9 +3,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from visiontf.models import create_model
 from visiontf.models.setr import SETR, default_out_indices
 from visiontf.models.setr_convert import resize_pos_embed
-from visiontf.registry import create_model
 from visiontf.weights import save_model
 
 NUM_AUX = {"naive": 3, "pup": 4, "mla": 4}  # tiny/base: PUP keeps an auxiliary head on every tap

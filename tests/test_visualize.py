@@ -90,7 +90,8 @@ def test_detr_attention_maps(detr, tmp_path):
     from visiontf.inference.predictor import Predictor, load_inputs
 
     p = Predictor(detr, min_size=64, max_size=100, device="cpu")
-    x, _, _ = p.preprocess_detection(load_inputs(image))
+    batch, _ = p.preprocess([im.tensor for im in load_inputs(image)])  # the adapter's preprocessing module
+    x = batch.images
     with torch.no_grad():
         out = detr(x, None, need_weights=True)
     enc = out["enc_attn"][0].reshape(-1, h, w).numpy()

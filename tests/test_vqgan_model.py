@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
+from visiontf.models import create_model, get_entry, list_models
 from visiontf.models._registry import WeightsLayoutError
 from visiontf.models.vqgan import DEFAULT_CFGS, convert_state_dict
 from visiontf.models.vqgan_blocks import AttnBlock
-from visiontf.registry import create_model, get_entry, list_models
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks import reference_vqgan as ref  # noqa: E402

@@ -7,7 +7,7 @@ import torch
 
 from visiontf.adapters import get_adapter
 from visiontf.inference import Predictor
-from visiontf.registry import create_model
+from visiontf.models import create_model
 
 TOY = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "n_embed": 16, "embed_dim": 4,
        "z_channels": 32, "resolution": 16}
@@ -82,7 +82,7 @@ def test_transformer_task_validation_logs_bits_per_token(tmp_path):
     assert metrics["val/bits_per_token"] > 0.0 and "val/unigram_bits" in metrics
 
 def test_weights_of_another_codebook_size_are_refused_by_name(tmp_path):
-    from visiontf.registry import WeightsLayoutError
+    from visiontf.models import WeightsLayoutError
 
     path = tmp_path / "tok.pt"
     torch.save(create_model("vqgan_tiny", **TOY).state_dict(), path)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from visiontf.models import create_model
 from visiontf.models._registry import WeightsLayoutError
 from visiontf.models.vqgan_transformer import GPT, convert_state_dict, filter_logits
-from visiontf.registry import create_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks import reference_vqgan as ref  # noqa: E402

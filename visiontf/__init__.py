@@ -8,10 +8,10 @@ from visiontf._lazy import lazy_getattr
 __version__ = "0.1.0"
 
 _LAZY = {
-    "create_model": "visiontf.registry",
-    "list_models": "visiontf.registry",
-    "register_model": "visiontf.registry",
-    "load_model": "visiontf.registry",
+    "create_model": "visiontf.models",
+    "list_models": "visiontf.models",
+    "register_model": "visiontf.models",
+    "load_model": "visiontf.models",
     "save_model": "visiontf.weights",
     "Predictor": "visiontf.inference.predictor",
 }

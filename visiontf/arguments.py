@@ -1,9 +1,8 @@
 """argparse as every visiontf command line uses it: one option style, no abbreviations, mistakes as
 :class:`~visiontf.errors.UsageError`.
 
-* Options are spelled with underscores, as LightningCLI spells them (``--ckpt_path``, ``--score_threshold``).
-  The dashed spellings of earlier versions (``--score-threshold``) are still accepted, and not listed
-  in ``--help``.
+* Options are spelled with underscores, as LightningCLI spells them (``--ckpt_path``, ``--score_threshold``);
+  a dashed spelling (``--score-threshold``) is an unknown option whose error names the underscore one.
 * Abbreviations are refused (``--score 0.5`` is not ``--score_threshold 0.5``): an abbreviation that
   works today silently changes meaning when an option is added.
 * A parsing mistake raises :class:`UsageError` naming the option and, for an unknown one, the closest
@@ -15,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from visiontf.errors import UsageError
 
@@ -45,25 +44,6 @@ class ToolParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.add_argument("--debug", action="store_true",
                           help="on an error, show the full traceback instead of one line (also VISIONTF_DEBUG=1)")
-
-    def canonical_argv(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` with dashed spellings of known options (``--score-threshold``) in underscore style."""
-        known = set(self._option_string_actions)
-        out = []
-        for arg in argv:
-            if arg.startswith("--") and "-" in arg[2:].split("=", 1)[0]:
-                name, eq, value = arg.partition("=")
-                canon = "--" + name[2:].replace("-", "_")
-                if name not in known and canon in known:
-                    arg = canon + eq + value
-            out.append(arg)
-        return out
-
-    def parse_known_args(self, args=None, namespace=None):
-        import sys
-
-        argv = sys.argv[1:] if args is None else list(args)
-        return super().parse_known_args(self.canonical_argv(argv), namespace)
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
         """Raise :class:`UsageError` (argparse would print the usage and exit)."""

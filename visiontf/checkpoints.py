@@ -5,10 +5,8 @@ hyper-parameters (``model_name``, ``num_classes``, ``model_kwargs``), the class 
 ids of its data, and, since visiontf saves it, ``preprocess``: the complete eval preprocessing
 (``pretrained_cfg`` keys) resolved by the task's adapter when the checkpoint was written.
 
-Older checkpoints lack ``preprocess``. For them, and only here, :func:`legacy_eval_cfg` derives it
-from the data module's saved hyper-parameters by their names, as visiontf did before (the legacy
-path; renaming a data-module argument would change what it finds, which is why new checkpoints
-store the settings themselves).
+A checkpoint without ``preprocess`` (not written by a visiontf task) predicts with the model's own
+``pretrained_cfg``.
 """
 from __future__ import annotations
 
@@ -46,15 +44,15 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     """The plain network of a visiontf Lightning checkpoint, and what it knows about its data.
 
     Returns ``(model, info)``; ``info`` holds ``preprocess`` (eval settings in ``pretrained_cfg`` keys:
-    complete for new checkpoints, what the old hyper-parameters named for legacy ones) and may hold
+    as saved, empty when none was) and may hold
     ``class_names`` and ``label_to_cat_id``, besides the raw ``hyper_parameters`` and
     ``datamodule_hyper_parameters``.
 
     Weights that do not fit the rebuilt model as saved go through the family's ``filter_fn``
-    (:func:`visiontf.registry.convert_state`). ``strict=False`` loads what fits and leaves the rest at init; ``overrides`` are
+    (:func:`visiontf.models.convert_state`). ``strict=False`` loads what fits and leaves the rest at init; ``overrides`` are
     constructor arguments on top of the saved ``model_kwargs``.
     """
-    from visiontf.registry import convert_state, create_model
+    from visiontf.models import convert_state, create_model
 
     path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
@@ -94,54 +92,11 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
         info["preprocess"] = dict(ckpt["preprocess"])
         source = "saved with the checkpoint"
     else:
-        info["preprocess"] = legacy_eval_cfg(dm, hp)
-        source = "derived from the legacy hyper-parameters"
+        info["preprocess"] = {}
+        source = "not saved, the model's pretrained_cfg"
     log.info("%s: rebuilt %s (%d tensors); preprocessing %s: %s", path, hp["model_name"], len(state), source,
              info["preprocess"] or "model defaults")
     return model, info
-
-
-def legacy_eval_cfg(datamodule_hparams: dict[str, Any] | None, task_hparams: dict[str, Any] | None = None) -> dict[str, Any]:
-    """LEGACY: the eval settings (``pretrained_cfg`` keys) that a data module's and a task's saved
-    hyper-parameters imply, found by their names.
-
-    Only for checkpoints written before visiontf stored ``preprocess``, and for ``--config`` files
-    whose data module cannot be built; new code asks the data module (``eval_cfg()``) and the task.
-    Keys set: ``mean``/``std``, ``input_size``/``crop_pct`` (classification), ``min_size``/``max_size``
-    from ``val_size``/``max_size`` (COCO), ``resize`` from ``val_resize``/``base_size``/``layout``
-    (segmentation), ``test_mode``/``crop_size``/``stride`` from the task's ``inference_mode``.
-    """
-    dm, hp = datamodule_hparams or {}, task_hparams or {}
-    cfg: dict[str, Any] = {}
-    for key in ("mean", "std"):
-        if dm.get(key) is not None:
-            cfg[key] = tuple(dm[key])
-    if dm.get("image_size") is not None:
-        s = dm["image_size"]
-        cfg["input_size"] = (s, s) if isinstance(s, int) else tuple(s)
-    if dm.get("crop_pct") is not None:
-        cfg["crop_pct"] = float(dm["crop_pct"])
-    if dm.get("val_size") is not None:
-        cfg["min_size"] = int(dm["val_size"])
-        if dm.get("max_size") is not None:
-            cfg["max_size"] = int(dm["max_size"])
-    if isinstance(dm.get("val_resize"), (list, tuple)):
-        cfg["resize"] = tuple(dm["val_resize"])
-    elif dm.get("val_resize") is True and (dm.get("base_size") is not None or dm.get("layout")):
-        base = dm.get("base_size")
-        if base is None:
-            from visiontf.data.segmentation_labels import LAYOUTS
-
-            base = LAYOUTS.get(dm["layout"], {}).get("base_size")
-        if base is not None:
-            cfg["resize"] = tuple(base)
-    if hp.get("inference_mode") in ("whole", "slide"):
-        cfg["test_mode"] = hp["inference_mode"]
-        if hp.get("crop_size"):
-            cfg["crop_size"] = hp["crop_size"]
-        if hp.get("stride"):
-            cfg["stride"] = hp["stride"]
-    return cfg
 
 
 def _fits_as_saved(model: nn.Module, state: dict[str, Any]) -> bool:
@@ -258,8 +213,8 @@ def checkpoint_task(ckpt: dict[str, Any]) -> str | None:
     name = (ckpt.get("hyper_parameters") or {}).get("model_name")
     if not name:
         return None
-    from visiontf.adapters.base import TASKS
-    from visiontf.registry import get_entry
+    from visiontf.adapters.task_table import TASKS
+    from visiontf.models import get_entry
 
     try:
         tags = get_entry(name).tags
@@ -326,5 +281,5 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
 
 
 __all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "WeightsError", "check_checkpoint_fits", "check_checkpoint_task", "checkpoint_task",
-           "config_checkpoint_dir", "find_last_checkpoint", "legacy_eval_cfg", "load_checkpoint_model",
+           "config_checkpoint_dir", "find_last_checkpoint", "load_checkpoint_model",
            "resolve_checkpoint", "run_checkpoint_dir"]

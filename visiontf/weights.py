@@ -260,19 +260,16 @@ def labels_path(weights_path: str | Path) -> Path:
 
 
 def write_labels_file(weights_path: str | Path, class_names: Sequence[str] | None = None,
-                      label_to_cat_id: Mapping[int, int] | None = None, predictor_kwargs: Mapping[str, Any] | None = None,
+                      label_to_cat_id: Mapping[int, int] | None = None,
                       preprocess: Mapping[str, Any] | None = None) -> Path | None:
-    """Write ``<stem>.labels.json`` beside exported weights: class names, category ids, the eval
-    preprocessing (``preprocess``: complete, ``pretrained_cfg`` keys) and the overrides it was built
-    from (``predictor_kwargs``, as given)."""
+    """Write ``<stem>.labels.json`` beside exported weights: class names, category ids and the eval
+    preprocessing (``preprocess``: complete, ``pretrained_cfg`` keys)."""
     plain = lambda d: {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}  # noqa: E731
     data: dict[str, Any] = {}
     if class_names:
         data["class_names"] = list(class_names)
     if label_to_cat_id:
         data["label_to_cat_id"] = {str(k): int(v) for k, v in label_to_cat_id.items()}
-    if predictor_kwargs:
-        data["predictor_kwargs"] = plain(predictor_kwargs)
     if preprocess:
         data["preprocess"] = plain(preprocess)
     if not data:

@@ -7,25 +7,20 @@ signature, and what ``tools/predict.py`` writes. The Predictor, ``LogPredictionI
 and predict tools and the attention pictures ask :func:`get_adapter` instead of branching on the task.
 
 Adapters are found through the registry's tags (``create_model`` records the model's name; its
-entry's tags name the task). Names resolve lazily.
+entry's tags name the task); :data:`~visiontf.adapters.task_table.TASK_TABLE` maps each task to its
+adapter. Names resolve lazily; each adapter class is in its task's module
+(``visiontf.adapters.<task>``).
 """
 from visiontf._lazy import lazy_getattr
 
 _LAZY = {
-    "TASKS": "visiontf.adapters.base",
+    "TASKS": "visiontf.adapters.task_table",
+    "TASK_TABLE": "visiontf.adapters.task_table",
     "TaskAdapter": "visiontf.adapters.base",
     "adapter_for_task": "visiontf.adapters.base",
     "get_adapter": "visiontf.adapters.base",
     "infer_task": "visiontf.adapters.base",
     "canonical_cfg": "visiontf.adapters.base",
-    "ClassificationAdapter": "visiontf.adapters.classification",
-    "ClassificationPreprocess": "visiontf.adapters.classification",
-    "DetectionAdapter": "visiontf.adapters.detection",
-    "DetectionPreprocess": "visiontf.adapters.detection",
-    "SegmentationAdapter": "visiontf.adapters.segmentation",
-    "SegmentationPreprocess": "visiontf.adapters.segmentation",
-    "RestorationAdapter": "visiontf.adapters.restoration",
-    "RestorationPreprocess": "visiontf.adapters.restoration",
 }
 
 __all__ = sorted(_LAZY)

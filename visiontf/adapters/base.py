@@ -1,7 +1,7 @@
 """The adapter interface, the task -> adapter table and the lookup through the registry's tags.
 
-Adding a task means writing one adapter module and adding one line to :data:`ADAPTERS`. Adding a
-model family of an existing task means registering its names with the task's tag; a detection
+Adding a task means writing one adapter module and adding its row to
+:data:`visiontf.adapters.task_table.TASK_TABLE`. Adding a model family of an existing task means registering its names with the task's tag; a detection
 family with another class-head convention also adds its entries to the tables behind
 :func:`visiontf.detection.build_postprocess` (which the detection adapter calls) and
 :func:`visiontf.detection.build_criterion` (which the detection task calls).
@@ -10,45 +10,32 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from importlib import import_module
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from torch import Tensor, nn
 
+from visiontf.adapters.task_table import TASK_TABLE, TASKS, import_class
+
 log = logging.getLogger(__name__)
 
-Task = Literal["classification", "detection", "segmentation", "restoration", "generation"]
-
-#: task -> "module:class" of its adapter (imported on first use, so a light import stays light)
-ADAPTERS: dict[str, str] = {
-    "classification": "visiontf.adapters.classification:ClassificationAdapter",
-    "detection": "visiontf.adapters.detection:DetectionAdapter",
-    "segmentation": "visiontf.adapters.segmentation:SegmentationAdapter",
-    "restoration": "visiontf.adapters.restoration:RestorationAdapter",
-    "generation": "visiontf.adapters.generation:GenerationAdapter",
-}
-TASKS: tuple[str, ...] = tuple(ADAPTERS)
-
-#: the Predictor's older keyword names -> the ``pretrained_cfg`` keys they set
-_PREDICTOR_ALIASES = {"seg_mode": "test_mode", "seg_crop": "crop_size", "seg_stride": "stride", "seg_scale": "resize"}
+#: a task's name: one of :data:`TASKS`, the keys of :data:`~visiontf.adapters.task_table.TASK_TABLE`
+Task = str
 
 _INSTANCES: dict[str, TaskAdapter] = {}
 
 
 def canonical_cfg(settings: dict[str, Any] | None) -> dict[str, Any]:
-    """Preprocessing settings in ``pretrained_cfg`` keys: the Predictor's older names (``seg_mode``,
-    ``seg_crop``, ``seg_stride``, ``seg_scale``) are renamed, ``None`` values dropped."""
-    return {_PREDICTOR_ALIASES.get(k, k): v for k, v in (settings or {}).items() if v is not None}
+    """The settings given (``pretrained_cfg`` keys): ``None`` values, which mean "not given", dropped."""
+    return {k: v for k, v in (settings or {}).items() if v is not None}
 
 
 def adapter_for_task(task: str) -> TaskAdapter:
     """The adapter of ``task`` (one of :data:`TASKS`)."""
-    if task not in ADAPTERS:
+    if task not in TASK_TABLE:
         raise ValueError(f"task={task!r}; use one of {TASKS}")
     if task not in _INSTANCES:
-        module, cls = ADAPTERS[task].split(":")
-        _INSTANCES[task] = getattr(import_module(module), cls)()
+        _INSTANCES[task] = import_class(TASK_TABLE[task].adapter)()
     return _INSTANCES[task]
 
 
@@ -56,14 +43,14 @@ def infer_task(model: nn.Module) -> Task:
     """The task of a model built by ``create_model``: the first of its registry tags that names a task."""
     model_name = getattr(model, "model_name", None)
     if model_name:
-        from visiontf.registry import get_entry
+        from visiontf.models import get_entry
 
         for tag in get_entry(model_name).tags:
-            if tag in ADAPTERS:
-                return tag  # type: ignore[return-value]
+            if tag in TASK_TABLE:
+                return tag
     raise ValueError(
         f"cannot tell the task of a {type(model).__name__} (it was not built by visiontf.create_model, or its "
-        f"registry tags name no task); pass task='classification'|'detection'|'segmentation'|'restoration'"
+        f"registry tags name no task); pass task= one of {', '.join(TASKS)}"
     )
 
 
@@ -90,7 +77,7 @@ class TaskAdapter:
     # ------------------------------------------------------------------ preprocessing
     def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """The complete eval preprocessing: the model's ``pretrained_cfg`` with ``overrides`` on top
-        (either key style, see :func:`canonical_cfg`) and this task's defaults for what neither sets."""
+        (``pretrained_cfg`` keys) and this task's defaults for what neither sets."""
         raise NotImplementedError
 
     def build_preprocess(self, cfg: dict[str, Any]) -> nn.Module:

@@ -1,8 +1,7 @@
 """Command lines behind ``tools/predict.py`` and ``tools/export.py``: a model from a checkpoint or an
 export, then the task's adapter does the rest (pictures, ``predictions.json``, attention, ONNX).
 
-Both take options in ``tools/train.py``'s style (``--ckpt_path``, ``--score_threshold``; the dashed
-spellings of earlier versions still work) and ``--data.*`` overrides of the ``--config``'s data
+Both take options in ``tools/train.py``'s style (``--ckpt_path``, ``--score_threshold``) and ``--data.*`` overrides of the ``--config``'s data
 section as ``tools/train.py`` does (``--data.root DIR``, ``--data.init_args.val_ann FILE``). The class
 names and category ids saved with a checkpoint or an export win over a config's; a config whose
 classes differ is an error that says to drop it.
@@ -13,7 +12,6 @@ in about a second.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import re
@@ -21,15 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from visiontf.adapters.task_table import data_module_by_name, import_class
 from visiontf.arguments import ToolParser
 from visiontf.cli.checks import checkpoint_file, input_paths, output_folder, weights_file
 from visiontf.cli.errors import run_tool
 from visiontf.errors import UsageError
 
 log = logging.getLogger(__name__)
-
-_DATA_MODULES = ("visiontf.data.coco", "visiontf.data.classification", "visiontf.data.segmentation",
-                 "visiontf.data.restoration")
 
 #: train.py options that predict/export do not take, and what to use instead
 _NOT_HERE = {
@@ -132,12 +128,8 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
     if not class_path:
         return None, init_args
     try:
-        if "." in class_path:
-            mod, name = class_path.rsplit(".", 1)
-            cls = getattr(importlib.import_module(mod), name)
-        else:
-            cls = next(getattr(importlib.import_module(m), class_path) for m in _DATA_MODULES
-                       if hasattr(importlib.import_module(m), class_path))
+        # a short name (as LightningCLI takes) is one of the task table's data modules
+        cls = import_class(class_path) if "." in class_path else data_module_by_name(class_path)
         _check_init_args(cls, init_args, overrides or {})
         return cls(**init_args), init_args
     except Exception as e:  # noqa: BLE001 - the data is optional for prediction
@@ -176,11 +168,10 @@ def resolve_classes(saved_names: Sequence[str] | None, saved_ids: dict[int, int]
 def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | None = None):
     """A Predictor from ``--weights`` or ``--ckpt_path`` (+ ``--config`` for classes of old checkpoints).
 
-    Preprocessing: the settings saved with the checkpoint or export; what the ``--config`` data section
-    (and ``--data.*``) sets explicitly on top (read by :func:`visiontf.checkpoints.legacy_eval_cfg`);
-    command-line options last.
+    Preprocessing: the settings saved with the checkpoint or export, command-line options on top (the
+    ``--config`` gives class names and category ids only).
     """
-    from visiontf.checkpoints import legacy_eval_cfg, load_checkpoint_model
+    from visiontf.checkpoints import load_checkpoint_model
     from visiontf.inference.predictor import Predictor
     from visiontf.weights import read_labels_file
 
@@ -189,14 +180,14 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     if getattr(args, "seg_mode", None):
-        overrides["seg_mode"] = args.seg_mode
+        overrides["test_mode"] = args.seg_mode
     postprocess = {k: getattr(args, f"postprocess_{k}", None) for k in ("nms_iou_threshold", "nms_class_agnostic", "num_top")}
     if any(v is not None for v in postprocess.values()):
         overrides["postprocess"] = postprocess
     # restoration: which task of a multi-task model runs (the Predictor reads it from its preprocess settings)
     restore = {"restore_task": args.restore_task} if getattr(args, "restore_task", None) else {}
     config = getattr(args, "config", None)
-    dm, dm_args = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
+    dm, _ = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
     cfg_names, cfg_ids = getattr(dm, "class_names", None), getattr(dm, "label_to_cat_id", None)
     if args.weights:
         labels = read_labels_file(args.weights)
@@ -210,7 +201,7 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     if names and isinstance(n, int) and n > 0 and len(names) != n:
         raise UsageError(f"--config {config}: its data has {len(names)} classes but the checkpoint's model has {n}; "
                          "drop --config, or give the config it was trained with")
-    preprocess = {**info.get("preprocess", {}), **legacy_eval_cfg(dm_args), **restore}
+    preprocess = {**info.get("preprocess", {}), **restore}
     return Predictor(model, class_names=names, preprocess=preprocess, label_to_cat_id=ids, **overrides)
 
 
@@ -238,8 +229,7 @@ def _model_source(args: argparse.Namespace) -> None:
 def predict_parser() -> ToolParser:
     p = ToolParser(prog="predict.py", description="Predict with a visiontf checkpoint or exported model. "
                    "Also takes tools/train.py's --data.* overrides of the config's data section.")
-    p.add_argument("--config", help="training YAML: class names and category ids of checkpoints that lack them, "
-                   "and eval sizes its data section sets")
+    p.add_argument("--config", help="training YAML: class names and category ids of checkpoints that lack them")
     p.add_argument("--ckpt_path", help="Lightning checkpoint (.ckpt)")
     p.add_argument("--weights", help="exported model (.safetensors from tools/export.py) instead of a checkpoint")
     p.add_argument("--input", nargs="+", required=True, help="image files and/or folders")
@@ -337,15 +327,15 @@ def _export(argv: Sequence[str]) -> int:
     import torch
 
     from visiontf.adapters.base import canonical_cfg
-    from visiontf.checkpoints import legacy_eval_cfg, load_checkpoint_model
+    from visiontf.checkpoints import load_checkpoint_model
     from visiontf.inference.export import export_model
     from visiontf.inference.onnx_check import ExportTolerance
 
     model, info = load_checkpoint_model(ckpt)
-    dm, dm_args = datamodule_from_config(args.config, data_overrides, required=bool(data_overrides))
+    dm, _ = datamodule_from_config(args.config, data_overrides, required=bool(data_overrides))
     names, l2c = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), getattr(dm, "class_names", None),
                                  getattr(dm, "label_to_cat_id", None), f"--ckpt_path {ckpt}", f"--config {args.config}")
-    settings = canonical_cfg({**info.get("preprocess", {}), **legacy_eval_cfg(dm_args)})
+    settings = canonical_cfg(info.get("preprocess"))
     with torch.no_grad():
         report = export_model(model, args.output, names, l2c, settings,
                               onnx=args.onnx, image_size=args.image_size, check=args.check,

@@ -29,18 +29,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-# every task and data module, so that configs may name them by short class_path (e.g. "ClassificationTask")
-import visiontf.data.classification  # noqa: F401
-import visiontf.data.coco  # noqa: F401
-import visiontf.data.image_folder  # noqa: F401
-import visiontf.data.restoration  # noqa: F401
-import visiontf.data.segmentation  # noqa: F401
-import visiontf.tasks.classification  # noqa: F401
-import visiontf.tasks.detection  # noqa: F401
-import visiontf.tasks.restoration  # noqa: F401
-import visiontf.tasks.segmentation  # noqa: F401
-import visiontf.tasks.tokenizer  # noqa: F401
-import visiontf.tasks.transformer  # noqa: F401
+from visiontf.adapters.task_table import data_module_class_paths, import_class, task_class_paths
 from visiontf.arguments import close_options
 from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
 from visiontf.callbacks.epoch_lines import EpochLines
@@ -53,6 +42,11 @@ from visiontf.cli.precision import resolve_cpu_precision
 from visiontf.errors import UsageError, UserError
 
 log = logging.getLogger(__name__)
+
+# every task and data module of the task table, imported so that configs may name them by short
+# class_path (e.g. "ClassificationTask"): jsonargparse resolves a short name among the imported subclasses
+for _class_path in (*task_class_paths(), *data_module_class_paths()):
+    import_class(_class_path)
 
 #: the parsers' settings: raise on errors (one line, see visiontf.cli.errors), no abbreviated options
 _PARSER_KWARGS = {"exit_on_error": False, "allow_abbrev": False}

@@ -103,23 +103,22 @@ def onnx_max_abs_diff(model: nn.Module, path: str | Path, inputs: dict[str, Tens
 
 
 def export_model(model: nn.Module, output: str | Path, class_names: Sequence[str] | None = None,
-                 label_to_cat_id: dict[int, int] | None = None, predictor_kwargs: dict[str, Any] | None = None,
+                 label_to_cat_id: dict[int, int] | None = None, preprocess: dict[str, Any] | None = None,
                  onnx: str | Path | None = None, image_size: Sequence[int] | None = None, check: bool = True,
                  tolerance: ExportTolerance = DEFAULT_TOLERANCE) -> dict[str, Any]:
     """safetensors (+ ``.json`` config and ``.labels.json``) and optionally ONNX, checked against PyTorch
     (:func:`~visiontf.inference.onnx_check.check_onnx` with ``tolerance``, on a padded batch of 2).
 
-    ``predictor_kwargs``: eval settings over the model's ``pretrained_cfg`` (``pretrained_cfg`` keys or
-    the Predictor's keyword names); the labels file keeps them as given and the complete settings the
-    adapter builds from them (``preprocess``).
+    ``preprocess``: eval settings (``pretrained_cfg`` keys) over the model's ``pretrained_cfg``; the
+    labels file keeps the complete settings the adapter builds from them (``preprocess``).
     """
     from visiontf.weights import save_model, write_labels_file
 
     model = model.eval().cpu()
     adapter = get_adapter(model)
     report: dict[str, Any] = {"safetensors": str(save_model(model, output))}
-    preprocess = adapter.eval_cfg(model, canonical_cfg(predictor_kwargs))
-    labels = write_labels_file(report["safetensors"], class_names, label_to_cat_id, predictor_kwargs, preprocess)
+    complete = adapter.eval_cfg(model, canonical_cfg(preprocess))
+    labels = write_labels_file(report["safetensors"], class_names, label_to_cat_id, complete)
     if labels:
         report["labels"] = str(labels)
     if onnx:

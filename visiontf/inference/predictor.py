@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from visiontf.adapters.base import TASKS, Task, canonical_cfg, get_adapter, infer_task
+from visiontf.adapters.base import Task, canonical_cfg, get_adapter, infer_task
+from visiontf.adapters.task_table import TASKS
 from visiontf.checkpoints import load_checkpoint_model
 from visiontf.data.inputs import (
     InputError,
@@ -53,14 +54,14 @@ class Predictor:
         batch_size: images per forward pass.
         preprocess: eval settings (``pretrained_cfg`` keys, e.g. from a checkpoint), or a
             preprocessing module built by the task's adapter; default: the model's ``pretrained_cfg``.
-        mean, std: override the normalisation.
+        mean, std: override the normalisation (these and the settings below are ``pretrained_cfg`` keys).
         input_size, crop_pct: classification eval crop.
         min_size, max_size: detection eval resize (e.g. ``min_size=256`` for a ``detr_tiny`` trained
             on small images).
-        seg_mode, seg_crop, seg_stride: segmentation ``"whole"`` or ``"slide"`` inference
-            (``pretrained_cfg`` keys ``test_mode``, ``crop_size``, ``stride``).
-        seg_scale: mmseg-style keep-ratio resize scale ``(long, short)`` before segmentation
-            (``resize``); ``None`` segments at the original resolution.
+        test_mode, crop_size, stride: segmentation ``"whole"`` or ``"slide"`` inference, the slide
+            window and its stride.
+        resize: segmentation's mmseg-style keep-ratio resize scale ``(long, short)``; ``None`` segments
+            at the original resolution.
         label_to_cat_id: detection label -> dataset category id (for COCO results files).
         postprocess: detection post-processing options over the model's own (a checkpoint's), e.g.
             ``{"nms_iou_threshold": 0.6}`` (0 or -1: no NMS), ``num_top``, ``nms_class_agnostic``
@@ -87,10 +88,10 @@ class Predictor:
         crop_pct: float | None = None,
         min_size: int | None = None,
         max_size: int | None = None,
-        seg_mode: Literal["whole", "slide"] | None = None,
-        seg_crop: int | Sequence[int] | None = None,
-        seg_stride: int | Sequence[int] | None = None,
-        seg_scale: Sequence[int] | None = None,
+        test_mode: Literal["whole", "slide"] | None = None,
+        crop_size: int | Sequence[int] | None = None,
+        stride: int | Sequence[int] | None = None,
+        resize: Sequence[int] | None = None,
         label_to_cat_id: dict[int, int] | None = None,
         num_workers: int | None = None,
         postprocess: dict[str, Any] | None = None,
@@ -110,8 +111,8 @@ class Predictor:
         self.batch_size = batch_size
         self.num_workers = num_workers
         overrides = canonical_cfg(dict(mean=mean, std=std, input_size=input_size, crop_pct=crop_pct, min_size=min_size,
-                                       max_size=max_size, seg_mode=seg_mode, seg_crop=seg_crop, seg_stride=seg_stride,
-                                       seg_scale=seg_scale))
+                                       max_size=max_size, test_mode=test_mode, crop_size=crop_size, stride=stride,
+                                       resize=resize))
         if isinstance(preprocess, nn.Module):
             base = preprocess.cfg
         else:
@@ -128,8 +129,7 @@ class Predictor:
     def from_checkpoint(cls, ckpt_path: str | Path, class_names: Sequence[str] | None = None, **kwargs: Any) -> Predictor:
         """Rebuild the network of a visiontf Lightning checkpoint (read with ``weights_only=True``).
 
-        Preprocessing is the one saved with the checkpoint (older checkpoints: derived from their data
-        module's settings, see :func:`visiontf.checkpoints.legacy_eval_cfg`); ``kwargs`` override.
+        Preprocessing is the one saved with the checkpoint; ``kwargs`` override.
         """
         model, info = load_checkpoint_model(ckpt_path)
         kwargs["preprocess"] = {**info.get("preprocess", {}), **canonical_cfg(kwargs.get("preprocess"))}
@@ -141,14 +141,12 @@ class Predictor:
     def from_file(cls, path: str | Path, class_names: Sequence[str] | None = None, **kwargs: Any) -> Predictor:
         """A model exported with :func:`visiontf.save_model` (``tools/export.py``), with the class names
         and preprocessing of its labels file."""
-        from visiontf.registry import load_model
+        from visiontf.models import load_model
 
         model = load_model(path)
         labels = read_labels_file(path)
         kwargs.setdefault("label_to_cat_id", labels.get("label_to_cat_id"))
-        # older exports hold only the overrides ("predictor_kwargs"); newer ones the complete settings too
-        saved = {**canonical_cfg(labels.get("predictor_kwargs")), **canonical_cfg(labels.get("preprocess"))}
-        kwargs["preprocess"] = {**saved, **canonical_cfg(kwargs.get("preprocess"))}
+        kwargs["preprocess"] = {**canonical_cfg(labels.get("preprocess")), **canonical_cfg(kwargs.get("preprocess"))}
         return cls(model, class_names=class_names if class_names is not None else labels.get("class_names"), **kwargs)
 
     def _num_classes(self) -> int | None:
@@ -257,19 +255,6 @@ class Predictor:
             if raise_if_all_fail and len(errors) == len(images):
                 raise errors[0] from batch_error
             return results
-
-    def preprocess_classification(self, images: Sequence[LoadedImage]) -> Tensor:
-        """Normalised (B, 3, H, W) crops as a classifier sees them."""
-        return self.preprocess([im.tensor.to(self.device) for im in images])
-
-    def preprocess_detection(self, images: Sequence[LoadedImage]) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:
-        """A detector's input: resized, normalised, zero-padded batch, its padding mask, and the resized sizes."""
-        batch, sizes = self.preprocess([im.tensor.to(self.device) for im in images])
-        return batch.images, batch.mask, sizes
-
-    def segmentation_logits(self, image: Tensor) -> Tensor:
-        """A segmenter's logits (1, K, H, W) at the original size of one float (3, H, W) image in [0, 1]."""
-        return self.adapter.logits(self.model, self.preprocess, image.to(self.device))
 
 
 __all__ = [

@@ -1,5 +1,6 @@
-"""Plain nn.Module models. Importing this package imports every family, and each registers its
-model names with :func:`visiontf.registry.register_model` as it loads."""
+"""Plain nn.Module models and their registry. Importing this package imports every family, and each
+registers its model names with :func:`register_model` as it loads (the table is
+:mod:`visiontf.models._registry`; family modules import it from there, everyone else from here)."""
 from visiontf.models import (  # noqa: F401  (registration happens on import)
     deformable_detr,
     detr,
@@ -10,6 +11,19 @@ from visiontf.models import (  # noqa: F401  (registration happens on import)
     vqgan,
     vqgan_transformer,
 )
+from visiontf.models._registry import (
+    ModelEntry,
+    WeightsLayoutError,
+    convert_state,
+    create_model,
+    get_entry,
+    list_models,
+    load_model,
+    load_pretrained,
+    register_model,
+    torch_hub_state_dict,
+)
 from visiontf.models.vit import VisionTransformer
 
-__all__ = ["VisionTransformer"]
+__all__ = ["ModelEntry", "VisionTransformer", "WeightsLayoutError", "convert_state", "create_model", "get_entry",
+           "list_models", "load_model", "load_pretrained", "register_model", "torch_hub_state_dict"]

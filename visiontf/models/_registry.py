@@ -1,7 +1,7 @@
 """Named model configurations, like timm's ``@register_model``: the table and the factory.
 
-Public path: :mod:`visiontf.registry`. This module sits inside the ``models`` package so that
-importing it runs ``visiontf/models/__init__.py`` first, which imports every family; each family
+Public path: :mod:`visiontf.models` (``visiontf.create_model`` and friends at the top). This module
+sits inside the ``models`` package so that importing it runs ``visiontf/models/__init__.py`` first, which imports every family; each family
 module registers its names with :func:`register_model` as it loads. Nothing here imports a family.
 
 ``create_model(name, pretrained=None, num_classes=None, **kwargs)`` builds a plain ``nn.Module``.

@@ -5,7 +5,7 @@ Fine-tuning published weights on other classes may change only the class-depende
 ``size mismatch for transformer.level_embed`` says which tensor but not which setting: these
 functions read the settings back (``num_queries`` from the query table, ``num_feature_levels``
 from the level embedding, the layer counts from the layer keys) so that
-:func:`visiontf.registry.load_pretrained` can name them and the value to build the model with.
+:func:`visiontf.models.load_pretrained` can name them and the value to build the model with.
 
 Each function reads a state dict in visiontf's names (after the family's converter) and returns
 only the settings it finds; the loader compares the weights' settings with the model's own

@@ -64,9 +64,9 @@ import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
+from visiontf.models._registry import create_model, load_pretrained, register_model
 from visiontf.models.setr_convert import convert_state_dict, encoder_state_from_vit, resize_pos_embed
 from visiontf.models.setr_heads import ClassifierHead, MLAHead, MLANeck, UpHead, norm_layer
-from visiontf.registry import create_model, load_pretrained, register_model
 from visiontf.weights import load_state_dict_file
 
 log = logging.getLogger(__name__)

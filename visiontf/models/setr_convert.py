@@ -167,7 +167,7 @@ def describe(state: Mapping[str, Tensor]) -> str:
 @functools.lru_cache(maxsize=1)
 def _registered_layouts() -> dict[str, tuple[dict[str, tuple[int, ...]], int | None]]:
     """Decoder structure and class count of every registered SETR, built on the meta device (no memory, fast)."""
-    from visiontf.registry import create_model, list_models
+    from visiontf.models._registry import create_model, list_models
 
     out = {}
     for name in list_models("setr_*"):

@@ -15,7 +15,7 @@ from visiontf.adapters.base import adapter_for_task
 from visiontf.checkpoints import check_checkpoint_fits
 from visiontf.config_checks import check_config, one_of, optional, positive_int
 from visiontf.distributed import get_world_size, is_distributed, sum_over_ranks
-from visiontf.registry import create_model
+from visiontf.models import create_model
 
 log = logging.getLogger(__name__)
 

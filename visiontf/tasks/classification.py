@@ -18,7 +18,7 @@ from visiontf.config_checks import (
     positive,
     unit_interval_open_right,
 )
-from visiontf.registry import create_model
+from visiontf.models import create_model
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, decay_groups
 

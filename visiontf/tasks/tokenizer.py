@@ -31,8 +31,8 @@ from torch import Tensor
 
 from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
 from visiontf.distributed import is_distributed, sum_over_ranks
+from visiontf.models import create_model
 from visiontf.models.vqgan_discriminator import NLayerDiscriminator
-from visiontf.registry import create_model
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.vqgan_loss import adaptive_weight, code_usage, hinge_d_loss, load_lpips, psnr
 

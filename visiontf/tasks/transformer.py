@@ -25,7 +25,7 @@ from torch import Tensor
 from visiontf.config_checks import check_config, non_negative, positive
 from visiontf.distributed import sum_over_ranks
 from visiontf.errors import UserError
-from visiontf.registry import create_model
+from visiontf.models import create_model
 from visiontf.tasks.base import BaseTask
 
 log = logging.getLogger(__name__)

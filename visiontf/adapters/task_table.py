@@ -1,0 +1,85 @@
+"""The one table of tasks: a task's name -> its adapter, its LightningModules and its data modules.
+
+Adding a task adds one row here (and the modules it names). Everything that needs the list of
+tasks reads it from :data:`TASK_TABLE`: the adapter lookup and ``infer_task``
+(:mod:`visiontf.adapters.base`), the checkpoints' task check, the training CLI (which imports every
+task and data module so that configs may name them by short ``class_path``), the predict CLI
+(short data-module names in a ``--config``) and the tests.
+
+The rows hold class paths as strings, so this module imports nothing: it sits in the adapters
+layer, where every reader (adapters, checkpoints, inference, cli) may import it, while naming
+classes of the layers above (``visiontf.tasks``) that are imported only when asked for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One task. ``adapter``: ``"module:Class"`` of its :class:`~visiontf.adapters.base.TaskAdapter`;
+    ``modules``: class paths of its LightningModules (``visiontf.tasks...``); ``data_modules``: class
+    paths of its LightningDataModules (``visiontf.data...``)."""
+
+    adapter: str
+    modules: tuple[str, ...]
+    data_modules: tuple[str, ...]
+
+
+TASK_TABLE: dict[str, TaskRow] = {
+    "classification": TaskRow(
+        adapter="visiontf.adapters.classification:ClassificationAdapter",
+        modules=("visiontf.tasks.classification.ClassificationTask",),
+        data_modules=("visiontf.data.classification.ClassificationDataModule",)),
+    "detection": TaskRow(
+        adapter="visiontf.adapters.detection:DetectionAdapter",
+        modules=("visiontf.tasks.detection.DetectionTask",),
+        data_modules=("visiontf.data.coco.CocoDataModule",)),
+    "segmentation": TaskRow(
+        adapter="visiontf.adapters.segmentation:SegmentationAdapter",
+        modules=("visiontf.tasks.segmentation.SegmentationTask",),
+        data_modules=("visiontf.data.segmentation.SegmentationDataModule",)),
+    "restoration": TaskRow(
+        adapter="visiontf.adapters.restoration:RestorationAdapter",
+        modules=("visiontf.tasks.restoration.RestorationTask",),
+        data_modules=("visiontf.data.restoration.RestorationDataModule",)),
+    "generation": TaskRow(
+        adapter="visiontf.adapters.generation:GenerationAdapter",
+        modules=("visiontf.tasks.tokenizer.TokenizerTask", "visiontf.tasks.transformer.TransformerTask"),
+        data_modules=("visiontf.data.image_folder.TokenizerDataModule",)),
+}
+
+#: every task name, in the table's order
+TASKS: tuple[str, ...] = tuple(TASK_TABLE)
+
+
+def task_class_paths() -> tuple[str, ...]:
+    """Every LightningModule of every task (``module.Class``)."""
+    return tuple(path for row in TASK_TABLE.values() for path in row.modules)
+
+
+def data_module_class_paths() -> tuple[str, ...]:
+    """Every LightningDataModule of every task (``module.Class``), each once."""
+    return tuple(dict.fromkeys(path for row in TASK_TABLE.values() for path in row.data_modules))
+
+
+def import_class(class_path: str) -> Any:
+    """The class a ``module.Class`` or ``module:Class`` path names (its module imported now)."""
+    module, _, name = class_path.replace(":", ".").rpartition(".")
+    return getattr(import_module(module), name)
+
+
+def data_module_by_name(name: str) -> Any:
+    """The data module class of the table whose class name is ``name`` (a config's short ``class_path``)."""
+    for path in data_module_class_paths():
+        if path.rpartition(".")[2] == name:
+            return import_class(path)
+    short = ", ".join(p.rpartition(".")[2] for p in data_module_class_paths())
+    raise ValueError(f"data class_path {name!r}: no data module of that name; use one of {short} or a full "
+                     "module.Class path")
+
+
+__all__ = ["TASKS", "TASK_TABLE", "TaskRow", "data_module_by_name", "data_module_class_paths", "import_class",
+           "task_class_paths"]
