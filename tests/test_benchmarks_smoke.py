@@ -63,3 +63,10 @@ def test_run_all_table_and_json(tmp_path, monkeypatch):
     data = json.loads(out.read_text())
     assert data["failed"] == ["b"] and data["rows"][0]["ratio"] == 2.0
     assert data["machine"]["torch"] == torch.__version__
+
+
+def test_ipt_train_step_rows_against_the_original_module():
+    """The tiled row needs the full-size model (115 M parameters): only the ipt_tiny train step runs here."""
+    from benchmarks import ipt
+
+    _check(ipt.run(quick=True, tiled=False), 1)
