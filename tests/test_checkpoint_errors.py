@@ -191,3 +191,34 @@ def test_cli_resumes_a_moved_run_folder_onto_its_own_last_checkpoint_atomically(
     best = cli.trainer.checkpoint_callback.best_model_path
     assert best.startswith(str(moved)), best  # tracked in the new folder, not the old one
     assert len(after) <= len(before) + 1
+
+
+@pytest.mark.slow
+def test_eval_with_the_dino_config_refuses_a_detr_tiny_checkpoint_unless_asked(tmp_path, capsys):
+    """LightningCLI merges the checkpoint's hyper-parameters into the config: a detr_tiny checkpoint with
+    the dino_tiny recipe's config built detr_tiny and scored it silently at DINO's evaluation size
+    (val_size 224, not 128). Now one line names both models and the fix; naming the checkpoint's model
+    on the command line says it is meant, and runs."""
+    import json
+
+    from visiontf.data.synthetic.detection import make_detection_dataset
+
+    det = make_detection_dataset(tmp_path / "det", num_train=2, num_val=2, image_size=(64, 64))["root"]
+    common = [f"--data.init_args.root={det}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
+              "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true", "--trainer.logger=false",
+              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    make_cli(["fit", "--config", "configs/detr/detr_tiny_shapes.yaml", *common, "--trainer.max_steps=1",
+              "--trainer.max_epochs=1", "--trainer.num_sanity_val_steps=0", "--checkpoint.monitor=null",
+              f"--trainer.default_root_dir={tmp_path / 'detr'}"])
+    ckpt = tmp_path / "detr" / "checkpoints" / "last.ckpt"
+    dino = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
+    args = ["--config", dino, *common, f"--trainer.default_root_dir={tmp_path / 'eval'}", f"--ckpt_path={ckpt}",
+            "--output", str(tmp_path / "stats.json")]
+    message = _one_line_error(capsys, eval_main, args)
+    assert message.startswith(f"{ckpt}: a checkpoint of detr_tiny, but the config ({dino}) builds dino_tiny"), message
+    assert "use the config the checkpoint was trained with" in message
+    assert "--model.init_args.model_name=detr_tiny" in message
+    assert not (tmp_path / "stats.json").exists()
+
+    assert eval_main([*args, "--model.init_args.model_name=detr_tiny"]) == 0
+    assert "val/mAP" in json.loads((tmp_path / "stats.json").read_text())

@@ -231,3 +231,70 @@ def test_one_option_style_and_a_dashed_spelling_names_the_right_one():
     assert (args.score_threshold, args.top_k) == (0.7, 3)
     with pytest.raises(UsageError, match="did you mean --score_threshold"):
         predict_parser().parse_args(["--input", "x", "--output", "y", "--score-threshold", "0.7"])
+
+
+class _RunsCode:
+    """A pickle that runs a command when unpickled (what weights_only=True must never do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_predict_weights_that_are_a_pickle_or_of_another_shape_are_one_line_errors(tmp_path):
+    """``tools/predict.py --weights``: a pickle named .safetensors (a safetensors traceback before), a
+    pickle .pth that runs code, and an export whose tensors do not fit the config saved with it (a class
+    head of another shape was re-initialised with a warning: predictions from a random head, exit 0).
+    (tools/export.py takes --ckpt_path only.)"""
+    import pickle
+    import shutil
+
+    from PIL import Image
+    from safetensors.torch import load_file, save_file
+
+    good = tmp_path / "good.safetensors"
+    visiontf.save_model(visiontf.create_model("detr_tiny", num_classes=2, **TINY), good)
+    marker = tmp_path / "code_ran"
+    (tmp_path / "img").mkdir()
+    Image.new("RGB", (64, 48), (90, 30, 10)).save(tmp_path / "img" / "a.jpg")
+
+    def variant(name: str, change: str | None = None, rows: int = 0) -> Path:
+        path = tmp_path / name
+        if change:  # the export's tensors with one of another shape, beside the export's own config
+            state = load_file(good)
+            state[change] = torch.zeros(rows, state[change].shape[1])
+            save_file(state, path)
+        else:
+            path.write_bytes(pickle.dumps(_RunsCode(marker)))
+        shutil.copy(good.with_suffix(".json"), path.with_suffix(".json"))  # save_model's config file
+        return path
+
+    cases = {
+        "good": good,
+        "pickle named safetensors": variant("pickled.safetensors"),
+        "pickle pth": variant("pickled.pth"),
+        "class head shape": variant("head.safetensors", "class_embed.weight", 5),
+        "other tensor shape": variant("ffn.safetensors", "transformer.encoder.layers.0.mlp.fc1.weight", 7),
+    }
+    results = run_tools([{"argv": ["tools/predict.py", "--weights", path, "--input", tmp_path / "img", "--output",
+                                   tmp_path / f"out{i}", "--device", "cpu"]} for i, path in enumerate(cases.values())],
+                        tmp_path)
+    r = dict(zip(cases, results))
+    assert r["good"]["code"] == 0, r["good"]["stderr"][-2000:]
+    p = cases["pickle named safetensors"]
+    assert _one_line(r["pickle named safetensors"], "predict.py") == (
+        f"{p}: a PyTorch pickle (what torch.save writes), not a safetensors file, although it is named .safetensors; "
+        "rename it to pickled.pth (visiontf reads .pth files with weights_only=True: tensors only, never code) or convert "
+        "it with safetensors.torch.save_file")
+    assert _one_line(r["pickle pth"], "predict.py").startswith(f"{cases['pickle pth']}: refused to load with weights_only=True")
+    for name, tensor in (("class head shape", "class_embed.weight (5, 128) -> (3, 128)"),
+                         ("other tensor shape", "transformer.encoder.layers.0.mlp.fc1.weight (7, 128) -> (512, 128)")):
+        line = _one_line(r[name], "predict.py")
+        assert line.startswith(f"{cases[name]}: 1 tensor(s) have another shape than in detr_tiny built from the config "
+                               "saved with them"), line
+        assert tensor in line and "export the model again with tools/export.py" in line, line
+    assert not marker.exists(), "unpickling ran code"

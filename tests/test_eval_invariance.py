@@ -11,7 +11,8 @@ image's own loss averaged with a sample-weighted ``MeanMetric`` (``BaseTask.log_
 Lightning's ``sync_dist`` epoch mean, which weighted the 2 ranks' unequal shares wrongly.
 
 The truth is the checkpoint's own detections (``own_detections_as_truth``), so a few-step model
-scores far from 0 and every image moves the stats. Cost: about 2 minutes (two fits, seven evals).
+scores far from 0 and every image moves the stats; SETR's truth is its own batch-1 label maps.
+Cost: about 5 minutes on 2 shared cores (three fits, eleven evals).
 """
 from __future__ import annotations
 
@@ -131,3 +132,83 @@ def test_predictor_detections_equal_at_any_batch_size(fitted, family):
             assert a["labels"].tolist() == b["labels"].tolist(), (batch_size, a["source"])
             torch.testing.assert_close(b["scores"], a["scores"], rtol=0, atol=1e-5)
             torch.testing.assert_close(b["boxes"], a["boxes"], rtol=0, atol=1e-3)  # pixels
+
+
+# ---- SETR (segmentation): sliding-window inference over mixed-size validation images -------------
+
+SETR_CONFIG = "configs/setr/setr_tiny_synthetic.yaml"
+SETR_MODEL = ["--model.init_args.model_kwargs={img_size: 32, drop_path_rate: 0.0, "
+              "encoder_kwargs: {patch_size: 8, depth: 4, embed_dim: 48, num_heads: 3}}",
+              "--model.init_args.crop_size=32", "--model.init_args.stride=16"]
+#: no eval resize: each image is scored at its own size, so the model's own batch-1 maps can be the truth
+SETR_DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.crop_size=32",
+             "--data.init_args.base_size=[48, 48]", "--data.init_args.val_resize=false"]
+SETR_SIZES = [(40, 56), (56, 40), (40, 56), (48, 48), (40, 56), (56, 40), (40, 56)]
+SEG_KEYS = ["val/mIoU", "val/mAcc", "val/aAcc"]
+
+
+def _setr_own_maps_as_truth(ckpt: Path, root: Path) -> None:
+    """Each val mask replaced by the checkpoint's own prediction for that image alone (batch 1), so the
+    batch-1 evaluation scores 1.0 and any pixel a padded batch changes lowers the scores."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from visiontf.data.segmentation import SegmentationDataModule
+    from visiontf.tasks.segmentation import SegmentationTask
+
+    task = SegmentationTask.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False).eval()
+    dm = SegmentationDataModule(root, num_classes=task.hparams.num_classes, crop_size=32, base_size=(48, 48),
+                                val_resize=False, num_workers=0)
+    dm.setup("validate")
+    with torch.no_grad():
+        for i, (_, mask_path) in enumerate(dm.val_dataset.pairs):
+            image, _ = dm.val_dataset[i]
+            labels = task.predict_logits(image[None]).argmax(dim=1)[0].numpy().astype(np.uint8)
+            assert len(np.unique(labels)) > 1, "a constant map would hide what padding changes"
+            Image.fromarray(labels).save(mask_path)
+
+
+@pytest.fixture(scope="module")
+def setr_fitted(tmp_path_factory) -> tuple[Path, Path]:
+    """setr_naive_vit_tiny_patch16 (4 narrow blocks) fitted 2 steps; validation images of 3 sizes, masks its own maps."""
+    from PIL import Image
+
+    from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+
+    base = tmp_path_factory.mktemp("setr_invariance")
+    root = make_segmentation_dataset(base / "data", num_train=4, num_val=len(SETR_SIZES), num_classes=4,
+                                     image_size=(48, 48))
+    for path, (h, w) in zip(sorted((root / "images" / "val").iterdir()), SETR_SIZES):
+        Image.open(path).convert("RGB").resize((w, h), Image.BILINEAR).save(path, quality=95)
+        mask = root / "masks" / "val" / f"{path.stem}.png"
+        Image.open(mask).resize((w, h), Image.NEAREST).save(mask)
+    cases = [{"argv": ["tools/train.py", "fit", "--config", SETR_CONFIG, f"--data.init_args.root={root}", *SETR_MODEL,
+                       *SETR_DATA, "--trainer.devices=1", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
+                       "--trainer.enable_progress_bar=false", "--trainer.callbacks=[]", "--checkpoint.monitor=null",
+                       f"--trainer.default_root_dir={base / 'run'}"]}]
+    for r in run_tools(cases, base):
+        assert r["code"] == 0, r["stderr"][-3000:]
+    ckpt = base / "run" / "checkpoints" / "last.ckpt"
+    _setr_own_maps_as_truth(ckpt, root)
+    return root, ckpt
+
+
+def test_setr_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(setr_fitted, tmp_path):
+    """Sliding-window SETR over zero-padded mixed-size batches scored other pixels than image by image
+    (the windows see the padding); size-bucketed evaluation batches leave nothing padded."""
+    root, ckpt = setr_fitted
+    overrides = [f"--data.init_args.root={root}", *SETR_MODEL, *SETR_DATA, "--trainer.callbacks=[]"]
+    cases = [{"argv": ["tools/eval.py", "--config", SETR_CONFIG, *overrides, f"--data.init_args.val_batch_size={b}",
+                       "--trainer.devices=1", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
+                       "--ckpt_path", ckpt, "--output", tmp_path / f"b{b}.json"]} for b in (1, 2, 8)]
+    for r in run_tools(cases, tmp_path):
+        assert r["code"] == 0, r["stderr"][-3000:]
+    stats = {b: json.loads((tmp_path / f"b{b}.json").read_text()) for b in (1, 2, 8)}
+    assert stats[1]["val/mIoU"] == 1.0 and stats[1]["val/aAcc"] == 1.0, stats[1]  # the truth is the batch-1 maps
+    for b in (2, 8):
+        _assert_same(stats[1], stats[b], SEG_KEYS, f"batch {b}")
+        _assert_same(stats[1], stats[b], ["val/loss"], f"batch {b}", tol=1e-5)
+    ddp = evaluate(SETR_CONFIG, ckpt, tmp_path / "ddp.json", overrides + ["--data.init_args.val_batch_size=2"], ddp=True)
+    _assert_same(stats[1], ddp, SEG_KEYS, "2 processes, batch 2")
+    _assert_same(stats[1], ddp, ["val/loss"], "2 processes, batch 2", tol=1e-5)

@@ -148,3 +148,45 @@ def test_each_epoch_draws_its_own_augmentation_and_a_fresh_loader_replays_it(tmp
     old = plain(dm)
     old_second = (_epoch(old, 0), _epoch(old, 1))[1]
     assert not _same(_epoch(plain(resumed), 1), old_second), "plain indices replayed exactly; the control has no teeth"
+
+
+# ---- extending a finished run whose validation epoch was moved ----------------------------------
+
+def _extend_args(data: Path, out: Path, epochs: int, batches: Path) -> list[str]:
+    return ["tools/train.py", "fit", "--config", "configs/vit/vit_tiny_synthetic.yaml",
+            f"--data.init_args.root={data}", "--data.init_args.image_size=32", "--data.init_args.num_workers=0",
+            "--data.init_args.batch_size=4",
+            "--model.init_args.model_kwargs={img_size: 32, patch_size: 8, depth: 1, embed_dim: 48, num_heads: 3}",
+            f"--trainer.max_epochs={epochs}", "--trainer.check_val_every_n_epoch=10", "--trainer.devices=1",
+            "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
+            f"--trainer.default_root_dir={out}", "--trainer.callbacks+=batch_record.RecordBatches",
+            f"--trainer.callbacks.path={batches}"]
+
+
+def test_extending_a_finished_run_trains_the_batches_of_an_uninterrupted_run(tmp_path):
+    """check_val_every_n_epoch=10 with max_epochs 2 validates at epoch 2 (ValidationSchedule moves it), and
+    last.ckpt is written by that validation, inside epoch 2 for Lightning. Extended to 4 epochs, the
+    schedule validates at epoch 4 only, and Lightning used to train one more batch in epoch 2 (its first
+    batch again): every later step was shifted by one and the run ended a step later."""
+    import json
+
+    from visiontf.data.synthetic.classification import make_classification_dataset
+
+    data = make_classification_dataset(tmp_path / "data", num_train=8, num_val=2, num_classes=2, image_size=32)
+    env = subprocess_env(PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+    run(_extend_args(data, tmp_path / "full", 4, tmp_path / "full.jsonl"), env=env)
+    run(_extend_args(data, tmp_path / "ext", 2, tmp_path / "ext.jsonl"), env=env)
+    assert _load(tmp_path / "ext" / "checkpoints" / "last.ckpt")["global_step"] == 4
+    proc = run([*_extend_args(data, tmp_path / "ext", 4, tmp_path / "ext.jsonl"), "--ckpt_path=last"], env=env)
+
+    def batches(name: str) -> list[tuple[int, int, str]]:
+        lines = (tmp_path / name).read_text().splitlines()
+        return [(r["epoch"], r["step"], r["digest"]) for r in map(json.loads, lines)]
+
+    full, extended = batches("full.jsonl"), batches("ext.jsonl")
+    assert len(full) == 8 and len({d for _, _, d in full}) == 8
+    assert extended == full, "the extended run trained other batches than an uninterrupted 4-epoch run"
+    assert "resumed after the validation that ended epoch 2" in proc.stderr
+    # the weights themselves differ from the uninterrupted run's: the LR schedule of the first 2 epochs was
+    # planned for 2 epochs, not 4; the batches and the step count are what the resume must keep
+    assert _load(tmp_path / "ext" / "checkpoints" / "last.ckpt")["global_step"] == 8

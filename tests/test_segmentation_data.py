@@ -212,9 +212,15 @@ def test_val_batches_of_different_sizes(tmp_path):
             (root / sub / "val").mkdir(parents=True, exist_ok=True)
             Image.fromarray(arr).save(root / sub / "val" / f"{i}.png")
     (root / "classes.txt").write_text("bg\nfg\n")
+    (root / "images" / "val" / "2.png").write_bytes((root / "images" / "val" / "0.png").read_bytes())
+    (root / "masks" / "val" / "2.png").write_bytes((root / "masks" / "val" / "0.png").read_bytes())
     dm = SegmentationDataModule(root, val_batch_size=2, num_workers=0, val_resize=False)
     dm.setup("validate")
-    x, m = next(iter(dm.val_dataloader()))
+    # evaluation batches hold one size each (padding would reach the model: scores moved with the batch size)
+    loader = dm.val_dataloader()
+    assert [tuple(x.shape) for x, _ in loader] == [(2, 3, 20, 30), (1, 3, 30, 20)]
+    # the collate still pads what it is given: images with 0, masks with ignore
+    x, m = loader.collate_fn([dm.val_dataset[0], dm.val_dataset[1]])
     assert x.shape == (2, 3, 30, 30) and (m[0, 20:] == 255).all() and (m[1, :, 20:] == 255).all()
 
 

@@ -248,6 +248,27 @@ def check_checkpoint_task(path: str | Path, task_class_path: str | None) -> None
         )
 
 
+def check_config_model(ckpt: dict[str, Any], path: str | Path, model_name: str | None, config: Any = None) -> None:
+    """Refuse a checkpoint of another model than the config's ``model_name``, before LightningCLI merges the
+    checkpoint's hyper-parameters into the config.
+
+    The merge builds the checkpoint's model, so the run would go on silently with the other model's data and
+    trainer settings: a ``detr_tiny`` checkpoint evaluated with the ``dino_tiny`` config was scored at
+    DINO's evaluation size. Giving ``--model.init_args.model_name`` the checkpoint's model says it is meant.
+    """
+    ck_model = (ckpt.get("hyper_parameters") or {}).get("model_name")
+    if not ck_model or not model_name or ck_model == model_name:
+        return
+    files = [str(c) for c in (config or []) if c]
+    which = f"the config ({', '.join(files)})" if files else "the config"
+    raise CheckpointError(
+        f"{path}: a checkpoint of {ck_model}, but {which} builds {model_name}, and its data and trainer settings "
+        f"(image sizes, batches, callbacks) are {model_name}'s; use the config the checkpoint was trained with "
+        f"(config.yaml beside its logs), or add --model.init_args.model_name={ck_model} to run it with this "
+        "config's settings on purpose"
+    )
+
+
 def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task: str, model_name: str,
                           num_classes: int | None) -> None:
     """Refuse, before any weight is copied, a checkpoint of another task, model or number of classes.
@@ -280,6 +301,6 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
         )
 
 
-__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "WeightsError", "check_checkpoint_fits", "check_checkpoint_task", "checkpoint_task",
-           "config_checkpoint_dir", "find_last_checkpoint", "load_checkpoint_model",
+__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "WeightsError", "check_checkpoint_fits", "check_checkpoint_task",
+           "check_config_model", "checkpoint_task", "config_checkpoint_dir", "find_last_checkpoint", "load_checkpoint_model",
            "resolve_checkpoint", "run_checkpoint_dir"]

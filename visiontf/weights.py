@@ -138,10 +138,27 @@ def is_complete_torch_file(path: Path) -> bool:
 
 def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
     """The string metadata of a ``.safetensors`` file (where :func:`save_model` keeps the config)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except SafetensorError as e:
+        raise not_safetensors_error(Path(path), e) from e
+
+
+def not_safetensors_error(path: Path, error: BaseException) -> WeightsError:
+    """safetensors' own error ("header too large") names neither the file nor what it really is: most
+    often a ``torch.save`` pickle given a ``.safetensors`` name, or a file cut off while copied."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head[:1] == b"\x80" or head == b"PK":
+        return WeightsError(
+            f"{path}: a PyTorch pickle (what torch.save writes), not a safetensors file, although it is named .safetensors; "
+            f"rename it to {path.with_suffix('.pth').name} (visiontf reads .pth files with weights_only=True: tensors "
+            "only, never code) or convert it with safetensors.torch.save_file")
+    return WeightsError(f"{path}: not a readable safetensors file ({error}); it may be cut off or damaged: copy it again, "
+                        "or export the model again with tools/export.py")
 
 
 def check_tensor_values(state: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> None:
@@ -173,9 +190,13 @@ def load_state_dict_file(path: str | Path, map_location: str | torch.device = "c
     if not path.is_file():
         raise FileNotFoundError(f"weights file not found: {path}")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        state = load_file(str(path), device=str(map_location))
+        try:
+            state = load_file(str(path), device=str(map_location))
+        except SafetensorError as e:
+            raise not_safetensors_error(path, e) from e
     else:
         state = safe_torch_load(path, map_location)
     state = _unwrap(state, path)

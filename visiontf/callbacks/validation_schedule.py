@@ -11,6 +11,15 @@ this callback
 * warns when ``max_epochs`` is not a multiple of ``check_val_every_n_epoch``: the last epochs then
   train after the last validation, so the best checkpoint and the reported score predate them.
 
+It also keeps a resumed run from training one batch twice when the schedule changed. A checkpoint
+written by validation at the end of an epoch (``last.ckpt`` of a finished run whose last epoch
+validated) is, for Lightning, still inside that epoch; on resume Lightning ends the epoch only if
+the *current* schedule validates it too. Extending a finished 3-epoch run to 6 epochs moves the
+validation from epoch 3 to epoch 6 (or the user changed ``check_val_every_n_epoch``), so Lightning
+trained one more batch in epoch 3 (the epoch's first batch again, from a fresh iterator) and every
+later step was shifted by one. For that restarted epoch only, the schedule it was validated under is
+put back, so Lightning ends it as it was saved; the new schedule holds from its end on.
+
 ``visiontf.cli`` adds it to every run.
 """
 from __future__ import annotations
@@ -29,8 +38,39 @@ def _monitored(trainer: L.Trainer) -> list[str]:
     return list(dict.fromkeys(monitors))
 
 
+def _restarts_after_the_last_batch_and_its_validation(trainer: L.Trainer) -> bool:
+    """Resumed from a checkpoint written after an epoch's last batch, before the epoch ended (that is,
+    by the validation at the epoch's end), while the current schedule does not validate that epoch."""
+    fit_loop = trainer.fit_loop
+    epoch_loop = fit_loop.epoch_loop
+    return (fit_loop.restarted_mid_epoch and epoch_loop.restarted_on_last
+            and epoch_loop._num_ready_batches_reached() and not epoch_loop._should_check_val_epoch())
+
+
 class ValidationSchedule(L.Callback):
     """Validates at the last epoch when the configured schedule would never validate (see the module)."""
+
+    def __init__(self) -> None:
+        self._schedule_after_restart: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # the loops are restored and their restart stage known here, before the epoch loop runs
+        if _restarts_after_the_last_batch_and_its_validation(trainer):
+            self._schedule_after_restart = trainer.check_val_every_n_epoch
+            trainer.check_val_every_n_epoch = trainer.current_epoch + 1  # the saved epoch was validated
+            log.info("resumed after the validation that ended epoch %d: that epoch is complete (the validation schedule "
+                     "changed since; check_val_every_n_epoch=%s from epoch %d on)", trainer.current_epoch + 1,
+                     self._schedule_after_restart, trainer.current_epoch + 2)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_schedule(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_schedule(trainer)
+
+    def _restore_schedule(self, trainer: L.Trainer) -> None:
+        if self._schedule_after_restart is not None:
+            trainer.check_val_every_n_epoch, self._schedule_after_restart = self._schedule_after_restart, None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         every, max_epochs = trainer.check_val_every_n_epoch, trainer.max_epochs

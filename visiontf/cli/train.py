@@ -205,6 +205,7 @@ class VisionCLI(LightningCLI):
         # LightningCLI reads the checkpoint's hyper-parameters into the config before anything is built
         # (so the checkpoint's model settings win over the config's): refuse first what cannot be this
         # config's checkpoint, and read it with visiontf's allow-list
+        from visiontf.checkpoints import check_config_model
         from visiontf.weights import SAFE_GLOBALS, safe_torch_load
 
         # Which file "last" means, whether it is complete, and whether it is of this config's task at all
@@ -224,6 +225,8 @@ class VisionCLI(LightningCLI):
             if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
                 raise UsageError(f"--ckpt_path {path}: not a Lightning checkpoint (no 'state_dict'); to start from these "
                                  f"weights use --model.init_args.pretrained={path}")
+            # the merge below would swap in the checkpoint's model and keep the config's other settings
+            check_config_model(ckpt, path, self.config[sub].get("model.init_args.model_name"), self.config[sub].get("config"))
             self._loaded_ckpt = (path, ckpt)
         with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
             super()._parse_ckpt_path()

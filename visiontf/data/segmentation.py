@@ -27,8 +27,8 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
-from visiontf.data.loading import DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
-from visiontf.data.samplers import eval_sampler, train_sampler
+from visiontf.data.loading import BatchSamplerLoader, DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
+from visiontf.data.samplers import eval_batch_sampler, train_sampler
 from visiontf.data.segmentation_dataset import SegmentationDataset, _Collate, segmentation_collate
 from visiontf.data.segmentation_files import (
     PAIR_FINDERS,
@@ -64,8 +64,9 @@ class SegmentationDataModule(L.LightningDataModule):
     (``training``/``validation`` for ADE20K), ``reduce_zero_label`` (ADE20K only), ``base_size``
     ((2048, 512); Cityscapes (2048, 1024)) and the class table (``classes.txt`` wins when present).
 
-    Validation images keep their own sizes, so ``val_batch_size`` is 1 by default; larger batches are
-    padded (masks with ``ignore_index``). ``predict_dataloader`` runs over the val split.
+    Validation images keep their own sizes; evaluation batches hold images of one size only (grouped by
+    the image headers), so nothing is padded and the scores do not depend on ``val_batch_size`` (1 by
+    default) or the process count. ``predict_dataloader`` runs over the val split.
 
     ``eval_protocol`` (default: the layout's; ADE20K and Cityscapes ``"mmseg"``, generic ``"resized"``):
 
@@ -179,17 +180,19 @@ class SegmentationDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset | None, batch_size: int, train: bool) -> DataLoader:
         assert dataset is not None, "call setup() first"
-        # under DDP every val image is scored exactly once (no padding repeats), so mIoU sums are exact
-        extra: dict[str, Any] = {"sampler": eval_sampler(dataset, self.trainer)}
+        # mmseg's protocol: eval batches carry each image's and original mask's size
+        collate = _Collate(self.ignore_index, with_sizes=not train and self.eval_protocol == "mmseg")
+        kwargs = loader_kwargs(self.num_workers, self.hparams.seed)
         if train:
             # an epoch-seeded sampler whose keys seed each sample's augmentation (exact resume, any worker count)
             sampler = train_sampler(dataset, self.trainer, self.hparams.seed)
-            extra = {"sampler": sampler, "drop_last": len(dataset) >= 2 * batch_size}
-        loader = TrainLoader if train else DataLoader
-        # mmseg's protocol: eval batches carry each image's and original mask's size
-        collate = _Collate(self.ignore_index, with_sizes=not train and self.eval_protocol == "mmseg")
-        return loader(dataset, batch_size=batch_size, collate_fn=collate,
-                      **extra, **loader_kwargs(self.num_workers, self.hparams.seed))
+            return TrainLoader(dataset, batch_size=batch_size, collate_fn=collate, sampler=sampler,
+                               drop_last=len(dataset) >= 2 * batch_size, **kwargs)
+        # eval: batches of one image size over this process's unrepeated share (every val image scored once,
+        # so mIoU sums are exact under DDP). Zero padding in a mixed batch reached the ViT's tokens and the
+        # sliding windows: the scores moved with the batch size and the process count (docs/segmentation.md)
+        batches = eval_batch_sampler(dataset, self.trainer, batch_size, dataset.image_sizes())
+        return BatchSamplerLoader(dataset, batch_sampler=batches, collate_fn=collate, **kwargs)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, self.batch_size, train=True)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from visiontf.data.batching import pad_images
-from visiontf.data.io import read_image, read_mask
+from visiontf.data.io import ImageReadError, image_size, read_image, read_mask
 from visiontf.data.loading import AugmentedDataset, DatasetLayoutError, EpochIndex
 from visiontf.data.segmentation_labels import IGNORE_INDEX, LabelError, reduce_zero_label
 
@@ -67,6 +67,18 @@ class SegmentationDataset(AugmentedDataset):
 
     def __len__(self) -> int:
         return len(self.pairs)
+
+    def image_sizes(self) -> list[Hashable]:
+        """Each image's upright (width, height) from its header (no pixel is decoded): the size buckets of
+        evaluation batches, since the eval transform is a function of the size. An image whose header
+        cannot be read gets a key of its own (batched alone; reading it then names the problem)."""
+        sizes: list[Hashable] = []
+        for i, (img_path, _) in enumerate(self.pairs):
+            try:
+                sizes.append(image_size(img_path))
+            except ImageReadError:
+                sizes.append(("unreadable header", i))
+        return sizes
 
     def _check_labels(self, mask: np.ndarray, path: Path) -> np.ndarray:
         bad = (mask >= self.num_classes) & (mask != self.ignore_index)

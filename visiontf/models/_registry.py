@@ -111,7 +111,8 @@ def create_model(
     return model
 
 
-def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = None, strict: bool = True, source: str = "") -> None:
+def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = None, strict: bool = True, source: str = "",
+                    saved_config: dict | None = None) -> None:
     """Load a (possibly foreign-format) state dict; fine-tuning re-initialises the class-dependent tensors.
 
     Every tensor of ``state`` (after the family's ``filter_fn``) loads unchanged, except those under
@@ -126,6 +127,10 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
             with ``weights_settings``; with ``strict=False`` what fits loads instead), or the family's
             ``filter_fn`` refuses the layout.
         WeightsError: keys missing or unexpected (``strict``), or values no trained model holds.
+
+    ``saved_config``: the config saved with the weights (:func:`load_model`), which built the model, so
+    nothing is fine-tuned: a class head of another shape means the file and its config disagree, and
+    is refused naming the tensors (it used to be re-initialised: an export predicting with a random head).
     """
     if entry is None:
         entry = get_entry(model.model_name)
@@ -141,16 +146,24 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     own = model.state_dict()
     # other shapes outside the heads: named here for models that declare their settings (the DETR family);
     # others may adapt them in a load hook (ViT resamples pos_embed), so load_state_dict judges those
-    exact = hasattr(model, "weights_settings")
+    exact = hasattr(model, "weights_settings") or saved_config is not None
     reinitialised, mismatched, dropped = [], [], set()
     for key in list(state):
         mine = own.get(key)
         if mine is None or state[key].shape == mine.shape or not (exact or _is_head_key(model, key)):
             continue
         change = f"{key} {tuple(state[key].shape)} -> {tuple(mine.shape)}"
-        (reinitialised if _is_head_key(model, key) else mismatched).append(change)
+        (reinitialised if _is_head_key(model, key) and saved_config is None else mismatched).append(change)
         dropped.add(key)
         del state[key]
+    if mismatched and saved_config is not None and strict:
+        settings = ", ".join(f"{k}={v}" for k, v in (saved_config.get("model_kwargs") or {}).items())
+        raise WeightsLayoutError(
+            f"{where}: {len(mismatched)} tensor(s) have another shape than in {entry.name} built from the config saved "
+            f"with them ({settings or 'its defaults'}) (file -> model): {'; '.join(mismatched[:6])}. The weights and their "
+            "config disagree (a file replaced or a .json from another export): export the model again with tools/export.py, "
+            f"or fine-tune from the weights with create_model({entry.name!r}, pretrained=...)"
+        )
     if mismatched:
         if strict:
             raise WeightsLayoutError(
@@ -163,7 +176,7 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
                     "; ".join(mismatched))
     check_tensor_values(state, model, where)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    head_missing = [k for k in missing if _is_head_key(model, k)]
+    head_missing = [k for k in missing if _is_head_key(model, k)] if saved_config is None else []
     real_missing = [k for k in missing if k not in head_missing]
     if strict and (real_missing or unexpected):
         raise WeightsError(
@@ -247,7 +260,12 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
             "use create_model(name, pretrained=path) and name the model yourself."
         )
     kwargs = {**config.get("model_kwargs", {}), **overrides}
-    return create_model(config["model_name"], pretrained=path, **kwargs)
+    strict = kwargs.pop("strict", True)
+    model = create_model(config["model_name"], **kwargs)
+    # the model is built from the file's own config: every tensor must fit, class heads included
+    load_pretrained(model, load_state_dict_file(path), get_entry(config["model_name"]), strict=strict, source=str(path),
+                    saved_config=config)
+    return model
 
 
 def torch_hub_state_dict(url: str, name: str) -> Callable[[], dict]:
