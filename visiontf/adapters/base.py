@@ -16,6 +16,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from visiontf.adapters.task_table import TASK_TABLE, TASKS, import_class
+from visiontf.models.contract import VisionModel
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def adapter_for_task(task: str) -> TaskAdapter:
 
 def infer_task(model: nn.Module) -> Task:
     """The task of a model built by ``create_model``: the first of its registry tags that names a task."""
-    model_name = model.model_name
+    model_name = model.model_name if isinstance(model, VisionModel) else None  # a module built by hand has none
     if model_name:
         from visiontf.models import get_entry
 
