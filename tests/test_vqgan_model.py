@@ -110,9 +110,9 @@ def test_full_size_keys_and_shapes_are_tamings(name):
 def test_pretrained_cfg():
     m = create_model("vqgan_tiny")
     assert m.num_codes == 512 and m.downsample_factor == 8
-    assert m.pretrained_cfg["mean"] == (0.5, 0.5, 0.5) and m.pretrained_cfg["std"] == (0.5, 0.5, 0.5)
+    assert m.pretrained_cfg.mean == (0.5, 0.5, 0.5) and m.pretrained_cfg.std == (0.5, 0.5, 0.5)
     with torch.device("meta"):
-        assert create_model("vq_f8").pretrained_cfg["url"].endswith("vq-f8.zip")
+        assert create_model("vq_f8").pretrained_cfg.url.endswith("vq-f8.zip")
 
 
 def test_attention_block_equals_bmm_softmax():
