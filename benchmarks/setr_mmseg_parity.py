@@ -34,7 +34,7 @@ def parity(decoder: str, dataset: str, height: int, width: int, mode: str) -> di
     ours.load_state_dict(convert_state_dict(ref.state_dict(), ours))
     ours.eval()
     x = torch.randn(1, 3, height, width, generator=torch.Generator().manual_seed(0))
-    crop, stride = ours.pretrained_cfg["crop_size"], ours.pretrained_cfg["stride"]
+    crop, stride = ours.pretrained_cfg.crop_size, ours.pretrained_cfg.stride
     with torch.no_grad():
         t0 = time.perf_counter()
         expected = ref.encode_decode(x) if mode == "whole" else ref.slide_inference(x, crop, stride)

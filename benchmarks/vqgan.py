@@ -31,7 +31,7 @@ _DD = ("ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution", "z_c
 
 
 def _first_stage_pair(name: str, device: torch.device):
-    s = DEFAULT_CFGS[name].settings
+    s = DEFAULT_CFGS[name].kwargs
     dd = dict(double_z=False, in_channels=3, out_ch=3, **{k: s[k] for k in _DD})
     torch.manual_seed(0)
     theirs = ref.OriginalVQModel(dd, s["n_embed"], s["embed_dim"], with_loss=False).eval()

@@ -43,9 +43,9 @@ def test_adapters_come_from_registry_tags(vit, setr):
 
 def test_build_postprocess_follows_the_class_head():
     from visiontf.detection import PostProcess, build_postprocess
+    from visiontf.models.contract import Detector
 
-    assert isinstance(build_postprocess(SimpleNamespace(class_head="softmax")), PostProcess)
-    assert isinstance(build_postprocess(nn.Linear(2, 2)), PostProcess), "no class_head: DETR's convention"
+    assert isinstance(build_postprocess(Detector()), PostProcess), "the kind's declared default: DETR's convention"
     with pytest.raises(ValueError, match="class_head = 'bogus'"):
         build_postprocess(SimpleNamespace(class_head="bogus"))
 

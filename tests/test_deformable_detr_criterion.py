@@ -8,14 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 from deformable_helpers import randomize  # noqa: F401  (puts benchmarks/ on the path)
-from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
 from benchmarks.reference_deformable_detr import OriginalSetCriterion, original_focal_cost, original_match, original_postprocess
 from visiontf.detection import DeformablePostProcess, HungarianMatcher, PostProcess, SetCriterion, build_postprocess
 from visiontf.models import create_model
+from visiontf.models.contract import Detector
 from visiontf.models.deformable_detr import DeformableDETR
-from visiontf.models.postprocess_options import PostprocessOptions
 
 K = 6
 
@@ -167,13 +166,12 @@ def test_model_nms_settings_reach_the_postprocess():
         DeformableDETR(**kw, nms_iou_threshold=-1)
 
 def test_build_postprocess_follows_the_class_head():
-    class Unknown(nn.Module):
+    class Unknown(Detector):
         class_head = "mystery"
-        postprocess_options = PostprocessOptions()
 
     assert isinstance(build_postprocess(DeformableDETR(num_classes=3, backbone="resnet18", hidden_dim=32, nheads=2, enc_layers=1,
                                                        dec_layers=1, num_queries=4, num_feature_levels=1)), DeformablePostProcess)
     assert isinstance(build_postprocess(create_model("detr_tiny", num_classes=2)), PostProcess)
-    assert isinstance(build_postprocess(nn.Linear(1, 1)), PostProcess)  # a module built by hand: DETR's convention
+    assert isinstance(build_postprocess(Detector()), PostProcess)  # the kind's declared default: DETR's convention
     with pytest.raises(ValueError, match=r"class_head = 'mystery'.*known: \['sigmoid', 'softmax'\]"):
         build_postprocess(Unknown())

@@ -16,6 +16,7 @@ import visiontf.detection.set_loss as set_loss
 from visiontf.data.coco import CocoDataModule
 from visiontf.data.synthetic.detection import make_detection_dataset
 from visiontf.detection import DeformablePostProcess, PostProcess, SetCriterion
+from visiontf.models.contract import Detector
 from visiontf.tasks.detection import DetectionTask, split_loss_terms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +127,7 @@ def det_paths(tmp_path_factory):
     return paths
 
 
-class TakesTargets(nn.Module):
+class TakesTargets(Detector):
     """A model declaring ``forward_takes_targets``: records what each call received."""
 
     forward_takes_targets = True

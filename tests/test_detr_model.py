@@ -41,7 +41,7 @@ def test_output_contract_and_attention_maps():
     assert padded[1].any()
     assert out["dec_attn"][1][:, padded[1]].abs().max() == 0
     assert out["enc_attn"][1][:, padded[1]].abs().max() == 0
-    assert model.pretrained_cfg["min_size"] == 800 and model.pretrained_cfg["max_size"] == 1333
+    assert model.pretrained_cfg.min_size == 800 and model.pretrained_cfg.max_size == 1333
     assert model.head_prefixes == ("class_embed.",)
 
 

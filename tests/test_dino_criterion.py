@@ -9,6 +9,7 @@ from torchvision.ops import box_convert, box_iou
 from visiontf.detection import HungarianMatcher, SetCriterion
 from visiontf.detection.losses import ia_bce_loss, varifocal_loss
 from visiontf.detection.set_loss import build_criterion
+from visiontf.models.contract import Detector
 from visiontf.models.denoising import build_contrastive_denoising
 
 K = 4
@@ -125,11 +126,11 @@ def test_iou_aware_class_losses_take_the_matched_iou(class_loss):
 
 
 def test_set_loss_follows_the_class_head():
-    class Sigmoid(torch.nn.Module):
+    class Sigmoid(Detector):
         class_head = "sigmoid"
 
     crit = build_criterion(Sigmoid(), K, criterion_kwargs={"class_loss": "ia_bce"}, matcher_kwargs={"cost_class": 2.0})
     assert crit.class_loss == "ia_bce" and crit.matcher.class_cost == "focal" and crit.matcher.cost_class == 2.0
-    assert build_criterion(torch.nn.Linear(1, 1), K).class_loss == "ce"  # DETR's softmax by default
+    assert build_criterion(Detector(), K).class_loss == "ce"  # the kind's declared default: DETR's softmax
     with pytest.raises(ValueError, match="class_cost='focal'"):
         SetCriterion(K, HungarianMatcher(), class_loss="vfl")

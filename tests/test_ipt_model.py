@@ -44,8 +44,8 @@ def test_registered_names_tags_and_counts():
         model = _meta(name)
         assert sum(p.numel() for p in model.parameters()) == count, name
         scales, _ = LAYOUTS[name]
-        assert model.scales == scales and model.pretrained_cfg["tile_size"] == 48
-        assert model.pretrained_cfg["rgb_range"] == 255
+        assert model.scales == scales and model.pretrained_cfg.tile_size == 48
+        assert model.pretrained_cfg.rgb_range == 255
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch import nn
 from torchvision.ops import box_convert
 
 import visiontf
@@ -26,13 +25,14 @@ from visiontf.data.io import ImageReadError, read_image, read_mask
 from visiontf.evaluation.coco import CocoEvalError, evaluate_coco
 from visiontf.inference.predict_files import predict_to_folder
 from visiontf.inference.predictor import InputError, Predictor
+from visiontf.models.contract import Detector, PretrainedCfg
 
 
 # ---------------------------------------------------------------------------------------- image ids
-class BoxFinder(nn.Module):
+class BoxFinder(Detector):
     """A DETR stand-in: one detection, the box of the bright pixels (normalised cxcywh)."""
 
-    pretrained_cfg = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "min_size": 40, "max_size": 80}
+    pretrained_cfg = PretrainedCfg(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), min_size=40, max_size=80)
     num_classes = 2
     class_head = "softmax"
 

@@ -10,6 +10,7 @@ from torchvision.ops import box_convert
 
 import visiontf
 from visiontf.inference.predictor import Predictor, infer_task, load_inputs
+from visiontf.models.contract import Detector, PretrainedCfg, Segmenter
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +76,11 @@ def test_task_inference(vit):
         infer_task(nn.Linear(2, 2))
 
 
-class BoxFinder(nn.Module):
+class BoxFinder(Detector):
     """A DETR stand-in: one query whose box is the bright rectangle, normalised like DETR's boxes
     (relative to each image's unpadded extent, read from the padding mask)."""
 
-    pretrained_cfg = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "min_size": 48, "max_size": 80}
+    pretrained_cfg = PretrainedCfg(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), min_size=48, max_size=80)
     num_classes = 2
 
     def __init__(self) -> None:
@@ -148,10 +149,10 @@ def test_real_detr_tiny_thresholds_and_top_k():
     assert all(len(r["boxes"]) == 0 or torch.all(r["scores"] > 0.99) for r in high)
 
 
-class Threshold(nn.Module):
+class Threshold(Segmenter):
     """Segmentation stand-in: class 1 where the red channel is bright (logits at the input size)."""
 
-    pretrained_cfg = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+    pretrained_cfg = PretrainedCfg(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
     num_classes = 2
 
     def forward(self, x):
@@ -234,8 +235,8 @@ def _direct_detections(model, images, min_size, max_size):
     from visiontf.adapters.detection import DetectionPreprocess
     from visiontf.detection import build_postprocess
 
-    prep = DetectionPreprocess({"min_size": min_size, "max_size": max_size, "mean": model.pretrained_cfg["mean"],
-                                "std": model.pretrained_cfg["std"]})
+    prep = DetectionPreprocess({"min_size": min_size, "max_size": max_size, "mean": model.pretrained_cfg.mean,
+                                "std": model.pretrained_cfg.std})
     batch, _ = prep(images)
     with torch.no_grad():
         out = model(batch.images, batch.mask if batch.padded else None)

@@ -22,6 +22,7 @@ from visiontf.data.detection_transforms import resized_hw
 from visiontf.data.io import ImageReadError, read_image, set_max_image_pixels
 from visiontf.inference.predict_files import predict_to_folder
 from visiontf.inference.predictor import Predictor
+from visiontf.models.contract import Classifier, PretrainedCfg
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,10 +82,10 @@ def test_detection_predictor_handles_or_refuses_each_odd_image_and_runs_the_rest
 
 
 def test_a_model_failing_on_one_image_fails_that_image_only(tmp_path, caplog):
-    class PicksyViT(torch.nn.Module):
+    class PicksyViT(Classifier):
         """Fails on any batch holding an image whose crop is all dark (stands in for an odd image)."""
 
-        pretrained_cfg = {"input_size": (3, 16, 16), "crop_pct": 1.0, "mean": (0, 0, 0), "std": (1, 1, 1)}
+        pretrained_cfg = PretrainedCfg(input_size=(3, 16, 16), crop_pct=1.0, mean=(0, 0, 0), std=(1, 1, 1))
         num_classes = 2
 
         def forward(self, x):

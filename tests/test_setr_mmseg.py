@@ -205,13 +205,13 @@ def test_vit_large_logits_equal_mmseg_encode_decode():
 # ------------------------------------------------------------------------------------------ settings
 def test_pretrained_cfg_carries_mmseg_test_settings():
     ade = _meta(create_model, "setr_pup_vit_large_patch16").pretrained_cfg
-    assert [round(m * 255, 3) for m in ade["mean"]] == [123.675, 116.28, 103.53]
-    assert [round(s * 255, 3) for s in ade["std"]] == [58.395, 57.12, 57.375]
-    assert (ade["test_mode"], ade["crop_size"], ade["stride"], ade["resize"]) == ("slide", (512, 512), (341, 341), (2048, 512))
+    assert [round(m * 255, 3) for m in ade.mean] == [123.675, 116.28, 103.53]
+    assert [round(s * 255, 3) for s in ade.std] == [58.395, 57.12, 57.375]
+    assert (ade.test_mode, ade.crop_size, ade.stride, ade.resize) == ("slide", (512, 512), (341, 341), (2048, 512))
     city = _meta(create_model, "setr_mla_vit_large_patch16_cityscapes").pretrained_cfg
-    assert (city["test_mode"], city["crop_size"], city["stride"], city["resize"]) == ("slide", (768, 768), (512, 512), (2049, 1025))
+    assert (city.test_mode, city.crop_size, city.stride, city.resize) == ("slide", (768, 768), (512, 512), (2049, 1025))
     tiny = create_model("setr_naive_vit_tiny_patch16", img_size=64, encoder_kwargs={"depth": 4}).pretrained_cfg
-    assert (tiny["test_mode"], tiny["crop_size"], tiny["stride"], tiny["resize"]) == ("whole", (64, 64), (42, 42), None)
+    assert (tiny.test_mode, tiny.crop_size, tiny.stride, tiny.resize) == ("whole", (64, 64), (42, 42), None)
 
 
 @pytest.mark.parametrize("decoder", DECODERS)

@@ -161,4 +161,4 @@ def test_bad_arguments_are_named():
 def test_syncbn_option_builds_sync_batchnorm():
     model = _tiny("pup", norm="syncbn")
     assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.decode_head.modules())
-    assert model.pretrained_cfg["crop_size"] == (64, 64)
+    assert model.pretrained_cfg.crop_size == (64, 64)

@@ -95,7 +95,7 @@ def test_registered_names_and_param_counts():
 
 @pytest.mark.parametrize("name", ["vqgan_imagenet_f16_16384", "vq_f8"])
 def test_full_size_keys_and_shapes_are_tamings(name):
-    s = DEFAULT_CFGS[name].settings
+    s = DEFAULT_CFGS[name].kwargs
     cfg = {k: s[k] for k in ("ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution", "z_channels")}
     with torch.device("meta"):
         theirs = ref.OriginalVQModel(_ddconfig(cfg), s["n_embed"], s["embed_dim"], with_loss=False).state_dict()
@@ -110,9 +110,9 @@ def test_full_size_keys_and_shapes_are_tamings(name):
 def test_pretrained_cfg():
     m = create_model("vqgan_tiny")
     assert m.num_codes == 512 and m.downsample_factor == 8
-    assert m.pretrained_cfg["mean"] == (0.5, 0.5, 0.5) and m.pretrained_cfg["std"] == (0.5, 0.5, 0.5)
+    assert m.pretrained_cfg.mean == (0.5, 0.5, 0.5) and m.pretrained_cfg.std == (0.5, 0.5, 0.5)
     with torch.device("meta"):
-        assert create_model("vq_f8").pretrained_cfg["url"].endswith("vq-f8.zip")
+        assert create_model("vq_f8").pretrained_cfg.url.endswith("vq-f8.zip")
 
 
 def test_attention_block_equals_bmm_softmax():
@@ -171,7 +171,7 @@ def test_codebook_of_another_size_is_refused(tmp_path):
 
 
 def test_refusal_names_the_registered_model_that_fits():
-    s = DEFAULT_CFGS["vq_f8"].settings
+    s = DEFAULT_CFGS["vq_f8"].kwargs
     cfg = {k: s[k] for k in ("ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution", "z_channels")}
     with torch.device("meta"):
         state = ref.OriginalVQModel(_ddconfig(cfg), 16384, 4).state_dict()

@@ -128,7 +128,7 @@ def _taming_net2net_state(n_embd=128, n_head=4, n_layer=4):
     """A taming Net2NetTransformer state dict over vqgan_tiny: first_stage_model.* (with loss.*) and transformer.* (with masks)."""
     from visiontf.models.vqgan import DEFAULT_CFGS
 
-    s = DEFAULT_CFGS["vqgan_tiny"].settings
+    s = DEFAULT_CFGS["vqgan_tiny"].kwargs
     dd = {k: s[k] for k in ("ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution", "z_channels")}
     first = ref.OriginalVQModel(dict(double_z=False, in_channels=3, out_ch=3, **dd), s["n_embed"], s["embed_dim"]).eval()
     gpt = ref.GPT(vocab_size=512, block_size=64, n_layer=n_layer, n_head=n_head, n_embd=n_embd).eval()

@@ -30,9 +30,10 @@ def main(argv=None) -> int:
     from torchvision.utils import save_image
 
     from visiontf.checkpoints import load_checkpoint_model
+    from visiontf.models.contract import Generator
 
     model, _ = load_checkpoint_model(args.ckpt_path)
-    if not hasattr(model, "sample"):
+    if not isinstance(model, Generator):
         raise SystemExit(f"{args.ckpt_path}: not a second-stage (transformer) checkpoint; reconstruct with tools/predict.py")
     model.eval()
     h, w = args.latent or (int(math.isqrt(model.transformer.block_size)),) * 2

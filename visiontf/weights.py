@@ -245,10 +245,10 @@ def save_model(model: torch.nn.Module, path: str | Path, model_name: str | None 
     path = Path(path)
     if path.suffix != ".safetensors":
         path = path.with_suffix(".safetensors")
-    model_name = model_name or getattr(model, "model_name", None)
+    model_name = model_name or model.model_name
     if model_name is None:
         raise ValueError("model_name is needed: the model was not built by visiontf.create_model")
-    kwargs = dict(getattr(model, "model_kwargs", {}))
+    kwargs = dict(model.model_kwargs)
     kwargs.update(model_kwargs)
     config = {"model_name": model_name, "model_kwargs": kwargs}
     # safetensors refuses shared storage; clone keeps tied weights correct on reload

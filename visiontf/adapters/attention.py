@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from visiontf.adapters.base import canonical_cfg, get_adapter
 from visiontf.adapters.drawing import color_for, to_uint8_chw
 from visiontf.data.inputs import load_inputs
+from visiontf.models.contract import AttentionRollout
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ def vit_attention_rollout(model: nn.Module, images: Any, preprocess: bool = True
     ``images``: any Predictor input, centre-cropped and normalised as the model's eval
     transform; with ``preprocess=False``, an already normalised (B, 3, H, W) tensor.
     """
-    if not hasattr(model, "forward_attention"):
+    if not isinstance(model, AttentionRollout):
         raise ValueError(f"{type(model).__name__} has no forward_attention(x); attention rollout needs a visiontf ViT")
     if preprocess:
         net, transform, _ = model_view(model, "classification", predictor_kwargs)
@@ -283,7 +284,7 @@ def vit_attention_rollout(model: nn.Module, images: Any, preprocess: bool = True
     model.eval()
     maps = model.forward_attention(x)
     rolled = attention_rollout(maps)
-    prefix = int(getattr(model, "num_prefix_tokens", 1))
+    prefix = int(model.num_prefix_tokens)
     ph, pw = model.patch_embed.patch_size
     gh, gw = x.shape[-2] // ph, x.shape[-1] // pw
     return rolled[:, 0, prefix:].reshape(x.shape[0], gh, gw).cpu()

@@ -16,6 +16,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from visiontf.adapters.task_table import TASK_TABLE, TASKS, import_class
+from visiontf.models.contract import VisionModel
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def adapter_for_task(task: str) -> TaskAdapter:
 
 def infer_task(model: nn.Module) -> Task:
     """The task of a model built by ``create_model``: the first of its registry tags that names a task."""
-    model_name = getattr(model, "model_name", None)
+    model_name = model.model_name if isinstance(model, VisionModel) else None  # a module built by hand has none
     if model_name:
         from visiontf.models import get_entry
 
@@ -152,7 +153,7 @@ class TaskAdapter:
         return []
 
     def default_export_size(self, model: nn.Module) -> tuple[int, int]:
-        cfg = getattr(model, "pretrained_cfg", {}) or {}
+        cfg = pretrained_cfg(model)
         size = cfg.get("crop_size") or cfg.get("input_size", (3, 224, 224))
         return int(size[-2]), int(size[-1])
 
@@ -186,8 +187,8 @@ class PredictionWriter:
 
 
 def pretrained_cfg(model: nn.Module) -> dict[str, Any]:
-    """The model's ``pretrained_cfg`` (empty for models without one)."""
-    return dict(getattr(model, "pretrained_cfg", {}) or {})
+    """The model's :class:`~visiontf.models.contract.PretrainedCfg` as ``pretrained_cfg`` keys (the set ones)."""
+    return model.pretrained_cfg.to_dict()
 
 
 class PreprocessModule(nn.Module):

@@ -14,6 +14,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.models.contract import AttentionRollout
 from visiontf.models.vit import merge_distilled
 
 _INTERPOLATION = {"bicubic": InterpolationMode.BICUBIC, "nearest": InterpolationMode.NEAREST}
@@ -131,7 +132,7 @@ class ClassificationAdapter(TaskAdapter):
 
     def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
         """ViT attention rollout over the crop the model saw (models with ``forward_attention``)."""
-        if not hasattr(predictor.model, "forward_attention"):
+        if not isinstance(predictor.model, AttentionRollout):
             return super().save_attention(predictor, image, out, stem)
         from visiontf.adapters.attention import save_rollout_overlay, vit_attention_rollout
 

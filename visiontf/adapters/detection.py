@@ -173,7 +173,7 @@ class DetectionAdapter(TaskAdapter):
     def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
         """The attention picture of the model's kind (:data:`ATTENTION_PICTURES`): DETR's decoder and
         encoder attention maps, Deformable DETR's sampling points (the papers' figures)."""
-        kind = getattr(predictor.model, "attention_picture", "maps")
+        kind = predictor.model.attention_picture
         if kind not in ATTENTION_PICTURES:
             raise ValueError(f"{type(predictor.model).__name__}.attention_picture = {kind!r}; known: {sorted(ATTENTION_PICTURES)}")
         compute, save = ATTENTION_PICTURES[kind]

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.models.contract import Tokenizer
 
 
 class GenerationPreprocess(PreprocessModule):
@@ -45,7 +46,7 @@ class GenerationAdapter(TaskAdapter):
 
     @staticmethod
     def _check_tokenizer(model: nn.Module) -> None:
-        if not hasattr(model, "tokenize"):
+        if not isinstance(model, Tokenizer):
             raise ValueError(f"{type(model).__name__} is a second stage: it samples codes, it does not reconstruct "
                              "images; draw samples with tools/sample.py, or predict with its first stage's checkpoint")
 

@@ -33,7 +33,7 @@ class RestorationAdapter(TaskAdapter):
 
     def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
-        tasks = tuple(cfg.get("tasks") or getattr(model, "tasks", None) or ("restore",))
+        tasks = tuple(cfg.get("tasks") or model.tasks)
         return {"tasks": tasks, "restore_task": cfg.get("restore_task", tasks[0]),
                 "self_ensemble": bool(cfg.get("self_ensemble", False))}
 
@@ -44,19 +44,15 @@ class RestorationAdapter(TaskAdapter):
         """The restored float (1, 3, H*s, W*s) of one float (3, H, W) image in [0, 1], clamped to [0, 1]."""
         c = preprocess.cfg
         task = c["restore_task"]
-        names = tuple(getattr(model, "tasks", ()) or ())
         if isinstance(task, str) and task.isdigit():
             task = int(task)
-        if isinstance(task, str) and names and task not in names:
-            raise ValueError(f"restore_task {task!r}: this model's tasks are {list(names)}")
-        ensemble = getattr(model, "self_ensemble", None)
-        if ensemble is not None:
-            model.self_ensemble = bool(c["self_ensemble"])
+        if isinstance(task, str) and task not in model.tasks:
+            raise ValueError(f"restore_task {task!r}: this model's tasks are {list(model.tasks)}")
+        ensemble, model.self_ensemble = model.self_ensemble, bool(c["self_ensemble"])
         try:
-            out = model(preprocess(image), task=task) if names else model(preprocess(image))
+            out = model(preprocess(image), task=task)
         finally:
-            if ensemble is not None:
-                model.self_ensemble = ensemble
+            model.self_ensemble = ensemble
         return out.float().clamp(0, 1)
 
     def predict(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor], *,
@@ -92,7 +88,7 @@ class RestorationAdapter(TaskAdapter):
         return records
 
     def default_export_size(self, model: nn.Module) -> tuple[int, int]:
-        t = int(getattr(model, "tile_size", 48))
+        t = int(model.tile_size)
         return t, t
 
 

@@ -68,10 +68,7 @@ class SegmentationAdapter(TaskAdapter):
         H, W = image.shape[-2:]
         x = preprocess(image)
         c = preprocess.cfg
-        if hasattr(model, "inference"):
-            logits = model.inference(x, c["test_mode"], crop=c["crop_size"], stride=c["stride"])
-        else:
-            logits = self.normalize_outputs(model(x))
+        logits = self.normalize_outputs(model.inference(x, c["test_mode"], crop=c["crop_size"], stride=c["stride"]))
         if logits.shape[-2:] != (H, W):
             logits = F.interpolate(logits.float(), size=(int(H), int(W)), mode="bilinear", align_corners=False)
         return logits
@@ -97,7 +94,7 @@ class SegmentationAdapter(TaskAdapter):
         images, masks = batch[0][:num_images], batch[1][:num_images]
         logits = pl_module.predict_logits(images) if hasattr(pl_module, "predict_logits") else model(images)
         pred = self.normalize_outputs(logits).argmax(dim=1)
-        k = getattr(model, "num_classes", None)
+        k = model.num_classes
         ignore = int((getattr(pl_module, "hparams", None) or {}).get("ignore_index", 255))
         sizes = batch[2][:num_images].tolist() if len(batch) > 2 else [None] * len(images)
         out = []

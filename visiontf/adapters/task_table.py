@@ -21,34 +21,41 @@ from typing import Any
 class TaskRow:
     """One task. ``adapter``: ``"module:Class"`` of its :class:`~visiontf.adapters.base.TaskAdapter`;
     ``modules``: class paths of its LightningModules (``visiontf.tasks...``); ``data_modules``: class
-    paths of its LightningDataModules (``visiontf.data...``)."""
+    paths of its LightningDataModules (``visiontf.data...``); ``model_kinds``: the bases of
+    :mod:`visiontf.models.contract` its registered models subclass (what the layers above read of them)."""
 
     adapter: str
     modules: tuple[str, ...]
     data_modules: tuple[str, ...]
+    model_kinds: tuple[str, ...]
 
 
 TASK_TABLE: dict[str, TaskRow] = {
     "classification": TaskRow(
         adapter="visiontf.adapters.classification:ClassificationAdapter",
         modules=("visiontf.tasks.classification.ClassificationTask",),
-        data_modules=("visiontf.data.classification.ClassificationDataModule",)),
+        data_modules=("visiontf.data.classification.ClassificationDataModule",),
+        model_kinds=("visiontf.models.contract.Classifier",)),
     "detection": TaskRow(
         adapter="visiontf.adapters.detection:DetectionAdapter",
         modules=("visiontf.tasks.detection.DetectionTask",),
-        data_modules=("visiontf.data.coco.CocoDataModule",)),
+        data_modules=("visiontf.data.coco.CocoDataModule",),
+        model_kinds=("visiontf.models.contract.Detector",)),
     "segmentation": TaskRow(
         adapter="visiontf.adapters.segmentation:SegmentationAdapter",
         modules=("visiontf.tasks.segmentation.SegmentationTask",),
-        data_modules=("visiontf.data.segmentation.SegmentationDataModule",)),
+        data_modules=("visiontf.data.segmentation.SegmentationDataModule",),
+        model_kinds=("visiontf.models.contract.Segmenter",)),
     "restoration": TaskRow(
         adapter="visiontf.adapters.restoration:RestorationAdapter",
         modules=("visiontf.tasks.restoration.RestorationTask",),
-        data_modules=("visiontf.data.restoration.RestorationDataModule",)),
+        data_modules=("visiontf.data.restoration.RestorationDataModule",),
+        model_kinds=("visiontf.models.contract.Restorer",)),
     "generation": TaskRow(
         adapter="visiontf.adapters.generation:GenerationAdapter",
         modules=("visiontf.tasks.tokenizer.TokenizerTask", "visiontf.tasks.transformer.TransformerTask"),
-        data_modules=("visiontf.data.image_folder.TokenizerDataModule",)),
+        data_modules=("visiontf.data.image_folder.TokenizerDataModule",),
+        model_kinds=("visiontf.models.contract.Tokenizer", "visiontf.models.contract.Generator")),
 }
 
 #: every task name, in the table's order

@@ -197,8 +197,8 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     model, info = load_checkpoint_model(args.ckpt_path)
     names, ids = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), cfg_names, cfg_ids,
                                  f"--ckpt_path {args.ckpt_path}", f"--config {config}")
-    n = getattr(model, "num_classes", None)
-    if names and isinstance(n, int) and n > 0 and len(names) != n:
+    n = model.num_classes
+    if names and n and len(names) != n:
         raise UsageError(f"--config {config}: its data has {len(names)} classes but the checkpoint's model has {n}; "
                          "drop --config, or give the config it was trained with")
     preprocess = {**info.get("preprocess", {}), **restore}

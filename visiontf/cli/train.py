@@ -256,9 +256,10 @@ class VisionCLI(LightningCLI):
         if self.subcommand == "fit":
             raise UsageError(f"{options}: for evaluation and prediction; to train with them set the model's own "
                              "arguments (--model.init_args.model_kwargs)")
-        if not callable(getattr(self.model, "set_postprocess", None)):
-            raise UsageError(f"{options}: {type(self.model).__name__} has no detection post-processing")
-        self.model.set_postprocess(**given)
+        try:
+            self.model.set_postprocess(**given)
+        except ValueError as e:  # a task without post-processing, or a value out of range
+            raise UsageError(f"{options}: {e}") from e
 
     before_fit = before_validate = before_test = before_predict = _check_ckpt
 

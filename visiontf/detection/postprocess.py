@@ -180,7 +180,7 @@ def build_postprocess(model: nn.Module) -> nn.Module:
     :class:`DeformablePostProcess`. A family with another convention adds its entry to
     :data:`POSTPROCESS_BY_CLASS_HEAD`.
     """
-    head = getattr(model, "class_head", "softmax")  # a module built by hand without it: DETR's convention
+    head = model.class_head
     if head not in POSTPROCESS_BY_CLASS_HEAD:
         raise ValueError(
             f"{type(model).__name__}.class_head = {head!r}: no post-processing for it "
@@ -191,8 +191,8 @@ def build_postprocess(model: nn.Module) -> nn.Module:
 
 
 def postprocess_options(model: nn.Module) -> PostprocessOptions:
-    """``model.postprocess_options``; the defaults (every query, no NMS) for a module built without them."""
-    return getattr(model, "postprocess_options", None) or PostprocessOptions()
+    """``model.postprocess_options`` (:class:`~visiontf.models.contract.Detector` declares the defaults: every query, no NMS)."""
+    return model.postprocess_options
 
 
 #: the options :func:`set_postprocess` takes (the fields of ``PostprocessOptions``)

@@ -53,8 +53,8 @@ SET_LOSS_BY_CLASS_HEAD: dict[str, SetLossDefaults] = {
 
 
 def set_loss_defaults(model: nn.Module) -> SetLossDefaults:
-    """The entry of ``model.class_head`` (models without the attribute are DETR-style ``"softmax"``)."""
-    head = getattr(model, "class_head", "softmax")
+    """The entry of ``model.class_head`` (:class:`~visiontf.models.contract.Detector` declares DETR's ``"softmax"``)."""
+    head = model.class_head
     if head not in SET_LOSS_BY_CLASS_HEAD:
         raise ValueError(
             f"{type(model).__name__}.class_head = {head!r}: no set-loss defaults for it "

@@ -150,8 +150,8 @@ class Predictor:
         return cls(model, class_names=class_names if class_names is not None else labels.get("class_names"), **kwargs)
 
     def _num_classes(self) -> int | None:
-        n = getattr(self.model, "num_classes", None)
-        return int(n) if isinstance(n, int) and n > 0 else None
+        n = self.model.num_classes
+        return int(n) if n else None
 
     def class_name(self, label: int) -> str:
         if self.class_names is not None and 0 <= label < len(self.class_names):

@@ -146,7 +146,7 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     own = model.state_dict()
     # other shapes outside the heads: named here for models that declare their settings (the DETR family);
     # others may adapt them in a load hook (ViT resamples pos_embed), so load_state_dict judges those
-    exact = hasattr(model, "weights_settings") or saved_config is not None
+    exact = model.weights_settings is not None or saved_config is not None
     reinitialised, mismatched, dropped = [], [], set()
     for key in list(state):
         mine = own.get(key)
@@ -169,7 +169,7 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
             raise WeightsLayoutError(
                 f"{where}: {len(mismatched)} tensors of the weights have another shape than in {entry.name} as built "
                 f"(weights -> model): {'; '.join(mismatched[:6])}. Only the class-dependent tensors "
-                f"({', '.join(_head_prefixes(model))}) may differ (fine-tuning to other classes): build the model with the "
+                f"({', '.join(model.head_prefixes)}) may differ (fine-tuning to other classes): build the model with the "
                 "weights' settings, or pass strict=False to load what fits."
             )
         log.warning("%s: %d tensors not loaded because their shapes differ (strict=False): %s", where, len(mismatched),
@@ -201,10 +201,9 @@ def _check_settings(model: nn.Module, state: dict) -> None:
     A model may define ``weights_settings(state) -> {setting: value}`` (read from tensors in its
     own names); the weights' values are compared with those of the model's own state dict.
     """
-    read = getattr(model, "weights_settings", None)
-    if read is None:
+    if model.weights_settings is None:
         return
-    problem = describe_differences(read(state), read(model.state_dict()))
+    problem = describe_differences(model.weights_settings(state), model.weights_settings(model.state_dict()))
     if problem:
         raise ValueError(problem)
 
@@ -239,13 +238,9 @@ def describe_differences(found: Mapping[str, int], built: Mapping[str, int]) -> 
     )
 
 
-def _head_prefixes(model: nn.Module) -> tuple[str, ...]:
-    """The model's class-dependent tensors: their shape follows ``num_classes`` (timm's ``head``)."""
-    return tuple(getattr(model, "head_prefixes", ("head.", "head_dist.")))
-
-
 def _is_head_key(model: nn.Module, key: str) -> bool:
-    return key.startswith(_head_prefixes(model))
+    """Whether ``key`` is a class-dependent tensor (its shape follows ``num_classes``, timm's ``head``)."""
+    return key.startswith(model.head_prefixes)
 
 
 def load_model(path: str | Path, **overrides: Any) -> nn.Module:

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.models import query_groups
 from visiontf.models._registry import register_model
+from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
 from visiontf.models.deformable_detr_convert import convert_state_dict
 from visiontf.models.deformable_queries import DeformableQueries
 from visiontf.models.deformable_transformer import (
@@ -40,7 +41,7 @@ from visiontf.models.deformable_transformer import (
 )
 from visiontf.models.denoising import build_contrastive_denoising
 from visiontf.models.detector_settings import DeformableWeightsSettings
-from visiontf.models.detr import MLP
+from visiontf.models.detr import DETECTION_CFG, MLP
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.dino_options import DinoOptions
 from visiontf.models.feature_levels import feature_levels
@@ -49,7 +50,7 @@ from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.nn.ms_deform_attn import recording_sampling
 
 
-class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
+class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
     """Deformable DETR: multi-scale CNN features, deformable encoder-decoder, sigmoid set prediction.
 
     Args:
@@ -95,6 +96,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
         pos_offset, inverse_sigmoid_eps, select_padded_proposals: the position embedding's offset, the refinement's
             clamp, and whether mixed selection may pick padded/border positions: DINO's code has 0, 1e-3, True
             (set by the DINO R50 models: docs/dino.md "DINO's official checkpoints").
+        pretrained_cfg: eval settings over :data:`~visiontf.models.detr.DETECTION_CFG`.
     """
 
     #: sigmoid class scores over K classes, focal loss (the DETR family's other convention: "softmax")
@@ -143,6 +145,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
         nms_iou_threshold: float | None = None,
         nms_class_agnostic: bool = True,
         pos_offset: float = 0.5, inverse_sigmoid_eps: float = 1e-5, select_padded_proposals: bool = False,
+        pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -206,7 +209,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
         self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_heads))
         self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_heads))
         self._reset_heads()
-        self.pretrained_cfg = {"mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "min_size": 800, "max_size": 1333}
+        self.pretrained_cfg = DETECTION_CFG.merged(pretrained_cfg)  # eval settings over DETR's
 
     def _reset_heads(self) -> None:
         """The original's: class bias at prior 0.01, box head's last layer zero, h/w bias -2 (0 two-stage)."""
@@ -229,11 +232,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
             # refinement: only the first layer's head starts with small boxes
             nn.init.constant_(self.bbox_embed[0].layers[-1].bias[2:], -2.0)
 
-    # -------------------------------------------------------------------------------- optimiser
-    def no_weight_decay(self) -> set[str]:
-        """Parameters without weight decay: none, as the original."""
-        return set()
-
+    # ------------------------------------------------- optimiser (no_weight_decay: none, the base's, as the original)
     def param_group(self, name: str) -> str:
         """``"backbone"`` | ``"offsets"`` (sampling offsets and reference points, 0.1x lr) | ``"default"``."""
         if name.startswith("backbone."):
@@ -399,13 +398,14 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, nn.Module):
 
 # ------------------------------------------------------------------------------------ registry
 #: the published models (COCO, 50 epochs) and a CPU-sized one; settings as data, one function each below
-DEFAULT_CFGS: dict[str, dict] = {
+DEFAULT_CFGS: dict[str, ModelCfg] = {
     # 44.5 AP; 40.07 M parameters with 91 classes
-    "deformable_detr_resnet50": dict(backbone="resnet50", channels_last=True),
+    "deformable_detr_resnet50": ModelCfg(dict(backbone="resnet50", channels_last=True)),
     # 46.2 AP; 40.85 M
-    "deformable_detr_resnet50_box_refine": dict(backbone="resnet50", channels_last=True, with_box_refine=True),
+    "deformable_detr_resnet50_box_refine": ModelCfg(dict(backbone="resnet50", channels_last=True, with_box_refine=True)),
     # 46.9 AP ("++": refinement + two-stage); 41.18 M
-    "deformable_detr_resnet50_two_stage": dict(backbone="resnet50", channels_last=True, with_box_refine=True, two_stage=True),
+    "deformable_detr_resnet50_two_stage": ModelCfg(dict(backbone="resnet50", channels_last=True, with_box_refine=True,
+                                                        two_stage=True)),
     # CPU-sized: ResNet-18 trunk, d 128, 3 levels (strides 8/16/32: small objects need the stride-8
     # map, the stride-64 level buys little at 128-512 px), 2 encoder points (the encoder runs on
     # every position, so its points dominate the attention cost) and 4 decoder points (cheap: 100
@@ -413,15 +413,15 @@ DEFAULT_CFGS: dict[str, dict] = {
     # depth), FFN 512, 100 queries (few objects per image), refinement on (cheap, converges faster),
     # dropout 0 (short schedules, as DINO and D-FINE), channels-last (the ResNet-18 is most of a CPU
     # train step; oneDNN convolutions made it 1.5x faster at batch 8, 256 px)
-    "deformable_detr_tiny": dict(
+    "deformable_detr_tiny": ModelCfg(dict(
         backbone="resnet18", num_feature_levels=3, hidden_dim=128, nheads=4, enc_layers=2, dec_layers=3, dim_feedforward=512,
         num_queries=100, enc_n_points=2, dec_n_points=4, with_box_refine=True, dropout=0.0, channels_last=True,
-    ),
+    )),
 }
 
 
-def _create(cfg: dict, **kwargs) -> DeformableDETR:
-    return DeformableDETR(**{**cfg, **kwargs})
+def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
+    return build_model(DeformableDETR, cfg, **kwargs)
 
 
 @register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)

@@ -150,7 +150,7 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
         flags = f"with_box_refine={found != 'plain'}, two_stage={found == 'two_stage'}"
         raise ValueError(
             f"this {fmt} checkpoint is a {found.replace('_', '-')} Deformable DETR (it fits {VARIANT_MODELS[found]!r}), but the "
-            f"model being loaded is {expected.replace('_', '-')} ({getattr(model, 'model_name', VARIANT_MODELS[expected])!r}); "
+            f"model being loaded is {expected.replace('_', '-')} ({model.model_name or VARIANT_MODELS[expected]!r}); "
             f"use create_model({VARIANT_MODELS[found]!r}, pretrained=...) for these weights (or build the model with {flags})"
         )
     if fmt == "visiontf":

@@ -7,8 +7,9 @@ HuggingFace ``DetrForObjectDetection`` weights load through :mod:`visiontf.model
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model, torch_hub_state_dict
+from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
 from visiontf.models.detector_settings import detr_settings
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.detr_convert import convert_state_dict
@@ -96,7 +98,11 @@ class DetrTransformer(nn.Module):
         return {"hs": hs, "memory": memory, "enc_attn": enc["attn"], "dec_attn": dec["attn"]}
 
 
-class DETR(nn.Module):
+#: the DETR family's eval preprocessing: ImageNet statistics, shorter side 800, longer at most 1333
+DETECTION_CFG = PretrainedCfg(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, min_size=800, max_size=1333)
+
+
+class DETR(Detector):
     """DEtection TRansformer: CNN backbone, transformer encoder-decoder, set-prediction heads.
 
     Args:
@@ -111,6 +117,7 @@ class DETR(nn.Module):
         train_backbone: False freezes the whole backbone.
         channels_last: run the backbone in channels-last memory format.
         frozen_bn, freeze_stem: see :class:`DetrBackbone`; both True (the paper) by default.
+        pretrained_cfg: eval settings over :data:`DETECTION_CFG`.
     """
 
     #: the tensors whose shape follows num_classes (K + 1 rows), re-initialised when fine-tuning to other classes
@@ -139,6 +146,7 @@ class DETR(nn.Module):
         channels_last: bool = False,
         frozen_bn: bool = True,
         freeze_stem: bool = True,
+        pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -163,12 +171,7 @@ class DETR(nn.Module):
         self.query_embed = nn.Embedding(num_queries, hidden_dim)
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
         self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
-        self.pretrained_cfg = {
-            "mean": IMAGENET_DEFAULT_MEAN,
-            "std": IMAGENET_DEFAULT_STD,
-            "min_size": 800,
-            "max_size": 1333,
-        }
+        self.pretrained_cfg = DETECTION_CFG.merged(pretrained_cfg)
 
     # ------------------------------------------------------------------ optimiser knowledge (timm style)
     def no_weight_decay(self) -> set[str]:
@@ -228,38 +231,30 @@ class DETR(nn.Module):
         return result
 
 
-class _Variant(NamedTuple):
-    """A registered name's settings: where its published weights are (or None), and its constructor arguments."""
-
-    url: str | None
-    settings: dict
-
-
 # channels-last: about 20 % faster convolutions on CPU (oneDNN) and on tensor cores; docs/benchmarks.md
 _CL = dict(channels_last=True)
 _TAGS = ("detection", "detr")
 
 #: every registered DETR variant: the original checkpoints (facebookresearch/detr) and a CPU-sized one
-DEFAULT_CFGS: dict[str, _Variant] = {
-    "detr_resnet50": _Variant("https://dl.fbaipublicfiles.com/detr/detr-r50-e632da11.pth",
-                              dict(backbone="resnet50", **_CL)),
-    "detr_resnet50_dc5": _Variant("https://dl.fbaipublicfiles.com/detr/detr-r50-dc5-f0fb7ef5.pth",
-                                  dict(backbone="resnet50", dilation=True, **_CL)),
-    "detr_resnet101": _Variant("https://dl.fbaipublicfiles.com/detr/detr-r101-2c7b67e5.pth",
-                               dict(backbone="resnet101", **_CL)),
-    "detr_resnet101_dc5": _Variant("https://dl.fbaipublicfiles.com/detr/detr-r101-dc5-a2e86def.pth",
-                                   dict(backbone="resnet101", dilation=True, **_CL)),
-    "detr_tiny": _Variant(None, dict(backbone="resnet18", hidden_dim=128, nheads=4, enc_layers=3, dec_layers=3,
-                                     dim_feedforward=512, num_queries=50)),
+_FB = "https://dl.fbaipublicfiles.com/detr/"
+DEFAULT_CFGS: dict[str, ModelCfg] = {
+    "detr_resnet50": ModelCfg(dict(backbone="resnet50", **_CL), PretrainedCfg(url=_FB + "detr-r50-e632da11.pth")),
+    "detr_resnet50_dc5": ModelCfg(dict(backbone="resnet50", dilation=True, **_CL),
+                                  PretrainedCfg(url=_FB + "detr-r50-dc5-f0fb7ef5.pth")),
+    "detr_resnet101": ModelCfg(dict(backbone="resnet101", **_CL), PretrainedCfg(url=_FB + "detr-r101-2c7b67e5.pth")),
+    "detr_resnet101_dc5": ModelCfg(dict(backbone="resnet101", dilation=True, **_CL),
+                                   PretrainedCfg(url=_FB + "detr-r101-dc5-a2e86def.pth")),
+    "detr_tiny": ModelCfg(dict(backbone="resnet18", hidden_dim=128, nheads=4, enc_layers=3, dec_layers=3,
+                               dim_feedforward=512, num_queries=50)),
 }
 
 
 def _create(name: str, **kwargs) -> DETR:
-    return DETR(**{**DEFAULT_CFGS[name].settings, **kwargs})
+    return build_model(DETR, DEFAULT_CFGS[name], **kwargs)
 
 
 def _original(name: str):
-    return torch_hub_state_dict(DEFAULT_CFGS[name].url, name)
+    return torch_hub_state_dict(DEFAULT_CFGS[name].pretrained_cfg.url, name)
 
 
 @register_model(fetch_pretrained=_original("detr_resnet50"), filter_fn=convert_state_dict, tags=_TAGS)

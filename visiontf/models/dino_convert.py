@@ -58,7 +58,7 @@ def is_dino_checkpoint(state: dict[str, Tensor]) -> bool:
 
 
 def _model_name(model: nn.Module) -> str:
-    return repr(getattr(model, "model_name", DINO_MODELS.get(model.num_feature_levels, "the DINO model")))
+    return repr(model.model_name or DINO_MODELS.get(model.num_feature_levels, "the DINO model"))
 
 
 def check_fits(state: dict[str, Tensor], model: nn.Module) -> None:

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
+from visiontf.models.contract import ModelCfg, PretrainedCfg, Restorer, build_model
 from visiontf.models.ipt_convert import convert_state_dict
 from visiontf.models.ipt_tiling import forward_chop, forward_x8
 from visiontf.nn import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
@@ -144,7 +147,7 @@ class IPTBody(nn.Module):
         return F.fold(tokens.transpose(1, 2), self.img_size, p, stride=p)
 
 
-class IPT(nn.Module):
+class IPT(Restorer):
     """Image Processing Transformer: one head, tail and query per task around a shared body.
 
     Args:
@@ -163,6 +166,7 @@ class IPT(nn.Module):
             and the tails' last convolutions start at zero, so the network starts as bicubic
             interpolation and learns the residual (VDSR's global skip). Not in the original IPT (None);
             visiontf's CPU recipe uses it to train ``ipt_tiny`` in minutes.
+        pretrained_cfg: eval settings over those the arguments above give.
     """
 
     #: no class head: never drop mis-shaped head/tail tensors on load (they mean another task)
@@ -171,7 +175,7 @@ class IPT(nn.Module):
     def __init__(self, tasks=("sr_x2",), scales=None, n_feats: int = 64, tile_size: int = 48, patch_dim: int = 3,
                  num_heads: int = 12, num_layers: int = 12, num_queries: int | None = None, dropout: float = 0.0,
                  rgb_range: float = 255.0, crop_batch_size: int = 64, self_ensemble: bool = False,
-                 input_skip: str | None = None) -> None:
+                 input_skip: str | None = None, pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.tasks = tuple(tasks)
         if not self.tasks:
@@ -198,32 +202,20 @@ class IPT(nn.Module):
         )
         self.body = IPTBody(tile_size, patch_dim, n_feats, num_heads, num_layers, num_queries, dropout)
         self.tail = nn.ModuleList(nn.Sequential(Upsampler(s, n_feats), _conv(n_feats, 3, 3)) for s in self.scales)
-        self.pretrained_cfg = {
-            "rgb_range": self.rgb_range,
-            "input_range": (0.0, 1.0),
-            "mean": RGB_MEAN,
-            "tasks": self.tasks,
-            "scale": self.scales[0] if len(self.scales) == 1 else self.scales,
-            "tile_size": tile_size,
-            "tile_stride": tile_size // 4,
-            "shave": tile_size // 2,
-            "crop_batch_size": crop_batch_size,
-            "self_ensemble": self_ensemble,
-            "psnr": "y",  # scored on Y, `scale` pixels cropped at each border (visiontf.evaluation.restoration)
-        }
+        self.pretrained_cfg = PretrainedCfg(
+            rgb_range=self.rgb_range, input_range=(0.0, 1.0), mean=RGB_MEAN, tasks=self.tasks,
+            scale=self.scales[0] if len(self.scales) == 1 else self.scales, tile_size=tile_size, tile_stride=tile_size // 4,
+            shave=tile_size // 2, crop_batch_size=crop_batch_size, self_ensemble=self_ensemble,
+            psnr="y",  # scored on Y, `scale` pixels cropped at each border (visiontf.evaluation.restoration)
+        ).merged(pretrained_cfg)
         if input_skip:
             for tail in self.tail:
                 nn.init.zeros_(tail[-1].weight)
                 nn.init.zeros_(tail[-1].bias)
 
     # ------------------------------------------------------------------ optimiser knowledge (timm style)
-    def no_weight_decay(self) -> set[str]:
-        """Parameters trained without weight decay: none (the original trains with weight decay 0 anyway)."""
-        return set()
-
-    def param_group(self, name: str) -> str:
-        """The learning-rate group of a parameter: ``"default"`` (the original uses one learning rate)."""
-        return "default"
+    # no_weight_decay and param_group: the base's (none; one group): the original trains with weight decay 0
+    # and one learning rate
 
     # ------------------------------------------------------------------ forward
     def task_index(self, task: int | str | None = None) -> int:
@@ -300,22 +292,22 @@ def _check_images(x: Tensor) -> None:
 _TAGS = ("restoration", "ipt")
 
 #: settings of every registered IPT: the released files' layouts (option.py defaults) and a CPU-sized one
-DEFAULT_CFGS: dict[str, dict] = {
-    "ipt_sr_x2": dict(tasks=("sr_x2",)),
-    "ipt_sr_x3": dict(tasks=("sr_x3",)),
-    "ipt_sr_x4": dict(tasks=("sr_x4",)),
-    "ipt_denoise_sigma30": dict(tasks=("denoise_sigma30",)),
-    "ipt_denoise_sigma50": dict(tasks=("denoise_sigma50",)),
-    "ipt_derain": dict(tasks=("derain",)),
-    "ipt_pretrain": dict(tasks=PRETRAIN_TASKS),
+DEFAULT_CFGS: dict[str, ModelCfg] = {
+    "ipt_sr_x2": ModelCfg(dict(tasks=("sr_x2",))),
+    "ipt_sr_x3": ModelCfg(dict(tasks=("sr_x3",))),
+    "ipt_sr_x4": ModelCfg(dict(tasks=("sr_x4",))),
+    "ipt_denoise_sigma30": ModelCfg(dict(tasks=("denoise_sigma30",))),
+    "ipt_denoise_sigma50": ModelCfg(dict(tasks=("denoise_sigma50",))),
+    "ipt_derain": ModelCfg(dict(tasks=("derain",))),
+    "ipt_pretrain": ModelCfg(dict(tasks=PRETRAIN_TASKS)),
     # 8 features x 4x4 patches = 128-dim tokens, 144 per 48x48 window, 2+2 layers: a training step at
     # batch 8 of 48x48 crops takes ~0.28 s on one loaded CPU core (16 features x 3x3: 144 dims, 0.65 s)
-    "ipt_tiny": dict(tasks=("sr_x2",), n_feats=8, patch_dim=4, num_heads=4, num_layers=2),
+    "ipt_tiny": ModelCfg(dict(tasks=("sr_x2",), n_feats=8, patch_dim=4, num_heads=4, num_layers=2)),
 }
 
 
 def _create(name: str, **kwargs) -> IPT:
-    return IPT(**{**DEFAULT_CFGS[name], **kwargs})
+    return build_model(IPT, DEFAULT_CFGS[name], **kwargs)
 
 
 @register_model(filter_fn=convert_state_dict, tags=_TAGS)

@@ -108,7 +108,7 @@ def fitting_models(s: dict) -> list[str]:
     fits = []
     for name, cfg in DEFAULT_CFGS.items():
         with torch.device("meta"):
-            ref = structure(IPT(**cfg).state_dict())
+            ref = structure(IPT(**cfg.kwargs).state_dict())
         if ref == s:
             fits.append(name)
         elif name == "ipt_tiny" and len(s["scales"]) == 1 and {**ref, "scales": s["scales"]} == s:
@@ -150,10 +150,10 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
         missing = [k for k in needed if k not in state]
         raise ValueError(f"not an IPT state dict (no {missing}); keys look like {list(state)[:6]}")
     theirs, own = structure(state), structure(model.state_dict())
-    name = getattr(model, "model_name", None) or "this IPT"
+    name = model.model_name or "this IPT"
     if theirs == own:
         return state
-    tasks = tuple(getattr(model, "tasks", ()))
+    tasks = model.tasks
     from visiontf.models.ipt import PRETRAIN_TASKS, task_scale
 
     pretrain = {**own, "scales": tuple(task_scale(t) for t in PRETRAIN_TASKS), "num_queries": len(PRETRAIN_TASKS)}

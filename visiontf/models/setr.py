@@ -55,7 +55,7 @@ keep the patch-embedding bias of timm's ViT weights; PUP keeps an auxiliary head
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,6 +65,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import create_model, load_pretrained, register_model
+from visiontf.models.contract import ModelCfg, PretrainedCfg, Segmenter, build_model
 from visiontf.models.setr_convert import convert_state_dict, encoder_state_from_vit, resize_pos_embed
 from visiontf.models.setr_heads import ClassifierHead, MLAHead, MLANeck, UpHead, norm_layer
 from visiontf.weights import load_state_dict_file
@@ -84,7 +85,7 @@ def default_out_indices(depth: int, decoder: str) -> tuple[int, ...]:
     raise ValueError(f"no default taps for a {depth}-block encoder; pass out_indices")
 
 
-class SETR(nn.Module):
+class SETR(Segmenter):
     """SEgmentation TRansformer. ``forward(images (B, 3, H, W))`` -> logits (B, K, H, W) at the input size.
 
     In training mode it returns ``{"out": logits, "aux": [logits, ...]}`` (every map at the input
@@ -142,7 +143,7 @@ class SETR(nn.Module):
         align_corners: bool = False,
         encoder_kwargs: dict[str, Any] | None = None,
         new_classifier: bool = False,
-        pretrained_cfg: dict[str, Any] | None = None,
+        pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if decoder not in ("naive", "pup", "mla"):
@@ -158,7 +159,7 @@ class SETR(nn.Module):
         self.with_cls_token = (decoder != "mla") if with_cls_token is None else bool(with_cls_token)
         self.encoder = create_model(encoder, num_classes=0, img_size=img_size, drop_path_rate=drop_path_rate,
                                     norm_eps=1e-6, **(encoder_kwargs or {}))
-        if getattr(self.encoder, "dist_token", None) is not None:
+        if self.encoder.distilled:
             raise ValueError(f"encoder={encoder!r} has a distillation token; SETR's encoder has the class token only")
         # the heads normalise their own taps (mmseg's final_norm=False): the encoder's final LN would be unused
         self.encoder.norm = nn.Identity()
@@ -186,18 +187,12 @@ class SETR(nn.Module):
             )
         self.patch_size = self.encoder.patch_embed.patch_size
         crop = self.encoder.patch_embed.img_size
-        self.pretrained_cfg: dict[str, Any] = {
-            "input_size": (3, *crop),
-            "crop_size": crop,
-            "mean": tuple(self.encoder.pretrained_cfg["mean"]),
-            "std": tuple(self.encoder.pretrained_cfg["std"]),
-            "interpolation": "bilinear",
-            "test_mode": "whole",
+        self.pretrained_cfg = PretrainedCfg(
+            input_size=(3, *crop), crop_size=crop, mean=self.encoder.pretrained_cfg.mean, std=self.encoder.pretrained_cfg.std,
+            interpolation="bilinear", test_mode="whole",
             # mmseg's SETR configs slide with a stride of 2/3 of the crop (512/341, 768/512)
-            "stride": tuple(max(1, (2 * c) // 3) for c in crop),
-            "resize": None,
-        }
-        self.pretrained_cfg.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in (pretrained_cfg or {}).items()})
+            stride=tuple(max(1, (2 * c) // 3) for c in crop),
+        ).merged(pretrained_cfg)
         if encoder_pretrained:
             self.load_encoder(encoder_pretrained)
 
@@ -303,13 +298,13 @@ class SETR(nn.Module):
                   crop: int | Sequence[int] | None = None, stride: int | Sequence[int] | None = None) -> Tensor:
         """Main-head logits at the input size; ``mode``, ``crop`` and ``stride`` default to ``pretrained_cfg``'s
         ``test_mode``, ``crop_size`` and ``stride`` (mmseg's ``test_cfg``)."""
-        mode = mode or self.pretrained_cfg["test_mode"]
+        mode = mode or self.pretrained_cfg.test_mode
         if mode == "whole":
             return self.whole_inference(images)
         if mode != "slide":
             raise ValueError(f"inference mode {mode!r}; use 'whole' or 'slide'")
         if crop is None:
-            crop, stride = self.pretrained_cfg["crop_size"], stride or self.pretrained_cfg["stride"]
+            crop, stride = self.pretrained_cfg.crop_size, stride or self.pretrained_cfg.stride
         elif stride is None:
             c = (crop, crop) if isinstance(crop, int) else tuple(crop)
             stride = tuple(max(1, (2 * x) // 3) for x in c)
@@ -319,10 +314,10 @@ class SETR(nn.Module):
 # ---------------------------------------------------------------------------------------- variants
 #: mmseg's SegDataPreProcessor for SETR: RGB, ImageNet mean/std (123.675, 116.28, 103.53) / (58.395, 57.12, 57.375)
 #: on 0-255, here on 0-1; sliding-window test (stride 2/3 of the crop) on images resized keep-ratio to ``resize`` (long, short)
-_MMSEG_ADE20K = dict(img_size=512, num_classes=150, pretrained_cfg=dict(
-    mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2048, 512)))
-_MMSEG_CITYSCAPES = dict(img_size=768, num_classes=19, pretrained_cfg=dict(
-    mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2049, 1025)))
+_MMSEG_ADE20K = dict(img_size=512, num_classes=150)
+_MMSEG_CITYSCAPES = dict(img_size=768, num_classes=19)
+_ADE20K_TEST = PretrainedCfg(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2048, 512))
+_CITYSCAPES_TEST = PretrainedCfg(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2049, 1025))
 #: mmseg's ViT-L/16 backbone of its SETR configs (no patch-embedding bias in 1.x)
 _VIT_L = dict(encoder="vit_large_patch16_384", encoder_kwargs={"patch_bias": False})
 _NAIVE = dict(decoder="naive", out_indices=(9, 14, 19, 23), in_index=3, num_convs=1, up_scale=4, kernel_size=1,
@@ -336,37 +331,39 @@ _SMALL = {"naive": dict(_NAIVE, out_indices=None), "pup": dict(_PUP, out_indices
           "mla": dict(_MLA, out_indices=None)}
 _TINY_HEADS = dict(channels=64, mla_channels=32)
 
-#: every registered SETR, as the keyword arguments of :class:`SETR`
-DEFAULT_CFGS: dict[str, dict[str, Any]] = {
+#: every registered SETR: the keyword arguments of :class:`SETR` and the variant's test settings
+DEFAULT_CFGS: dict[str, ModelCfg] = {
     # mmseg setr_vit-l_{naive,pup,mla}_8xb2-160k_ade20k-512x512
-    "setr_naive_vit_large_patch16": {**_VIT_L, **_MMSEG_ADE20K, **_NAIVE, "aux_num_convs": 2},
-    "setr_pup_vit_large_patch16": {**_VIT_L, **_MMSEG_ADE20K, **_PUP},
-    "setr_mla_vit_large_patch16": {**_VIT_L, **_MMSEG_ADE20K, **_MLA},
+    "setr_naive_vit_large_patch16": ModelCfg({**_VIT_L, **_MMSEG_ADE20K, **_NAIVE, "aux_num_convs": 2}, _ADE20K_TEST),
+    "setr_pup_vit_large_patch16": ModelCfg({**_VIT_L, **_MMSEG_ADE20K, **_PUP}, _ADE20K_TEST),
+    "setr_mla_vit_large_patch16": ModelCfg({**_VIT_L, **_MMSEG_ADE20K, **_MLA}, _ADE20K_TEST),
     # mmseg setr_vit-l_{naive,pup,mla}_8xb1-80k_cityscapes-768x768
-    "setr_naive_vit_large_patch16_cityscapes": {**_VIT_L, **_MMSEG_CITYSCAPES, **_NAIVE, "aux_num_convs": 1},
-    "setr_pup_vit_large_patch16_cityscapes": {**_VIT_L, **_MMSEG_CITYSCAPES, **_PUP},
-    "setr_mla_vit_large_patch16_cityscapes": {**_VIT_L, **_MMSEG_CITYSCAPES, **_MLA},
+    "setr_naive_vit_large_patch16_cityscapes": ModelCfg({**_VIT_L, **_MMSEG_CITYSCAPES, **_NAIVE, "aux_num_convs": 1},
+                                                        _CITYSCAPES_TEST),
+    "setr_pup_vit_large_patch16_cityscapes": ModelCfg({**_VIT_L, **_MMSEG_CITYSCAPES, **_PUP}, _CITYSCAPES_TEST),
+    "setr_mla_vit_large_patch16_cityscapes": ModelCfg({**_VIT_L, **_MMSEG_CITYSCAPES, **_MLA}, _CITYSCAPES_TEST),
     # ViT-B/16 (timm weights at 384 px, resampled to the 512 crop)
-    "setr_naive_vit_base_patch16": {"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150, **_SMALL["naive"]},
-    "setr_pup_vit_base_patch16": {"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150, **_SMALL["pup"]},
-    "setr_mla_vit_base_patch16": {"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150, **_SMALL["mla"]},
+    "setr_naive_vit_base_patch16": ModelCfg({"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150,
+                                             **_SMALL["naive"]}),
+    "setr_pup_vit_base_patch16": ModelCfg({"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150,
+                                           **_SMALL["pup"]}),
+    "setr_mla_vit_base_patch16": ModelCfg({"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150,
+                                           **_SMALL["mla"]}),
     # CPU-sized: the real ViT-Ti/16 (so timm's vit_tiny weights load) with narrow heads at 128 px
-    "setr_naive_vit_tiny_patch16": {"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
-                                    **_SMALL["naive"], **_TINY_HEADS},
-    "setr_pup_vit_tiny_patch16": {"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
-                                  **_SMALL["pup"], **_TINY_HEADS},
-    "setr_mla_vit_tiny_patch16": {"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
-                                  **_SMALL["mla"], **_TINY_HEADS},
+    "setr_naive_vit_tiny_patch16": ModelCfg({"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
+                                             **_SMALL["naive"], **_TINY_HEADS}),
+    "setr_pup_vit_tiny_patch16": ModelCfg({"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
+                                           **_SMALL["pup"], **_TINY_HEADS}),
+    "setr_mla_vit_tiny_patch16": ModelCfg({"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
+                                           **_SMALL["mla"], **_TINY_HEADS}),
 }
 _TAGS = ("segmentation", "setr")
 
 
 def _create(name: str, **kwargs: Any) -> SETR:
-    cfg = dict(DEFAULT_CFGS[name])
-    cfg["pretrained_cfg"] = {**cfg.get("pretrained_cfg", {}), **(kwargs.pop("pretrained_cfg", None) or {})}
-    cfg["encoder_kwargs"] = {**cfg.get("encoder_kwargs", {}), **(kwargs.pop("encoder_kwargs", None) or {})}
-    cfg.update(kwargs)
-    return SETR(**cfg)
+    cfg = DEFAULT_CFGS[name]
+    kwargs["encoder_kwargs"] = {**cfg.kwargs.get("encoder_kwargs", {}), **(kwargs.pop("encoder_kwargs", None) or {})}
+    return build_model(SETR, cfg, **kwargs)
 
 
 @register_model(tags=_TAGS, filter_fn=convert_state_dict)

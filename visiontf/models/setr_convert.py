@@ -102,7 +102,7 @@ def encoder_state_from_vit(state: dict[str, Tensor], model: nn.Module, source: s
     dropped = sorted(set(state) - set(kept))
     if dropped:
         log.info("%s: %d classifier / final-norm tensors not used by SETR's encoder: %s", source, len(dropped), ", ".join(dropped))
-    return _fit_encoder(kept, model.encoder, "", getattr(model, "pos_embed_interp", "bilinear"), source)
+    return _fit_encoder(kept, model.encoder, "", model.pos_embed_interp, source)
 
 
 # ---------------------------------------------------------------------------------------- layouts
@@ -189,14 +189,14 @@ def _check_fits(state: dict[str, Tensor], model: nn.Module, what: str) -> None:
     if not any(k.startswith(_DECODER_PREFIXES) for k in state):
         return  # encoder weights only: the decoder starts at init
     own = model.state_dict()
-    name = getattr(model, "model_name", type(model).__name__)
+    name = model.model_name or type(model).__name__
     if _structure(state) != _structure(own):
         fits = fitting_variants(state)
         fix = (f"it fits {fits[0]}: create_model({fits[0]!r}, pretrained=...)" if fits else
                "no registered SETR variant has this layout; build SETR(...) with the matching decoder arguments")
         raise ValueError(f"{what} is {describe(state)}, but {name} is {describe(own)}; {fix}")
     theirs, ours = _num_classes(state), _num_classes(own)
-    if theirs is not None and theirs != ours and not getattr(model, "new_classifier", False):
+    if theirs is not None and theirs != ours and not model.new_classifier:
         fits = [n for n in fitting_variants(state) if _registered_layouts()[n][1] == theirs]
         use = f"for its own classes use create_model({fits[0]!r}, pretrained=...)" if fits else \
             f"for its own classes pass num_classes={theirs}"
@@ -242,7 +242,7 @@ def convert_state_dict(state: Mapping[str, Any], model: nn.Module, strict: bool 
             count the model was not asked to adapt to, or an unrecognised layout.
     """
     state = _unwrap(state)
-    mode = getattr(model, "pos_embed_interp", "bilinear")
+    mode = model.pos_embed_interp
     fmt = detect_format(state)
     if fmt == "mmseg0":
         sample = [k for k in state if k.startswith("backbone.")][:3]

@@ -6,8 +6,8 @@ made at another image size has its ``pos_embed`` resampled bicubically on load.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -16,6 +16,7 @@ from timm.data import IMAGENET_INCEPTION_STD as INCEPTION_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
+from visiontf.models.contract import Classifier, ModelCfg, PretrainedCfg, build_model
 from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
 
 
@@ -55,8 +56,12 @@ class PatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), grid
 
 
-class VisionTransformer(nn.Module):
-    """ViT / DeiT classifier. ``num_classes=0`` gives a feature extractor (identity head)."""
+class VisionTransformer(Classifier):
+    """ViT / DeiT classifier. ``num_classes=0`` gives a feature extractor (identity head).
+
+    ``pretrained_cfg``: eval settings over the ViT defaults (Inception mean/std, crop 0.9, bicubic,
+    ``input_size`` from ``img_size``); the registry gives each variant's (DeiT: ImageNet mean/std, 0.875).
+    """
 
     head_prefixes = ("head.", "head_dist.")
 
@@ -77,10 +82,8 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         distilled: bool = False,
         norm_eps: float = 1e-6,
-        mean: Sequence[float] = INCEPTION_MEAN,
-        std: Sequence[float] = INCEPTION_STD,
-        crop_pct: float = 0.9,
         patch_bias: bool = True,
+        pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
@@ -109,13 +112,10 @@ class VisionTransformer(nn.Module):
         self.head_dist = (nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()) if distilled else None
         #: with a distillation token, training returns (class logits, distillation logits)
         self.distilled_training = distilled
-        self.pretrained_cfg = {
-            "input_size": (in_chans, *self.patch_embed.img_size),
-            "mean": tuple(mean),
-            "std": tuple(std),
-            "crop_pct": crop_pct,
-            "interpolation": "bicubic",
-        }
+        self.pretrained_cfg = PretrainedCfg(
+            input_size=(in_chans, *self.patch_embed.img_size), mean=INCEPTION_MEAN, std=INCEPTION_STD, crop_pct=0.9,
+            interpolation="bicubic",
+        ).merged(pretrained_cfg)
         self._init_weights()
         self._register_load_state_dict_pre_hook(self._resample_pos_embed_on_load)
 
@@ -227,13 +227,6 @@ class VisionTransformer(nn.Module):
             self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
 
-class _Variant(NamedTuple):
-    """A registered name's settings: timm's name of its published weights, and its constructor arguments."""
-
-    hub: str
-    settings: dict
-
-
 _SIZES = {
     "tiny": dict(embed_dim=192, depth=12, num_heads=3),
     "small": dict(embed_dim=384, depth=12, num_heads=6),
@@ -241,36 +234,42 @@ _SIZES = {
     "large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
 #: DeiT was trained with ImageNet statistics (ViT's augreg weights use Inception's, the class default)
-_DEIT = dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
+_DEIT = dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=0.875)
+
+
+def _vit(hub: str, size: str, patch_size: int, img_size: int, distilled: bool = False, **cfg: Any) -> ModelCfg:
+    """A variant: its constructor arguments, and its published settings (``hf_hub_id``: timm's weight name)."""
+    kwargs = dict(**_SIZES[size], patch_size=patch_size, img_size=img_size, **({"distilled": True} if distilled else {}))
+    return ModelCfg(kwargs, PretrainedCfg(hf_hub_id=hub, **cfg))
 _TAGS = ("classification", "vit")
 
 #: every registered ViT / DeiT variant (384-px models are evaluated without a crop margin, as timm's)
-DEFAULT_CFGS: dict[str, _Variant] = {
-    "vit_tiny_patch16_224": _Variant("vit_tiny_patch16_224.augreg_in21k_ft_in1k", dict(**_SIZES["tiny"], patch_size=16, img_size=224)),
-    "vit_tiny_patch16_384": _Variant("vit_tiny_patch16_384.augreg_in21k_ft_in1k", dict(**_SIZES["tiny"], patch_size=16, img_size=384, crop_pct=1.0)),
-    "vit_small_patch16_224": _Variant("vit_small_patch16_224.augreg_in21k_ft_in1k", dict(**_SIZES["small"], patch_size=16, img_size=224)),
-    "vit_small_patch16_384": _Variant("vit_small_patch16_384.augreg_in21k_ft_in1k", dict(**_SIZES["small"], patch_size=16, img_size=384, crop_pct=1.0)),
-    "vit_base_patch16_224": _Variant("vit_base_patch16_224.augreg_in21k_ft_in1k", dict(**_SIZES["base"], patch_size=16, img_size=224)),
-    "vit_base_patch16_384": _Variant("vit_base_patch16_384.augreg_in21k_ft_in1k", dict(**_SIZES["base"], patch_size=16, img_size=384, crop_pct=1.0)),
-    "vit_large_patch16_224": _Variant("vit_large_patch16_224.augreg_in21k_ft_in1k", dict(**_SIZES["large"], patch_size=16, img_size=224)),
-    "vit_large_patch16_384": _Variant("vit_large_patch16_384.augreg_in21k_ft_in1k", dict(**_SIZES["large"], patch_size=16, img_size=384, crop_pct=1.0)),
-    "vit_base_patch32_224": _Variant("vit_base_patch32_224.augreg_in21k_ft_in1k", dict(**_SIZES["base"], patch_size=32, img_size=224)),
-    "vit_base_patch32_384": _Variant("vit_base_patch32_384.augreg_in21k_ft_in1k", dict(**_SIZES["base"], patch_size=32, img_size=384, crop_pct=1.0)),
-    "vit_large_patch32_224": _Variant("vit_large_patch32_224.orig_in21k_ft_in1k", dict(**_SIZES["large"], patch_size=32, img_size=224)),
-    "vit_large_patch32_384": _Variant("vit_large_patch32_384.orig_in21k_ft_in1k", dict(**_SIZES["large"], patch_size=32, img_size=384, crop_pct=1.0)),
-    "deit_tiny_patch16_224": _Variant("deit_tiny_patch16_224", dict(**_SIZES["tiny"], patch_size=16, img_size=224, **_DEIT, crop_pct=0.875)),
-    "deit_tiny_distilled_patch16_224": _Variant("deit_tiny_distilled_patch16_224", dict(**_SIZES["tiny"], patch_size=16, img_size=224, distilled=True, **_DEIT, crop_pct=0.875)),
-    "deit_small_patch16_224": _Variant("deit_small_patch16_224", dict(**_SIZES["small"], patch_size=16, img_size=224, **_DEIT, crop_pct=0.875)),
-    "deit_small_distilled_patch16_224": _Variant("deit_small_distilled_patch16_224", dict(**_SIZES["small"], patch_size=16, img_size=224, distilled=True, **_DEIT, crop_pct=0.875)),
-    "deit_base_patch16_224": _Variant("deit_base_patch16_224", dict(**_SIZES["base"], patch_size=16, img_size=224, **_DEIT, crop_pct=0.875)),
-    "deit_base_distilled_patch16_224": _Variant("deit_base_distilled_patch16_224", dict(**_SIZES["base"], patch_size=16, img_size=224, distilled=True, **_DEIT, crop_pct=0.875)),
-    "deit_base_patch16_384": _Variant("deit_base_patch16_384", dict(**_SIZES["base"], patch_size=16, img_size=384, **_DEIT, crop_pct=1.0)),
-    "deit_base_distilled_patch16_384": _Variant("deit_base_distilled_patch16_384", dict(**_SIZES["base"], patch_size=16, img_size=384, distilled=True, **_DEIT, crop_pct=1.0)),
+DEFAULT_CFGS: dict[str, ModelCfg] = {
+    "vit_tiny_patch16_224": _vit("vit_tiny_patch16_224.augreg_in21k_ft_in1k", "tiny", 16, 224),
+    "vit_tiny_patch16_384": _vit("vit_tiny_patch16_384.augreg_in21k_ft_in1k", "tiny", 16, 384, crop_pct=1.0),
+    "vit_small_patch16_224": _vit("vit_small_patch16_224.augreg_in21k_ft_in1k", "small", 16, 224),
+    "vit_small_patch16_384": _vit("vit_small_patch16_384.augreg_in21k_ft_in1k", "small", 16, 384, crop_pct=1.0),
+    "vit_base_patch16_224": _vit("vit_base_patch16_224.augreg_in21k_ft_in1k", "base", 16, 224),
+    "vit_base_patch16_384": _vit("vit_base_patch16_384.augreg_in21k_ft_in1k", "base", 16, 384, crop_pct=1.0),
+    "vit_large_patch16_224": _vit("vit_large_patch16_224.augreg_in21k_ft_in1k", "large", 16, 224),
+    "vit_large_patch16_384": _vit("vit_large_patch16_384.augreg_in21k_ft_in1k", "large", 16, 384, crop_pct=1.0),
+    "vit_base_patch32_224": _vit("vit_base_patch32_224.augreg_in21k_ft_in1k", "base", 32, 224),
+    "vit_base_patch32_384": _vit("vit_base_patch32_384.augreg_in21k_ft_in1k", "base", 32, 384, crop_pct=1.0),
+    "vit_large_patch32_224": _vit("vit_large_patch32_224.orig_in21k_ft_in1k", "large", 32, 224),
+    "vit_large_patch32_384": _vit("vit_large_patch32_384.orig_in21k_ft_in1k", "large", 32, 384, crop_pct=1.0),
+    "deit_tiny_patch16_224": _vit("deit_tiny_patch16_224", "tiny", 16, 224, **_DEIT),
+    "deit_tiny_distilled_patch16_224": _vit("deit_tiny_distilled_patch16_224", "tiny", 16, 224, distilled=True, **_DEIT),
+    "deit_small_patch16_224": _vit("deit_small_patch16_224", "small", 16, 224, **_DEIT),
+    "deit_small_distilled_patch16_224": _vit("deit_small_distilled_patch16_224", "small", 16, 224, distilled=True, **_DEIT),
+    "deit_base_patch16_224": _vit("deit_base_patch16_224", "base", 16, 224, **_DEIT),
+    "deit_base_distilled_patch16_224": _vit("deit_base_distilled_patch16_224", "base", 16, 224, distilled=True, **_DEIT),
+    "deit_base_patch16_384": _vit("deit_base_patch16_384", "base", 16, 384, **{**_DEIT, "crop_pct": 1.0}),
+    "deit_base_distilled_patch16_384": _vit("deit_base_distilled_patch16_384", "base", 16, 384, distilled=True, **{**_DEIT, "crop_pct": 1.0}),
 }
 
 
 def _create(name: str, **kwargs) -> VisionTransformer:
-    return VisionTransformer(**{**DEFAULT_CFGS[name].settings, **kwargs})
+    return build_model(VisionTransformer, DEFAULT_CFGS[name], **kwargs)
 
 
 def _timm_weights(name: str) -> Callable[[], dict]:
@@ -283,7 +282,7 @@ def _timm_weights(name: str) -> Callable[[], dict]:
 
         from visiontf.downloads import HF_HOST, DownloadError, hf_hub_offline, network_problem
 
-        timm_name = DEFAULT_CFGS[name].hub
+        timm_name = DEFAULT_CFGS[name].pretrained_cfg.hf_hub_id
         # offline, the hub client would retry for ~50 s; in offline mode it reads its cache or fails at once
         problem = network_problem(f"https://{HF_HOST}")
         try:

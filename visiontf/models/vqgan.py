@@ -19,21 +19,22 @@ registered model they fit. See docs/generation.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models._registry import WeightsLayoutError, register_model
+from visiontf.models.contract import ModelCfg, PretrainedCfg, Tokenizer, build_model
 from visiontf.models.vqgan_blocks import Decoder, Encoder
 from visiontf.models.vqgan_quantize import VectorQuantizer2
 
 log = logging.getLogger(__name__)
 
 
-class VQModel(nn.Module):
+class VQModel(Tokenizer):
     """VQGAN autoencoder: ``encoder`` -> ``quant_conv`` -> ``quantize`` -> ``post_quant_conv`` -> ``decoder``.
 
     Args (taming's ``ddconfig`` plus ``n_embed``/``embed_dim``):
@@ -46,13 +47,15 @@ class VQModel(nn.Module):
         quantizer_kwargs: the quantiser's training options beyond taming (k-means initialisation, dead-code
             restarts, l2-normalised codes, EMA codebook), all off by default; see
             :mod:`visiontf.models.vqgan_quantize`.
+        pretrained_cfg: eval settings over those the arguments give (taming's [-1, 1] input, ``resolution``).
     """
 
     def __init__(self, n_embed: int = 1024, embed_dim: int = 256, ch: int = 128,
                  ch_mult: Sequence[int] = (1, 1, 2, 2, 4), num_res_blocks: int = 2,
                  attn_resolutions: Sequence[int] = (16,), resolution: int = 256, z_channels: int = 256,
                  in_channels: int = 3, out_ch: int = 3, dropout: float = 0.0, beta: float = 0.25,
-                 legacy: bool = True, quantizer_kwargs: dict | None = None) -> None:
+                 legacy: bool = True, quantizer_kwargs: dict | None = None,
+                 pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None) -> None:
         super().__init__()
         dd = dict(ch=ch, ch_mult=tuple(ch_mult), num_res_blocks=num_res_blocks,
                   attn_resolutions=tuple(attn_resolutions), resolution=resolution, z_channels=z_channels, dropout=dropout)
@@ -65,16 +68,13 @@ class VQModel(nn.Module):
         self.embed_dim = embed_dim
         self.downsample_factor = 2 ** (len(ch_mult) - 1)
         self.in_channels = in_channels
-        self.pretrained_cfg = {
-            "input_size": (in_channels, resolution, resolution),
+        self.pretrained_cfg = PretrainedCfg(
+            input_size=(in_channels, resolution, resolution),
             # taming: x / 127.5 - 1, i.e. (x / 255 - 0.5) / 0.5
-            "mean": (0.5,) * in_channels,
-            "std": (0.5,) * in_channels,
-            "crop_pct": 1.0,  # shortest side resized to `resolution`, then a centre crop (albumentations)
-            "interpolation": "bilinear",
-            "num_codes": n_embed,
-            "downsample_factor": self.downsample_factor,
-        }
+            mean=(0.5,) * in_channels, std=(0.5,) * in_channels,
+            crop_pct=1.0, interpolation="bilinear",  # shortest side resized to `resolution`, then a centre crop
+            num_codes=n_embed, downsample_factor=self.downsample_factor,
+        ).merged(pretrained_cfg)
 
     # ------------------------------------------------------------------ taming's API
     def encode(self, x: Tensor) -> tuple[Tensor, Tensor, tuple]:
@@ -167,7 +167,7 @@ def convert_state_dict(state: dict[str, Tensor], model: VQModel) -> dict[str, Te
     wrong = [f"{k} {tuple(v.shape)} (model: {tuple(own[k].shape)})" for k, v in state.items()
              if k in own and tuple(v.shape) != tuple(own[k].shape)]
     if wrong:
-        name = getattr(model, "model_name", type(model).__name__)
+        name = model.model_name or type(model).__name__
         book = state.get("quantize.embedding.weight")
         what = (f"a codebook of {book.shape[0]} codes x {book.shape[1]} (the model has {model.num_codes} x "
                 f"{model.embed_dim})" if book is not None and tuple(book.shape) != tuple(own["quantize.embedding.weight"].shape)
@@ -184,20 +184,13 @@ def registered_fits(state: dict[str, Tensor]) -> list[str]:
     fits = []
     for name, variant in DEFAULT_CFGS.items():
         with torch.device("meta"):
-            own = VQModel(**variant.settings).state_dict()
+            own = VQModel(**variant.kwargs).state_dict()
         if set(own) <= set(state) and all(tuple(state[k].shape) == tuple(t.shape) for k, t in own.items()):
             fits.append(name)
     return fits
 
 
 # ---------------------------------------------------------------------------------------- registry
-class _Variant(NamedTuple):
-    """A registered name's settings: where its weights are published (or None), its constructor arguments."""
-
-    url: str | None
-    settings: dict
-
-
 _TAMING = "https://heibox.uni-heidelberg.de/d/"
 _LDM = "https://ommer-lab.com/files/latent-diffusion/"
 _F16 = dict(embed_dim=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(16,), resolution=256,
@@ -206,13 +199,14 @@ _F16 = dict(embed_dim=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2, at
 _F8 = dict(embed_dim=4, ch=128, ch_mult=(1, 2, 2, 4), num_res_blocks=2, attn_resolutions=(32,), resolution=256,
            z_channels=4)
 
-DEFAULT_CFGS: dict[str, _Variant] = {
-    "vqgan_imagenet_f16_1024": _Variant(_TAMING + "8088892a516d4e3baf92/", dict(n_embed=1024, **_F16)),
-    "vqgan_imagenet_f16_16384": _Variant(_TAMING + "a7530b09fed84f80a887/", dict(n_embed=16384, **_F16)),
-    "vq_f8": _Variant(_LDM + "vq-f8.zip", dict(n_embed=16384, **_F8)),
-    "vq_f8_n256": _Variant(_LDM + "vq-f8-n256.zip", dict(n_embed=256, **_F8)),
+#: ``url``: where the weights are published (folder shares and zip archives: pretrained=True is refused, this says where)
+DEFAULT_CFGS: dict[str, ModelCfg] = {
+    "vqgan_imagenet_f16_1024": ModelCfg(dict(n_embed=1024, **_F16), PretrainedCfg(url=_TAMING + "8088892a516d4e3baf92/")),
+    "vqgan_imagenet_f16_16384": ModelCfg(dict(n_embed=16384, **_F16), PretrainedCfg(url=_TAMING + "a7530b09fed84f80a887/")),
+    "vq_f8": ModelCfg(dict(n_embed=16384, **_F8), PretrainedCfg(url=_LDM + "vq-f8.zip")),
+    "vq_f8_n256": ModelCfg(dict(n_embed=256, **_F8), PretrainedCfg(url=_LDM + "vq-f8-n256.zip")),
     # CPU-sized, f8: 4 levels of 32-64 channels, attention at the lowest resolution (8 for 64 px images)
-    "vqgan_tiny": _Variant(None, dict(n_embed=512, embed_dim=32, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
+    "vqgan_tiny": ModelCfg(dict(n_embed=512, embed_dim=32, ch=32, ch_mult=(1, 1, 2, 2), num_res_blocks=1,
                                 attn_resolutions=(8,), resolution=64, z_channels=32)),
 }
 
@@ -220,10 +214,7 @@ _TAGS = ("generation", "vqgan")
 
 
 def _create(name: str, **kwargs) -> VQModel:
-    model = VQModel(**{**DEFAULT_CFGS[name].settings, **kwargs})
-    # no direct download (folder shares and zip archives): pretrained=True is refused, this says where they are
-    model.pretrained_cfg["url"] = DEFAULT_CFGS[name].url
-    return model
+    return build_model(VQModel, DEFAULT_CFGS[name], **kwargs)
 
 
 @register_model(filter_fn=convert_state_dict, tags=_TAGS)

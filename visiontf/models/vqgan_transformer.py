@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models._registry import WeightsLayoutError, register_model
+from visiontf.models.contract import Generator, ModelCfg, PretrainedCfg
 from visiontf.models.vqgan import DEFAULT_CFGS as FIRST_STAGES
 from visiontf.models.vqgan import VQModel
 
@@ -186,7 +187,7 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
-class Net2NetTransformer(nn.Module):
+class Net2NetTransformer(Generator):
     """A first stage (:class:`VQModel`, frozen, eval) and a :class:`GPT` over its codes, one conditioning token first.
 
     Args:
@@ -201,8 +202,12 @@ class Net2NetTransformer(nn.Module):
                  pkeep: float = 1.0, first_stage_kwargs: dict | None = None, **gpt) -> None:
         super().__init__()
         if isinstance(first_stage, str):
-            first_stage = VQModel(**{**FIRST_STAGES[first_stage].settings, **(first_stage_kwargs or {})})
+            first_stage = VQModel(**{**FIRST_STAGES[first_stage].kwargs, **(first_stage_kwargs or {})})
         self.first_stage_model = first_stage.eval().requires_grad_(False)
+        # its images are its first stage's: their size and value range
+        first = first_stage.pretrained_cfg
+        self.pretrained_cfg = PretrainedCfg(input_size=first.input_size, mean=first.mean, std=first.std,
+                                            num_codes=first.num_codes, downsample_factor=first.downsample_factor)
         gpt.setdefault("vocab_size", first_stage.num_codes)
         self.transformer = GPT(**gpt)
         if n_classes is not None and n_classes > self.transformer.vocab_size:
@@ -277,10 +282,12 @@ def convert_state_dict(state: dict[str, Tensor], model: Net2NetTransformer) -> d
 
 
 #: a CPU-sized second stage over vqgan_tiny's 512 codes (8x8 codes for 64 px images)
-DEFAULT_GPT_CFGS = {"vqgan_transformer_tiny": dict(first_stage="vqgan_tiny", block_size=64, n_layer=4, n_head=4, n_embd=128)}
+DEFAULT_CFGS: dict[str, ModelCfg] = {
+    "vqgan_transformer_tiny": ModelCfg(dict(first_stage="vqgan_tiny", block_size=64, n_layer=4, n_head=4, n_embd=128)),
+}
 
 
 @register_model(filter_fn=convert_state_dict, tags=("generation", "vqgan"))
 def vqgan_transformer_tiny(**kwargs) -> Net2NetTransformer:
     """minGPT (4 layers, 4 heads, 128 wide) over ``vqgan_tiny``'s codes; ``n_classes=K`` for class-conditional."""
-    return Net2NetTransformer(**{**DEFAULT_GPT_CFGS["vqgan_transformer_tiny"], **kwargs})
+    return Net2NetTransformer(**{**DEFAULT_CFGS["vqgan_transformer_tiny"].kwargs, **kwargs})

@@ -16,6 +16,7 @@ from visiontf.checkpoints import check_checkpoint_fits
 from visiontf.config_checks import check_config, one_of, optional, positive_int
 from visiontf.distributed import get_world_size, is_distributed, sum_over_ranks
 from visiontf.models import create_model
+from visiontf.models.contract import VisionModel
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class BaseTask(L.LightningModule):
 
     #: the task's name, for its adapter (:mod:`visiontf.adapters`)
     task: str = ""
+    #: the kind of model it trains (:mod:`visiontf.models.contract`); a registered model of another kind is refused
+    model_kind: type[VisionModel] = VisionModel
 
     def __init__(
         self,
@@ -55,10 +58,23 @@ class BaseTask(L.LightningModule):
                      on_nonfinite=(on_nonfinite, one_of("raise", "skip")))
         self._model_name, self._num_classes = model_name, num_classes
         self.model: nn.Module = create_model(model_name, pretrained=pretrained, num_classes=num_classes, **(model_kwargs or {}))
+        self.check_model_kind(model_name)
         self.compile_model = compile
         self.on_nonfinite = on_nonfinite
         self.nonfinite_steps = 0
         self.init_eval_state()
+
+    def check_model_kind(self, model_name: str, hint: str = "") -> None:
+        """Refuse a model of another kind than :attr:`model_kind` (a detector given to the segmentation task)."""
+        if not isinstance(self.model, self.model_kind):
+            raise ValueError(f"model_name={model_name!r} is a {type(self.model).__name__}, not a {self.model_kind.__name__}: "
+                             f"{type(self).__name__} trains {self.model_kind.__name__} models"
+                             f"{'; ' + hint if hint else ''} (visiontf.list_models() lists every name)")
+
+    def set_postprocess(self, **overrides: Any) -> None:
+        """Replace the model's post-processing options for evaluation and prediction (the task's adapter says
+        which it has; :func:`visiontf.detection.set_postprocess` for detectors); ValueError for a task without."""
+        adapter_for_task(self.task).set_postprocess(self.model, overrides)
 
     def init_eval_state(self) -> None:
         """The state of :meth:`log_eval_mean`; tasks that build their LightningModule without this

@@ -19,6 +19,7 @@ from visiontf.config_checks import (
     unit_interval_open_right,
 )
 from visiontf.models import create_model
+from visiontf.models.contract import Classifier
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, decay_groups
 
@@ -39,6 +40,7 @@ class ClassificationTask(BaseTask):
     """
 
     task = "classification"
+    model_kind = Classifier
 
     def __init__(
         self,
@@ -74,11 +76,11 @@ class ClassificationTask(BaseTask):
             self.soft_ce = SoftTargetCrossEntropy()
         self.teacher = None
         if teacher_name:
-            if not getattr(self.model, "distilled", False):
+            if not self.model.distilled:
                 raise ValueError(f"distillation needs a distilled student (deit_*_distilled_*), got {model_name}")
             self.teacher = create_model(teacher_name, pretrained=teacher_pretrained, num_classes=num_classes).eval()
             self.teacher.requires_grad_(False)
-        elif getattr(self.model, "distilled", False):
+        elif self.model.distilled:
             self.model.distilled_training = False  # without a teacher both heads learn the labels
         metrics = lambda k: MulticlassAccuracy(num_classes, top_k=k, average="micro")  # noqa: E731
         self.val_top1, self.val_top5 = metrics(1), metrics(min(5, num_classes))

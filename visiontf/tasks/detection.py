@@ -16,8 +16,9 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
-from visiontf.detection import build_criterion, build_postprocess, set_postprocess
+from visiontf.detection import build_criterion, build_postprocess
 from visiontf.evaluation.coco import METRIC_NAMES
+from visiontf.models.contract import Detector
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 
@@ -76,6 +77,7 @@ class DetectionTask(BaseTask):
     """
 
     task = "detection"
+    model_kind = Detector
 
     def __init__(
         self,
@@ -128,10 +130,6 @@ class DetectionTask(BaseTask):
         """The model's post-processing as its options stand now (``tools/eval.py --postprocess.*`` replaces them)."""
         return build_postprocess(self.model)
 
-    def set_postprocess(self, **overrides: Any) -> None:
-        """Replace post-processing options for evaluation and prediction (:func:`visiontf.detection.set_postprocess`)."""
-        set_postprocess(self.model, **overrides)
-
     # -- evaluation plumbing -------------------------------------------------------------------
     def _metric(self, stage: str):
         if stage not in self.metrics:
@@ -147,7 +145,7 @@ class DetectionTask(BaseTask):
 
     def _forward(self, images: Tensor, mask: Tensor, targets: list[dict]) -> dict:
         """The model's outputs; training steps give the targets to a model that takes them (denoising)."""
-        if self.training and getattr(self.model, "forward_takes_targets", False):
+        if self.training and self.model.forward_takes_targets:
             return self.model(images, mask, targets=targets)
         return self.model(images, mask)
 

@@ -13,11 +13,9 @@ def group_parameters(model: nn.Module, group_of: Callable[[str], str] | None = N
 
     The group of a parameter is the model's own answer, ``model.param_group(name)`` (timm style: the
     model knows which of its parameters are backbone, heads or deformable offsets); ``group_of``
-    stands in for models that do not say.
+    replaces it (a task's own grouping).
     """
-    group_of = group_of or getattr(model, "param_group", None)
-    if group_of is None:
-        raise TypeError(f"{type(model).__name__} has no param_group(name); the task cannot tell its parameter groups")
+    group_of = group_of or model.param_group
     groups: dict[str, list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -38,7 +36,7 @@ def lr_groups(groups: dict[str, list[nn.Parameter]], lrs: dict[str, float], alwa
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """timm's weight-decay split: biases, norms (every parameter with ndim <= 1) and the names in
     ``model.no_weight_decay()`` get none; two groups, decayed first."""
-    skip = set(getattr(model, "no_weight_decay", set)())
+    skip = set(model.no_weight_decay())
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:

@@ -13,6 +13,7 @@ from torch import Tensor
 from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
 from visiontf.data.imresize import imresize
 from visiontf.evaluation.restoration_metric import RestorationScores
+from visiontf.models.contract import Restorer
 from visiontf.tasks.base import BaseTask
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class RestorationTask(BaseTask):
     """
 
     task = "restoration"
+    model_kind = Restorer
 
     def __init__(
         self,
@@ -97,8 +99,7 @@ class RestorationTask(BaseTask):
             log.warning("RestorationTask: num_classes=%s is ignored (restoration has no classes)", num_classes)
         super().__init__(model_name, None, model_kwargs, pretrained, compile, on_nonfinite)
         self.save_hyperparameters()
-        self.tasks = tuple(getattr(self.model, "tasks", ("restore",)))
-        self.scales = tuple(getattr(self.model, "scales", (1,) * len(self.tasks)))
+        self.tasks, self.scales = tuple(self.model.tasks), tuple(self.model.scales)
         self.scores = RestorationScores(len(self.tasks))
         self.last_eval: dict[str, Any] | None = None
         self._features: Tensor | None = None
@@ -121,7 +122,7 @@ class RestorationTask(BaseTask):
         terms = {"loss_l1": F.l1_loss(out, hr)}
         loss = terms["loss_l1"]
         if self.hparams.contrastive_weight > 0 and self._features is not None:
-            patch = int(getattr(self.model.body, "patch_dim", 3))
+            patch = int(self.model.body.patch_dim)
             terms["loss_contrastive"] = patch_contrastive_loss(self._features, patch, self.hparams.temperature,
                                                                self.hparams.contrastive_samples)
             loss = loss + self.hparams.contrastive_weight * terms["loss_contrastive"]

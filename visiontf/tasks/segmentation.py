@@ -20,6 +20,7 @@ from visiontf.config_checks import (
     unit_interval_open_right,
 )
 from visiontf.evaluation.segmentation import format_table, segmentation_scores
+from visiontf.models.contract import Segmenter
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 from visiontf.tasks.segmentation_loss import labelled_cross_entropy
@@ -53,6 +54,7 @@ class SegmentationTask(BaseTask):
     """
 
     task = "segmentation"
+    model_kind = Segmenter
 
     def __init__(
         self,
@@ -94,7 +96,7 @@ class SegmentationTask(BaseTask):
             raise ValueError(f"score_resolution={score_resolution!r}; use 'original' (logits resized to the original "
                              "annotation, mmseg's protocol) or 'resized' (annotation resized to the logits)")
         self.test_scales = list(test_scales or [1.0])
-        self.aux_weight = aux_weight if aux_weight is not None else getattr(self.model, "aux_weight", 0.4)
+        self.aux_weight = aux_weight if aux_weight is not None else self.model.aux_weight
         self.confmat = MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
         self.last_eval: dict[str, Any] | None = None
 
@@ -128,10 +130,7 @@ class SegmentationTask(BaseTask):
     # ------------------------------------------------------------------ inference
     def _infer(self, images: Tensor) -> Tensor:
         hp = self.hparams
-        model = self.model
-        if hasattr(model, "inference"):
-            return model.inference(images, hp.inference_mode, crop=hp.crop_size, stride=hp.stride)
-        return model(images)
+        return self.model.inference(images, hp.inference_mode, crop=hp.crop_size, stride=hp.stride)
 
     def _single_view(self) -> bool:
         return self.test_scales == [1.0] and not self.hparams.test_flip

@@ -32,6 +32,7 @@ from torch import Tensor
 from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
 from visiontf.distributed import is_distributed, sum_over_ranks
 from visiontf.models import create_model
+from visiontf.models.contract import Tokenizer
 from visiontf.models.vqgan_discriminator import NLayerDiscriminator
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.vqgan_loss import adaptive_weight, code_usage, hinge_d_loss, load_lpips, psnr
@@ -56,6 +57,7 @@ class TokenizerTask(BaseTask):
     """
 
     task = "generation"
+    model_kind = Tokenizer
 
     def __init__(
         self,
@@ -92,9 +94,7 @@ class TokenizerTask(BaseTask):
             self.save_hyperparameters(init_args)
         self._model_name, self._num_classes = model_name, None
         self.model = create_model(model_name, pretrained=pretrained, **(model_kwargs or {}))
-        if not hasattr(self.model, "last_layer"):
-            raise ValueError(f"{model_name} is not an image tokenizer (no last_layer()); use a VQGAN first stage such "
-                             "as vqgan_tiny")
+        self.check_model_kind(model_name, "use a VQGAN first stage such as vqgan_tiny")
         self.compile_model, self.on_nonfinite, self.nonfinite_steps = compile, on_nonfinite, 0
         self.discriminator = NLayerDiscriminator(self.model.in_channels, disc_ndf, disc_layers)
         self.register_buffer("batches_done", torch.zeros((), dtype=torch.long))

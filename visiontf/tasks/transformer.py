@@ -26,6 +26,7 @@ from visiontf.config_checks import check_config, non_negative, positive
 from visiontf.distributed import sum_over_ranks
 from visiontf.errors import UserError
 from visiontf.models import create_model
+from visiontf.models.contract import Generator
 from visiontf.tasks.base import BaseTask
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class TransformerTask(BaseTask):
     """Next-code prediction over a frozen tokenizer (unconditional: taming's SOS token first)."""
 
     task = "generation"
+    model_kind = Generator
 
     def __init__(self, model_name: str = "vqgan_transformer_tiny", num_classes: int | None = None,
                  model_kwargs: dict[str, Any] | None = None, pretrained: str | None = None,
@@ -64,6 +66,7 @@ class TransformerTask(BaseTask):
             kwargs["first_stage_kwargs"] = {**first.model_kwargs, **kwargs.get("first_stage_kwargs", {})}
             model_kwargs = self.hparams["model_kwargs"] = kwargs
         self.model = create_model(model_name, pretrained=pretrained, **(model_kwargs or {}))
+        self.check_model_kind(model_name, "use a second stage such as vqgan_transformer_tiny")
         if first is not None:
             self.model.first_stage_model.load_state_dict(first.state_dict())
         elif not pretrained:
