@@ -8,8 +8,8 @@
 For each variant and seed it
 
 1. generates the synthetic set (cached under ``WORK/data`` by preset, seed and size):
-   ``shapes`` = ``tools/make_synthetic.py --task detection --num-train 1500 --num-val 150 --seed S``,
-   ``demo`` = the same with ``--preset demo --num-train 1000 --num-val 100``;
+   ``shapes`` = ``tools/make_synthetic.py --task detection --num_train 1500 --num_val 150 --seed S``,
+   ``demo`` = the same with ``--preset demo --num_train 1000 --num_val 100``;
 2. trains with ``tools/train.py fit --config C`` plus ``--trainer.max_time``, validation every
    epoch and :class:`visiontf.callbacks.ElapsedTime` (mAP against minutes in the CSV log);
 3. evaluates the weights at the end of training (``last.ckpt``, saved at every validation) with
@@ -82,7 +82,7 @@ def ensure_data(work: Path, preset: str, seed: int, num_train: int, num_val: int
     partial = root.with_name(root.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     cmd = [sys.executable, "tools/make_synthetic.py", "--task", "detection", *PRESETS[preset]["args"],
-           "--num-train", str(num_train), "--num-val", str(num_val), "--seed", str(seed), "--out", str(partial)]
+           "--num_train", str(num_train), "--num_val", str(num_val), "--seed", str(seed), "--out", str(partial)]
     _run(cmd, work / "data" / f"{root.name}.log")
     partial.rename(root)  # complete sets only: an interrupted generation is redone
     return root

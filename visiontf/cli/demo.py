@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the demo's model and recipe: the one setting that switches `make demo` to another config
 DEMO_CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
 #: the synthetic set it trains on (tools/make_synthetic.py --preset) and its size: the CPU recipe's
-#: second bar (``--preset demo --num-train 1000 --num-val 100``)
+#: second bar (``--preset demo --num_train 1000 --num_val 100``)
 DATA_PRESET = "demo"
 NUM_TRAIN, NUM_VAL = 1000, 100
 #: the training budget: the recipe anneals its learning rate over it (visiontf.callbacks.BudgetCosine)
