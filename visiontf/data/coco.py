@@ -117,7 +117,7 @@ class CocoDataModule(L.LightningDataModule):
         self.num_classes = len(self.class_names)
         shown = ", ".join(f"{n} (id {c})" for c, n in list(zip(self._category_ids, names))[:10])
         space = "" if label_space == "contiguous" else f" (class index = category id: {self.num_classes} outputs)"
-        log.info("%d categories from %s%s: %s%s", len(names), cat_file, space, shown, ", ..." if len(names) > 10 else "")
+        log.info("%d classes from %s%s: %s%s", len(names), cat_file, space, shown, ", ..." if len(names) > 10 else "")
         self.train_dataset: CocoDetection | None = None
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None
