@@ -88,7 +88,8 @@ def test_ddp_fit_of_the_paper_recipe_writes_a_finite_checkpoint_and_logs_every_t
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 2
     hp = ckpt["hyper_parameters"]
-    assert (hp["model_name"], hp["num_classes"], hp["lr"], hp["lr_backbone"], hp["lr_drop_epochs"]) == ("deformable_detr_tiny", 2, 2e-4, 2e-5, 40)
+    # the paper config's class index is the category id (ids 1 and 2 here: 3 outputs, as the original)
+    assert (hp["model_name"], hp["num_classes"], hp["lr"], hp["lr_backbone"], hp["lr_drop_epochs"]) == ("deformable_detr_tiny", 3, 2e-4, 2e-5, 40)
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     metrics = next((ckpt_path.parents[1] / "csv").rglob("metrics.csv")).read_text().splitlines()[0].split(",")
     for key in ("train/loss_ce", "train/loss_bbox", "train/loss_giou", "train_aux/loss_ce_0", "val/mAP", "lr-AdamW/pg3"):
