@@ -10,6 +10,7 @@ from torch import nn
 
 from visiontf.data.coco import CocoDataModule
 from visiontf.data.synthetic.detection import make_detection_dataset
+from visiontf.models.contract import Detector
 from visiontf.tasks.detection import DetectionTask
 
 TINY_DETR = {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 8}
@@ -46,7 +47,7 @@ def test_training_steps_run_and_log_every_loss_term(det_root, tmp_path):
     assert sorted(g["lr"] for g in groups) == [1e-4, 1e-3]
 
 
-class OracleDETR(nn.Module):
+class OracleDETR(Detector):
     """Predicts each image's ground-truth boxes (jittered) with confident logits: a non-trivial mAP."""
 
     def __init__(self, num_classes, num_queries=8):
