@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from visiontf.models.contract import VisionModel
+
 
 def group_parameters(model: nn.Module, group_of: Callable[[str], str] | None = None) -> dict[str, list[nn.Parameter]]:
     """Trainable parameters by group name, each group in ``named_parameters()`` order.
@@ -15,7 +17,11 @@ def group_parameters(model: nn.Module, group_of: Callable[[str], str] | None = N
     model knows which of its parameters are backbone, heads or deformable offsets); ``group_of``
     replaces it (a task's own grouping).
     """
-    group_of = group_of or model.param_group
+    if group_of is None:
+        if not isinstance(model, VisionModel):
+            raise TypeError(f"{type(model).__name__} is not a visiontf model (visiontf.models.contract.VisionModel), so it has "
+                            "no param_group(name); subclass its kind or pass group_of")
+        group_of = model.param_group
     groups: dict[str, list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
