@@ -97,7 +97,7 @@ def _gpt_rows(quick: bool, device: torch.device) -> list[dict]:
         torch.manual_seed(1)
         return ref.sample(cond[:, :0], cond, steps, theirs, sample=True, top_k=100)
 
-    # the comparison: the KV cache against taming's own uncached Net2NetTransformer.sample
+    # the KV cache against taming's own uncached Net2NetTransformer.sample
     same = bool(torch.equal(run_ours(), run_ref_uncached()))
     t = time_interleaved({"ours": run_ours, "ref": run_ref_uncached}, device, warmup=1 if quick else 0,
                          repeats=2 if quick else 1)  # the uncached full run takes long
