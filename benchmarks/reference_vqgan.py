@@ -353,3 +353,44 @@ def sample_with_past(x, model, steps, temperature=1.0, sample_logits=True, top_k
         x = torch.topk(probs, k=1, dim=-1)[1] if not sample_logits else torch.multinomial(probs, num_samples=1)
         sample = torch.cat((sample, x), dim=1)
     return sample[:, cond_len:]
+
+
+# taming/models/cond_transformer.py, Net2NetTransformer.top_k_logits and .sample (the uncached sampler), copied
+# from CompVis/taming-transformers (MIT licence) with `self.transformer` as the argument `model`; only the
+# `pkeep > 0` branch (taming's default pkeep=1.0; `pkeep <= 0` samples all tokens in one pass from noise)
+def top_k_logits(logits, k):
+    v, ix = torch.topk(logits, k)
+    out = logits.clone()
+    out[out < v[..., [-1]]] = -float('Inf')
+    return out
+
+
+@torch.no_grad()
+def sample(x, c, steps, model, temperature=1.0, sample=False, top_k=None, callback=lambda k: None):
+    """taming's uncached sampler: every step reruns the transformer over the whole sequence so far.
+    ``x`` (B, 0) codes so far, ``c`` (B, cond_len) conditioning -> (B, steps) tokens."""
+    x = torch.cat((c, x), dim=1)
+    block_size = model.block_size
+    assert not model.training
+    for k in range(steps):
+        callback(k)
+        assert x.size(1) <= block_size  # make sure model can see conditioning
+        x_cond = x if x.size(1) <= block_size else x[:, -block_size:]  # crop context if needed
+        logits, _ = model(x_cond)
+        # pluck the logits at the final step and scale by temperature
+        logits = logits[:, -1, :] / temperature
+        # optionally crop probabilities to only the top k options
+        if top_k is not None:
+            logits = top_k_logits(logits, top_k)
+        # apply softmax to convert to probabilities
+        probs = F.softmax(logits, dim=-1)
+        # sample from the distribution or take the most likely
+        if sample:
+            ix = torch.multinomial(probs, num_samples=1)
+        else:
+            _, ix = torch.topk(probs, k=1, dim=-1)
+        # append to the sequence and continue
+        x = torch.cat((x, ix), dim=1)
+    # cut off conditioning
+    x = x[:, c.shape[1]:]
+    return x

@@ -8,6 +8,8 @@ Rows (ratio = reference time / ours, > 1: ours faster; identical random weights 
   ``max_abs_diff`` and ``params_m``.
 * ``gpt sample N tokens``: batched top-k sampling with our KV cache vs taming's ``sample_with_past``
   (its cache grows by ``torch.cat`` every step), same seed; ``same_result``: the same tokens.
+* ``gpt sample N tokens ... vs uncached``: the same, against taming's uncached
+  ``Net2NetTransformer.sample`` (every step reruns the transformer over the whole sequence so far).
 * ``gpt sample, no cache``: ours without the cache (every step reruns the whole sequence) vs ours
   with it (the ``ref_s`` column is the cached run), a quarter of the tokens.
 
@@ -91,6 +93,16 @@ def _gpt_rows(quick: bool, device: torch.device) -> list[dict]:
     t = time_interleaved({"ours": run_ours, "ref": run_ref}, device, warmup=1, repeats=2 if quick else 3)
     rows = [row(f"gpt sample {steps} tokens x4 ({cfg['n_layer']}L {cfg['n_embd']}d)", t["ours"], t["ref"], same,
                 "taming sample_with_past")]
+    def run_ref_uncached():
+        torch.manual_seed(1)
+        return ref.sample(cond[:, :0], cond, steps, theirs, sample=True, top_k=100)
+
+    # the KV cache against taming's own uncached Net2NetTransformer.sample
+    same = bool(torch.equal(run_ours(), run_ref_uncached()))
+    t = time_interleaved({"ours": run_ours, "ref": run_ref_uncached}, device, warmup=1 if quick else 0,
+                         repeats=2 if quick else 1)  # the uncached full run takes long
+    rows.append(row(f"gpt sample {steps} tokens x4 ({cfg['n_layer']}L {cfg['n_embd']}d) vs uncached", t["ours"], t["ref"],
+                    same, "taming sample (no cache)"))
     short = steps // 4  # without the cache the cost grows with the square of the length
     same = bool(torch.equal(run_ours(False, short), run_ours(True, short)))
     t = time_interleaved({"nocache": lambda: run_ours(False, short), "cache": lambda: run_ours(True, short)}, device,

@@ -116,6 +116,11 @@ def test_seeded_sampling_cached_uncached_and_tamings_agree():
     torch.manual_seed(123)
     taming = ref.sample_with_past(cond, theirs, 20, temperature=0.9, top_k=15, top_p=0.9)
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], taming)
+    torch.manual_seed(123)  # taming's uncached Net2NetTransformer.sample (top-k only) draws the same tokens
+    uncached = ref.sample(cond[:, :0], cond, 20, theirs, temperature=0.9, sample=True, top_k=15)
+    torch.manual_seed(123)
+    assert torch.equal(uncached, ours.generate(cond, 20, temperature=0.9, top_k=15))
+    assert torch.equal(ref.sample(cond[:, :0], cond, 20, theirs, top_k=15), ours.generate(cond, 20, greedy=True))
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     assert torch.equal(ours.generate(cond, 8, generator=g1), ours.generate(cond, 8, generator=g2, use_cache=False))
     assert len(runs[0].unique()) > 3  # sampled, not collapsed

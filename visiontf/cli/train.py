@@ -173,6 +173,12 @@ class VisionCLI(LightningCLI):
         config["precision"] = resolve_cpu_precision(
             config.get("precision"), config.get("accelerator", "auto"),
             self._get(self.config_init, "precision_without_native_bf16", default=None))
+        if config.get("strategy") == "fsdp":
+            # Lightning's "fsdp" refuses the CPU and shards frozen sub-networks (a first stage) with the rest:
+            # visiontf's subclass does neither, and is Lightning's otherwise (visiontf/tasks/fsdp.py)
+            from visiontf.tasks.fsdp import FSDPStrategy
+
+            config["strategy"] = FSDPStrategy()
         trainer = super()._instantiate_trainer(config, callbacks)
         install_atomic_checkpoint_io(trainer)
         return trainer

@@ -27,10 +27,11 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
 from visiontf.distributed import is_distributed, sum_over_ranks
+from visiontf.evaluation.fid import frechet_inception_distance
 from visiontf.models import create_model
 from visiontf.models.contract import Tokenizer
 from visiontf.models.vqgan_discriminator import NLayerDiscriminator
@@ -54,6 +55,13 @@ class TokenizerTask(BaseTask):
             discriminator joins after ``disc_start`` batches).
         disc_ndf, disc_layers: the PatchGAN's width and depth (64, 3).
         gradient_clip_val: clip each network's gradient norm to this (None: no clipping).
+        rfid: also compute the rFID of the reconstructions against the inputs over the whole validation (or
+            test) set, logged as ``val/rfid`` (off by default: it needs torch-fidelity's Inception weights,
+            :mod:`visiontf.evaluation.fid`; a missing file stops the run at setup with where to put it).
+        fid_inception: that Inception weights file (default: the torch hub cache).
+
+    ``fid_feature`` (an attribute, not an argument): a module to use instead of Inception (torchmetrics'
+    custom ``feature``), e.g. a small network in tests.
     """
 
     task = "generation"
@@ -77,6 +85,8 @@ class TokenizerTask(BaseTask):
         disc_ndf: int = 64,
         disc_layers: int = 3,
         gradient_clip_val: float | None = None,
+        rfid: bool = False,
+        fid_inception: str | None = None,
         compile: bool = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
@@ -101,6 +111,32 @@ class TokenizerTask(BaseTask):
         self.automatic_optimization = False
         self._lpips = None  # loaded on first use, never saved in checkpoints (fixed weights)
         self._val_counts: Tensor | None = None
+        self.fid_feature: nn.Module | None = None
+        self._fid = None  # the FID metric, built at setup; not a submodule (Inception is not saved in checkpoints)
+
+    # ------------------------------------------------------------------ rFID
+    def setup(self, stage: str) -> None:
+        if self.hparams.get("rfid") and self._fid is None:
+            # at setup, so that missing Inception weights stop the run before any training
+            object.__setattr__(self, "_fid", frechet_inception_distance(self.hparams.fid_inception, self.fid_feature))
+
+    def _update_fid(self, x: Tensor, x_rec: Tensor) -> None:
+        fid = self._fid.to(x.device)
+        with torch.autocast(x.device.type, enabled=False):  # Inception in float32, as published FIDs are
+            fid.update(((x.float() + 1) / 2).clamp(0, 1), real=True)  # taming's [-1, 1] -> the metric's [0, 1]
+            fid.update(((x_rec.float() + 1) / 2).clamp(0, 1), real=False)
+
+    def _log_fid(self, stage: str) -> None:
+        fid = self._fid
+        if int(fid.real_features_num_samples) + int(fid.fake_features_num_samples) == 0:
+            return
+        # compute() sums the statistics over the ranks first; FID needs at least 2 images a side
+        n = int(sum_over_ranks(fid.real_features_num_samples.clone().float()))
+        if n < 2:
+            log.warning("rFID needs at least 2 images; the %s set has %d: not computed", stage, n)
+        else:
+            self.log(f"{stage}/rfid", fid.compute().float(), sync_dist=False)
+        fid.reset()
 
     # ------------------------------------------------------------------ LPIPS
     def lpips(self, x: Tensor, y: Tensor) -> Tensor:
@@ -191,8 +227,12 @@ class TokenizerTask(BaseTask):
         self.log_eval_mean(f"{stage}/ssim", ssim(x_rec.float(), x.float(), data_range=2.0), n)
         if self._lpips_available():
             self.log_eval_mean(f"{stage}/lpips", self.lpips(x.float(), x_rec.float()), n)
+        if self._fid is not None:
+            self._update_fid(x, x_rec)
 
     def _eval_end(self, stage: str) -> None:
+        if self._fid is not None:
+            self._log_fid(stage)
         if self._val_counts is None:
             return
         counts, self._val_counts = sum_over_ranks(self._val_counts.float()), None

@@ -8,8 +8,9 @@ Optimiser: minGPT's groups (weight decay only on Linear weights), AdamW betas (0
 ``base_lr x batch x devices`` with ``scale_lr`` (taming: 4.5e-6 base). Logged: cross-entropy,
 ``bits_per_token`` (nats / ln 2) and, on validation, ``unigram_bits``: the entropy of the held-out
 codes' own histogram, the best any model ignoring context can do on them (a lower bound for a
-unigram model fitted elsewhere). Lightning's FSDP strategy wraps it as any module (the first stage
-is frozen and holds no optimiser state).
+unigram model fitted elsewhere). ``--trainer.strategy fsdp`` trains it sharded, on GPUs or CPU processes
+(:mod:`visiontf.tasks.fsdp`: the frozen first stage is kept whole on each rank, outside the shards, and
+gradient clipping uses FSDP's global norm).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from visiontf.errors import UserError
 from visiontf.models import create_model
 from visiontf.models.contract import Generator
 from visiontf.tasks.base import BaseTask
+from visiontf.tasks.fsdp import clip_sharded_grad_norm
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,11 @@ class TransformerTask(BaseTask):
         counts, self._val_counts = sum_over_ranks(self._val_counts.float()), None
         p = counts / counts.sum().clamp_min(1)
         self.log(f"{stage}/unigram_bits", -(p * torch.log2(p + 1e-12)).sum())
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        # under FSDP the gradients are sharded: Lightning's precision plugin refuses norm clipping there
+        if not clip_sharded_grad_norm(self, gradient_clip_val, gradient_clip_algorithm):
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         hp = self.hparams
