@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch import nn
 
 from visiontf.data.segmentation import SegmentationDataModule, segmentation_collate, segmentation_transforms
 from visiontf.data.segmentation_files import ade20k_pairs
 from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+from visiontf.models.contract import Segmenter
 from visiontf.tasks.segmentation import SegmentationTask
 
 IGN = 255
@@ -68,7 +68,7 @@ def _assert_same(task_metrics, ref):
     assert task_metrics["aAcc"].item() == pytest.approx(ref["aAcc"].item(), abs=1e-9)
 
 
-class ImageIsLogits(nn.Module):
+class ImageIsLogits(Segmenter):
     """A model whose logits are its input, so test cases can be written as logits by hand."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
