@@ -83,3 +83,48 @@ def test_photos_set_is_written_without_download(tmp_path):
     out = make_photos_dataset(tmp_path / "photos", num_train=2, num_val=1)
     assert sorted(p.name for p in (out / "train").iterdir()) == ["astronaut.png", "rocket.png"]
     assert [p.name for p in (out / "val").iterdir()] == ["coffee.png"]
+
+
+def _crop_stats(ds, n=24):
+    crops = torch.stack([ds[EpochIndex(0, i)][0] for i in range(n)])
+    return crops, (crops - crops.mean(1, keepdim=True)).abs().mean().item()
+
+
+def test_color_augment_is_off_by_default_and_colours_grayscale_crops(tmp_path):
+    # one grayscale photo: without the option every crop stays gray, with it most crops get colour
+    rng = np.random.default_rng(0)
+    gray = np.repeat(rng.integers(0, 256, (48, 48, 1), dtype=np.uint8), 3, axis=2)
+    Image.fromarray(gray).save(tmp_path / "gray.png")
+    files = list_images(tmp_path)
+    plain = ImageFolderDataset(files, 32, train=True, seed=3)
+    assert plain.transform is None
+    assert _crop_stats(plain)[1] < 1e-6
+    dm = TokenizerDataModule(str(tmp_path), crop_size=32, batch_size=2, num_workers=0)
+    dm.setup("fit")
+    assert dm.train_dataset.transform is None  # the data module's default too
+    coloured, colourfulness = _crop_stats(ImageFolderDataset(files, 32, train=True, seed=3, color_augment=True))
+    assert colourfulness > 0.02
+    assert coloured.min() >= -1 and coloured.max() <= 1 and coloured.dtype == torch.float32
+
+
+def test_color_augment_keeps_geometry_and_is_seeded(tmp_path):
+    # a colour photo with a left-to-right ramp: the change is per pixel (no move), the flip is the crop's own
+    ramp = np.tile(np.linspace(0, 255, 48, dtype=np.uint8)[None, :, None], (48, 1, 3))
+    ramp[..., 1] //= 2
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    files = list_images(tmp_path)
+    plain = ImageFolderDataset(files, 32, train=True, seed=7)
+    aug = ImageFolderDataset(files, 32, train=True, seed=7, color_augment=True)
+    again = ImageFolderDataset(files, 32, train=True, seed=7, color_augment=True)
+    other_seed = ImageFolderDataset(files, 32, train=True, seed=8, color_augment=True)
+    changed = 0
+    for i in range(12):
+        p, a = plain[EpochIndex(2, i)][0], aug[EpochIndex(2, i)][0]
+        assert torch.equal(a, again[EpochIndex(2, i)][0])  # same (seed, epoch, index): same colours
+        changed += not torch.equal(a, p)
+        # the ramp's direction survives any colour change but the negative: rows of the crop stay identical
+        assert torch.allclose(a, a[:, :1].expand_as(a), atol=2 / 127.5)
+    assert changed >= 8
+    assert any(not torch.equal(aug[EpochIndex(2, i)][0], other_seed[EpochIndex(2, i)][0]) for i in range(12))
+    # evaluation crops never change colour
+    assert ImageFolderDataset(files, 32, train=False, color_augment=True).transform is None

@@ -243,3 +243,22 @@ def test_save_model_and_load_model_round_trip(tmp_path):
     x = _images(1, 32, 32)
     with torch.no_grad():
         assert back.num_codes == 256 and torch.equal(back.tokenize(x), m.tokenize(x))
+
+
+def test_norm_groups_sets_every_groupnorm_and_keeps_the_image_mean():
+    default = create_model("vqgan_tiny", ch_mult=(1, 2, 2), attn_resolutions=())
+    one = create_model("vqgan_tiny", ch_mult=(1, 2, 2), attn_resolutions=(), norm_groups=1)
+    groups = lambda m: {g.num_groups for g in m.modules() if isinstance(g, nn.GroupNorm)}  # noqa: E731
+    assert groups(default) == {32} and groups(one) == {1}
+    assert default.state_dict().keys() == one.state_dict().keys()  # same weights layout: checkpoints interchange
+    # why: with one channel per group (32 groups of 32 channels) a norm removes each feature's mean over the
+    # image (the photo's colour and brightness); with one group only the mean over all features goes
+    torch.manual_seed(0)
+    photo = torch.rand(1, 3, 16, 16) * torch.tensor([1.0, 0.3, -0.5])[:, None, None]
+    for model, removed in ((default, True), (one, False)):
+        block = model.encoder.down[0].block[0]
+        with torch.no_grad():
+            means = block.norm1(model.encoder.conv_in(photo)).mean((2, 3)) - block.norm1.bias
+        assert (means.abs().max() < 1e-5) == removed
+    with pytest.raises(ValueError, match="norm_groups"):
+        create_model("vqgan_tiny", ch=24, ch_mult=(1, 2, 2), norm_groups=16)

@@ -3,6 +3,9 @@
 Training samples: a random rescale (the short side drawn log-uniformly between ``crop_size`` and
 ``max_scale`` x the image's short side), a random ``crop_size`` crop and a horizontal flip, drawn from
 (seed, epoch, index) by the data modules' train sampler, so a resumed run sees the same crops.
+``color_augment`` (off by default) also draws, from the same (seed, epoch, index), a colour change of
+each training crop (:func:`color_augmentation`): so that a training set of few, partly grayscale photos
+still shows the model saturated colours, colour casts and bright scenes.
 Evaluation: the short side resized to ``val_size``, the centre ``val_size`` square. Images are
 ``float32 (3, H, W)`` in [-1, 1] (``x / 127.5 - 1``, as taming feeds VQGAN).
 
@@ -16,6 +19,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
+import albumentations as A
 import lightning as L
 import numpy as np
 import torch
@@ -60,13 +64,28 @@ def to_tensor(img: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).float() / 127.5 - 1.0
 
 
+def color_augmentation(seed: int = 0) -> A.Compose:
+    """A random colour change of a uint8 (H, W, 3) crop: channels permuted; a colour cast (per-channel shifts,
+    which is what colours a grayscale photo); hue, saturation, brightness and contrast jitter; now and
+    then the negative (dark photos' negatives are bright scenes). Geometry is left alone."""
+    return A.Compose([
+        A.ChannelShuffle(p=0.5),
+        A.RGBShift(r_shift_limit=40, g_shift_limit=40, b_shift_limit=40, p=0.5),
+        A.ColorJitter(brightness=0.3, contrast=0.3, saturation=(0.5, 2.0), hue=0.5, p=0.8),
+        A.InvertImg(p=0.2),
+    ], seed=seed)
+
+
 class ImageFolderDataset(AugmentedDataset):
     """Images of ``files``: random crops (``train``) or centre crops, ``repeat`` passes per epoch."""
 
     def __init__(self, files: list[Path], size: int, train: bool, max_scale: float = 1.0, repeat: int = 1,
-                 seed: int = 0, on_bad_image: Literal["skip", "raise"] = "skip", cache: bool = False) -> None:
+                 seed: int = 0, on_bad_image: Literal["skip", "raise"] = "skip", cache: bool = False,
+                 color_augment: bool = False) -> None:
         self.files, self.size, self.train, self.max_scale = list(files), size, train, max_scale
         self.repeat, self.seed, self.on_bad_image, self.cache = repeat, seed, on_bad_image, cache
+        # AugmentedDataset.sample_index seeds self.transform from (seed, epoch, index) for each sample
+        self.transform = color_augmentation(seed) if (train and color_augment) else None
         self.skipped: set[Path] = set()
         self._cache: dict[int, np.ndarray] = {}
 
@@ -96,7 +115,7 @@ class ImageFolderDataset(AugmentedDataset):
         raise DatasetLayoutError(f"none of the {len(self.files)} images could be read (e.g. {self.files[0]})")
 
     def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor]:
-        index = key.index if isinstance(key, EpochIndex) else int(key)
+        index = self.sample_index(key)
         epoch = key.epoch if isinstance(key, EpochIndex) else 0
         _, img = self._readable(index % len(self.files))
         H, W = img.shape[:2]
@@ -113,12 +132,17 @@ class ImageFolderDataset(AugmentedDataset):
         target = math.exp(rng.uniform(math.log(s), math.log(hi))) if hi > s else s
         scale = target / short
         h, w = max(s, round(H * scale)), max(s, round(W * scale))
-        if (h, w) != (H, W):
-            img = _resize(img, h, w)
         top, left = int(rng.integers(0, h - s + 1)), int(rng.integers(0, w - s + 1))
-        crop = img[top:top + s, left:left + s]
+        if (h, w) != (H, W):  # resample only the crop's box of the source (the whole image took most of the time)
+            sy, sx = H / h, W / w
+            box = (left * sx, top * sy, (left + s) * sx, (top + s) * sy)
+            crop = np.asarray(Image.fromarray(img).resize((s, s), Image.BICUBIC, box=box, reducing_gap=None))
+        else:
+            crop = img[top:top + s, left:left + s]
         if rng.random() < 0.5:
             crop = crop[:, ::-1]
+        if self.transform is not None:
+            crop = self.transform(image=np.ascontiguousarray(crop))["image"]
         return (to_tensor(crop),)
 
 
@@ -134,6 +158,8 @@ class TokenizerDataModule(L.LightningDataModule):
         max_scale: the largest rescale of a training image (1: its own resolution at most).
         repeat: passes over the training images per epoch (small folders).
         cache: keep decoded images in memory (small folders; per worker process).
+        color_augment: a random colour change of each training crop (:func:`color_augmentation`; off by
+            default): for small or partly grayscale training sets that must reconstruct colour photos.
     """
 
     num_classes = None  # a tokenizer has codes, not classes (the CLI links data.num_classes to the task)
@@ -141,7 +167,8 @@ class TokenizerDataModule(L.LightningDataModule):
     def __init__(self, root: str, val_root: str | None = None, val_count: int = 0, crop_size: int = 64,
                  val_size: int = 128, max_scale: float = 1.0, repeat: int = 1, batch_size: int = 16,
                  val_batch_size: int | None = None, num_workers: int | None = None, seed: int = 0,
-                 on_bad_image: Literal["skip", "raise"] = "skip", cache: bool = False) -> None:
+                 on_bad_image: Literal["skip", "raise"] = "skip", cache: bool = False,
+                 color_augment: bool = False) -> None:
         super().__init__()
         check_config(type(self).__name__, "data", crop_size=(crop_size, positive_int), val_size=(val_size, positive_int),
                      batch_size=(batch_size, positive_int), repeat=(repeat, positive_int),
@@ -164,7 +191,8 @@ class TokenizerDataModule(L.LightningDataModule):
                 raise DatasetLayoutError(f"{hp.root}: val_count={hp.val_count} leaves no training image of {len(files)}")
             files = files[: len(files) - hp.val_count]
         common = dict(seed=hp.seed, on_bad_image=hp.on_bad_image, cache=hp.cache)
-        self.train_dataset = ImageFolderDataset(files, hp.crop_size, True, hp.max_scale, hp.repeat, **common)
+        self.train_dataset = ImageFolderDataset(files, hp.crop_size, True, hp.max_scale, hp.repeat,
+                                                color_augment=hp.color_augment, **common)
         self.val_dataset = ImageFolderDataset(val_files, hp.val_size, False, **common) if val_files else None
         log.info("%d training images (x%d per epoch), %d validation images", len(files), hp.repeat, len(val_files))
 

@@ -44,6 +44,8 @@ class VQModel(Tokenizer):
             :class:`~visiontf.models.vqgan_blocks.Encoder`; ``resolution`` only places the attention
             blocks (any image size runs).
         beta, legacy: see :class:`~visiontf.models.vqgan_quantize.VectorQuantizer2`.
+        norm_groups: GroupNorm's group count (taming: 32; see :mod:`~visiontf.models.vqgan_blocks` for why a
+            small model keeps colours better with fewer).
         quantizer_kwargs: the quantiser's training options beyond taming (k-means initialisation, dead-code
             restarts, l2-normalised codes, EMA codebook), all off by default; see
             :mod:`visiontf.models.vqgan_quantize`.
@@ -54,11 +56,11 @@ class VQModel(Tokenizer):
                  ch_mult: Sequence[int] = (1, 1, 2, 2, 4), num_res_blocks: int = 2,
                  attn_resolutions: Sequence[int] = (16,), resolution: int = 256, z_channels: int = 256,
                  in_channels: int = 3, out_ch: int = 3, dropout: float = 0.0, beta: float = 0.25,
-                 legacy: bool = True, quantizer_kwargs: dict | None = None,
+                 legacy: bool = True, quantizer_kwargs: dict | None = None, norm_groups: int = 32,
                  pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None) -> None:
         super().__init__()
-        dd = dict(ch=ch, ch_mult=tuple(ch_mult), num_res_blocks=num_res_blocks,
-                  attn_resolutions=tuple(attn_resolutions), resolution=resolution, z_channels=z_channels, dropout=dropout)
+        dd = dict(ch=ch, ch_mult=tuple(ch_mult), num_res_blocks=num_res_blocks, attn_resolutions=tuple(attn_resolutions),
+                  resolution=resolution, z_channels=z_channels, dropout=dropout, norm_groups=norm_groups)
         self.encoder = Encoder(in_channels=in_channels, double_z=False, **dd)
         self.decoder = Decoder(out_ch=out_ch, **dd)
         self.quantize = VectorQuantizer2(n_embed, embed_dim, beta=beta, legacy=legacy, **(quantizer_kwargs or {}))

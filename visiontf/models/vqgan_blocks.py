@@ -11,8 +11,11 @@ The layout and maths are those of CompVis/taming-transformers
 indices follow the encoder's). The attention block runs on ``scaled_dot_product_attention``
 instead of the original's explicit ``bmm``/softmax (same maths, one fused kernel).
 
-Every level's channels are ``ch * ch_mult[i]``; GroupNorm has 32 groups, so those must be
-multiples of 32. The blocks never see a time embedding (taming's ``temb_ch = 0``), so no
+Every level's channels are ``ch * ch_mult[i]``; GroupNorm has ``norm_groups`` groups (taming: 32), so
+those must be multiples of it. A GroupNorm normalises each group over the whole image, so with one
+channel per group (32 groups of 32 channels) it removes every feature's mean over the image: a small
+model then loses the image's overall colour and brightness (``norm_groups`` below 32 keeps them as
+differences between channels of a group). The blocks never see a time embedding (taming's ``temb_ch = 0``), so no
 ``temb_proj`` exists.
 """
 from __future__ import annotations
@@ -28,22 +31,23 @@ def swish(x: Tensor) -> Tensor:
     return F.silu(x)
 
 
-def group_norm(channels: int) -> nn.GroupNorm:
+def group_norm(channels: int, groups: int = 32) -> nn.GroupNorm:
     """taming's ``Normalize``: 32 groups, eps 1e-6, affine."""
-    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+    return nn.GroupNorm(num_groups=groups, num_channels=channels, eps=1e-6, affine=True)
 
 
 class ResnetBlock(nn.Module):
     """norm1 -> swish -> conv1 -> norm2 -> swish -> dropout -> conv2, plus the input (through a 1x1
     ``nin_shortcut`` when the channel count changes)."""
 
-    def __init__(self, in_channels: int, out_channels: int | None = None, dropout: float = 0.0) -> None:
+    def __init__(self, in_channels: int, out_channels: int | None = None, dropout: float = 0.0,
+                 norm_groups: int = 32) -> None:
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.norm1 = group_norm(in_channels)
+        self.norm1 = group_norm(in_channels, norm_groups)
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, 1, 1)
-        self.norm2 = group_norm(out_channels)
+        self.norm2 = group_norm(out_channels, norm_groups)
         self.dropout = nn.Dropout(dropout)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1)
         if in_channels != out_channels:
@@ -62,10 +66,10 @@ class AttnBlock(nn.Module):
     """Single-head self-attention over all H*W positions, with 1x1 convolutions as q/k/v/proj_out
     and a residual connection; scale ``C ** -0.5``."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, norm_groups: int = 32) -> None:
         super().__init__()
         self.in_channels = channels
-        self.norm = group_norm(channels)
+        self.norm = group_norm(channels, norm_groups)
         self.q = nn.Conv2d(channels, channels, 1)
         self.k = nn.Conv2d(channels, channels, 1)
         self.v = nn.Conv2d(channels, channels, 1)
@@ -125,21 +129,21 @@ class _Level(nn.Module):
 class _Mid(nn.Module):
     """ResNet block, attention, ResNet block at the lowest resolution (``mid.block_1/attn_1/block_2``)."""
 
-    def __init__(self, channels: int, dropout: float) -> None:
+    def __init__(self, channels: int, dropout: float, norm_groups: int = 32) -> None:
         super().__init__()
-        self.block_1 = ResnetBlock(channels, channels, dropout)
-        self.attn_1 = AttnBlock(channels)
-        self.block_2 = ResnetBlock(channels, channels, dropout)
+        self.block_1 = ResnetBlock(channels, channels, dropout, norm_groups)
+        self.attn_1 = AttnBlock(channels, norm_groups)
+        self.block_2 = ResnetBlock(channels, channels, dropout, norm_groups)
 
     def forward(self, h: Tensor) -> Tensor:
         return self.block_2(self.attn_1(self.block_1(h)))
 
 
-def _check_channels(ch: int, ch_mult: Sequence[int]) -> None:
-    bad = [ch * m for m in ch_mult if (ch * m) % 32]
+def _check_channels(ch: int, ch_mult: Sequence[int], norm_groups: int = 32) -> None:
+    bad = [ch * m for m in ch_mult if (ch * m) % norm_groups]
     if bad:
         raise ValueError(f"every level's channels (ch * ch_mult = {[ch * m for m in ch_mult]}) must be a multiple of "
-                         f"32 for GroupNorm(32); {bad} are not")
+                         f"{norm_groups} for GroupNorm({norm_groups}) (norm_groups); {bad} are not")
 
 
 class Encoder(nn.Module):
@@ -152,9 +156,9 @@ class Encoder(nn.Module):
 
     def __init__(self, ch: int = 128, ch_mult: Sequence[int] = (1, 1, 2, 2, 4), num_res_blocks: int = 2,
                  attn_resolutions: Sequence[int] = (16,), resolution: int = 256, z_channels: int = 256,
-                 in_channels: int = 3, double_z: bool = False, dropout: float = 0.0) -> None:
+                 in_channels: int = 3, double_z: bool = False, dropout: float = 0.0, norm_groups: int = 32) -> None:
         super().__init__()
-        _check_channels(ch, ch_mult)
+        _check_channels(ch, ch_mult, norm_groups)
         self.num_resolutions = len(ch_mult)
         self.conv_in = nn.Conv2d(in_channels, ch, 3, 1, 1)
         in_mult = (1, *ch_mult)
@@ -164,17 +168,17 @@ class Encoder(nn.Module):
             block_in, block_out = ch * in_mult[i], ch * mult
             blocks, attn = [], []
             for _ in range(num_res_blocks):
-                blocks.append(ResnetBlock(block_in, block_out, dropout))
+                blocks.append(ResnetBlock(block_in, block_out, dropout, norm_groups))
                 block_in = block_out
                 if resolution // 2**i in attn_resolutions:
-                    attn.append(AttnBlock(block_in))
+                    attn.append(AttnBlock(block_in, norm_groups))
             level = _Level(blocks, attn)
             if i != self.num_resolutions - 1:
                 level.downsample = Downsample(block_in)
             levels.append(level)
         self.down = nn.ModuleList(levels)
-        self.mid = _Mid(block_in, dropout)
-        self.norm_out = group_norm(block_in)
+        self.mid = _Mid(block_in, dropout, norm_groups)
+        self.norm_out = group_norm(block_in, norm_groups)
         self.conv_out = nn.Conv2d(block_in, 2 * z_channels if double_z else z_channels, 3, 1, 1)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -197,30 +201,30 @@ class Decoder(nn.Module):
 
     def __init__(self, ch: int = 128, ch_mult: Sequence[int] = (1, 1, 2, 2, 4), num_res_blocks: int = 2,
                  attn_resolutions: Sequence[int] = (16,), resolution: int = 256, z_channels: int = 256,
-                 out_ch: int = 3, dropout: float = 0.0, give_pre_end: bool = False) -> None:
+                 out_ch: int = 3, dropout: float = 0.0, give_pre_end: bool = False, norm_groups: int = 32) -> None:
         super().__init__()
-        _check_channels(ch, ch_mult)
+        _check_channels(ch, ch_mult, norm_groups)
         self.num_resolutions = len(ch_mult)
         self.give_pre_end = give_pre_end
         block_in = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(z_channels, block_in, 3, 1, 1)
-        self.mid = _Mid(block_in, dropout)
+        self.mid = _Mid(block_in, dropout, norm_groups)
         levels: dict[int, _Level] = {}
         for i in reversed(range(self.num_resolutions)):
             block_out = ch * ch_mult[i]
             blocks, attn = [], []
             for _ in range(num_res_blocks + 1):
-                blocks.append(ResnetBlock(block_in, block_out, dropout))
+                blocks.append(ResnetBlock(block_in, block_out, dropout, norm_groups))
                 block_in = block_out
                 if resolution // 2**i in attn_resolutions:
-                    attn.append(AttnBlock(block_in))
+                    attn.append(AttnBlock(block_in, norm_groups))
             level = _Level(blocks, attn)
             if i != 0:
                 level.upsample = Upsample(block_in)
             levels[i] = level
         # index i is resolution / 2**i, as taming's up.insert(0, ...) leaves it
         self.up = nn.ModuleList(levels[i] for i in range(self.num_resolutions))
-        self.norm_out = group_norm(block_in)
+        self.norm_out = group_norm(block_in, norm_groups)
         self.conv_out = nn.Conv2d(block_in, out_ch, 3, 1, 1)
 
     def forward(self, z: Tensor) -> Tensor:
