@@ -30,27 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import reference_ipt as ref  # noqa: E402
 from benchmarks.common import cli, max_abs_diff, pick_device, row, time_interleaved  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from ipt_helpers import randomized_reference  # noqa: E402  (non-trivial LayerNorms and biases, as the tests)
+
 from visiontf.models.ipt_convert import convert_state_dict  # noqa: E402
 
 #: ipt_tiny's settings in the reference's arguments
 TINY = dict(n_feats=8, patch_dim=4, num_heads=4, num_layers=2)
 
 
-def _randomized(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Non-trivial LayerNorm affine and biases, so that a wrong parameter shows in the output."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".norm" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias") and "mean" not in name:
-                p.normal_(0, 0.05)
-    return model
-
-
 def _pair(name: str, reference_kwargs: dict, device: torch.device):
-    torch.manual_seed(0)
-    theirs = _randomized(ref.OriginalIPT(**reference_kwargs)).eval()
+    theirs = randomized_reference(**reference_kwargs)
     ours = create_model(name).eval()
     ours.load_state_dict(convert_state_dict(theirs.state_dict(), ours))
     return ours.to(device), theirs.to(device)
@@ -58,7 +49,7 @@ def _pair(name: str, reference_kwargs: dict, device: torch.device):
 
 def _tiled_rows(quick: bool, device: torch.device, size: int | None) -> list[dict]:
     size = size or (96 if quick else 256)
-    ours, theirs = _pair("ipt_sr_x2", dict(scales=(2,)), device)
+    ours, theirs = _pair("ipt_sr_x2", dict(scales=(2,), n_feats=64, num_heads=12, num_layers=12, patch_dim=3), device)
     torch.manual_seed(1)
     x = torch.rand(1, 3, size, size, device=device)
     with torch.no_grad():
