@@ -17,6 +17,7 @@ import logging
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -98,18 +99,22 @@ class CocoIndex:
     raw_labels: list[np.ndarray] = field(default_factory=list)
     label_space: str = "contiguous"
 
+    @cached_property
+    def _label_maps(self) -> tuple[dict[int, int], list[str]]:
+        return label_maps(self.category_ids, self.class_names, self.label_space, self.ann_file)
+
     @property
     def cat_id_to_label(self) -> dict[int, int]:
-        return label_maps(self.category_ids, self.class_names, self.label_space, self.ann_file)[0]
+        return dict(self._label_maps[0])
 
     @property
     def label_to_cat_id(self) -> dict[int, int]:
-        return {label: c for c, label in self.cat_id_to_label.items()}
+        return {label: c for c, label in self._label_maps[0].items()}
 
     @property
     def label_names(self) -> list[str]:
         """One name per class index (``N/A`` for the category-id gaps, as DETR's class list has them)."""
-        return label_maps(self.category_ids, self.class_names, self.label_space, self.ann_file)[1]
+        return list(self._label_maps[1])
 
 
 def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
