@@ -12,7 +12,6 @@ from visiontf.adapters.base import adapter_for_task, infer_task
 from visiontf.adapters.task_table import (
     TASK_TABLE,
     TASKS,
-    data_module_by_name,
     data_module_class_paths,
     import_class,
     task_class_paths,
@@ -40,12 +39,6 @@ def test_the_training_cli_imports_every_row_for_short_class_paths():
             f"print([p for p in {paths!r} if p.rpartition('.')[0] not in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-
-
-def test_short_data_module_names_resolve_through_the_table():
-    assert data_module_by_name("CocoDataModule").__name__ == "CocoDataModule"
-    with pytest.raises(ValueError, match="CocoDataModule"):
-        data_module_by_name("CocoDataModul")
 
 
 def test_infer_task_names_the_table_in_its_error():

@@ -78,15 +78,4 @@ def import_class(class_path: str) -> Any:
     return getattr(import_module(module), name)
 
 
-def data_module_by_name(name: str) -> Any:
-    """The data module class of the table whose class name is ``name`` (a config's short ``class_path``)."""
-    for path in data_module_class_paths():
-        if path.rpartition(".")[2] == name:
-            return import_class(path)
-    short = ", ".join(p.rpartition(".")[2] for p in data_module_class_paths())
-    raise ValueError(f"data class_path {name!r}: no data module of that name; use one of {short} or a full "
-                     "module.Class path")
-
-
-__all__ = ["TASKS", "TASK_TABLE", "TaskRow", "data_module_by_name", "data_module_class_paths", "import_class",
-           "task_class_paths"]
+__all__ = ["TASKS", "TASK_TABLE", "TaskRow", "data_module_class_paths", "import_class", "task_class_paths"]

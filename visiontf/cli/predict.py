@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from visiontf.adapters.task_table import data_module_by_name, import_class
 from visiontf.arguments import ToolParser
 from visiontf.cli.checks import checkpoint_file, input_paths, output_folder, weights_file
 from visiontf.cli.errors import run_tool
@@ -70,48 +69,41 @@ def split_data_overrides(argv: Sequence[str], prog: str) -> tuple[list[str], dic
     return rest, overrides
 
 
-def _apply_data_overrides(data: dict[str, Any], overrides: dict[str, str]) -> dict[str, Any]:
-    """The config's ``data`` section with ``--data.*`` overrides, values read as YAML (as jsonargparse does)."""
-    import yaml
+def _data_parser():
+    """The ``data`` section's parser, as LightningCLI builds it for ``tools/train.py`` (subclass mode:
+    any LightningDataModule, untyped arguments taken as they are, mistakes raised instead of printed)."""
+    import lightning as L
+    from jsonargparse import ArgumentParser
 
-    data = {"class_path": data.get("class_path"), "init_args": dict(data.get("init_args") or {})}
-    for key, raw in overrides.items():
-        value = yaml.safe_load(raw) if raw.strip() else raw
-        if key == "class_path":
-            data["class_path"] = value
-        elif key == "init_args":
-            if not isinstance(value, dict):
-                raise UsageError(f"--data.init_args needs a mapping, got {raw!r}")
-            data["init_args"].update(value)
-        else:
-            data["init_args"][key.removeprefix("init_args.")] = value
-    return data
+    from visiontf.adapters.task_table import data_module_class_paths, import_class
 
-
-def _check_init_args(cls: type, init_args: dict[str, Any], overrides: dict[str, str]) -> None:
-    """An override naming no argument of the data module is a UsageError with the closest names."""
-    import difflib
-    import inspect
-
-    params = set(inspect.signature(cls).parameters)
-    for key in overrides:
-        name = key.removeprefix("init_args.")
-        if key != "class_path" and name not in params:
-            close = difflib.get_close_matches(name, sorted(params), n=2, cutoff=0.6)
-            hint = f"; did you mean {' or '.join(close)}?" if close else ""
-            raise UsageError(f"--data.init_args.{name}: not an option of {cls.__name__}{hint}")
+    # every data module of the task table imported, so that a short class_path ("CocoDataModule")
+    # resolves among the imported subclasses as it does for tools/train.py
+    for class_path in data_module_class_paths():
+        import_class(class_path)
+    parser = ArgumentParser(exit_on_error=False, allow_abbrev=False)
+    parser.add_subclass_arguments(L.LightningDataModule, "data", fail_untyped=False, required=True)
+    return parser
 
 
 def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] | None = None,
                            required: bool = False) -> tuple[Any | None, dict[str, Any]]:
     """Instantiate the YAML's ``data`` section (with ``--data.*`` ``overrides``) and return it and its init args.
 
+    The section and the overrides go through jsonargparse as ``tools/train.py``'s do: values are
+    type-checked and coerced (``--data.init_args.batch_size 4`` is an int), an unknown key is refused
+    naming it, a short ``class_path`` names one of the task table's data modules.
+
     The data gives class names and category ids for checkpoints that lack them. When it cannot be
     built (the data moved) this returns ``(None, init_args)`` with a warning, unless ``required``
     (``--data.*`` options were given: the user asked for this data), which raises.
     """
+    import argparse
+    import json
+
     import yaml
 
+    overrides = overrides or {}
     if config is None:
         if overrides:
             raise UsageError(f"--data.{next(iter(overrides))} needs --config (the config names the data module)")
@@ -123,20 +115,30 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
         cfg = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise UsageError(f"--config {path}: not valid YAML ({' '.join(str(e).split())})") from e
-    data = _apply_data_overrides(cfg.get("data") or {}, overrides or {})
-    class_path, init_args = data["class_path"], data["init_args"]
-    if not class_path:
-        return None, init_args
+    data = cfg.get("data") if isinstance(cfg, dict) else None
+    if not (isinstance(data, dict) and data.get("class_path")) and "class_path" not in overrides:
+        if overrides:
+            raise UsageError(f"--data.{next(iter(overrides))}: --config {path} has no data section with a class_path "
+                             "to apply it to; give the config the model was trained with")
+        return None, {}
+    from visiontf.cli.errors import user_message
+
+    parser = _data_parser()
+    # the config's section first, then the overrides over it, in the command line's order
+    argv = [f"--data={json.dumps(data or {}, default=str)}", *(f"--data.{k}={v}" for k, v in overrides.items())]
+    init_args: dict[str, Any] = dict((data or {}).get("init_args") or {})
     try:
-        # a short name (as LightningCLI takes) is one of the task table's data modules
-        cls = import_class(class_path) if "." in class_path else data_module_by_name(class_path)
-        _check_init_args(cls, init_args, overrides or {})
-        return cls(**init_args), init_args
+        parsed = parser.parse_args(argv)
+        init_args = parsed.data.init_args.as_dict()
+        return parser.instantiate_classes(parsed).data, init_args
     except Exception as e:  # noqa: BLE001 - the data is optional for prediction
+        message = user_message(e)
         if required:
+            if isinstance(e, argparse.ArgumentError):  # the parser's words name the key; say where it came from
+                raise UsageError(f"{message} (--config {path}'s data section with the --data.* options)") from e
             raise
-        log.warning("%s: could not build the data module %s (%s: %s); class names come from the checkpoint or "
-                    "fall back to class_<i>", config, class_path, type(e).__name__, e)
+        log.warning("%s: could not build the data module %s (%s); class names come from the checkpoint or "
+                    "fall back to class_<i>", config, (data or {}).get("class_path"), message or f"{type(e).__name__}: {e}")
         return None, init_args
 
 
