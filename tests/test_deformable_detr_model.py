@@ -38,7 +38,8 @@ def test_registered_models_and_exact_r50_parameter_counts():
         with torch.device("meta"):
             model = create_model(name)
         assert sum(p.numel() for p in model.parameters()) == expected, name
-        assert model.num_queries == 300 and model.num_feature_levels == 4 and model.hidden_dim == 256
+        arch = model.arch_options
+        assert arch.num_queries == 300 and arch.num_feature_levels == 4 and arch.hidden_dim == 256
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -16,6 +16,7 @@ the rest takes about 20 s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 
@@ -161,7 +162,7 @@ def _parity(ref, post, path, name: str) -> None:
         diff = _compare(out, ref_out)
         _compare_detections(build_postprocess(model)(out, sizes), post["bbox"](ref_out, sizes), sizes)
         # visiontf's default proposal selection (padded positions skipped) gives other outputs
-        model.select_padded_proposals = False
+        model.arch_options = dataclasses.replace(model.arch_options, select_padded_proposals=False)
         assert max_diff(model(images, mask)["pred_boxes"], ref_out["pred_boxes"]) > 0.01
     assert diff < TOL, diff
 

@@ -243,7 +243,8 @@ def test_registered_dino_models():
     assert {"dino_resnet50_4scale", "dino_tiny"} <= set(list_models("dino_*"))
     with torch.device("meta"):
         model = create_model("dino_resnet50_4scale")
-    assert (model.num_queries, model.dino_options.num_denoising, model.num_feature_levels, model.hidden_dim) == (900, 100, 4, 256)
+    arch = model.arch_options
+    assert (arch.num_queries, model.dino_options.num_denoising, arch.num_feature_levels, arch.hidden_dim) == (900, 100, 4, 256)
     assert model.transformer.encoder.layers[0].mlp.fc1.out_features == 2048
     options = model.dino_options
     assert options.mixed_query_selection and options.look_forward_twice and options.share_decoder_heads

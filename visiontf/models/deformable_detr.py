@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from visiontf.models import query_groups
 from visiontf.models._registry import register_model
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
+from visiontf.models.deformable_arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr_convert import convert_state_dict
 from visiontf.models.deformable_queries import DeformableQueries
 from visiontf.models.deformable_transformer import (
@@ -57,15 +58,6 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         num_classes: object classes; the class head has ``num_classes`` sigmoid outputs (COCO: 91,
             the original's max category id + 1).
         backbone: ``"resnet18|34|50|101"`` or ``"timm:<name>"`` (see :class:`DetrBackbone`).
-        num_feature_levels: levels L. 1: C5 only; 2-3: the last L of C3, C4, C5; 4+: C3-C5 and
-            L - 3 extra levels, each a 3x3 stride-2 conv of the previous one.
-        hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout: the transformer.
-        num_queries: object queries (also the number of two-stage proposals kept).
-        enc_n_points, dec_n_points: sampling points per head and level.
-        with_box_refine: iterative box refinement, one class and box head per decoder layer.
-        two_stage: encoder proposals give the reference boxes and queries (needs box refinement,
-            as in the published "++" model and HuggingFace).
-        aux_loss: return every decoder layer's predictions but the last in ``aux_outputs``.
         attn_method: ``"gather"`` (fast) or ``"grid_sample"`` (exportable), see
             :func:`visiontf.nn.ms_deform_attn_core`.
         backbone_pretrained, train_backbone, channels_last, frozen_bn, freeze_stem: see
@@ -74,18 +66,18 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             i has stride 2^(i+1)); default the last ``min(L, 3)`` of C3-C5. ``(1, 2, 3)`` gives
             strides 4/8/16 from a ResNet truncated after ``layer3`` (small objects, cheap trunk).
 
+    The architecture, the fields of :class:`~visiontf.models.deformable_arch_options.DeformableArchOptions` (their
+    meaning and checks), kept as ``self.arch_options``: ``hidden_dim``, ``nheads``, ``enc_layers``, ``dec_layers``,
+    ``dim_feedforward``, ``dropout``, ``num_queries``, ``num_feature_levels``, ``enc_n_points``, ``dec_n_points``,
+    ``with_box_refine``, ``two_stage``, ``aux_loss``, ``decoder_norm``, ``pos_temperature``, ``pos_offset``,
+    ``inverse_sigmoid_eps``, ``select_padded_proposals``.
+
     Training options of the DINO line (all off by default, as in the published Deformable DETR), the fields of
     :class:`~visiontf.models.dino_options.DinoOptions` (their meaning and sources), kept as ``self.dino_options``:
     ``mixed_query_selection``, ``look_forward_twice``, ``num_denoising``, ``dn_label_noise_ratio``,
     ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, ``distinct_query_iou``; and:
 
     Args:
-        pos_temperature: temperature of the sine position embedding (DINO 20, Deformable DETR
-            10000).
-        decoder_norm: DINO's extra LayerNorm on the decoder outputs the heads predict from (its
-            ``TransformerDecoder.norm``); the references passed between layers are still refined
-            from the un-normalised outputs, as in DINO, so the predicted boxes then differ from
-            the next layer's reference. Needs ``with_box_refine``.
         num_select: detections kept per image by the post-processing (Deformable DETR 100,
             DINO 300). This and the two NMS settings make ``postprocess_options``, which
             :func:`visiontf.detection.build_postprocess` reads and ``set_postprocess`` replaces.
@@ -93,9 +85,6 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             off there and here by default: None); see
             :class:`~visiontf.detection.DeformablePostProcess`.
         nms_class_agnostic: NMS over all labels, as DINO (True), or within each label (False).
-        pos_offset, inverse_sigmoid_eps, select_padded_proposals: the position embedding's offset, the refinement's
-            clamp, and whether mixed selection may pick padded/border positions: DINO's code has 0, 1e-3, True
-            (set by the DINO R50 models: docs/dino.md "DINO's official checkpoints").
         pretrained_cfg: eval settings over :data:`~visiontf.models.detr.DETECTION_CFG`.
     """
 
@@ -150,26 +139,19 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-        if hidden_dim % 32 or hidden_dim % nheads:
-            raise ValueError(f"hidden_dim must be a multiple of 32 (GroupNorm(32)) and of nheads={nheads}, got {hidden_dim}")
-        if num_feature_levels < 1:
-            raise ValueError(f"num_feature_levels must be >= 1, got {num_feature_levels}")
-        if two_stage and not with_box_refine:
-            raise ValueError("two_stage=True needs with_box_refine=True (the published two-stage model refines boxes)")
-        # the DINO line's training options, together (see DinoOptions); refused combinations name the fix
+        # the architecture and the DINO line's training options, each together and checked (refusals name the fix)
+        self.arch_options = DeformableArchOptions(
+            hidden_dim=hidden_dim, nheads=nheads, enc_layers=enc_layers, dec_layers=dec_layers, dim_feedforward=dim_feedforward,
+            dropout=dropout, num_queries=num_queries, num_feature_levels=num_feature_levels, enc_n_points=enc_n_points,
+            dec_n_points=dec_n_points, with_box_refine=with_box_refine, two_stage=two_stage, aux_loss=aux_loss,
+            decoder_norm=decoder_norm, pos_temperature=pos_temperature, pos_offset=pos_offset,
+            inverse_sigmoid_eps=inverse_sigmoid_eps, select_padded_proposals=select_padded_proposals)
         self.dino_options = DinoOptions(mixed_query_selection, look_forward_twice, num_denoising, dn_label_noise_ratio,
                                         dn_box_noise_scale, num_query_groups, share_decoder_heads, distinct_query_iou)
         self.dino_options.check(num_queries, with_box_refine, two_stage)
         self.num_classes = num_classes
-        self.num_queries = num_queries
-        self.hidden_dim = hidden_dim
-        self.num_feature_levels = num_feature_levels
-        self.with_box_refine = with_box_refine
-        self.two_stage = two_stage
-        self.aux_loss = aux_loss
         # replaceable at evaluation and prediction: visiontf.detection.set_postprocess
         self.postprocess_options = PostprocessOptions(num_select, nms_iou_threshold, nms_class_agnostic)
-        self.dec_layers = dec_layers
         if backbone_stages is None:
             stages = (4,) if num_feature_levels == 1 else (2, 3, 4)[-min(num_feature_levels, 3):]
         else:
@@ -190,7 +172,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout, num_feature_levels, enc_n_points, dec_n_points,
             two_stage, attn_method, proposal_queries=not mixed_query_selection,
         )
-        self.transformer.decoder.inverse_sigmoid_eps, self.select_padded_proposals = inverse_sigmoid_eps, select_padded_proposals
+        self.transformer.decoder.inverse_sigmoid_eps = inverse_sigmoid_eps
         if not two_stage:
             # Group DETR: one set of learned queries per group (the first is the inference set)
             self.query_embed = nn.Embedding(num_queries * num_query_groups, 2 * hidden_dim)
@@ -199,8 +181,6 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             self.ref_point_head = MLP(2 * hidden_dim, hidden_dim, hidden_dim, 2)
         # denoising label embedding; the last row is the zero "padding" query DINO feeds
         self.label_enc = nn.Embedding(num_classes + 1, hidden_dim, padding_idx=num_classes) if num_denoising > 0 else None
-        if decoder_norm and not with_box_refine:
-            raise ValueError("decoder_norm=True (DINO) predicts refined boxes from normalised outputs: it needs with_box_refine=True")
         self.decoder_norm = nn.LayerNorm(hidden_dim) if decoder_norm else None
         # one head shared by all layers, or (refinement) one per layer (or one shared: DINO) plus,
         # two-stage, one for the proposals
@@ -228,7 +208,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             # DINO: the dynamic query-position MLP lives in its decoder, whose matrices are xavier-initialised
             for layer in self.ref_point_head.layers:
                 nn.init.xavier_uniform_(layer.weight)
-        if not self.two_stage:
+        if not self.arch_options.two_stage:
             # refinement: only the first layer's head starts with small boxes
             nn.init.constant_(self.bbox_embed[0].layers[-1].bias[2:], -2.0)
 
@@ -243,7 +223,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
 
     def _decoder_heads(self, heads: nn.ModuleList) -> list[nn.Module]:
         """The head of each decoder layer (one shared by all with ``share_decoder_heads``)."""
-        return [heads[0]] * self.dec_layers if self.dino_options.share_decoder_heads else list(heads[: self.dec_layers])
+        layers = self.arch_options.dec_layers
+        return [heads[0]] * layers if self.dino_options.share_decoder_heads else list(heads[:layers])
 
     def set_attn_method(self, method: str) -> None:
         """Switch every deformable attention to ``"gather"`` or ``"grid_sample"`` (ONNX export)."""
@@ -265,7 +246,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         image_mask = torch.zeros((B, H, W), dtype=torch.bool, device=images.device) if mask is None else mask.bool()
         maps, masks = self.backbone.forward_features(images, image_mask)
         srcs = [proj(x) for proj, x in zip(self.input_proj, maps)]
-        for level in range(len(srcs), self.num_feature_levels):
+        for level in range(len(srcs), self.arch_options.num_feature_levels):
             srcs.append(self.input_proj[level](maps[-1] if level == len(maps) else srcs[-1]))
             masks.append(F.interpolate(image_mask[None].float(), size=srcs[-1].shape[-2:]).to(torch.bool)[0])
         # Python ints and cached tables eagerly, traced sizes while exporting (the graph follows H, W)
@@ -285,14 +266,14 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         """The decoder on ``queries`` (see :meth:`initial_queries`); box refinement uses this model's heads."""
         return self.transformer.decoder(
             queries["tgt"], queries["reference"], enc.memory, enc.spatial_shapes, enc.valid_ratios, queries["query_pos"],
-            enc.padding_mask, self_attn_mask, self._decoder_heads(self.bbox_embed) if self.with_box_refine else None, num_groups,
+            enc.padding_mask, self_attn_mask, self._decoder_heads(self.bbox_embed) if self.arch_options.with_box_refine else None, num_groups,
             self.ref_point_head if self.dino_options.mixed_query_selection else None,
         )
 
     def predict(self, dec: dict) -> tuple[Tensor, Tensor]:
         """Class logits (layers, B, Q, K) and boxes (layers, B, Q, 4) normalised cxcywh, float32."""
         hidden = dec["hidden"]
-        if self.with_box_refine:
+        if self.arch_options.with_box_refine:
             deltas = dec["deltas"]
             if self.decoder_norm is not None:
                 # DINO: the heads read normalised outputs; the decoder refined its references without
@@ -378,7 +359,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             # every parameter takes part in every step (DDP), as DINO's ``label_enc.weight[0, 0] * 0``
             logits = logits + 0.0 * self.label_enc.weight[0, 0]
         out: dict = {"pred_logits": logits[-1, :, P:], "pred_boxes": boxes[-1, :, P:]}
-        if self.aux_loss:
+        if self.arch_options.aux_loss:
             out["aux_outputs"] = [{"pred_logits": a[:, P:], "pred_boxes": b[:, P:]} for a, b in zip(logits[:-1], boxes[:-1])]
         for key in ("enc_outputs", "interm_outputs"):
             if key in queries:
@@ -387,7 +368,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             out["num_query_groups"] = groups
         if dn is not None:
             out["dn_outputs"] = {"pred_logits": logits[-1, :, :P], "pred_boxes": boxes[-1, :, :P]}
-            if self.aux_loss:
+            if self.arch_options.aux_loss:
                 out["dn_outputs"]["aux_outputs"] = [{"pred_logits": a[:, :P], "pred_boxes": b[:, :P]} for a, b in zip(logits[:-1], boxes[:-1])]
             out["dn_meta"] = dn.meta
         if need_weights:

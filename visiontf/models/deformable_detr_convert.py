@@ -117,7 +117,8 @@ def _same(a: Tensor, b: Tensor | None) -> bool:
 
 
 def model_variant(model: nn.Module) -> str:
-    return "two_stage" if model.two_stage else "box_refine" if model.with_box_refine else "plain"
+    arch = model.arch_options
+    return "two_stage" if arch.two_stage else "box_refine" if arch.with_box_refine else "plain"
 
 
 def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:

@@ -37,7 +37,7 @@ def distinct_first(scores: torch.Tensor, boxes_unact: torch.Tensor, iou: float) 
 class DeformableQueries:
     """The query steps of :class:`~visiontf.models.deformable_detr.DeformableDETR`, which mixes this in.
 
-    They read the model's ``num_queries``, ``two_stage``, ``dino_options``, ``select_padded_proposals``, ``transformer``,
+    They read the model's ``arch_options`` (``num_queries``, ``two_stage``, ``select_padded_proposals``), ``dino_options``, ``transformer``,
     ``class_embed`` and ``bbox_embed`` (the last of each: the proposal heads), and, as the options
     make them, ``query_embed`` (learned queries), ``tgt_embed`` (mixed query selection) and
     ``label_enc`` (denoising).
@@ -51,15 +51,15 @@ class DeformableQueries:
         Group DETR's training (the first Q queries are the inference set).
         """
         B, _, C = enc.memory.shape
-        n = self.num_queries * num_groups
+        n = self.arch_options.num_queries * num_groups
         if self.dino_options.mixed_query_selection:
             return self._mixed_queries(enc, num_groups)
-        if not self.two_stage:
+        if not self.arch_options.two_stage:
             query_pos, tgt = self.query_embed.weight[:n].split(C, dim=1)
             query_pos = query_pos.unsqueeze(0).expand(B, -1, -1)
             return {"tgt": tgt.unsqueeze(0).expand(B, -1, -1), "query_pos": query_pos, "reference": self.transformer.reference_points(query_pos).sigmoid()}
         enc_logits, enc_boxes, _ = self._encoder_proposals(enc, "two-stage")
-        top = torch.topk(enc_logits[..., 0], self.num_queries, dim=1)[1]
+        top = torch.topk(enc_logits[..., 0], self.arch_options.num_queries, dim=1)[1]
         reference = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4)).detach().sigmoid()
         query_pos, tgt = self.transformer.proposal_queries(reference)
         return {
@@ -70,9 +70,9 @@ class DeformableQueries:
     def _encoder_proposals(self, enc: MultiScaleMemory, selection: str) -> tuple:
         """The proposal heads on every encoder position: logits, unactivated boxes and the proposals."""
         S = enc.memory.shape[1]
-        if S < self.num_queries:
+        if S < self.arch_options.num_queries:
             raise ValueError(
-                f"{selection} selects num_queries={self.num_queries} proposals, but the {enc.spatial_shapes} "
+                f"{selection} selects num_queries={self.arch_options.num_queries} proposals, but the {enc.spatial_shapes} "
                 f"feature maps of these images have only {S} positions; use larger images or fewer queries"
             )
         features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
@@ -85,15 +85,15 @@ class DeformableQueries:
         # best class score per position; padded and border positions (inf proposals) are never chosen,
         # unless the model reproduces DINO's code, which ranks them too (their boxes then sigmoid to 1)
         scores = enc_logits.detach().float().amax(-1)
-        if not self.select_padded_proposals:
+        if not self.arch_options.select_padded_proposals:
             scores = scores.masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
         if self.dino_options.distinct_query_iou is not None:
             scores = distinct_first(scores, enc_boxes.detach(), self.dino_options.distinct_query_iou)
-        top = torch.topk(scores, self.num_queries, dim=1)[1]
+        top = torch.topk(scores, self.arch_options.num_queries, dim=1)[1]
         boxes = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4))
         logits = torch.gather(enc_logits, 1, top.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
         reference = boxes.detach().sigmoid()
-        tgt = self.tgt_embed.weight[: self.num_queries * num_groups].unsqueeze(0).expand(B, -1, -1)
+        tgt = self.tgt_embed.weight[: self.arch_options.num_queries * num_groups].unsqueeze(0).expand(B, -1, -1)
         return {
             "tgt": tgt, "query_pos": None, "reference": reference.repeat(1, num_groups, 1),
             "interm_outputs": {"pred_logits": logits, "pred_boxes": boxes.sigmoid()},

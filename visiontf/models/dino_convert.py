@@ -58,31 +58,31 @@ def is_dino_checkpoint(state: dict[str, Tensor]) -> bool:
 
 
 def _model_name(model: nn.Module) -> str:
-    return repr(model.model_name or DINO_MODELS.get(model.num_feature_levels, "the DINO model"))
+    return repr(model.model_name or DINO_MODELS.get(model.arch_options.num_feature_levels, "the DINO model"))
 
 
 def check_fits(state: dict[str, Tensor], model: nn.Module) -> None:
     """Refuse a DINO checkpoint whose feature levels, queries or architecture differ from ``model``'s, naming the fix."""
-    if not (model.dino_options.mixed_query_selection and model.two_stage):
+    if not (model.dino_options.mixed_query_selection and model.arch_options.two_stage):
         raise ValueError(
             f"this is an IDEA-Research/DINO checkpoint (mixed query selection: transformer.tgt_embed, ref_point_head), but the "
             f"model being loaded ({_model_name(model)}) is a Deformable DETR without mixed query selection; use "
             f"create_model({DINO_MODELS[4]!r} or {DINO_MODELS[5]!r}, pretrained=...)"
         )
     levels = state["transformer.level_embed"].shape[0] if "transformer.level_embed" in state else None
-    if levels is not None and levels != model.num_feature_levels:
+    if levels is not None and levels != model.arch_options.num_feature_levels:
         fits = DINO_MODELS.get(levels)
         hint = f"use create_model({fits!r}, pretrained=...)" if fits else f"build the model with num_feature_levels={levels}"
         raise ValueError(
             f"this DINO checkpoint has {levels} feature levels (transformer.level_embed {tuple(state['transformer.level_embed'].shape)}"
             f"{f'; it fits {fits!r}' if fits else ''}), but the model being loaded ({_model_name(model)}) has "
-            f"{model.num_feature_levels}; {hint} for these weights"
+            f"{model.arch_options.num_feature_levels}; {hint} for these weights"
         )
     queries = state["transformer.tgt_embed.weight"].shape[0] if "transformer.tgt_embed.weight" in state else None
-    if queries is not None and queries != model.num_queries:
+    if queries is not None and queries != model.arch_options.num_queries:
         raise ValueError(
             f"this DINO checkpoint has {queries} queries (transformer.tgt_embed.weight {tuple(state['transformer.tgt_embed.weight'].shape)}), "
-            f"but the model being loaded ({_model_name(model)}) has {model.num_queries}; build it with num_queries={queries} "
+            f"but the model being loaded ({_model_name(model)}) has {model.arch_options.num_queries}; build it with num_queries={queries} "
             f"(DINO's R50 configs: 900), e.g. create_model({_model_name(model)}, num_queries={queries}, pretrained=...)"
         )
 
@@ -122,7 +122,7 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
             if shared and head.group(2) != "0":
                 _check_shared(state, key, head)
                 duplicates += 1
-            elif int(head.group(2)) >= model.dec_layers:
+            elif int(head.group(2)) >= model.arch_options.dec_layers:
                 unmatched.append(key)
             else:
                 out[key] = value
