@@ -128,3 +128,17 @@ def test_color_augment_keeps_geometry_and_is_seeded(tmp_path):
     assert any(not torch.equal(aug[EpochIndex(2, i)][0], other_seed[EpochIndex(2, i)][0]) for i in range(12))
     # evaluation crops never change colour
     assert ImageFolderDataset(files, 32, train=False, color_augment=True).transform is None
+
+
+def test_color_augment_keeps_hues(tmp_path):
+    # a red photo stays red: channel swaps, full hue turns and negatives would teach a small tokenizer
+    # that colour is noise, and it would reconstruct photos grayscale
+    rng = np.random.default_rng(1)
+    red = np.stack([rng.integers(170, 230, (48, 48)), rng.integers(30, 70, (48, 48)),
+                    rng.integers(20, 60, (48, 48))], axis=2).astype(np.uint8)
+    Image.fromarray(red).save(tmp_path / "red.png")
+    aug = ImageFolderDataset(list_images(tmp_path), 32, train=True, seed=5, color_augment=True)
+    for i in range(24):
+        crop = aug[EpochIndex(1, i)][0]
+        r, g, b = crop.mean(dim=(1, 2)).tolist()
+        assert r > g + 0.2 and r > b + 0.2, (i, r, g, b)
