@@ -179,3 +179,34 @@ def test_validation_logs_psnr_ssim_and_code_usage():
     metrics = trainer.validate(task, data, verbose=False)[0]
     assert {"val/psnr", "val/ssim", "val/rec_loss", "val/codes_used", "val/perplexity"} <= set(metrics)
     assert 0.0 < metrics["val/codes_used"] <= 1.0 and metrics["val/psnr"] > 0.0
+
+
+@pytest.mark.parametrize("rec_loss", ["l1", "l2"])
+def test_rec_loss_is_the_chosen_pixel_term(rec_loss):
+    """The generator's pixel term is taming's L1 or the mean squared error, on the batch it trains on."""
+    import copy
+
+    task = _task(rec_loss=rec_loss)
+    before = copy.deepcopy(task.model).eval()
+    trainer = _fit(task, 1)
+    torch.manual_seed(0)
+    x = (torch.rand(8, 3, 16, 16) * 2 - 1)[:2]  # _fit's first batch
+    with torch.no_grad():
+        diff = x - before(x)
+    expected = diff.abs().mean() if rec_loss == "l1" else (diff ** 2).mean()
+    assert torch.allclose(trainer.callback_metrics["train/rec_loss"], expected, atol=1e-6)
+
+
+def test_unknown_rec_loss_is_refused():
+    with pytest.raises(ValueError, match="rec_loss"):
+        _task(rec_loss="l3")
+
+
+def test_warmup_ramps_the_autoencoders_lr_only():
+    """warmup_steps: the autoencoder's lr is base x (k + 1) / warmup after k steps; the discriminator's stays."""
+    task = _task(warmup_steps=4)
+    trainer = _fit(task, 2)
+    opt_g, opt_d = trainer.optimizers
+    assert opt_g.param_groups[0]["lr"] == pytest.approx(1e-3 * 3 / 4)
+    assert opt_d.param_groups[0]["lr"] == pytest.approx(1e-3)
+    assert _fit(_task(), 2).optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3)  # taming: no warm-up

@@ -49,6 +49,12 @@ class TokenizerTask(BaseTask):
             may set ``quantizer_kwargs`` (k-means init, dead-code restarts, l2 codes, EMA codebook).
         num_classes: unused (linked from the data by the CLI; a tokenizer has ``num_codes``).
         base_lr, scale_lr, accumulate: the learning rate as in taming's ``main.py`` (see module docstring).
+        warmup_steps: the autoencoder's learning rate rises linearly over this many optimizer steps (0, taming:
+            none). Beyond taming, for short runs at a large rate: the first full-rate Adam steps can turn
+            every latent to one direction, and the codebook then collapses to a code or two.
+        rec_loss: the pixel reconstruction term: ``"l1"`` (taming's ``|x - x_rec|``) or ``"l2"`` (the mean
+            squared error, which PSNR measures; beyond taming, for short runs without LPIPS). Validation
+            logs both as ``rec_loss`` (L1, as taming) and ``psnr``.
         perceptual_weight: LPIPS weight (1.0 in taming; 0 trains without LPIPS, e.g. without VGG16 weights).
         lpips_vgg16: torchvision's VGG16 file for LPIPS (default: the torch hub cache).
         codebook_weight, disc_weight, disc_factor, disc_start: taming's loss settings (1.0, 0.8, 1.0; the
@@ -76,6 +82,8 @@ class TokenizerTask(BaseTask):
         base_lr: float = 4.5e-6,
         scale_lr: bool = True,
         accumulate: int = 1,
+        warmup_steps: int = 0,
+        rec_loss: Literal["l1", "l2"] = "l1",
         perceptual_weight: float = 1.0,
         lpips_vgg16: str | None = None,
         codebook_weight: float = 1.0,
@@ -92,11 +100,12 @@ class TokenizerTask(BaseTask):
     ) -> None:
         init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         check_config(type(self).__name__, "model", base_lr=(base_lr, positive), accumulate=(accumulate, positive_int),
+                     warmup_steps=(warmup_steps, non_negative_int),
                      perceptual_weight=(perceptual_weight, non_negative), codebook_weight=(codebook_weight, non_negative),
                      disc_weight=(disc_weight, non_negative), disc_factor=(disc_factor, non_negative),
                      disc_start=(disc_start, non_negative_int), disc_ndf=(disc_ndf, positive_int),
                      disc_layers=(disc_layers, positive_int), gradient_clip_val=(gradient_clip_val, optional(positive)),
-                     on_nonfinite=(on_nonfinite, one_of("raise", "skip")))
+                     on_nonfinite=(on_nonfinite, one_of("raise", "skip")), rec_loss=(rec_loss, one_of("l1", "l2")))
         L.LightningModule.__init__(self)  # BaseTask's constructor needs a class count; a tokenizer has none
         self.init_eval_state()
         self.save_hyperparameters()  # under LightningCLI: the hyper-parameters it gives (with _class_path)
@@ -166,7 +175,7 @@ class TokenizerTask(BaseTask):
         self.toggle_optimizer(opt_g)
         quant, qloss, (_, _, indices) = self.model.encode(x)
         x_rec = self.model.decode(quant)
-        rec = (x - x_rec).abs().mean()
+        rec = (x - x_rec).abs().mean() if hp.rec_loss == "l1" else ((x - x_rec) ** 2).mean()
         p_loss = self.lpips(x, x_rec) if hp.perceptual_weight > 0 else rec.new_zeros(())
         nll = rec + hp.perceptual_weight * p_loss
         loss = nll + hp.codebook_weight * qloss
@@ -181,6 +190,8 @@ class TokenizerTask(BaseTask):
             self.manual_backward(loss / hp.accumulate)
             if last_micro:
                 self._step(opt_g, self.model.parameters())
+                if hp.get("warmup_steps"):
+                    self.lr_schedulers().step()
         self.untoggle_optimizer(opt_g)
 
         if disc_on and ok:
@@ -260,4 +271,9 @@ class TokenizerTask(BaseTask):
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt_g = torch.optim.Adam(params, lr=lr, betas=(0.5, 0.9))
         opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=lr, betas=(0.5, 0.9))
-        return [opt_g, opt_d]
+        warmup = self.hparams.get("warmup_steps") or 0
+        if not warmup:
+            return [opt_g, opt_d]
+        # stepped after each autoencoder step (manual optimisation); saved in checkpoints by Lightning
+        ramp = torch.optim.lr_scheduler.LambdaLR(opt_g, lambda k: min(1.0, (k + 1) / warmup))
+        return [opt_g, opt_d], [ramp]
