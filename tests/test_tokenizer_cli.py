@@ -68,6 +68,8 @@ def test_fit_resume_across_disc_start_predict_and_refusals(photos, tmp_path):
     differ = [k for k, v in a["state_dict"].items() if not torch.equal(v, b["state_dict"][k])]
     assert not differ, f"weights differ after resume: {differ[:5]}"
     assert len(a["optimizer_states"]) == 2
+    # the recipe's warm-up (4 of its 100 batches done) resumes where it stopped
+    assert [sch["last_epoch"] for sch in a["lr_schedulers"]] == [sch["last_epoch"] for sch in b["lr_schedulers"]] == [4]
     for oa, ob in zip(a["optimizer_states"], b["optimizer_states"]):
         assert oa["state"].keys() == ob["state"].keys() and oa["state"]
         for k in oa["state"]:
