@@ -3,6 +3,7 @@
 
     python tools/sample.py --ckpt_path outputs/vqgan_transformer_tiny/checkpoints/last.ckpt --output samples.png \
         --num 16 --latent 8 8 --temperature 1.0 --top_k 100 --seed 0
+    python tools/sample.py ... --label 3        # class-conditional: class 3 (default: the classes in turn)
 """
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ def main(argv=None) -> int:
     p.add_argument("--top_k", type=int, default=None)
     p.add_argument("--top_p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--label", type=int, default=None,
+                   help="class-conditional checkpoints: the class to sample (default: 0, 1, ... in turn over the grid)")
     args = p.parse_args(argv)
     import math
 
@@ -38,8 +41,18 @@ def main(argv=None) -> int:
     model.eval()
     h, w = args.latent or (int(math.isqrt(model.transformer.block_size)),) * 2
     gen = torch.Generator().manual_seed(args.seed)
-    codes = model.sample(args.num, (h, w), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         generator=gen)
+    labels = None
+    if model.n_classes is None:
+        if args.label is not None:
+            raise SystemExit(f"{args.ckpt_path}: an unconditional transformer; drop --label")
+    elif args.label is None:
+        labels = torch.arange(args.num) % model.n_classes
+    elif not 0 <= args.label < model.n_classes:
+        raise SystemExit(f"--label {args.label}: this transformer has classes 0..{model.n_classes - 1}")
+    else:
+        labels = torch.full((args.num,), args.label)
+    codes = model.sample(args.num, (h, w), labels=labels, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, generator=gen)
     images = (model.decode_to_img(codes).clamp(-1, 1) + 1) / 2
     args.output.parent.mkdir(parents=True, exist_ok=True)
     save_image(images, args.output, nrow=int(math.ceil(math.sqrt(args.num))), padding=2)

@@ -9,6 +9,10 @@ still shows the model colour casts, brighter and more saturated scenes.
 Evaluation: the short side resized to ``val_size``, the centre ``val_size`` square. Images are
 ``float32 (3, H, W)`` in [-1, 1] (``x / 127.5 - 1``, as taming feeds VQGAN).
 
+``labels`` (off by default) makes each image's class its first folder under the root
+(``root/<class>/.../x.jpg``, classes in sorted order), for class-conditional transformers: samples are then
+``(image, label)``.
+
 Unreadable files: ``on_bad_image="skip"`` (default) replaces them by the next readable image, with
 one warning per file and a count in :attr:`ImageFolderDataset.skipped`; ``"raise"`` stops naming the file.
 """
@@ -83,7 +87,10 @@ class ImageFolderDataset(AugmentedDataset):
 
     def __init__(self, files: list[Path], size: int, train: bool, max_scale: float = 1.0, repeat: int = 1,
                  seed: int = 0, on_bad_image: Literal["skip", "raise"] = "skip", cache: bool = False,
-                 color_augment: bool = False) -> None:
+                 color_augment: bool = False, labels: list[int] | None = None) -> None:
+        if labels is not None and len(labels) != len(files):
+            raise ValueError(f"{len(labels)} labels for {len(files)} images")
+        self.labels = None if labels is None else list(labels)
         self.files, self.size, self.train, self.max_scale = list(files), size, train, max_scale
         self.repeat, self.seed, self.on_bad_image, self.cache = repeat, seed, on_bad_image, cache
         # AugmentedDataset.sample_index seeds self.transform from (seed, epoch, index) for each sample
@@ -116,10 +123,17 @@ class ImageFolderDataset(AugmentedDataset):
                 log.warning("skipping an unreadable image (%d so far): %s", len(self.skipped), e)
         raise DatasetLayoutError(f"none of the {len(self.files)} images could be read (e.g. {self.files[0]})")
 
-    def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor]:
+    def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor] | tuple[torch.Tensor, torch.Tensor]:
+        image = self._image(key)
+        if self.labels is None:
+            return (image,)
+        # the label of the file actually read (an unreadable one is replaced by the next)
+        return image, torch.tensor(self.labels[self._last_read], dtype=torch.long)
+
+    def _image(self, key: int | EpochIndex) -> torch.Tensor:
         index = self.sample_index(key)
         epoch = key.epoch if isinstance(key, EpochIndex) else 0
-        _, img = self._readable(index % len(self.files))
+        self._last_read, img = self._readable(index % len(self.files))
         H, W = img.shape[:2]
         s = self.size
         if not self.train:
@@ -127,7 +141,7 @@ class ImageFolderDataset(AugmentedDataset):
             h, w = max(s, round(H * scale)), max(s, round(W * scale))
             img = _resize(img, h, w)
             top, left = (h - s) // 2, (w - s) // 2
-            return (to_tensor(img[top:top + s, left:left + s]),)
+            return to_tensor(img[top:top + s, left:left + s])
         rng = np.random.default_rng(sample_seed(self.seed, epoch, index))
         short = min(H, W)
         hi = max(s, short * self.max_scale)
@@ -145,7 +159,7 @@ class ImageFolderDataset(AugmentedDataset):
             crop = crop[:, ::-1]
         if self.transform is not None:
             crop = self.transform(image=np.ascontiguousarray(crop))["image"]
-        return (to_tensor(crop),)
+        return to_tensor(crop)
 
 
 class TokenizerDataModule(L.LightningDataModule):
@@ -162,15 +176,19 @@ class TokenizerDataModule(L.LightningDataModule):
         cache: keep decoded images in memory (small folders; per worker process).
         color_augment: a random colour change of each training crop (:func:`color_augmentation`; off by
             default): for small or partly grayscale training sets that must reconstruct colour photos.
+        labels: each image's class is its first folder under ``root`` (``val_root``: the same class names);
+            batches are ``(images, labels)`` and ``num_classes`` / ``class_names`` say the classes, for a
+            class-conditional transformer. Off: images only (a tokenizer, an unconditional transformer).
     """
 
-    num_classes = None  # a tokenizer has codes, not classes (the CLI links data.num_classes to the task)
+    #: None without ``labels``: a tokenizer has codes, not classes (the CLI links data.num_classes to the task)
+    num_classes: int | None = None
 
     def __init__(self, root: str, val_root: str | None = None, val_count: int = 0, crop_size: int = 64,
                  val_size: int = 128, max_scale: float = 1.0, repeat: int = 1, batch_size: int = 16,
                  val_batch_size: int | None = None, num_workers: int | None = None, seed: int = 0,
                  on_bad_image: Literal["skip", "raise"] = "skip", cache: bool = False,
-                 color_augment: bool = False) -> None:
+                 color_augment: bool = False, labels: bool = False) -> None:
         super().__init__()
         check_config(type(self).__name__, "data", crop_size=(crop_size, positive_int), val_size=(val_size, positive_int),
                      batch_size=(batch_size, positive_int), repeat=(repeat, positive_int),
@@ -180,6 +198,31 @@ class TokenizerDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = default_num_workers(num_workers)
         self.train_dataset = self.val_dataset = None
+        self.class_names: list[str] | None = None
+        if labels:  # known before setup: the CLI links num_classes into the task at instantiation
+            self.class_names = sorted({self._class_of(f, root) for f in list_images(root)})
+            self.num_classes = len(self.class_names)
+
+    @staticmethod
+    def _class_of(file: Path, root: str) -> str:
+        parts = file.relative_to(root).parts
+        if len(parts) < 2:
+            raise DatasetLayoutError(f"{file}: with labels, every image must be in a class folder "
+                                     f"({root}/<class>/{file.name}); move it into one, or set data.init_args.labels false")
+        return parts[0]
+
+    def _labels(self, files: list[Path], root: str) -> list[int] | None:
+        if self.class_names is None:
+            return None
+        index = {c: i for i, c in enumerate(self.class_names)}
+        labels = []
+        for f in files:
+            c = self._class_of(f, root)
+            if c not in index:
+                raise DatasetLayoutError(f"{f}: class folder {c!r} is not one of the {len(index)} training classes "
+                                         f"({', '.join(self.class_names[:8])}{', ...' if len(index) > 8 else ''})")
+            labels.append(index[c])
+        return labels
 
     def eval_cfg(self) -> dict:
         return {}
@@ -194,8 +237,11 @@ class TokenizerDataModule(L.LightningDataModule):
             files = files[: len(files) - hp.val_count]
         common = dict(seed=hp.seed, on_bad_image=hp.on_bad_image, cache=hp.cache)
         self.train_dataset = ImageFolderDataset(files, hp.crop_size, True, hp.max_scale, hp.repeat,
-                                                color_augment=hp.color_augment, **common)
-        self.val_dataset = ImageFolderDataset(val_files, hp.val_size, False, **common) if val_files else None
+                                                color_augment=hp.color_augment, labels=self._labels(files, hp.root),
+                                                **common)
+        val_labels = self._labels(val_files, hp.val_root or hp.root) if val_files else None
+        self.val_dataset = ImageFolderDataset(val_files, hp.val_size, False, labels=val_labels, **common) \
+            if val_files else None
         log.info("%d training images (x%d per epoch), %d validation images", len(files), hp.repeat, len(val_files))
 
     def train_dataloader(self) -> DataLoader:

@@ -11,6 +11,11 @@ codes' own histogram, the best any model ignoring context can do on them (a lowe
 unigram model fitted elsewhere). ``--trainer.strategy fsdp`` trains it sharded, on GPUs or CPU processes
 (:mod:`visiontf.tasks.fsdp`: the frozen first stage is kept whole on each rank, outside the shards, and
 gradient clipping uses FSDP's global norm).
+
+Class-conditional (taming's ``cond_stage_key: class_label``): labelled data
+(``TokenizerDataModule(labels=True)``: class = the image's folder) gives ``num_classes``, which makes the
+transformer's ``n_classes`` unless ``model_kwargs`` sets it; batches are then ``(images, labels)`` and the
+label is the first token instead of the SOS token.
 """
 from __future__ import annotations
 
@@ -39,7 +44,8 @@ class MissingFirstStageError(UserError, ValueError):
 
 
 class TransformerTask(BaseTask):
-    """Next-code prediction over a frozen tokenizer (unconditional: taming's SOS token first)."""
+    """Next-code prediction over a frozen tokenizer: unconditional (taming's SOS token first) or, with
+    ``num_classes`` (linked from labelled data) or ``model_kwargs.n_classes``, class-conditional."""
 
     task = "generation"
     model_kind = Generator
@@ -57,6 +63,7 @@ class TransformerTask(BaseTask):
         if not self.hparams:  # built directly: frame inspection needs super().__init__, so state them
             self.save_hyperparameters(init_args)
         self._model_name, self._num_classes = model_name, None
+        model_kwargs = self._conditioning(model_name, num_classes, model_kwargs)
         first = None
         if first_stage_ckpt:
             from visiontf.checkpoints import load_checkpoint_model
@@ -79,9 +86,38 @@ class TransformerTask(BaseTask):
         self.compile_model, self.on_nonfinite, self.nonfinite_steps = compile, on_nonfinite, 0
         self._val_counts: Tensor | None = None
 
+    def _conditioning(self, model_name: str, num_classes: int | None, model_kwargs: dict | None) -> dict | None:
+        """The data's class count becomes the transformer's ``n_classes`` (saved with the task's hyper-parameters)."""
+        if num_classes is None:
+            return model_kwargs
+        kwargs = dict(model_kwargs or {})
+        asked = kwargs.setdefault("n_classes", num_classes)
+        if asked != num_classes:
+            raise UserError(f"{model_name}: model_kwargs.n_classes {asked} but the data has {num_classes} classes; "
+                            "drop model_kwargs.n_classes (the data's count is used) or fix the data's class folders")
+        self.hparams["model_kwargs"] = kwargs
+        # the count lives in the model's own argument (taming's n_classes): a checkpoint rebuilds the model
+        # from model_kwargs, and GPT-style second stages take no num_classes
+        self.hparams["num_classes"] = None
+        return kwargs
+
+    def _inputs(self, batch) -> tuple[Tensor, Tensor | None]:
+        """(images, labels or None), checked against the model's conditioning."""
+        x, *rest = batch if isinstance(batch, (tuple, list)) else (batch,)
+        labels = rest[0] if rest else None
+        conditional = self.model.n_classes is not None
+        if conditional and labels is None:
+            raise UserError(f"{self._model_name} is class-conditional (n_classes={self.model.n_classes}) but the batches "
+                            "hold no labels: set data.init_args.labels true (class = the image's folder)")
+        if not conditional and labels is not None:
+            raise UserError(f"the batches hold class labels but {self._model_name} is unconditional: drop "
+                            "data.init_args.labels, or train class-conditional (the data's class count is linked "
+                            "into model.init_args.num_classes by tools/train.py)")
+        return x, labels
+
     def training_step(self, batch, batch_idx: int):
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        logits, target = self.model(x)
+        x, labels = self._inputs(batch)
+        logits, target = self.model(x, labels=labels)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
         if not self.check_finite(loss, {"ce": loss}):
             return None
@@ -90,8 +126,8 @@ class TransformerTask(BaseTask):
         return loss
 
     def _eval_step(self, batch, stage: str) -> None:
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        logits, target = self.model(x)
+        x, labels = self._inputs(batch)
+        logits, target = self.model(x, labels=labels)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
         self.log_eval_mean(f"{stage}/bits_per_token", loss / math.log(2), target.numel(), prog_bar=True)
         counts = torch.bincount(target.reshape(-1), minlength=self.model.transformer.vocab_size)
