@@ -124,16 +124,17 @@ class ImageFolderDataset(AugmentedDataset):
         raise DatasetLayoutError(f"none of the {len(self.files)} images could be read (e.g. {self.files[0]})")
 
     def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor] | tuple[torch.Tensor, torch.Tensor]:
-        image = self._image(key)
+        read, image = self._image(key)
         if self.labels is None:
             return (image,)
         # the label of the file actually read (an unreadable one is replaced by the next)
-        return image, torch.tensor(self.labels[self._last_read], dtype=torch.long)
+        return image, torch.tensor(self.labels[read], dtype=torch.long)
 
-    def _image(self, key: int | EpochIndex) -> torch.Tensor:
+    def _image(self, key: int | EpochIndex) -> tuple[int, torch.Tensor]:
+        """(index of the file read, its crop as a tensor)."""
         index = self.sample_index(key)
         epoch = key.epoch if isinstance(key, EpochIndex) else 0
-        self._last_read, img = self._readable(index % len(self.files))
+        read, img = self._readable(index % len(self.files))
         H, W = img.shape[:2]
         s = self.size
         if not self.train:
@@ -141,7 +142,7 @@ class ImageFolderDataset(AugmentedDataset):
             h, w = max(s, round(H * scale)), max(s, round(W * scale))
             img = _resize(img, h, w)
             top, left = (h - s) // 2, (w - s) // 2
-            return to_tensor(img[top:top + s, left:left + s])
+            return read, to_tensor(img[top:top + s, left:left + s])
         rng = np.random.default_rng(sample_seed(self.seed, epoch, index))
         short = min(H, W)
         hi = max(s, short * self.max_scale)
@@ -159,7 +160,7 @@ class ImageFolderDataset(AugmentedDataset):
             crop = crop[:, ::-1]
         if self.transform is not None:
             crop = self.transform(image=np.ascontiguousarray(crop))["image"]
-        return to_tensor(crop)
+        return read, to_tensor(crop)
 
 
 class TokenizerDataModule(L.LightningDataModule):
