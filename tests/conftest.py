@@ -1,4 +1,5 @@
 import os
+import shutil
 
 import pytest
 import torch
@@ -12,3 +13,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_module_tmp_dirs(request, tmp_path_factory):
+    """Remove what a module wrote under the base temp dir once it is done, unless one of its tests failed.
+
+    The suite writes about 9 GB (checkpoints, exports, datasets); pytest keeps module-scoped directories
+    until the session ends, and a CI disk with a few GB free ran out halfway. Passed tests' `tmp_path`
+    directories go at once (`tmp_path_retention_policy = "failed"` in pyproject.toml).
+    """
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed == failed_before:
+        for path in set(base.iterdir()) - before:
+            shutil.rmtree(path, ignore_errors=True)
