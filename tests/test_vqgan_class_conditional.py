@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from visiontf.data.classification import find_classes
 from visiontf.data.image_folder import TokenizerDataModule
 from visiontf.data.loading import DatasetLayoutError
 from visiontf.errors import UserError
@@ -47,6 +48,8 @@ def test_labelled_folders_give_classes_and_labels(tmp_path):
     x, y = next(iter(dm.val_dataloader()))
     assert x.shape == (1, 3, 8, 8) and y.tolist() == [1]
     assert TokenizerDataModule(str(root), num_workers=0).num_classes is None  # unlabelled by default
+    (root / "empty").mkdir()  # the classification layout's rule: a folder without images is no class
+    assert TokenizerDataModule(str(root), num_workers=0, labels=True).class_names == find_classes(root) == ["cats", "dogs"]
 
 
 def test_bad_labelled_layouts_are_refused_naming_the_file(tmp_path):

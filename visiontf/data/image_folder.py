@@ -31,6 +31,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from visiontf.config_checks import check_config, non_negative_int, one_of, positive, positive_int
+from visiontf.data.classification import find_classes
 from visiontf.data.io import ImageReadError, read_image
 from visiontf.data.loading import (
     IMAGE_EXTENSIONS,
@@ -201,7 +202,10 @@ class TokenizerDataModule(L.LightningDataModule):
         self.train_dataset = self.val_dataset = None
         self.class_names: list[str] | None = None
         if labels:  # known before setup: the CLI links num_classes into the task at instantiation
-            self.class_names = sorted({self._class_of(f, root) for f in list_images(root)})
+            for file in list_images(root):  # refused here, where classification only warns: it would have no class
+                self._class_of(file, root)
+            # the class folders by the classification layout's rule (ImageFolderDataModule's): one meaning of a class
+            self.class_names = find_classes(root)
             self.num_classes = len(self.class_names)
 
     @staticmethod
