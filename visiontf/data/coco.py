@@ -7,6 +7,7 @@ found by :mod:`visiontf.data.layouts`.
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Hashable, Sequence
 from functools import partial
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Literal
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from visiontf.config_checks import check_config, each, non_negative_int, optional, positive_int
+from visiontf.config_checks import check_config, each, fraction, non_negative_int, optional, positive_int
 from visiontf.data import detection_transforms as DT
 from visiontf.data.coco_annotations import AnnotationError, label_maps, load_coco_json, parse_categories
 from visiontf.data.coco_dataset import CocoDetection, collate_detection
@@ -49,6 +50,11 @@ class CocoDataModule(L.LightningDataModule):
     read from the annotated image sizes. With DETR's per-image scales, a batch of 8 is about 30 %
     padding on the shapes sets; with both (2 groups) about 12 %.
 
+    ``mosaic`` (0 by default) is the probability that a training image is a 2x2 mosaic of four
+    (albumentations' ``Mosaic``, each fitted into a cell of the median image size): four images' objects
+    at half their size, so more queries are matched per image. This is DEIM's "dense one-to-one" matching
+    (Huang et al., CVPR 2025), against the duplicate detections of a short one-to-one training.
+
     ``label_space: category_id`` makes the class index the COCO category id (``num_classes`` = the
     largest id + 1: 91 for COCO), as the original DETR, Deformable DETR and DINO train: their published
     checkpoints then evaluate and fine-tune with their class heads. The default numbers the categories
@@ -79,6 +85,7 @@ class CocoDataModule(L.LightningDataModule):
         scale_per_batch: bool = False,
         aspect_ratio_groups: int = 0,
         label_space: Literal["contiguous", "category_id"] = "contiguous",
+        mosaic: float = 0.0,
     ):
         check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
                      val_batch_size=(val_batch_size, optional(positive_int)),
@@ -86,7 +93,7 @@ class CocoDataModule(L.LightningDataModule):
                      max_size=(max_size, positive_int), crop_scales=(crop_scales, each(positive_int)),
                      crop_size=(crop_size, each(positive_int, 2)), val_size=(val_size, positive_int),
                      size_divisibility=(size_divisibility, non_negative_int),
-                     aspect_ratio_groups=(aspect_ratio_groups, non_negative_int))
+                     aspect_ratio_groups=(aspect_ratio_groups, non_negative_int), mosaic=(mosaic, fraction))
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
@@ -107,6 +114,7 @@ class CocoDataModule(L.LightningDataModule):
         self.size_divisibility = size_divisibility
         self.seed = seed
         self.scale_per_batch, self.aspect_ratio_groups = bool(scale_per_batch), int(aspect_ratio_groups)
+        self.mosaic = float(mosaic)
 
         # Categories only (the full train file can be large): the smaller val file normally has them.
         cat_file = self.val_ann_file if self.val_ann_file.is_file() else self.train_ann_file
@@ -129,18 +137,32 @@ class CocoDataModule(L.LightningDataModule):
                 "std": tuple(DT.IMAGENET_STD)}
 
     def _dataset(self, img_dir: Path, ann_file: Path, train: bool) -> CocoDetection:
+        mosaic = self.mosaic if train else 0.0
         if train:
             tf = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size, seed=self.seed,
-                                           scale_per_batch=self.scale_per_batch)
+                                           scale_per_batch=self.scale_per_batch, mosaic=mosaic,
+                                           mosaic_cell=self._mosaic_cell(ann_file) if mosaic else None)
         else:
             tf = DT.build_val_transforms(self.val_size, self.max_size)
-        ds = CocoDetection(img_dir, ann_file, tf, seed=self.seed, label_space=self.label_space)
+        ds = CocoDetection(img_dir, ann_file, tf, seed=self.seed, label_space=self.label_space, mosaic=mosaic > 0)
         if ds.index.category_ids != self._category_ids:
             raise AnnotationError(
                 f"{ann_file}: category ids {ds.index.category_ids} differ from {self._category_ids} in the file "
                 "num_classes was read from; every split must list the same categories"
             )
         return ds
+
+    @staticmethod
+    def _mosaic_cell(ann_file: Path) -> tuple[int, int]:
+        """A mosaic cell is the median annotated image (h, w): most images fill their cell."""
+        images = load_coco_json(ann_file).get("images") or []
+        sizes = [(im["height"], im["width"]) for im in images
+                 if isinstance(im.get("height"), int) and isinstance(im.get("width"), int) and im["height"] > 0 and im["width"] > 0]
+        if not sizes:
+            raise AnnotationError(f"{ann_file}: data.init_args.mosaic needs the images' width and height in the file "
+                                  "to size the mosaic cells; add them, or set mosaic 0")
+        hs, ws = zip(*sizes)
+        return int(statistics.median(hs)), int(statistics.median(ws))
 
     def teardown(self, stage: str | None = None) -> None:
         # one line per split counting the images whose real size differed from the annotation

@@ -26,6 +26,8 @@ from visiontf.data.loading import AugmentedDataset, EpochIndex
 
 # the logger of the COCO data modules, as before they were split (users' logging configs name it)
 log = logging.getLogger("visiontf.data.coco")
+#: the images a mosaic adds to each one (a 2x2 grid)
+MOSAIC_PARTNERS = 3
 
 __all__ = ["CocoDetection", "clip_boxes", "collate_detection"]
 
@@ -44,6 +46,9 @@ class CocoDetection(AugmentedDataset):
             workers draw different augmentations (see :class:`~visiontf.data.loading.AugmentedDataset`).
         label_space: ``contiguous`` or ``category_id``
             (:data:`~visiontf.data.coco_annotations.LABEL_SPACES`).
+        mosaic: ``transforms`` begins with a mosaic (:func:`~visiontf.data.detection_transforms.build_train_transforms`):
+            every item also reads three other images, drawn with the pipeline's seeded generator, as its
+            ``mosaic_metadata`` (the pipeline decides whether to use them). ``image_id`` stays the first image's.
 
     Item: ``(image, target)`` with ``image`` a normalised float CHW tensor and ``target`` holding
     ``boxes`` (N, 4) normalised ``cxcywh`` relative to the transformed unpadded image, ``labels``
@@ -58,8 +63,10 @@ class CocoDetection(AugmentedDataset):
         transforms: Callable[..., dict] | None = None,
         seed: int = 0,
         label_space: str = "contiguous",
+        mosaic: bool = False,
     ):
         self.img_dir = Path(img_dir)
+        self.mosaic = mosaic
         self.ann_file = Path(ann_file)
         if not self.img_dir.is_dir():
             raise FileNotFoundError(f"{self.img_dir}: image folder not found (check the dataset root and *_images)")
@@ -143,6 +150,40 @@ class CocoDetection(AugmentedDataset):
 
     def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor, dict[str, Any]]:
         idx = self.sample_index(key)
+        image, boxes, labels = self._load(idx)
+        h, w = image.shape[:2]
+        shared = self.batch_draw(key)
+        extra: dict[str, Any] = {} if shared is None else {"batch_draw": shared}
+        if self.mosaic:
+            # the partners come from the pipeline's generator, seeded for this sample: the same on resume
+            others, offset = [], len(boxes)
+            for j in self.transform.random_generator.integers(len(self), size=MOSAIC_PARTNERS).tolist():
+                o_image, o_boxes, o_labels = self._load(j)
+                # ann_index numbers the boxes of all four images: labels are looked up in their concatenation
+                others.append({"image": o_image, "bboxes": o_boxes, "labels": o_labels,
+                               "ann_index": offset + np.arange(len(o_boxes))})
+                offset += len(o_boxes)
+            labels = np.concatenate([labels, *(o["labels"] for o in others)])
+            extra["mosaic_metadata"] = others
+        n_first = len(boxes)
+        out = self.transform(image=image, bboxes=boxes, labels=labels[:n_first], ann_index=np.arange(n_first), **extra)
+        img_t = out["image"]
+        th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
+        kept = np.asarray(out["ann_index"], dtype=np.int64)
+        tboxes = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4))
+        tboxes = box_convert(tboxes, "xywh", "cxcywh") / torch.tensor([tw, th, tw, th], dtype=torch.float32)
+        target = {
+            "boxes": tboxes,
+            # Labels are looked up by the surviving index: albumentations returns label fields as floats.
+            "labels": torch.as_tensor(labels[kept], dtype=torch.int64),
+            "image_id": int(self.index.images[idx]["id"]),
+            "orig_size": torch.tensor([h, w]),
+            "size": torch.tensor([th, tw]),
+        }
+        return img_t, target
+
+    def _load(self, idx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Image ``idx`` (HWC uint8) with its COCO ``xywh`` boxes and labels, clipped to its real size."""
         info = self.index.images[idx]
         path = self.img_dir / info["file_name"]
         if not path.is_file() and not path.is_symlink():  # a broken link gets its own message from read_image
@@ -157,23 +198,7 @@ class CocoDetection(AugmentedDataset):
             if annotated != (None, None):
                 self._note_size_mismatch(idx, path, (w, h), annotated)
             boxes, labels = clip_boxes(self.index.raw_boxes[idx], self.index.raw_labels[idx], w, h)
-        shared = self.batch_draw(key)
-        extra = {} if shared is None else {"batch_draw": shared}
-        out = self.transform(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)), **extra)
-        img_t = out["image"]
-        th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
-        kept = np.asarray(out["ann_index"], dtype=np.int64)
-        tboxes = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4))
-        tboxes = box_convert(tboxes, "xywh", "cxcywh") / torch.tensor([tw, th, tw, th], dtype=torch.float32)
-        target = {
-            "boxes": tboxes,
-            # Labels are looked up by the surviving index: albumentations returns label fields as floats.
-            "labels": torch.as_tensor(labels[kept], dtype=torch.int64),
-            "image_id": int(info["id"]),
-            "orig_size": torch.tensor([h, w]),
-            "size": torch.tensor([th, tw]),
-        }
-        return img_t, target
+        return image, boxes, labels
 
 
 def clip_boxes(boxes: np.ndarray, labels: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:

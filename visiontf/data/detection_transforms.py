@@ -21,8 +21,8 @@ import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 from albumentations.augmentations.crops.transforms import BaseCrop  # noqa: E402
 from albumentations.pytorch import ToTensorV2  # noqa: E402
-from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN, IMAGENET_DEFAULT_STD as IMAGENET_STD  # noqa: E402
-
+from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN  # noqa: E402
+from timm.data import IMAGENET_DEFAULT_STD as IMAGENET_STD  # noqa: E402
 
 #: DETR's defaults (full-size COCO training).
 DETR_SCALES = tuple(range(480, 801, 32))
@@ -167,6 +167,8 @@ def build_train_transforms(
     crop_size: tuple[int, int] = DETR_CROP_SIZE,
     seed: int | None = None,
     scale_per_batch: bool = False,
+    mosaic: float = 0.0,
+    mosaic_cell: tuple[int, int] | None = None,
 ) -> A.Compose:
     """DETR's training augmentation. Call with ``image=, bboxes=, labels=, ann_index=`` (and
     ``batch_draw=``, see below).
@@ -174,6 +176,12 @@ def build_train_transforms(
     ``seed`` seeds the pipeline's own RNG (albumentations ignores global seeds). ``scale_per_batch``:
     the final size (from ``scales``) follows the call's ``batch_draw``, so that a batch shares it
     (:class:`RandomShortestSideResize`); the crop path's first resize stays per image.
+
+    ``mosaic`` > 0: with that probability the image is first a 2x2 mosaic of itself and three others
+    (albumentations' ``Mosaic``; each fitted into a ``mosaic_cell`` (h, w) cell, the whole grid kept), so it
+    holds about four images' objects at half their size before DETR's resizes: DEIM's dense one-to-one
+    matching (more matched queries per image). The call then needs ``mosaic_metadata=``: the three
+    others as dicts of the same fields (:class:`~visiontf.data.coco_dataset.CocoDetection` gives them).
     """
     multi_scale = RandomShortestSideResize(scales, max_size, per_batch=scale_per_batch)
     crop_path = A.Sequential(
@@ -184,8 +192,15 @@ def build_train_transforms(
         ],
         p=1.0,
     )
+    first: list[A.BasicTransform] = []
+    if mosaic > 0:
+        if mosaic_cell is None:
+            raise ValueError("build_train_transforms: mosaic needs mosaic_cell, the (h, w) of one mosaic cell")
+        h, w = mosaic_cell
+        first.append(A.Mosaic(grid_yx=(2, 2), cell_shape=(h, w), target_size=(2 * h, 2 * w), fit_mode="contain",
+                              fill=114, p=mosaic))
     return A.Compose(
-        [A.HorizontalFlip(p=0.5), A.OneOf([multi_scale, crop_path], p=1.0), *_finish()],
+        [*first, A.HorizontalFlip(p=0.5), A.OneOf([multi_scale, crop_path], p=1.0), *_finish()],
         bbox_params=bbox_params(),
         seed=seed,
     )
