@@ -7,7 +7,7 @@ import torch
 from torchvision.ops import box_convert, box_iou
 
 from visiontf.detection import HungarianMatcher, SetCriterion
-from visiontf.detection.losses import ia_bce_loss, varifocal_loss
+from visiontf.detection.losses import ia_bce_loss, matchability_aware_loss, varifocal_loss
 from visiontf.detection.set_loss import build_criterion
 from visiontf.models.contract import Detector
 from visiontf.models.denoising import build_contrastive_denoising
@@ -109,7 +109,7 @@ def test_interm_outputs_are_supervised_with_their_classes():
     assert not torch.allclose(terms["loss_ce_interm"], terms["loss_ce_enc"])
 
 
-@pytest.mark.parametrize("class_loss", ["vfl", "ia_bce"])
+@pytest.mark.parametrize("class_loss", ["vfl", "ia_bce", "mal"])
 def test_iou_aware_class_losses_take_the_matched_iou(class_loss):
     crit = _criterion(class_loss=class_loss)
     out, targets = _outputs(), _targets()
@@ -121,8 +121,8 @@ def test_iou_aware_class_losses_take_the_matched_iou(class_loss):
         target_classes[b, q] = targets[b]["labels"][t]
         pairs = box_iou(box_convert(out["pred_boxes"][b, q], "cxcywh", "xyxy"), box_convert(targets[b]["boxes"][t], "cxcywh", "xyxy"))
         iou[b, q] = pairs.diagonal()
-    fn = varifocal_loss if class_loss == "vfl" else ia_bce_loss
-    torch.testing.assert_close(terms["loss_ce"], fn(out["pred_logits"], target_classes, iou, 3.0))
+    fn = {"vfl": varifocal_loss, "ia_bce": ia_bce_loss, "mal": matchability_aware_loss}[class_loss]
+    torch.testing.assert_close(terms["loss_ce"], fn(out["pred_logits"], target_classes, iou, 3.0, gamma=crit.focal_gamma))
 
 
 def test_set_loss_follows_the_class_head():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visiontf.detection.losses import ia_bce_loss, varifocal_loss
+from visiontf.detection.losses import ia_bce_loss, matchability_aware_loss, varifocal_loss
 
 
 def _case(seed=0, n=12, k=5, matched=5):
@@ -45,6 +45,31 @@ def _ia_bce_direct(logits, target, iou, num_boxes, alpha=0.25, gamma=2.0):
                 w_pos, w_neg = 0.0, p**gamma
             total += -w_pos * torch.log(torch.tensor(p)).item() - w_neg * torch.log(torch.tensor(1 - p)).item()
     return total / num_boxes
+
+
+def _mal_direct(logits, target, iou, num_boxes, alpha=None, gamma=1.5):
+    """DEIM's loss_labels_mal, element by element in float64: BCE towards IoU^gamma, matched weight 1."""
+    total = 0.0
+    n, k = logits.shape
+    for i in range(n):
+        for c in range(k):
+            p = torch.sigmoid(logits[i, c]).item()
+            pos = int(target[i]) == c
+            q = float(iou[i]) ** gamma if pos else 0.0
+            bce = -(q * torch.log(torch.tensor(p)) + (1 - q) * torch.log(torch.tensor(1 - p))).item()
+            w = 1.0 if pos else (1.0 if alpha is None else alpha) * p**gamma
+            total += w * bce
+    return total / num_boxes
+
+
+@pytest.mark.parametrize("seed,alpha,gamma", [(0, None, 1.5), (1, None, 1.5), (1, 0.75, 2.0)])
+def test_matchability_aware_loss_matches_its_formula(seed, alpha, gamma):
+    logits, target, iou = _case(seed)
+    got = matchability_aware_loss(logits, target, iou, num_boxes=3.0, alpha=alpha, gamma=gamma)
+    assert got.item() == pytest.approx(_mal_direct(logits, target, iou, 3.0, alpha, gamma), rel=1e-5)
+    # unlike varifocal, a matched query with IoU 0 still learns (pushed down, weight 1)
+    zero = matchability_aware_loss(logits, target, torch.zeros_like(iou), 3.0)
+    assert zero.item() > varifocal_loss(logits, target, torch.zeros_like(iou), 3.0).item()
 
 
 @pytest.mark.parametrize("seed", [0, 1])

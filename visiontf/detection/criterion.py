@@ -13,8 +13,8 @@ two-stage proposals (``enc_outputs``) are matched and supervised class-agnostica
 
 Options of the DINO line, each used only when the model's outputs carry its entries:
 
-* ``class_loss="vfl"`` (varifocal, RT-DETR / D-FINE) or ``"ia_bce"`` (RF-DETR's IoU-aware BCE):
-  sigmoid class losses whose target is the IoU of the matched box (:mod:`visiontf.detection.losses`);
+* ``class_loss="vfl"`` (varifocal, RT-DETR / D-FINE), ``"ia_bce"`` (RF-DETR's IoU-aware BCE) or ``"mal"``
+  (DEIM's matchability-aware loss): sigmoid class losses whose target is the IoU of the matched box (:mod:`visiontf.detection.losses`);
 * ``interm_outputs`` (DINO's mixed query selection: the selected encoder proposals): matched and
   supervised with the class labels under the suffix ``_interm`` (DINO's ``SetCriterion``);
 * ``num_query_groups`` G (Group DETR): the G * Q queries are matched one-to-one per group, and the
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_convert, box_iou, generalized_box_iou, sigmoid_focal_loss
 
-from visiontf.detection.losses import ia_bce_loss, varifocal_loss
+from visiontf.detection.losses import ia_bce_loss, matchability_aware_loss, varifocal_loss
 from visiontf.detection.matcher import HungarianMatcher, Indices
 from visiontf.models.denoising import denoising_match_indices
 
@@ -47,9 +47,9 @@ DEFAULT_WEIGHTS: dict[str, float] = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_gio
 #: Deformable DETR's defaults (``main.py``: cls_loss_coef 2, bbox 5, giou 2)
 FOCAL_DEFAULT_WEIGHTS: dict[str, float] = {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 SUPPORTED_LOSSES = ("labels", "boxes", "cardinality")
-CLASS_LOSSES = ("ce", "focal", "vfl", "ia_bce")
+CLASS_LOSSES = ("ce", "focal", "vfl", "ia_bce", "mal")
 #: IoU-aware sigmoid class losses: the matched class's target is the box's IoU
-_IOU_AWARE = {"vfl": varifocal_loss, "ia_bce": ia_bce_loss}
+_IOU_AWARE = {"vfl": varifocal_loss, "ia_bce": ia_bce_loss, "mal": matchability_aware_loss}
 #: outputs that are not the final predictions: each is matched and supervised separately
 _EXTRA_OUTPUTS = ("aux_outputs", "enc_outputs", "interm_outputs", "dn_outputs", "dn_meta", "num_query_groups")
 #: denoising terms of a batch without any box (zero, so that every step logs the same names)
@@ -89,9 +89,10 @@ class SetCriterion(nn.Module):
             (Deformable DETR: sigmoid focal loss over K logits; its default weights and matcher
             are class 2 / L1 5 / GIoU 2 with the focal matching cost), or an IoU-aware sigmoid
             loss: ``"vfl"`` (:func:`~visiontf.detection.losses.varifocal_loss`, alpha 0.75) or
-            ``"ia_bce"`` (:func:`~visiontf.detection.losses.ia_bce_loss`, alpha ``focal_alpha``);
-            the sigmoid losses share the focal matching cost and normalisation.
-        focal_alpha, focal_gamma: of the focal loss (and of IA-BCE).
+            ``"ia_bce"`` (:func:`~visiontf.detection.losses.ia_bce_loss`, alpha ``focal_alpha``) or
+            ``"mal"`` (:func:`~visiontf.detection.losses.matchability_aware_loss`, no alpha; DEIM uses
+            ``focal_gamma`` 1.5); the sigmoid losses share the focal matching cost and normalisation.
+        focal_alpha, focal_gamma: of the focal loss (gamma of every sigmoid loss, alpha also of IA-BCE).
 
     ``forward(outputs, targets)`` returns the unweighted terms (``loss_ce``, ``class_error``,
     ``loss_bbox``, ``loss_giou``, ``cardinality_error`` and their ``_i`` versions for
@@ -169,7 +170,8 @@ class SetCriterion(nn.Module):
             iou = torch.zeros(src_logits.shape[:2], dtype=torch.float32, device=device)
             if len(target_classes_o):
                 iou[idx] = self._matched_iou(outputs, targets, indices, idx)
-            kwargs = {"gamma": self.focal_gamma} if self.class_loss == "vfl" else {"alpha": self.focal_alpha, "gamma": self.focal_gamma}
+            # vfl: its own alpha 0.75; mal: DEIM's (no alpha); ia_bce: focal_alpha
+            kwargs = {"gamma": self.focal_gamma} if self.class_loss in ("vfl", "mal") else {"alpha": self.focal_alpha, "gamma": self.focal_gamma}
             loss_ce = _IOU_AWARE[self.class_loss](src_logits, target_classes, iou, num_boxes, **kwargs)
         elif self.class_loss == "focal":
             # one-hot over the K classes; unmatched queries are all-negative

@@ -135,4 +135,37 @@ def ia_bce_loss(
     return _reduce(loss, num_boxes, reduction)
 
 
-__all__ = ["ia_bce_loss", "varifocal_loss"]
+def matchability_aware_loss(
+    logits: Tensor,
+    target: Tensor,
+    iou: Tensor,
+    num_boxes: float,
+    alpha: float | None = None,
+    gamma: float = 1.5,
+    reduction: Literal["sum", "none"] = "sum",
+) -> Tensor:
+    r"""Matchability-aware loss (Huang et al., DEIM, CVPR 2025), the class loss of its dense one-to-one matching.
+
+    Source: ShihuaHuang95/DEIM ``engine/deim/deim_criterion.py`` (``loss_labels_mal``; ``gamma`` 1.5 and
+    no ``mal_alpha`` in its configs). With ``t`` the one-hot target, ``q = IoU * t`` and ``p = sigmoid(x)``:
+
+    .. math::
+        w = a \, \mathrm{sg}(p)^\gamma (1 - t) + t, \qquad
+        \mathcal{L} = rac{1}{N_{box}} \sum w \cdot \mathrm{BCE}(x, q^\gamma)
+
+    with ``a`` = ``alpha``, or 1 when None. Against varifocal: a matched query weighs 1 whatever its IoU
+    (varifocal weighs it by ``q``, so a poorly placed match, as many are when a mosaic packs small
+    objects, hardly learns), its target is ``q^gamma``, and the negatives keep full weight (no 0.75).
+
+    Args: as :func:`varifocal_loss`.
+    """
+    t = _one_hot(logits, target)
+    x = logits.float()
+    q = (_iou(logits, iou)[..., None] * t).pow(gamma)
+    negative = x.sigmoid().detach().pow(gamma) * (1 - t)
+    weight = (negative if alpha is None else alpha * negative) + t
+    loss = F.binary_cross_entropy_with_logits(x, q, weight=weight, reduction="none")
+    return _reduce(loss, num_boxes, reduction)
+
+
+__all__ = ["ia_bce_loss", "matchability_aware_loss", "varifocal_loss"]
