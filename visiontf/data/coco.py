@@ -138,13 +138,13 @@ class CocoDataModule(L.LightningDataModule):
 
     def _dataset(self, img_dir: Path, ann_file: Path, train: bool) -> CocoDetection:
         mosaic = self.mosaic if train else 0.0
-        if train:
-            tf = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size, seed=self.seed,
-                                           scale_per_batch=self.scale_per_batch, mosaic=mosaic,
-                                           mosaic_cell=self._mosaic_cell(ann_file) if mosaic else None)
+        ds = CocoDetection(img_dir, ann_file, seed=self.seed, label_space=self.label_space, mosaic=mosaic > 0)
+        if train:  # after parsing: the mosaic cell is sized from the split's images
+            ds.transform = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size,
+                                                     seed=self.seed, scale_per_batch=self.scale_per_batch, mosaic=mosaic,
+                                                     mosaic_cell=self._mosaic_cell(ds) if mosaic else None)
         else:
-            tf = DT.build_val_transforms(self.val_size, self.max_size)
-        ds = CocoDetection(img_dir, ann_file, tf, seed=self.seed, label_space=self.label_space, mosaic=mosaic > 0)
+            ds.transform = DT.build_val_transforms(self.val_size, self.max_size)
         if ds.index.category_ids != self._category_ids:
             raise AnnotationError(
                 f"{ann_file}: category ids {ds.index.category_ids} differ from {self._category_ids} in the file "
@@ -153,13 +153,12 @@ class CocoDataModule(L.LightningDataModule):
         return ds
 
     @staticmethod
-    def _mosaic_cell(ann_file: Path) -> tuple[int, int]:
+    def _mosaic_cell(ds: CocoDetection) -> tuple[int, int]:
         """A mosaic cell is the median annotated image (h, w): most images fill their cell."""
-        images = load_coco_json(ann_file).get("images") or []
-        sizes = [(im["height"], im["width"]) for im in images
+        sizes = [(im["height"], im["width"]) for im in ds.index.images
                  if isinstance(im.get("height"), int) and isinstance(im.get("width"), int) and im["height"] > 0 and im["width"] > 0]
         if not sizes:
-            raise AnnotationError(f"{ann_file}: data.init_args.mosaic needs the images' width and height in the file "
+            raise AnnotationError(f"{ds.ann_file}: data.init_args.mosaic needs the images' width and height in the file "
                                   "to size the mosaic cells; add them, or set mosaic 0")
         hs, ws = zip(*sizes)
         return int(statistics.median(hs)), int(statistics.median(ws))
