@@ -31,6 +31,17 @@ def test_environment_forces_either_cpu_kind(monkeypatch, value, native):
     assert cpu_has_native_bf16(AMD_ZEN2) is False  # given text is read as given
 
 
+def test_the_log_line_says_what_decided(monkeypatch, caplog):
+    """The environment override is named as the reason, not the CPU flags it stands in for."""
+    monkeypatch.delenv(cpu_precision.NATIVE_BF16_ENV, raising=False)
+    with caplog.at_level(logging.INFO, logger="visiontf.cli.precision"):
+        resolve_cpu_precision("bf16-mixed", "cpu", "32-true", native_bf16=False)
+        monkeypatch.setenv(cpu_precision.NATIVE_BF16_ENV, "0")
+        resolve_cpu_precision("bf16-mixed", "cpu", "32-true")
+    flags, forced = [r.getMessage() for r in caplog.records]
+    assert "flag in /proc/cpuinfo" in flags and "VISIONTF_NATIVE_BF16=0" in forced and "cpuinfo" not in forced
+
+
 def test_environment_value_other_than_0_or_1_is_refused(monkeypatch):
     monkeypatch.setenv(cpu_precision.NATIVE_BF16_ENV, "yes")
     with pytest.raises(ValueError, match="VISIONTF_NATIVE_BF16='yes'"):

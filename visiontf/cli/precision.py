@@ -70,7 +70,8 @@ def resolve_cpu_precision(precision: object, accelerator: object, without_native
         native_bf16 = cpu_has_native_bf16()
     if native_bf16:
         return precision
-    log.info("trainer.precision %s -> %s: this CPU has no native bf16 (no %s flag in /proc/cpuinfo), where bf16 "
-             "runs many times slower than float32 (the config's precision_without_native_bf16; null keeps %s)",
-             precision, without_native_bf16, "/".join(sorted(NATIVE_BF16_FLAGS)), precision)
+    why = (f"{NATIVE_BF16_ENV}=0" if os.environ.get(NATIVE_BF16_ENV, "").strip() == "0"
+           else f"no {'/'.join(sorted(NATIVE_BF16_FLAGS))} flag in /proc/cpuinfo")
+    log.info("trainer.precision %s -> %s: this CPU has no native bf16 (%s), where bf16 runs many times slower than "
+             "float32 (the config's precision_without_native_bf16; null keeps %s)", precision, without_native_bf16, why, precision)
     return without_native_bf16
