@@ -100,3 +100,12 @@ def test_mosaic_settings_are_checked(four_images):
         dm.setup("fit")
     with pytest.raises(ValueError, match="mosaic needs mosaic_cell"):
         DT.build_train_transforms(mosaic=0.5)
+
+
+def test_images_without_boxes_take_part_in_a_mosaic():
+    t = DT.build_train_transforms(scales=[96], max_size=200, crop_scales=[96], crop_size=[80, 120], mosaic=1.0,
+                                  mosaic_cell=(60, 80), seed=0)
+    empty = {"image": np.zeros((60, 80, 3), np.uint8), "bboxes": np.zeros((0, 4), np.float32),
+             "labels": np.zeros(0, np.int64), "ann_index": np.zeros(0, np.int64)}
+    out = t(**empty, mosaic_metadata=[dict(empty) for _ in range(3)])
+    assert out["image"].shape[-2] == 96 and len(out["bboxes"]) == 0

@@ -66,8 +66,8 @@ class CocoDetection(AugmentedDataset):
         mosaic: bool = False,
     ):
         self.img_dir = Path(img_dir)
-        self.mosaic = mosaic
         self.ann_file = Path(ann_file)
+        self.mosaic = mosaic
         if not self.img_dir.is_dir():
             raise FileNotFoundError(f"{self.img_dir}: image folder not found (check the dataset root and *_images)")
         self.index = parse_coco(load_coco_json(self.ann_file), self.ann_file, label_space)
@@ -154,19 +154,18 @@ class CocoDetection(AugmentedDataset):
         h, w = image.shape[:2]
         shared = self.batch_draw(key)
         extra: dict[str, Any] = {} if shared is None else {"batch_draw": shared}
+        all_labels = labels  # of every image in the item: kept boxes are looked up in it by ann_index
         if self.mosaic:
             # the partners come from the pipeline's generator, seeded for this sample: the same on resume
             others, offset = [], len(boxes)
             for j in self.transform.random_generator.integers(len(self), size=MOSAIC_PARTNERS).tolist():
                 o_image, o_boxes, o_labels = self._load(j)
-                # ann_index numbers the boxes of all four images: labels are looked up in their concatenation
                 others.append({"image": o_image, "bboxes": o_boxes, "labels": o_labels,
                                "ann_index": offset + np.arange(len(o_boxes))})
                 offset += len(o_boxes)
-            labels = np.concatenate([labels, *(o["labels"] for o in others)])
+            all_labels = np.concatenate([labels, *(o["labels"] for o in others)])
             extra["mosaic_metadata"] = others
-        n_first = len(boxes)
-        out = self.transform(image=image, bboxes=boxes, labels=labels[:n_first], ann_index=np.arange(n_first), **extra)
+        out = self.transform(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)), **extra)
         img_t = out["image"]
         th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
         kept = np.asarray(out["ann_index"], dtype=np.int64)
@@ -175,7 +174,7 @@ class CocoDetection(AugmentedDataset):
         target = {
             "boxes": tboxes,
             # Labels are looked up by the surviving index: albumentations returns label fields as floats.
-            "labels": torch.as_tensor(labels[kept], dtype=torch.int64),
+            "labels": torch.as_tensor(all_labels[kept], dtype=torch.int64),
             "image_id": int(self.index.images[idx]["id"]),
             "orig_size": torch.tensor([h, w]),
             "size": torch.tensor([th, tw]),
