@@ -1,6 +1,8 @@
 """IoU-aware classification losses (visiontf.detection.losses) against their formulas, evaluated directly."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -16,19 +18,22 @@ def _case(seed=0, n=12, k=5, matched=5):
     return logits, target, iou
 
 
-def _varifocal_direct(logits, target, iou, num_boxes, alpha=0.75, gamma=2.0):
-    """VarifocalNet / RT-DETR, element by element in float64."""
+def _weighted_bce_direct(logits, target, iou, num_boxes, soft_target, weight):
+    """Sum over (query, class) of weight(p, matched, iou) * BCE(p, soft_target(iou) or 0), element by element in float64."""
     total = 0.0
     n, k = logits.shape
     for i in range(n):
         for c in range(k):
             p = torch.sigmoid(logits[i, c]).item()
             pos = int(target[i]) == c
-            q = float(iou[i]) if pos else 0.0
-            bce = -(q * torch.log(torch.tensor(p)) + (1 - q) * torch.log(torch.tensor(1 - p))).item()
-            w = q if pos else alpha * p**gamma
-            total += w * bce
+            q = soft_target(float(iou[i])) if pos else 0.0
+            total += weight(p, pos, float(iou[i])) * -(q * math.log(p) + (1 - q) * math.log(1 - p))
     return total / num_boxes
+
+
+def _varifocal_direct(logits, target, iou, num_boxes, alpha=0.75, gamma=2.0):
+    """VarifocalNet / RT-DETR: BCE towards the IoU, matched weight the IoU, negatives alpha p^gamma."""
+    return _weighted_bce_direct(logits, target, iou, num_boxes, lambda u: u, lambda p, pos, u: u if pos else alpha * p**gamma)
 
 
 def _ia_bce_direct(logits, target, iou, num_boxes, alpha=0.25, gamma=2.0):
@@ -48,18 +53,9 @@ def _ia_bce_direct(logits, target, iou, num_boxes, alpha=0.25, gamma=2.0):
 
 
 def _mal_direct(logits, target, iou, num_boxes, alpha=None, gamma=1.5):
-    """DEIM's loss_labels_mal, element by element in float64: BCE towards IoU^gamma, matched weight 1."""
-    total = 0.0
-    n, k = logits.shape
-    for i in range(n):
-        for c in range(k):
-            p = torch.sigmoid(logits[i, c]).item()
-            pos = int(target[i]) == c
-            q = float(iou[i]) ** gamma if pos else 0.0
-            bce = -(q * torch.log(torch.tensor(p)) + (1 - q) * torch.log(torch.tensor(1 - p))).item()
-            w = 1.0 if pos else (1.0 if alpha is None else alpha) * p**gamma
-            total += w * bce
-    return total / num_boxes
+    """DEIM's loss_labels_mal: BCE towards IoU^gamma, matched weight 1, negatives (alpha or 1) p^gamma."""
+    a = 1.0 if alpha is None else alpha
+    return _weighted_bce_direct(logits, target, iou, num_boxes, lambda u: u**gamma, lambda p, pos, u: 1.0 if pos else a * p**gamma)
 
 
 @pytest.mark.parametrize("seed,alpha,gamma", [(0, None, 1.5), (1, None, 1.5), (1, 0.75, 2.0)])
