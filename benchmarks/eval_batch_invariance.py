@@ -18,12 +18,15 @@ predicted class differs from batch 1, each image scored on its own (unpadded) ex
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from benchmarks.common import setup_torch  # noqa: F401  (puts the checkout on sys.path)
-from visiontf.data.batching import pad_images, size_buckets
-from visiontf.models import create_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import setup_torch  # noqa: E402, F401
+from visiontf.data.batching import pad_images, size_buckets  # noqa: E402
+from visiontf.models import create_model  # noqa: E402
 
 SIZES = [(64, 80), (80, 64), (64, 80), (72, 72), (64, 80), (80, 64), (64, 80), (72, 72)]
 BATCHES = (2, 8)
