@@ -107,6 +107,10 @@ OPTION_COMBINATIONS = {
                                                         num_feature_levels=4, nms_iou_threshold=0.7)),
     # the NMS of the query selection is in the graph (ONNX NonMaxSuppression)
     "dino_distinct_queries": ("dino_tiny", dict(distinct_query_iou=0.8)),
+    # Relation-DETR's attention bias, computed from each layer's boxes in the graph
+    "dino_position_relation": ("dino_tiny", dict(distinct_query_iou=0.8, position_relation=True)),
+    # DDQ's selection after each decoder layer: NonMaxSuppression between the layers
+    "dino_distinct_between_layers": ("dino_tiny", dict(distinct_query_iou=0.8, distinct_between_layers=True)),
 }
 
 

@@ -45,10 +45,12 @@ from visiontf.models.detector_settings import DeformableWeightsSettings
 from visiontf.models.detr import DETECTION_CFG, MLP
 from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.dino_options import DinoOptions
+from visiontf.models.distinct_queries import DistinctQueriesBetweenLayers
 from visiontf.models.feature_levels import feature_levels
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.nn.ms_deform_attn import recording_sampling
+from visiontf.nn.position_relation import PositionRelationEmbedding
 
 
 class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
@@ -75,7 +77,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
     Training options of the DINO line (all off by default, as in the published Deformable DETR), the fields of
     :class:`~visiontf.models.dino_options.DinoOptions` (their meaning and sources), kept as ``self.dino_options``:
     ``mixed_query_selection``, ``look_forward_twice``, ``num_denoising``, ``dn_label_noise_ratio``,
-    ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, ``distinct_query_iou``; and:
+    ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, ``distinct_query_iou``, ``position_relation``, ``distinct_between_layers``; and:
 
     Args:
         num_select: detections kept per image by the post-processing (Deformable DETR 100,
@@ -128,6 +130,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         num_query_groups: int = 1,
         share_decoder_heads: bool = False,
         distinct_query_iou: float | None = None,
+        position_relation: bool = False,
+        distinct_between_layers: bool = False,
         pos_temperature: float = 10000.0,
         num_select: int = 100,
         decoder_norm: bool = False,
@@ -147,7 +151,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             decoder_norm=decoder_norm, pos_temperature=pos_temperature, pos_offset=pos_offset,
             inverse_sigmoid_eps=inverse_sigmoid_eps, select_padded_proposals=select_padded_proposals)
         self.dino_options = DinoOptions(mixed_query_selection, look_forward_twice, num_denoising, dn_label_noise_ratio,
-                                        dn_box_noise_scale, num_query_groups, share_decoder_heads, distinct_query_iou)
+                                        dn_box_noise_scale, num_query_groups, share_decoder_heads, distinct_query_iou,
+                                        position_relation, distinct_between_layers)
         self.dino_options.check(num_queries, with_box_refine, two_stage)
         self.num_classes = num_classes
         # replaceable at evaluation and prediction: visiontf.detection.set_postprocess
@@ -173,6 +178,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
             two_stage, attn_method, proposal_queries=not mixed_query_selection,
         )
         self.transformer.decoder.inverse_sigmoid_eps = inverse_sigmoid_eps
+        if position_relation:
+            self.transformer.decoder.position_relation = PositionRelationEmbedding(nheads)
         if not two_stage:
             # Group DETR: one set of learned queries per group (the first is the inference set)
             self.query_embed = nn.Embedding(num_queries * num_query_groups, 2 * hidden_dim)
@@ -262,13 +269,23 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         memory = self.transformer.encoder(src, pos, reference, shapes, padding_mask)
         return MultiScaleMemory(memory, padding_mask, shapes, ratios, counts, layout)
 
-    def decode(self, queries: dict, enc: MultiScaleMemory, self_attn_mask: Tensor | None = None, num_groups: int = 1) -> dict:
+    def decode(
+        self, queries: dict, enc: MultiScaleMemory, self_attn_mask: Tensor | None = None, num_groups: int = 1,
+        after_layer: DistinctQueriesBetweenLayers | None = None,
+    ) -> dict:
         """The decoder on ``queries`` (see :meth:`initial_queries`); box refinement uses this model's heads."""
         return self.transformer.decoder(
             queries["tgt"], queries["reference"], enc.memory, enc.spatial_shapes, enc.valid_ratios, queries["query_pos"],
             enc.padding_mask, self_attn_mask, self._decoder_heads(self.bbox_embed) if self.arch_options.with_box_refine else None, num_groups,
-            self.ref_point_head if self.dino_options.mixed_query_selection else None,
+            self.ref_point_head if self.dino_options.mixed_query_selection else None, after_layer,
         )
+
+    def layer_scores(self, i: int, hidden: Tensor) -> Tensor:
+        """(B, N) best class probability of decoder layer ``i``'s outputs (B, N, C), as :meth:`predict` scores them."""
+        if self.decoder_norm is not None:
+            hidden = self.decoder_norm(hidden)
+        head = self.class_embed[0] if self.dino_options.share_decoder_heads else self.class_embed[i]
+        return head(hidden).float().sigmoid().amax(-1)
 
     def predict(self, dec: dict) -> tuple[Tensor, Tensor]:
         """Class logits (layers, B, Q, K) and boxes (layers, B, Q, 4) normalised cxcywh, float32."""
@@ -346,15 +363,20 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         sampled: list[tuple[Tensor, Tensor]] = []
         # the last decoder layer's cross-attention: where it looked (the paper's figure)
         last_cross_attn = self.transformer.decoder.layers[-1].cross_attn
+        distinct = None
+        if options.distinct_between_layers:
+            distinct = DistinctQueriesBetweenLayers(self.layer_scores, options.distinct_query_iou, P, groups, folded=not P)
         with recording_sampling(last_cross_attn, sampled) if need_weights else contextlib.nullcontext():
             if P:
                 queries = self._with_denoising(queries, dn)
                 attn_mask = query_groups.self_attn_mask(P, dn.meta.group_size, num_matching, groups, images.device)
-                dec = self.decode(queries, enc, attn_mask)
+                dec = self.decode(queries, enc, attn_mask, after_layer=distinct)
             else:
                 # without denoising queries the groups are folded into the batch: no mask needed
-                dec = self.decode(queries, enc, num_groups=groups)
+                dec = self.decode(queries, enc, num_groups=groups, after_layer=distinct)
         logits, boxes = self.predict(dec)
+        if distinct is not None:
+            logits = distinct.mask_logits(logits)
         if self.training and self.label_enc is not None and not P:
             # every parameter takes part in every step (DDP), as DINO's ``label_enc.weight[0, 0] * 0``
             logits = logits + 0.0 * self.label_enc.weight[0, 0]

@@ -18,8 +18,7 @@ references (detached between layers, as the original) and, when refining, the un
 from __future__ import annotations
 
 import copy
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 
 from visiontf.nn import MSDeformAttn, MultiheadAttention
 from visiontf.nn.packed_tokens import PackedTokens
+from visiontf.nn.pos_embed import sine_embedding
 from visiontf.nn.tensor_cache import tensor_cache
 
 
@@ -36,18 +36,6 @@ def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
     """log(x / (1 - x)) with x clamped to [eps, 1 - eps] (the original's ``util.misc.inverse_sigmoid``)."""
     x = x.clamp(min=0, max=1)
     return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
-
-
-def sine_embedding(coords: Tensor, num_feats: int, temperature: float = 10000.0, scale: float = 2 * math.pi) -> Tensor:
-    """Sine/cosine features of normalised coordinates: (..., k) in [0, 1] -> (..., k * num_feats).
-
-    Per coordinate, ``num_feats`` channels sin/cos interleaved at frequencies T^(2(i//2)/num_feats)
-    (the original's ``get_proposal_pos_embed`` for two-stage query positions).
-    """
-    i = torch.arange(num_feats, dtype=torch.float32, device=coords.device)
-    dim_t = temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / num_feats)
-    pos = (coords.float() * scale)[..., None] / dim_t
-    return torch.stack((pos[..., 0::2].sin(), pos[..., 1::2].cos()), dim=-1).flatten(-3)
 
 
 @dataclass(frozen=True)
@@ -229,6 +217,9 @@ class DeformableTransformerDecoder(nn.Module):
         self.num_layers = num_layers
         #: the clamp of the refinement's inverse sigmoid (see :func:`refine_boxes`); the model sets it
         self.inverse_sigmoid_eps = 1e-5
+        #: Relation-DETR's position relation (:class:`~visiontf.nn.position_relation.PositionRelationEmbedding`),
+        #: set by the model: every layer after the first adds it to its self-attention logits
+        self.position_relation: nn.Module | None = None
 
     def forward(
         self,
@@ -243,6 +234,7 @@ class DeformableTransformerDecoder(nn.Module):
         box_heads: Sequence[nn.Module] | None = None,
         num_groups: int = 1,
         query_pos_head: nn.Module | None = None,
+        after_layer: Callable[[int, Tensor, Tensor, Tensor | None], Tensor | None] | None = None,
     ) -> dict:
         """Decode ``tgt`` against ``memory``.
 
@@ -253,7 +245,8 @@ class DeformableTransformerDecoder(nn.Module):
                 the unpadded image; scaled by ``valid_ratios`` (B, L, 2) for the attention.
             memory: (B, S, C) encoder output; ``memory_padding_mask`` (B, S) True on padding.
             self_attn_mask: for the query self-attention, bool True = may attend or additive
-                float; (Q, Q), or per group (Q / G, Q / G), or (B * G, heads, ., .).
+                float; (Q, Q), or per group (Q / G, Q / G), or (B * G, heads, ., .). With
+                ``position_relation`` set, layers after the first add its bias inside this mask.
             box_heads: one head per layer for iterative refinement: layer i's reference becomes
                 ``sigmoid(head_i(out_i) + inverse_sigmoid(reference_i))``, detached for layer i + 1.
             num_groups: query groups G (Group DETR) folded into the batch for self-attention;
@@ -262,6 +255,10 @@ class DeformableTransformerDecoder(nn.Module):
                 ``query_pos = query_pos_head(sine_embedding(reference))`` of that layer's (detached)
                 4-d reference box, scaled to the first level's valid area (``ref_point_head`` in
                 DINO's ``deformable_transformer.py``), (B, Q, 2C) -> (B, Q, C).
+            after_layer: called after every layer but the last, with box refinement, as
+                ``after_layer(i, out_i, boxes_i, mask)`` (boxes detached); it returns the
+                self-attention mask of the next layer (DDQ DETR's distinct queries:
+                :class:`~visiontf.models.distinct_queries.DistinctQueriesBetweenLayers`).
 
         Returns:
             ``hidden`` (num_layers, B, Q, C); ``references``: the reference each layer used
@@ -274,20 +271,28 @@ class DeformableTransformerDecoder(nn.Module):
             raise ValueError(f"num_groups={num_groups} must divide the number of queries {tgt.shape[1]}")
         if box_heads is not None and len(box_heads) < self.num_layers:
             raise ValueError(f"box refinement needs {self.num_layers} box heads, got {len(box_heads)}")
+        if self.position_relation is not None and (box_heads is None or reference_points.shape[-1] != 4):
+            raise ValueError("the position relation needs 4-d reference boxes refined by box_heads (two_stage=True)")
         hidden, references, new_references, deltas = [], [], [], []
         ref = reference_points
+        attn_mask = self_attn_mask
         for i, layer in enumerate(self.layers):
             scale = valid_ratios if ref.shape[-1] == 2 else torch.cat([valid_ratios, valid_ratios], -1)
             ref_input = ref[:, :, None] * scale[:, None]
             if query_pos_head is not None:
                 query_pos = query_pos_head(sine_embedding(ref_input[:, :, 0], tgt.shape[-1] // 2).to(tgt.dtype))
-            tgt = layer(tgt, query_pos, ref_input, memory, spatial_shapes, memory_padding_mask, self_attn_mask, num_groups)
+            tgt = layer(tgt, query_pos, ref_input, memory, spatial_shapes, memory_padding_mask, attn_mask, num_groups)
             hidden.append(tgt)
             references.append(ref)
             if box_heads is not None:
                 deltas.append(box_heads[i](tgt).float())
                 new_references.append(refine_boxes(ref, deltas[-1], self.inverse_sigmoid_eps))
+                if self.position_relation is not None and i + 1 < self.num_layers:
+                    # Relation-DETR: the relation of this layer's input boxes to its output boxes
+                    attn_mask = self._relation_mask(ref, new_references[-1].detach(), self_attn_mask, num_groups)
                 ref = new_references[-1].detach()
+                if after_layer is not None and i + 1 < self.num_layers:
+                    attn_mask = after_layer(i, tgt, ref, attn_mask)
         refined = box_heads is not None
         return {
             "hidden": torch.stack(hidden),
@@ -295,6 +300,17 @@ class DeformableTransformerDecoder(nn.Module):
             "new_references": new_references if refined else None,
             "deltas": deltas if refined else None,
         }
+
+
+    def _relation_mask(self, src: Tensor, tgt: Tensor, self_attn_mask: Tensor | None, num_groups: int) -> Tensor:
+        """The position relation of (B, Q, 4) boxes, per group, as an additive mask that keeps ``self_attn_mask``'s blocks."""
+        B, Q, _ = src.shape
+        bias = self.position_relation(src.reshape(B * num_groups, Q // num_groups, 4), tgt.reshape(B * num_groups, Q // num_groups, 4))
+        if self_attn_mask is None:
+            return bias
+        if self_attn_mask.dtype == torch.bool:
+            return bias.masked_fill(~self_attn_mask, float("-inf"))
+        return bias + self_attn_mask
 
 
 def refine_boxes(reference: Tensor, delta: Tensor, eps: float = 1e-5) -> Tensor:

@@ -48,6 +48,19 @@ class DinoOptions:
             no two anchors start on one object and the one-to-one matching is not asked to tell
             near-identical queries apart. Part of the model in training and inference (not a
             post-processing); None (DINO) selects by score alone. Needs ``mixed_query_selection``.
+        distinct_between_layers: DDQ DETR's distinct query selection also after every decoder
+            layer but the last, at ``distinct_query_iou``: the queries a class-agnostic NMS of that
+            layer's boxes suppresses are hidden from the next layers' self-attention and leave the
+            predictions (neither matched nor trained by the class loss, never reported):
+            :class:`~visiontf.models.distinct_queries.DistinctQueriesBetweenLayers`. Part of the
+            model in training and inference. Needs ``distinct_query_iou`` and ``with_box_refine``.
+        position_relation: Relation-DETR (Hou et al., ECCV 2024): every decoder layer after the
+            first adds a learned, non-negative per-head bias to its query self-attention logits,
+            computed from the geometry of each pair of queries' boxes (the previous layer's input
+            and output boxes: :class:`~visiontf.nn.position_relation.PositionRelationEmbedding`),
+            so that queries on one object see each other and learn to keep one. Adds
+            ``transformer.decoder.position_relation.proj`` (64 x heads weights). Needs
+            ``two_stage`` (4-d boxes in every layer).
     """
 
     mixed_query_selection: bool = False
@@ -58,6 +71,8 @@ class DinoOptions:
     num_query_groups: int = 1
     share_decoder_heads: bool = False
     distinct_query_iou: float | None = None
+    position_relation: bool = False
+    distinct_between_layers: bool = False
 
     def check(self, num_queries: int, with_box_refine: bool, two_stage: bool) -> None:
         """Refuse combinations (with the model's architecture) that cannot work, naming the fix."""
@@ -73,6 +88,13 @@ class DinoOptions:
                 raise ValueError("distinct_query_iou selects distinct encoder proposals: it needs mixed_query_selection=True")
             if not 0.0 < self.distinct_query_iou <= 1.0:
                 raise ValueError(f"distinct_query_iou must be in (0, 1] (DDQ DETR 0.8) or None, got {self.distinct_query_iou}")
+        if self.distinct_between_layers and (self.distinct_query_iou is None or not with_box_refine):
+            raise ValueError(
+                "distinct_between_layers=True selects distinct queries at distinct_query_iou after each decoder layer: "
+                "it needs distinct_query_iou (DDQ DETR 0.8) and with_box_refine=True"
+            )
+        if self.position_relation and not two_stage:
+            raise ValueError("position_relation=True relates the 4-d boxes of the decoder's queries: it needs two_stage=True (and with_box_refine=True)")
         if self.look_forward_twice and not with_box_refine:
             raise ValueError("look_forward_twice=True refines each layer's boxes from the previous layer's: it needs with_box_refine=True")
         if self.share_decoder_heads and not with_box_refine:

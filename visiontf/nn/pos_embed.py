@@ -18,6 +18,20 @@ def sinusoidal_1d(positions: Tensor, dim: int, temperature: float = 10000.0) -> 
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
 
+def sine_embedding(coords: Tensor, num_feats: int, temperature: float = 10000.0, scale: float = 2 * math.pi) -> Tensor:
+    """Sine/cosine features of coordinates: (..., k) -> (..., k * num_feats).
+
+    Per coordinate, ``num_feats`` channels sin/cos interleaved at frequencies T^(2(i//2)/num_feats)
+    of ``coords * scale`` (Deformable DETR's ``get_proposal_pos_embed`` for two-stage query
+    positions, normalised boxes with scale 2 pi; Relation-DETR's ``get_sine_pos_embed`` of box
+    relations, with scale 100).
+    """
+    i = torch.arange(num_feats, dtype=torch.float32, device=coords.device)
+    dim_t = temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / num_feats)
+    pos = (coords.float() * scale)[..., None] / dim_t
+    return torch.stack((pos[..., 0::2].sin(), pos[..., 1::2].cos()), dim=-1).flatten(-3)
+
+
 class SinusoidalPositionEmbedding1d(nn.Module):
     """Fixed 1D embedding of the Transformer paper for sequences (B, L, C) -> (1, L, C)."""
 
