@@ -10,6 +10,8 @@ import logging
 
 import pytest
 import torch
+from dino_helpers import DINO, TOY
+from dino_helpers import toy_batch as _inputs
 
 import visiontf.models.denoising as dn
 from visiontf.detection import build_postprocess
@@ -18,27 +20,10 @@ from visiontf.models.deformable_detr import DeformableDETR
 from visiontf.models.denoising import build_contrastive_denoising, denoising_attn_mask
 from visiontf.models.query_groups import self_attn_mask
 
-TOY = dict(num_classes=5, backbone="resnet18", num_feature_levels=3, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2,
-           dim_feedforward=48, num_queries=8, dec_n_points=2, enc_n_points=2, dropout=0.0, frozen_bn=False, freeze_stem=False)
-DINO = dict(with_box_refine=True, two_stage=True, mixed_query_selection=True, look_forward_twice=True, num_denoising=6,
-            share_decoder_heads=True)
-
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
     torch.manual_seed(seed)
     return DeformableDETR(**{**TOY, **kw})
-
-
-def _inputs():
-    g = torch.Generator().manual_seed(0)
-    images = torch.randn(2, 3, 64, 96, generator=g)
-    mask = torch.zeros(2, 64, 96, dtype=torch.bool)
-    mask[1, :, 80:] = True
-    targets = [
-        {"labels": torch.tensor([1, 3]), "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2]])},
-        {"labels": torch.tensor([2]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])},
-    ]
-    return images, mask, targets
 
 
 def _empty(n: int = 2):

@@ -2,22 +2,23 @@
 
 The selection against torchvision's NMS by hand, cumulative, per group, denoising queries untouched;
 the masks it returns; the suppressed queries' logits in every later layer and their gradient; the
-same matching outputs with and without denoising queries in front; the refusals. Toy sizes as
-tests/test_dino_options.py. Cost: a few seconds.
+same matching outputs with and without denoising queries in front; the refusals. Toy sizes of
+tests/dino_helpers.py. Cost: a few seconds.
 """
 from __future__ import annotations
 
 import pytest
 import torch
+from dino_helpers import DINO as DINO_OPTIONS
+from dino_helpers import TOY as TOY_DINO
+from dino_helpers import toy_batch
 from torchvision.ops import box_convert, nms
 
 from visiontf.models.deformable_detr import DeformableDETR
 from visiontf.models.distinct_queries import SUPPRESSED_LOGIT, DistinctQueriesBetweenLayers, restrict_mask
 
-TOY = dict(num_classes=5, backbone="resnet18", num_feature_levels=3, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=3,
-           dim_feedforward=48, num_queries=8, dec_n_points=2, enc_n_points=2, dropout=0.0, frozen_bn=False, freeze_stem=False)
-DINO = dict(with_box_refine=True, two_stage=True, mixed_query_selection=True, look_forward_twice=True, num_denoising=6,
-            share_decoder_heads=True, distinct_query_iou=0.8)
+TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on
+DINO = {**DINO_OPTIONS, "distinct_query_iou": 0.8}
 #: at 0.5 the toy's large boxes (see _model) overlap enough for the selection to suppress some in every image
 DDQ = {**DINO, "distinct_query_iou": 0.5, "distinct_between_layers": True}
 
@@ -30,16 +31,7 @@ def _model(seed: int = 0, **kw) -> DeformableDETR:
     return model
 
 
-def _inputs():
-    g = torch.Generator().manual_seed(0)
-    images = torch.randn(2, 3, 64, 96, generator=g)
-    mask = torch.zeros(2, 64, 96, dtype=torch.bool)
-    mask[1, :, 80:] = True
-    targets = [
-        {"labels": torch.tensor([1, 3]), "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2]])},
-        {"labels": torch.tensor([2]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])},
-    ]
-    return images, mask, targets
+_inputs = toy_batch
 
 
 def _boxes(*xyxy) -> torch.Tensor:

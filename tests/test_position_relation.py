@@ -2,7 +2,7 @@
 
 The relation's formula against hand-computed values; the bias it adds: none in the first layer,
 nothing at all when its projection is zero, the denoising and Group DETR masks kept; gradients;
-the refusal. Toy sizes as tests/test_dino_options.py. Cost: a few seconds.
+the refusal. Toy sizes of tests/dino_helpers.py. Cost: a few seconds.
 """
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import math
 
 import pytest
 import torch
+from dino_helpers import DINO as DINO_OPTIONS
+from dino_helpers import TOY as TOY_DINO
+from dino_helpers import toy_batch
 
 from visiontf.models.deformable_detr import DeformableDETR
 from visiontf.nn.position_relation import PositionRelationEmbedding, box_relation
 
-TOY = dict(num_classes=5, backbone="resnet18", num_feature_levels=3, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=3,
-           dim_feedforward=48, num_queries=8, dec_n_points=2, enc_n_points=2, dropout=0.0, frozen_bn=False, freeze_stem=False)
-DINO = dict(with_box_refine=True, two_stage=True, mixed_query_selection=True, look_forward_twice=True, num_denoising=6,
-            share_decoder_heads=True)
+TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on
+DINO = DINO_OPTIONS
 
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
@@ -26,16 +27,7 @@ def _model(seed: int = 0, **kw) -> DeformableDETR:
     return DeformableDETR(**{**TOY, **kw})
 
 
-def _inputs():
-    g = torch.Generator().manual_seed(0)
-    images = torch.randn(2, 3, 64, 96, generator=g)
-    mask = torch.zeros(2, 64, 96, dtype=torch.bool)
-    mask[1, :, 80:] = True
-    targets = [
-        {"labels": torch.tensor([1, 3]), "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2]])},
-        {"labels": torch.tensor([2]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])},
-    ]
-    return images, mask, targets
+_inputs = toy_batch
 
 
 def _all_layers(out: dict) -> tuple[torch.Tensor, torch.Tensor]:
