@@ -32,7 +32,7 @@ MODELS = {
     "detr": "--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
             "dim_feedforward: 32, num_queries: 10, frozen_bn: false, freeze_stem: false}",
     "dino": "--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
-            "dim_feedforward: 32, num_queries: 12, num_denoising: 6, nms_iou_threshold: 0.7, nms_class_agnostic: false}",
+            "dim_feedforward: 32, num_queries: 12, num_denoising: 6, distinct_query_iou: 0.8, distinct_between_layers: true}",
 }
 DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.scales=[64]",
         "--data.init_args.max_size=96", "--data.init_args.crop_scales=[64]", "--data.init_args.val_size=64",
