@@ -301,7 +301,6 @@ class DeformableTransformerDecoder(nn.Module):
             "deltas": deltas if refined else None,
         }
 
-
     def _relation_mask(self, src: Tensor, tgt: Tensor, self_attn_mask: Tensor | None, num_groups: int) -> Tensor:
         """The position relation of (B, Q, 4) boxes, per group, as an additive mask that keeps ``self_attn_mask``'s blocks."""
         B, Q, _ = src.shape
