@@ -15,7 +15,8 @@ from dino_helpers import toy_batch
 from torchvision.ops import box_convert, nms
 
 from visiontf.models.deformable_detr import DeformableDETR
-from visiontf.models.distinct_queries import SUPPRESSED_LOGIT, DistinctQueriesBetweenLayers, restrict_mask
+from visiontf.models.distinct_queries import SUPPRESSED_LOGIT, DistinctQueriesBetweenLayers
+from visiontf.nn.attention import restrict_attn_mask
 
 TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on
 DINO = {**DINO_OPTIONS, "distinct_query_iou": 0.8}
@@ -30,8 +31,6 @@ def _model(seed: int = 0, **kw) -> DeformableDETR:
         list(model.bbox_embed[0].parameters())[-1][2:] = 6.0
     return model
 
-
-_inputs = toy_batch
 
 
 def _boxes(*xyxy) -> torch.Tensor:
@@ -68,18 +67,18 @@ def test_folded_groups_get_one_mask_per_image_and_group():
     assert allowed.flatten().tolist() == [True, False, True, False, False, True, False, True]
 
 
-def test_restrict_mask_blocks_what_either_blocks():
+def test_restrict_attn_mask_blocks_what_either_blocks():
     allowed = torch.tensor([True, False, True])
-    assert restrict_mask(None, allowed) is allowed
+    assert restrict_attn_mask(None, allowed) is allowed
     base = torch.tensor([[True, True, False]] * 3)
-    assert restrict_mask(base, allowed).tolist() == [[True, False, False]] * 3
+    assert restrict_attn_mask(base, allowed).tolist() == [[True, False, False]] * 3
     bias = torch.ones(3, 3)
-    out = restrict_mask(bias, allowed)
+    out = restrict_attn_mask(bias, allowed)
     assert torch.isinf(out[:, 1]).all() and (out[:, [0, 2]] == 1).all()
 
 
 def test_the_model_selects_by_hand_computed_nms_and_silences_the_suppressed():
-    images, mask, _ = _inputs()
+    images, mask, _ = toy_batch()
     model = _model(**DDQ).eval()
     with torch.no_grad():
         out = model(images, mask)
@@ -98,7 +97,7 @@ def test_the_model_selects_by_hand_computed_nms_and_silences_the_suppressed():
 
 
 def test_suppressed_logits_take_no_gradient_and_the_kept_ones_do():
-    images, mask, targets = _inputs()
+    images, mask, targets = toy_batch()
     model = _model(**DDQ).train()
     out = model(images, mask, targets=targets)
     logits = out["pred_logits"]
@@ -111,7 +110,7 @@ def test_suppressed_logits_take_no_gradient_and_the_kept_ones_do():
 
 def test_matching_outputs_are_the_same_with_and_without_denoising_queries():
     """The masked selection (denoising queries in front) equals the folded one (none)."""
-    images, mask, targets = _inputs()
+    images, mask, targets = toy_batch()
     model = _model(**DDQ).train()
     with torch.no_grad():
         with_dn = model(images, mask, targets=targets)

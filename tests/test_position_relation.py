@@ -11,23 +11,19 @@ import math
 
 import pytest
 import torch
-from dino_helpers import DINO as DINO_OPTIONS
+from dino_helpers import DINO, toy_batch
 from dino_helpers import TOY as TOY_DINO
-from dino_helpers import toy_batch
 
 from visiontf.models.deformable_detr import DeformableDETR
 from visiontf.nn.position_relation import PositionRelationEmbedding, box_relation
 
 TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on
-DINO = DINO_OPTIONS
 
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
     torch.manual_seed(seed)
     return DeformableDETR(**{**TOY, **kw})
 
-
-_inputs = toy_batch
 
 
 def _all_layers(out: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +56,7 @@ def test_bias_is_non_negative_per_head_and_sends_no_gradient_to_the_boxes():
 
 
 def test_first_layer_is_unchanged_and_a_zero_projection_changes_nothing():
-    images, mask, _ = _inputs()
+    images, mask, _ = toy_batch()
     plain = _model(**DINO).eval()
     for head in plain.bbox_embed:  # zero-initialised: boxes would equal the anchors whatever the attention
         torch.nn.init.normal_(head.layers[-1].weight, std=0.1)
@@ -82,7 +78,7 @@ def test_first_layer_is_unchanged_and_a_zero_projection_changes_nothing():
 
 
 def test_matching_queries_still_never_see_the_denoising_queries():
-    images, mask, targets = _inputs()
+    images, mask, targets = toy_batch()
     model = _model(**DINO, position_relation=True).train()
     torch.nn.init.normal_(model.transformer.decoder.position_relation.proj.bias, 1.0, 1.0)
     with torch.no_grad():
@@ -94,7 +90,7 @@ def test_matching_queries_still_never_see_the_denoising_queries():
 
 @pytest.mark.parametrize("num_denoising", [0, 6], ids=["groups_folded", "groups_masked"])
 def test_query_groups_stay_independent(num_denoising):
-    images, mask, targets = _inputs()
+    images, mask, targets = toy_batch()
     model = _model(**{**DINO, "num_denoising": num_denoising}, position_relation=True, num_query_groups=3).train()
     torch.nn.init.normal_(model.transformer.decoder.position_relation.proj.bias, 1.0, 1.0)
     with torch.no_grad():
@@ -108,7 +104,7 @@ def test_query_groups_stay_independent(num_denoising):
 
 
 def test_the_projection_learns_from_the_detection_losses():
-    images, mask, targets = _inputs()
+    images, mask, targets = toy_batch()
     model = _model(**DINO, position_relation=True).train()
     out = model(images, mask, targets=targets)
     out["pred_logits"].sigmoid().sum().backward()

@@ -27,6 +27,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from visiontf.nn import MSDeformAttn, MultiheadAttention
+from visiontf.nn.attention import restrict_attn_mask
 from visiontf.nn.packed_tokens import PackedTokens
 from visiontf.nn.pos_embed import sine_embedding
 from visiontf.nn.tensor_cache import tensor_cache
@@ -308,7 +309,7 @@ class DeformableTransformerDecoder(nn.Module):
         if self_attn_mask is None:
             return bias
         if self_attn_mask.dtype == torch.bool:
-            return bias.masked_fill(~self_attn_mask, float("-inf"))
+            return restrict_attn_mask(bias, self_attn_mask)
         return bias + self_attn_mask
 
 

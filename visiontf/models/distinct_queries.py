@@ -19,20 +19,13 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms, box_convert
 
+from visiontf.nn.attention import restrict_attn_mask
+
 __all__ = ["DistinctQueriesBetweenLayers", "SUPPRESSED_LOGIT"]
 
 #: the logit of a suppressed query's every class: sigmoid ~4e-44, a finite matching cost (no inf for
 #: the Hungarian solver) and no gradient
 SUPPRESSED_LOGIT = -100.0
-
-
-def restrict_mask(mask: Tensor | None, allowed: Tensor) -> Tensor:
-    """``mask`` (bool True = may attend, or additive float; broadcastable) with ``allowed`` False blocked too."""
-    if mask is None:
-        return allowed
-    if mask.dtype == torch.bool:
-        return mask & allowed
-    return mask.masked_fill(~allowed, float("-inf"))
 
 
 class DistinctQueriesBetweenLayers:
@@ -73,13 +66,13 @@ class DistinctQueriesBetweenLayers:
             allowed = keep.reshape(B * G, 1, 1, N // G)
         else:
             allowed = torch.cat([keep.new_ones(B, P), keep], 1).reshape(B, 1, 1, total)
-        return restrict_mask(mask, allowed)
+        return restrict_attn_mask(mask, allowed)
 
     def mask_logits(self, logits: Tensor) -> Tensor:
         """(L, B, P + N, K) logits of every layer: layer j > 0 with the queries suppressed after layer j - 1 set to :data:`SUPPRESSED_LOGIT`."""
         P = self.P
         layers = [logits[0]]
-        for j, keep in enumerate(self.keeps, start=1):
-            matching = torch.where(keep[..., None], logits[j, :, P:], logits.new_tensor(SUPPRESSED_LOGIT))
-            layers.append(torch.cat([logits[j, :, :P], matching], 1))
-        return torch.stack(layers + list(logits[len(layers):]))
+        for layer, keep in zip(logits[1:], self.keeps, strict=True):  # one selection after every layer but the last
+            matching = torch.where(keep[..., None], layer[:, P:], logits.new_tensor(SUPPRESSED_LOGIT))
+            layers.append(torch.cat([layer[:, :P], matching], 1))
+        return torch.stack(layers)

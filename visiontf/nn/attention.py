@@ -110,3 +110,12 @@ def _merge_masks(attn_mask, key_padding_mask, is_causal, L, S, dtype, device) ->
         pad = torch.zeros(key_padding_mask.shape, dtype=dtype, device=device).masked_fill(key_padding_mask, float("-inf"))
         mask = mask + pad[:, None, None, :]
     return mask
+
+
+def restrict_attn_mask(mask: Tensor | None, allowed: Tensor) -> Tensor:
+    """``mask`` (bool True = may attend, or additive float; None = all) with what ``allowed`` (bool, broadcastable) blocks blocked too."""
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))

@@ -24,7 +24,9 @@ def sine_embedding(coords: Tensor, num_feats: int, temperature: float = 10000.0,
     Per coordinate, ``num_feats`` channels sin/cos interleaved at frequencies T^(2(i//2)/num_feats)
     of ``coords * scale`` (Deformable DETR's ``get_proposal_pos_embed`` for two-stage query
     positions, normalised boxes with scale 2 pi; Relation-DETR's ``get_sine_pos_embed`` of box
-    relations, with scale 100).
+    relations, with scale 100). The same features as :func:`sinusoidal_1d` of ``coords * scale``, but
+    divided by the frequencies as the DETR-family originals do, not multiplied by their inverses: the
+    two differ by float rounding (up to 2e-6), and checkpoint parity with those originals is tested.
     """
     i = torch.arange(num_feats, dtype=torch.float32, device=coords.device)
     dim_t = temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / num_feats)
