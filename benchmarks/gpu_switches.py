@@ -8,10 +8,15 @@ default: a switch becomes one only after a GPU run shows it pays.
 * ``gather core``: the CPU gather core instead of the fused Triton kernels (what the Triton kernels bring);
 * ``channels_last``: the ResNet in channels-last memory format (``channels_last=True``; DINO's default);
 * ``compile transformer``: ``torch.compile`` of the encoder-decoder (``DetectionTask(compile="transformer")``).
+
+First, on CUDA, one train step of the default under ``torch.cuda.set_sync_debug_mode("warn")``: the
+operations that made the host wait for the GPU, counted by the line of Python that called them.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -60,6 +65,10 @@ def run(device: torch.device, tiny: bool, budget: Budget) -> list[dict]:
         return _step(model, lambda m, b: m(b[0], b[1]), crit.to(device), opt, batch, amp=True)[0]
 
     default = step_of(_model(tiny))
+    if device.type == "cuda" and budget.allows("host synchronisation audit", 15):
+        default()  # warm-up: autotuning and first-call allocations are not the steady state
+        rows.append(gpu_row("s", f"{NAME} train step b2 {H}x{W} bf16: host synchronisations", "", None, None, None,
+                            notes=sync_audit(default)))
     switches = {
         "gather core instead of the Triton kernels": lambda: (step_of(_model(tiny)), gather_core()),
         "channels_last backbone": lambda: (step_of(_model(tiny, channels_last=True)), contextlib.nullcontext()),
@@ -79,6 +88,21 @@ def run(device: torch.device, tiny: bool, budget: Budget) -> list[dict]:
         rows.append(gpu_row("s", label, "the default", t["ours"], t["ref"], None, notes="ratio > 1: the switch is faster"))
         free_cuda()
     return rows
+
+
+def sync_audit(step) -> str:
+    """Run ``step`` once under ``set_sync_debug_mode("warn")``; the synchronising calls by source line."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where = collections.Counter(f"{w.filename.split('/visiontf/')[-1].split('/site-packages/')[-1]}:{w.lineno}"
+                                for w in caught if "synchroniz" in str(w.message))
+    return f"{sum(where.values())} synchronising calls: " + ", ".join(f"{k} x{n}" for k, n in where.most_common(12))
 
 
 def _compiled(step_of, tiny: bool):
