@@ -6,10 +6,11 @@ that load from other processes on a shared machine hits both alike; the median i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -43,6 +44,22 @@ def pick_device(device: str | None) -> torch.device:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def tf32_off() -> Iterator[None]:
+    """Float32 convolutions and matrix products on CUDA within the block, for parity checks.
+
+    cuDNN's convolutions run in TF32 by default (``torch.backends.cudnn.allow_tf32``): two
+    implementations that round at different places then differ by 1e-5..1e-3, which is not a
+    difference of the models (``benchmarks/gpu_detr_parity.py``). Timings keep the defaults.
+    """
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def time_interleaved(

@@ -7,6 +7,7 @@ from visiontf._lazy import lazy_getattr
 
 _LAZY = {
     "BudgetCosine": "visiontf.callbacks.budget_schedule",
+    "DataWaitTimer": "visiontf.callbacks.data_wait",
     "ElapsedTime": "visiontf.callbacks.elapsed_time",
     "EpochLines": "visiontf.callbacks.epoch_lines",
     "LastAndBestCheckpoint": "visiontf.callbacks.checkpoint",

@@ -244,12 +244,12 @@ class SetCriterion(nn.Module):
     # -- full criterion ---------------------------------------------------------------------
     def num_boxes(self, targets: Sequence[Mapping[str, Tensor]], device: torch.device, sync: bool = True) -> float:
         """Average number of target boxes per rank (all-reduced under DDP when ``sync``), at least 1."""
-        total = torch.as_tensor(
-            [float(sum(len(t["labels"]) for t in targets))], dtype=torch.float32, device=device
-        )
+        count = float(sum(len(t["labels"]) for t in targets))
         world = _world_size() if sync else 1
-        if world > 1:
-            dist.all_reduce(total)
+        if world == 1:
+            return max(count, 1.0)  # on the host: no device tensor to read back (a wait for the GPU)
+        total = torch.as_tensor([count], dtype=torch.float32, device=device)
+        dist.all_reduce(total)
         return torch.clamp(total / world, min=1).item()
 
     def _check(self, outputs: Mapping[str, Tensor], targets: Sequence[Mapping[str, Tensor]]) -> None:

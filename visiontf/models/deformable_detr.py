@@ -60,8 +60,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         num_classes: object classes; the class head has ``num_classes`` sigmoid outputs (COCO: 91,
             the original's max category id + 1).
         backbone: ``"resnet18|34|50|101"`` or ``"timm:<name>"`` (see :class:`DetrBackbone`).
-        attn_method: ``"gather"`` (fast) or ``"grid_sample"`` (exportable), see
-            :func:`visiontf.nn.ms_deform_attn_core`.
+        attn_method: ``"gather"`` (fast: fused Triton kernels on CUDA), ``"triton"`` or
+            ``"grid_sample"`` (exportable), see :func:`visiontf.nn.ms_deform_core.ms_deform_attn_core`.
         backbone_pretrained, train_backbone, channels_last, frozen_bn, freeze_stem: see
             :class:`DetrBackbone`.
         backbone_stages: the backbone stages that give the first levels (timm numbering: stage
@@ -234,7 +234,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         return [heads[0]] * layers if self.dino_options.share_decoder_heads else list(heads[:layers])
 
     def set_attn_method(self, method: str) -> None:
-        """Switch every deformable attention to ``"gather"`` or ``"grid_sample"`` (ONNX export)."""
+        """Switch every deformable attention to ``"gather"``, ``"triton"`` or ``"grid_sample"`` (ONNX export)."""
         for m in self.modules():
             if hasattr(m, "sampling_offsets") and hasattr(m, "method"):
                 m.method = method

@@ -162,7 +162,7 @@ class DeformableTransformerEncoder(nn.Module):
     def forward(self, src: Tensor, pos: Tensor, reference_points: Tensor, spatial_shapes, padding_mask: Tensor | None) -> Tensor:
         """src/pos (B, S, C), reference_points (B, S, L, 2), padding_mask (B, S) or None -> (B, S, C)."""
         packed = None
-        if padding_mask is not None and all(layer.self_attn.method == "gather" for layer in self.layers):
+        if padding_mask is not None and all(layer.self_attn.takes_packed_tokens for layer in self.layers):
             packed = PackedTokens.from_mask(padding_mask)
             src, pos, reference_points = (packed.pack(t).unsqueeze(0) for t in (src, pos, reference_points))
             padding_mask = None

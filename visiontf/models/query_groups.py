@@ -21,7 +21,9 @@ def self_attn_mask(num_denoising_queries: int, dn_group_size: int, num_matching:
     """
     P = num_denoising_queries
     dn_group = torch.arange(P, device=device) // max(dn_group_size, 1)
-    match_group = torch.arange(num_matching, device=device) // (num_matching // num_groups) + (int(dn_group.max()) + 1 if P else 0)
+    # the denoising groups' count from the sizes, not from dn_group (reading a CUDA tensor waits for the GPU)
+    dn_groups = (P - 1) // max(dn_group_size, 1) + 1 if P else 0
+    match_group = torch.arange(num_matching, device=device) // (num_matching // num_groups) + dn_groups
     group = torch.cat([dn_group, match_group])
     allowed = group[:, None] == group[None, :]
     allowed[:P, P:] = True

@@ -6,9 +6,13 @@ maps. The sampling location is ``reference + offset / (W_l, H_l)`` (2-d point re
 bilinear interpolation with zero padding and ``align_corners=False`` (``F.grid_sample``'s
 convention), and the samples are summed with weights softmax-normalised over levels x points.
 
-Two interchangeable cores compute the same thing (see :func:`~visiontf.nn.ms_deform_core.ms_deform_attn_core`):
+Interchangeable cores compute the same thing (see :func:`~visiontf.nn.ms_deform_core.ms_deform_attn_core`):
 
-* ``"gather"`` (default): one weighted gather-sum over all levels with no per-level Python loop.
+* ``"gather"`` (default): on CUDA tensors the fused Triton kernels (:mod:`visiontf.nn.ms_deform_triton`:
+  one program per block of queries and head reads the 4 corner rows of every sample and sums them
+  in registers; the backward adds the value's gradient with atomics). Elsewhere (and on CUDA when
+  deterministic algorithms are asked for), the gather core: one weighted gather-sum over all
+  levels with no per-level Python loop.
   The value is copied into a table of (image x position x head) rows in which every level map has
   a zero border, so ``grid_sample``'s zero padding needs no per-corner range test; for every
   sample the four bilinear corner rows and weights are computed, the attention weight is folded
@@ -17,6 +21,7 @@ Two interchangeable cores compute the same thing (see :func:`~visiontf.nn.ms_def
   corner-weight gradient (hence the locations' and attention weights') is a sampled dense-dense
   product on the same sparsity pattern, the table's a sort of the samples' top-left rows and one
   ``embedding_bag`` per corner. This is the fast path on CPU (``benchmarks/deformable_detr.py``).
+* ``"triton"``: the Triton kernels on any device (CPU tensors under ``TRITON_INTERPRET=1``: tests).
 * ``"grid_sample"``: the original's pure-PyTorch design, one ``F.grid_sample`` per level. ONNX
   exports it (GridSample, opset 16+), and the tests use it as a cross-check.
 
@@ -41,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.nn.ms_deform_core import METHODS, ms_deform_attn_core
+from visiontf.nn.ms_deform_core import METHODS, fused_kernel_runs, ms_deform_attn_core
 from visiontf.nn.ms_deform_gather import gather_core
 from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes, size_table
 from visiontf.nn.packed_tokens import PackedTokens
@@ -66,7 +71,8 @@ class MSDeformAttn(nn.Module):
         n_levels: feature levels sampled.
         n_heads: attention heads; ``d_model`` must be divisible by it.
         n_points: sampling points per head and level.
-        method: core used in ``forward``, ``"gather"`` (fast) or ``"grid_sample"`` (exportable).
+        method: core used in ``forward``, ``"gather"`` (fast: the Triton kernels on CUDA), ``"triton"``
+            or ``"grid_sample"`` (exportable).
     """
 
     def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4, method: str = "gather") -> None:
@@ -103,6 +109,11 @@ class MSDeformAttn(nn.Module):
         nn.init.zeros_(self.value_proj.bias)
         nn.init.xavier_uniform_(self.output_proj.weight)
         nn.init.zeros_(self.output_proj.bias)
+
+    @property
+    def takes_packed_tokens(self) -> bool:
+        """Whether ``forward`` reads packed tokens as they are (``"grid_sample"`` unpacks them to whole maps)."""
+        return self.method != "grid_sample"
 
     def sampling(self, query: Tensor, reference_points: Tensor, spatial_shapes: SpatialShapes) -> tuple[Tensor, Tensor]:
         """Sampling locations (N, Lq, M, L, P, 2) in float32 and attention weights (N, Lq, M, L, P)."""
@@ -157,7 +168,7 @@ class MSDeformAttn(nn.Module):
             )
         if reference_points.shape[-1] not in (2, 4):
             raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes) coordinates, got {tuple(reference_points.shape)}")
-        if packed is not None and self.method != "gather":
+        if packed is not None and not self.takes_packed_tokens:
             # the grid_sample core needs whole maps: unpack, attend, pack
             out = self.forward(*(packed.unpack(t[0]) for t in (query, reference_points, value)), shapes, packed.padding_mask)
             return packed.pack(out).unsqueeze(0)
@@ -165,7 +176,12 @@ class MSDeformAttn(nn.Module):
         if value_padding_mask is not None:
             v = v.masked_fill(value_padding_mask[..., None], 0.0)
         v = v.view(N, S, self.n_heads, C // self.n_heads)
-        if self.method == "gather":
+        if self.method == "triton" or (self.method == "gather" and fused_kernel_runs(v)):
+            from visiontf.nn.ms_deform_triton import fused_core  # imports Triton: only where it runs
+
+            pix, weights = self._pixel_sampling(query, reference_points, shapes)
+            out = fused_core(v, shapes, pix, weights, packed)
+        elif self.method == "gather":
             pix, weights = self._pixel_sampling(query, reference_points, shapes)
             out = gather_core(v, shapes, pix, weights, packed)
         else:

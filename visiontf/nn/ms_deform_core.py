@@ -1,10 +1,17 @@
-"""The two interchangeable cores of multi-scale deformable attention behind one function.
+"""The interchangeable cores of multi-scale deformable attention behind one function.
 
-* ``"gather"`` (default): :mod:`visiontf.nn.ms_deform_gather`, the fast path.
+* ``"gather"`` (default): the fast path. On CUDA tensors it runs the fused Triton kernels of
+  :mod:`visiontf.nn.ms_deform_triton` (see :func:`fused_kernel_runs`), elsewhere the gather core
+  of :mod:`visiontf.nn.ms_deform_gather` (a CPU design: a bordered table and ``embedding_bag``).
+* ``"triton"``: the fused Triton kernels whatever the device (on CPU tensors only under
+  ``TRITON_INTERPRET=1``: the tests).
 * ``"grid_sample"``: the original's pure-PyTorch design, one ``F.grid_sample`` per level (here).
   ONNX exports it (GridSample, opset 16+), and the tests use it as a cross-check.
 """
 from __future__ import annotations
+
+import functools
+import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -13,9 +20,21 @@ from torch import Tensor
 from visiontf.nn.ms_deform_gather import core_gather
 from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes, tracing_shapes
 
-__all__ = ["METHODS", "core_grid_sample", "ms_deform_attn_core"]
+__all__ = ["METHODS", "core_grid_sample", "fused_kernel_runs", "ms_deform_attn_core"]
 
-METHODS = ("gather", "grid_sample")
+METHODS = ("gather", "grid_sample", "triton")
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def fused_kernel_runs(value: Tensor) -> bool:
+    """Whether the ``"gather"`` method runs the fused Triton kernels for ``value``: a CUDA tensor,
+    Triton installed, and deterministic algorithms not asked for (the kernels' value gradient adds
+    with atomics, in no fixed order; the gather core's is deterministic)."""
+    return value.is_cuda and _triton_installed() and not torch.are_deterministic_algorithms_enabled()
 
 
 def ms_deform_attn_core(
@@ -33,7 +52,7 @@ def ms_deform_attn_core(
         sampling_locations: (N, Lq, M, L, P, 2) normalised (x, y), (0, 0) the top-left corner of
             the map and (1, 1) its bottom-right corner.
         attention_weights: (N, Lq, M, L, P), already normalised.
-        method: ``"gather"`` or ``"grid_sample"`` (see the module docstring).
+        method: ``"gather"``, ``"triton"`` or ``"grid_sample"`` (see the module docstring).
 
     Returns:
         (N, Lq, M * D).
@@ -42,6 +61,10 @@ def ms_deform_attn_core(
     S = value.shape[1]
     if not tracing_shapes() and sum(h * w for h, w in shapes) != S:
         raise ValueError(f"spatial_shapes {shapes} hold {sum(h * w for h, w in shapes)} positions, but value has S = {S}")
+    if method == "triton" or (method == "gather" and fused_kernel_runs(value)):
+        from visiontf.nn.ms_deform_triton import triton_core  # imports Triton: only where it runs
+
+        return triton_core(value, shapes, sampling_locations, attention_weights)
     if method == "gather":
         return core_gather(value, shapes, sampling_locations, attention_weights)
     if method == "grid_sample":

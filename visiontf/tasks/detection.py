@@ -71,6 +71,11 @@ class DetectionTask(BaseTask):
     for auxiliary decoder layers; evaluation logs the main terms under ``val/`` or ``test/``, each the
     mean over the images of that image's own loss (independent of batch size and process count).
 
+    ``compile``: ``True`` runs the whole model through ``torch.compile``; ``"transformer"`` only its
+    encoder-decoder (``model.transformer``; the backbone's convolutions are cuDNN's already). The
+    matcher and the loss stay eager either way. Off by default: not yet measured on a GPU
+    (``benchmarks/gpu.py --sections s``).
+
     Learning rates follow the model's own parameter groups (``model.param_group(name)``): ``lr``
     for ``"default"``, ``lr_backbone`` for ``"backbone"`` and ``lr * lr_offsets_mult`` for
     ``"offsets"`` (deformable attention's sampling offsets and reference points, where a model has them).
@@ -102,7 +107,7 @@ class DetectionTask(BaseTask):
         matcher_kwargs: dict[str, Any] | None = None,
         criterion_kwargs: dict[str, Any] | None = None,
         eval_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
-        compile: bool = False,
+        compile: bool | Literal["transformer"] = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
         check_config(type(self).__name__, "model", lr=(lr, positive), lr_backbone=(lr_backbone, non_negative),
@@ -112,8 +117,11 @@ class DetectionTask(BaseTask):
                      cost_class=(cost_class, optional(non_negative)), cost_bbox=(cost_bbox, optional(non_negative)),
                      cost_giou=(cost_giou, optional(non_negative)), loss_ce=(loss_ce, optional(non_negative)),
                      loss_bbox=(loss_bbox, optional(non_negative)), loss_giou=(loss_giou, optional(non_negative)),
-                     eos_coef=(eos_coef, optional(unit_interval_open_left)))
-        super().__init__(model_name, num_classes, model_kwargs, pretrained, compile, on_nonfinite)
+                     eos_coef=(eos_coef, optional(unit_interval_open_left)), compile=(compile, one_of(False, True, "transformer")))
+        super().__init__(model_name, num_classes, model_kwargs, pretrained, compile is True, on_nonfinite)
+        # "transformer": torch.compile of the encoder-decoder alone; the backbone (cuDNN's convolutions
+        # already) and the post-processing stay eager, and the graph breaks of the rest do not matter
+        self.compile_transformer = compile == "transformer"
         self.save_hyperparameters()
         given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
         matcher = {**given(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou), **(matcher_kwargs or {})}
@@ -124,6 +132,11 @@ class DetectionTask(BaseTask):
         self.criterion = build_criterion(self.model, num_classes, matcher, criterion)
         self.metrics: dict[str, Any] = {}
         self._last_report: dict | None = None
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        if self.compile_transformer and self.model.transformer._compiled_call_impl is None:
+            self.model.transformer.compile()
 
     @property
     def postprocess(self) -> nn.Module:
