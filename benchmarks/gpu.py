@@ -1,4 +1,4 @@
-"""The GPU benchmark of issue 39: one command, one table, within a global time budget.
+"""The GPU benchmark: one command, one table, within a global time budget.
 
 Sections, the most important first (each row is skipped with a note when the budget runs out):
 

@@ -1,4 +1,4 @@
-"""Switches prepared for the GPU (issue 39), off by default until measured: compiling the transformer alone,
+"""Switches prepared for the GPU, off by default until measured: compiling the transformer alone,
 and the host-side bookkeeping that keeps the training step from waiting on the GPU."""
 from __future__ import annotations
 
