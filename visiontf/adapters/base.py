@@ -129,8 +129,10 @@ class TaskAdapter:
         every input's path (or None), known before any is decoded, so that a task can check them first."""
         return PredictionWriter(self, out, predictor, annotations)
 
-    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
-        """The task's attention picture of one image, if its models have one."""
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str, score_threshold: float | None = None
+                       ) -> Path | None:
+        """The task's attention picture of one image, if its models have one (of the detections scoring above
+        ``score_threshold`` where the picture shows detections; None: the best ones)."""
         log.warning("--attention: no attention picture for a %s model (%s)", self.task, type(predictor.model).__name__)
         return None
 

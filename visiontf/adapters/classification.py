@@ -130,8 +130,10 @@ class ClassificationAdapter(TaskAdapter):
                             "class_names": r["class_names"]})
         return records
 
-    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
-        """ViT attention rollout over the crop the model saw (models with ``forward_attention``)."""
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str, score_threshold: float | None = None
+                       ) -> Path | None:
+        """ViT attention rollout over the crop the model saw (models with ``forward_attention``); it shows no
+        detections, so ``score_threshold`` does not apply."""
         if not isinstance(predictor.model, AttentionRollout):
             return super().save_attention(predictor, image, out, stem)
         from visiontf.adapters.attention import save_rollout_overlay, vit_attention_rollout

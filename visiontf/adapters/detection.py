@@ -170,14 +170,17 @@ class DetectionAdapter(TaskAdapter):
         ids, ann_l2c = image_ids(list(sources), annotations)
         return _DetectionWriter(self, out, predictor, annotations, ids, ann_l2c)
 
-    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str, score_threshold: float | None = None
+                       ) -> Path | None:
         """The attention picture of the model's kind (:data:`ATTENTION_PICTURES`): DETR's decoder and
-        encoder attention maps, Deformable DETR's sampling points (the papers' figures)."""
+        encoder attention maps, Deformable DETR's sampling points (the papers' figures), for the
+        detections scoring above ``score_threshold`` (None: the best ones, as for the results)."""
         kind = predictor.model.attention_picture
         if kind not in ATTENTION_PICTURES:
             raise ValueError(f"{type(predictor.model).__name__}.attention_picture = {kind!r}; known: {sorted(ATTENTION_PICTURES)}")
         compute, save = ATTENTION_PICTURES[kind]
-        return save(compute(predictor, [image.tensor]), out / f"{stem}_attention.png")
+        threshold = 0.0 if score_threshold is None else float(score_threshold)
+        return save(compute(predictor, [image.tensor], score_threshold=threshold), out / f"{stem}_attention.png")
 
     def onnx_wrapper(self, model: nn.Module) -> nn.Module:
         return _DetectorGraph(model)
