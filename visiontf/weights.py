@@ -6,6 +6,7 @@ file with ``torch.load(..., weights_only=True)``, which refuses arbitrary Python
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import pathlib
@@ -44,6 +45,12 @@ LEGACY_LIGHTNING_CALLBACKS = tuple(
 )
 
 
+def allow_listed_globals() -> contextlib.AbstractContextManager:
+    """A context in which every ``torch.load(weights_only=True)`` takes the allow-list of :func:`safe_torch_load`
+    (what ``tools/train.py`` wraps its run in, so that the loads Lightning makes itself read what visiontf reads)."""
+    return torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS])
+
+
 def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` allowing only :data:`SAFE_GLOBALS` beyond tensors (and the
     stand-ins of :data:`LEGACY_LIGHTNING_CALLBACKS`).
@@ -61,7 +68,7 @@ def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu", 
     if damaged:
         raise corrupt_file_error(path, damaged)
     try:
-        with torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS]):
+        with allow_listed_globals():
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except Exception as e:
         raise (describe_load_failure(path, e) or e) from e
