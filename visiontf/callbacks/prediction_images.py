@@ -19,6 +19,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from visiontf.adapters import get_adapter
+from visiontf.data.base import trainer_datamodule
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +79,13 @@ class LogPredictionImages(Callback):
 
 def _normalisation(trainer: Trainer | None, model: Any, adapter: Any) -> tuple[Sequence[float], Sequence[float]]:
     """The normalisation of the batches: the data module's eval settings when it states them, else the model's."""
-    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-    stated = dm.eval_cfg() if callable(getattr(dm, "eval_cfg", None)) else {}
+    dm = trainer_datamodule(trainer)
+    stated = dm.eval_cfg() if dm is not None else {}
     cfg = adapter.eval_cfg(model, stated)
     return tuple(cfg["mean"]), tuple(cfg["std"])
 
 
 def _class_names(trainer: Trainer | None) -> list[str] | None:
-    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-    names = getattr(dm, "class_names", None)
+    dm = trainer_datamodule(trainer)
+    names = dm.class_names if dm is not None else None
     return list(names) if names else None

@@ -71,18 +71,18 @@ def split_data_overrides(argv: Sequence[str], prog: str) -> tuple[list[str], dic
 
 def _data_parser():
     """The ``data`` section's parser, as LightningCLI builds it for ``tools/train.py`` (subclass mode:
-    any LightningDataModule, untyped arguments taken as they are, mistakes raised instead of printed)."""
-    import lightning as L
+    any VisionDataModule, untyped arguments taken as they are, mistakes raised instead of printed)."""
     from jsonargparse import ArgumentParser
 
     from visiontf.adapters.task_table import data_module_class_paths, import_class
+    from visiontf.data.base import VisionDataModule
 
     # every data module of the task table imported, so that a short class_path ("CocoDataModule")
     # resolves among the imported subclasses as it does for tools/train.py
     for class_path in data_module_class_paths():
         import_class(class_path)
     parser = ArgumentParser(exit_on_error=False, allow_abbrev=False)
-    parser.add_subclass_arguments(L.LightningDataModule, "data", fail_untyped=False, required=True)
+    parser.add_subclass_arguments(VisionDataModule, "data", fail_untyped=False, required=True)
     return parser
 
 
@@ -190,7 +190,7 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     restore = {"restore_task": args.restore_task} if getattr(args, "restore_task", None) else {}
     config = getattr(args, "config", None)
     dm, _ = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
-    cfg_names, cfg_ids = getattr(dm, "class_names", None), getattr(dm, "label_to_cat_id", None)
+    cfg_names, cfg_ids = (dm.class_names, dm.label_to_cat_id) if dm is not None else (None, None)
     if args.weights:
         labels = read_labels_file(args.weights)
         names, ids = resolve_classes(labels.get("class_names"), labels.get("label_to_cat_id"), cfg_names, cfg_ids,
@@ -335,8 +335,9 @@ def _export(argv: Sequence[str]) -> int:
 
     model, info = load_checkpoint_model(ckpt)
     dm, _ = datamodule_from_config(args.config, data_overrides, required=bool(data_overrides))
-    names, l2c = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), getattr(dm, "class_names", None),
-                                 getattr(dm, "label_to_cat_id", None), f"--ckpt_path {ckpt}", f"--config {args.config}")
+    cfg_names, cfg_ids = (dm.class_names, dm.label_to_cat_id) if dm is not None else (None, None)
+    names, l2c = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), cfg_names, cfg_ids,
+                                 f"--ckpt_path {ckpt}", f"--config {args.config}")
     settings = canonical_cfg(info.get("preprocess"))
     with torch.no_grad():
         report = export_model(model, args.output, names, l2c, settings,

@@ -39,6 +39,7 @@ from visiontf.checkpoints import check_checkpoint_fits, check_checkpoint_task, r
 from visiontf.cli.checks import checkpoint_file
 from visiontf.cli.errors import run_tool
 from visiontf.cli.precision import resolve_cpu_precision
+from visiontf.data.base import VisionDataModule
 from visiontf.errors import UsageError, UserError
 from visiontf.weights import allow_listed_globals
 
@@ -222,7 +223,7 @@ class VisionCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from e
-        found = getattr(self.datamodule, "num_classes", None)
+        found = self.datamodule.num_classes
         if asked is not None and found is not None and int(asked) != int(found):
             # the link sets the task's class count from the data: a different one asked for would be replaced silently
             raise UsageError(
@@ -332,7 +333,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
                             category=UserWarning)
     return VisionCLI(
         L.LightningModule,
-        L.LightningDataModule,
+        VisionDataModule,  # the attributes visiontf reads of a data module are declared there
         subclass_mode_model=True,
         subclass_mode_data=True,
         trainer_defaults=_trainer_defaults(),

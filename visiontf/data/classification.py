@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import albumentations as A
-import lightning as L
 import torch
 from albumentations.pytorch import ToTensorV2
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -30,6 +29,7 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
+from visiontf.data.base import VisionDataModule
 from visiontf.data.io import read_image
 from visiontf.data.loading import (
     IMAGE_EXTENSIONS,
@@ -261,7 +261,7 @@ def classification_transforms(
     return A.Compose([*ops, *norm], seed=seed)
 
 
-class ClassificationDataModule(L.LightningDataModule):
+class ClassificationDataModule(VisionDataModule):
     """ImageFolder classification data with timm-style albumentations pipelines.
 
     ``num_classes`` and ``class_names`` are set in ``__init__`` (from the train split's folders) so

@@ -10,17 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from torch.utils.data import DataLoader
 
 from visiontf.config_checks import check_config, non_negative_int, optional, positive_int
+from visiontf.data.base import VisionDataModule
 from visiontf.data.loading import DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.restoration_dataset import RestorationDataset, check_records, restoration_collate, task_scale
 from visiontf.data.restoration_files import LAYOUTS, find_records
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 
-class RestorationDataModule(L.LightningDataModule):
+class RestorationDataModule(VisionDataModule):
     """Restoration data for one or several tasks (super-resolution ``sr_xN``, denoising
     ``denoise_sigmaN``, paired tasks such as ``derain``).
 
@@ -39,9 +39,6 @@ class RestorationDataModule(L.LightningDataModule):
 
     There is no class count: ``num_classes`` is None (the CLI links it into the task, which takes None).
     """
-
-    #: no classes: what the CLI links into ``model.init_args.num_classes``
-    num_classes = None
 
     def __init__(
         self,

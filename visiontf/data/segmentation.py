@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import albumentations as A
-import lightning as L
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
@@ -27,6 +26,7 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
+from visiontf.data.base import VisionDataModule
 from visiontf.data.loading import BatchSamplerLoader, DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_batch_sampler, train_sampler
 from visiontf.data.segmentation_dataset import SegmentationDataset, _Collate, segmentation_collate
@@ -56,7 +56,7 @@ from visiontf.data.segmentation_transforms import (
 )
 
 
-class SegmentationDataModule(L.LightningDataModule):
+class SegmentationDataModule(VisionDataModule):
     """Semantic segmentation data for the generic, ADE20K and Cityscapes layouts.
 
     ``num_classes``, ``class_names`` and ``ignore_index`` are set in ``__init__`` (LightningCLI links

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from visiontf.adapters.base import adapter_for_task
 from visiontf.checkpoints import check_checkpoint_fits
 from visiontf.config_checks import check_config, one_of, optional, positive_int
+from visiontf.data.base import trainer_datamodule
 from visiontf.distributed import get_world_size, is_distributed, sum_over_ranks
 from visiontf.models import create_model
 from visiontf.models.contract import VisionModel
@@ -90,12 +91,12 @@ class BaseTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # what a Predictor needs to name its outputs and preprocess as validation did, without the data
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        for key in ("class_names", "label_to_cat_id"):
-            value = getattr(dm, key, None)
-            if value is not None:
-                checkpoint[key] = dict(value) if isinstance(value, dict) else list(value)
-        stated = dm.eval_cfg() if callable(getattr(dm, "eval_cfg", None)) else {}
+        dm = trainer_datamodule(self._trainer)
+        if dm is not None and dm.class_names is not None:
+            checkpoint["class_names"] = list(dm.class_names)
+        if dm is not None and dm.label_to_cat_id is not None:
+            checkpoint["label_to_cat_id"] = dict(dm.label_to_cat_id)
+        stated = dm.eval_cfg() if dm is not None else {}
         checkpoint["preprocess"] = adapter_for_task(self.task).eval_cfg(self.model, {**stated, **self.eval_cfg()})
         checkpoint["task"] = self.task
 
