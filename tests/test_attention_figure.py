@@ -14,7 +14,7 @@ from visiontf.inference.predictor import Predictor
 def predictor():
     torch.manual_seed(0)
     detr = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1, num_queries=10).eval()
-    return Predictor(detr, min_size=64, max_size=400, device="cpu")
+    return Predictor(detr, preprocess={"min_size": 64, "max_size": 400}, device="cpu")
 
 
 def test_panels_of_thin_images_go_side_by_side_and_of_flat_ones_in_a_column():

@@ -30,9 +30,10 @@ class VisionDataModule(L.LightningDataModule):
     #: training images per batch and process (tasks that scale their learning rate by it read it)
     batch_size: int = 1
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """The eval transform's settings as ``pretrained_cfg`` keys, which checkpoints save so that a Predictor
-        preprocesses as validation did; none by default (the model's own settings hold)."""
+    def eval_transform(self) -> dict[str, Any]:
+        """How validation preprocesses images, as keys of the task's eval settings (the adapter's
+        ``settings_type``; an unknown key is refused): checkpoints save the settings they complete, so that a
+        Predictor preprocesses as validation did. None by default (the model's own settings hold)."""
         return {}
 
 
@@ -62,7 +63,7 @@ def trainer_datamodule(trainer: Any) -> VisionDataModule | None:
     if dm is None or isinstance(dm, VisionDataModule):
         return dm
     raise TypeError(f"{type(dm).__name__} is a LightningDataModule but not a visiontf.data.base.VisionDataModule: "
-                    "subclass that (it declares num_classes, class_names, label_to_cat_id, batch_size and eval_cfg(), "
+                    "subclass that (it declares num_classes, class_names, label_to_cat_id, batch_size and eval_transform(), "
                     "which visiontf reads)")
 
 

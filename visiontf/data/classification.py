@@ -316,9 +316,8 @@ class ClassificationDataModule(VisionDataModule):
         self.val_dataset: ImageFolderDataset | None = None
         self.test_dataset: ImageFolderDataset | None = None
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
-        that a Predictor preprocesses as validation did."""
+    def eval_transform(self) -> dict[str, Any]:
+        """The eval transform's settings (keys of the classification eval settings)."""
         hp = self.hparams
         return {"input_size": (3, hp.image_size, hp.image_size), "crop_pct": float(hp.crop_pct),
                 "mean": tuple(hp.mean), "std": tuple(hp.std)}

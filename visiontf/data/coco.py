@@ -130,9 +130,8 @@ class CocoDataModule(DetectionDataModule):
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
-        that a Predictor preprocesses as validation did."""
+    def eval_transform(self) -> dict[str, Any]:
+        """The eval transform's settings (keys of the detection eval settings)."""
         return {"min_size": int(self.val_size), "max_size": int(self.max_size), "mean": tuple(DT.IMAGENET_MEAN),
                 "std": tuple(DT.IMAGENET_STD)}
 

@@ -101,8 +101,8 @@ class RestorationDataModule(VisionDataModule):
         if stage in (None, "fit", "validate", "test", "predict") and self.val_dataset is None:
             self.val_dataset = self._dataset(self._folder(hp.val_root, hp.val_split), hp.val_split, train=False)
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """Settings a Predictor needs from the data: the task order (``pretrained_cfg`` key ``tasks``)."""
+    def eval_transform(self) -> dict[str, Any]:
+        """Settings a Predictor needs from the data: the task order (the restoration eval settings' ``tasks``)."""
         return {"tasks": tuple(self.tasks)}
 
     def train_dataloader(self) -> DataLoader:

@@ -142,9 +142,10 @@ class SegmentationDataModule(VisionDataModule):
         self.val_dataset: SegmentationDataset | None = None
         self.test_dataset: SegmentationDataset | None = None
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
-        that a Predictor preprocesses as validation did. ``resize``: the keep-ratio scale, or None."""
+    def eval_transform(self) -> dict[str, Any]:
+        """The eval transform's settings (keys of the segmentation eval settings). ``resize``: the keep-ratio
+        scale, or None: validation keeps the original size, so prediction does too (whatever the model's
+        published settings resize to)."""
         hp = self.hparams
         resize = None if hp.val_resize is False else tuple(self.base_size if hp.val_resize is True else hp.val_resize)
         return {"mean": tuple(hp.mean), "std": tuple(hp.std), "resize": resize}

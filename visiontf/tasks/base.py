@@ -35,9 +35,10 @@ class BaseTask(L.LightningModule):
 
     ``num_classes`` None: a task without classes (restoration); the model is built without the argument.
 
-    Checkpoints also carry ``preprocess``: the eval preprocessing (``pretrained_cfg`` keys) resolved by
-    the task's adapter from the model, the data module's ``eval_cfg()`` and the task's own
-    :meth:`eval_cfg`, so that :class:`~visiontf.inference.Predictor` needs neither the data nor guesses.
+    Checkpoints also carry ``preprocess``: the task's complete eval settings (its adapter's
+    ``settings_type``) from the model's ``pretrained_cfg``, the data module's ``eval_transform()`` and the
+    task's own :meth:`inference_settings`, so that :class:`~visiontf.inference.Predictor` needs neither the
+    data nor guesses.
     """
 
     #: the task's name, for its adapter (:mod:`visiontf.adapters`)
@@ -96,8 +97,10 @@ class BaseTask(L.LightningModule):
             checkpoint["class_names"] = list(dm.class_names)
         if dm is not None and dm.label_to_cat_id is not None:
             checkpoint["label_to_cat_id"] = dict(dm.label_to_cat_id)
-        stated = dm.eval_cfg() if dm is not None else {}
-        checkpoint["preprocess"] = adapter_for_task(self.task).eval_cfg(self.model, {**stated, **self.eval_cfg()})
+        transform = dm.eval_transform() if dm is not None else {}
+        settings = adapter_for_task(self.task).eval_settings(self.model, transform, self.inference_settings(),
+                                                              where=f"{type(self).__name__}'s eval settings")
+        checkpoint["preprocess"] = settings.to_dict()
         checkpoint["task"] = self.task
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -122,8 +125,9 @@ class BaseTask(L.LightningModule):
         algorithm = GradClipAlgorithmType(gradient_clip_algorithm or self.trainer.gradient_clip_algorithm or "norm")
         Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """Inference settings of this task in ``pretrained_cfg`` keys (saved with checkpoints)."""
+    def inference_settings(self) -> dict[str, Any]:
+        """How this task runs the model at evaluation, as keys of its eval settings (segmentation's sliding
+        windows, restoration's tasks), saved with checkpoints over the data module's eval transform."""
         return {}
 
     def forward(self, *args, **kwargs):

@@ -101,8 +101,8 @@ class SegmentationTask(BaseTask):
         self.confmat = MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
         self.last_eval: dict[str, Any] | None = None
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """Whole or sliding-window inference, as validation runs it (``pretrained_cfg`` keys)."""
+    def inference_settings(self) -> dict[str, Any]:
+        """Whole or sliding-window inference, as validation runs it (the model's own where not set)."""
         hp = self.hparams
         return {k: v for k, v in {"test_mode": hp.inference_mode, "crop_size": hp.crop_size, "stride": hp.stride}.items()
                 if v is not None}
