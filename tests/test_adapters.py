@@ -38,7 +38,7 @@ def test_adapters_come_from_registry_tags(vit, setr):
     with pytest.raises(ValueError, match="task="):
         get_adapter(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="use one of"):
-        adapter_for_task("depth")
+        adapter_for_task("keypoints")
 
 
 def test_build_postprocess_follows_the_class_head():

@@ -19,6 +19,7 @@ from cli_runner import error_line, run_tools
 from handmade_data import CATEGORIES, make_dataset
 
 import visiontf
+from visiontf.adapters.task_table import TASKS
 from visiontf.cli.errors import user_message
 from visiontf.errors import UsageError
 
@@ -91,8 +92,10 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
         ("make_synthetic.py", "--task", "detection", "--out", tmp_path):
             f"--out {tmp_path}: the folder is not empty; remove it or give a new folder",
         ("make_synthetic.py", "--task", "detector", "--out", tmp_path / "d"):
-            "argument --task: invalid choice: 'detector' (choose from 'classification', 'detection', 'photos', 'segmentation') "
-            "(see make_synthetic.py --help)",
+            "argument --task: invalid choice: 'detector' (choose from "
+            f"{', '.join(repr(t) for t in sorted([*TASKS, 'photos']))}) (see make_synthetic.py --help)",
+        ("make_synthetic.py", "--task", "photos", "--out", tmp_path / "d", "--num_classes", "3"):
+            "--num_classes: the photos set has no such setting",
         ("plot_logs.py", tmp_path / "no_run"): f"{tmp_path / 'no_run'}: neither a metrics.csv nor a run folder",
         ("demo.py", "--epochs", "ten"): "argument --epochs: invalid int value: 'ten' (see demo.py --help)",
     }

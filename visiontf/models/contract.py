@@ -223,8 +223,8 @@ class Generator(VisionModel):
         raise NotImplementedError(f"{type(self).__name__} does not define decode_to_img(indices)")
 
 
-#: every kind, for checks and error messages
-MODEL_KINDS: tuple[type[VisionModel], ...] = (Classifier, Detector, Segmenter, Restorer, Tokenizer, Generator)
+#: every kind (each base above), for checks and error messages
+MODEL_KINDS: tuple[type[VisionModel], ...] = tuple(VisionModel.__subclasses__())
 
 
 @runtime_checkable
