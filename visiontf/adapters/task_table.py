@@ -64,6 +64,12 @@ TASK_TABLE: dict[str, TaskRow] = {
         data_modules=("visiontf.data.image_folder.TokenizerDataModule",),
         model_kinds=("visiontf.models.contract.Tokenizer", "visiontf.models.contract.Generator"),
         synthetic="visiontf.data.synthetic.photos:make_photos_dataset"),
+    "depth": TaskRow(
+        adapter="visiontf.adapters.depth:DepthAdapter",
+        modules=("visiontf.tasks.depth.DepthTask",),
+        data_modules=("visiontf.data.depth.DepthDataModule",),
+        model_kinds=("visiontf.models.contract.DepthEstimator",),
+        synthetic="visiontf.data.synthetic.depth:make_depth_dataset"),
 }
 
 #: every task name, in the table's order
