@@ -275,6 +275,8 @@ def predict_parser(with_task_options: bool = True) -> ToolParser:
     if with_task_options:
         added: dict[str, Any] = {}
         for task, options in task_options().items():
+            if not options:
+                continue
             group = p.add_argument_group(f"{task} options", f"for {task} models (declared by the task's adapter)")
             for option in options:
                 if option.flag in added:  # two tasks sharing an option must mean the same by it
