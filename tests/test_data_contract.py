@@ -66,4 +66,4 @@ def test_upper_layers_read_the_data_contract_without_getattr_defaults():
     found = [f"{p.relative_to(root)}: {m.group(0)}" for p in files for m in pattern.finditer(p.read_text())]
     assert not found, f"read these as declared attributes (visiontf.data.base): {found}"
     anything = re.compile(r"getattr\((dm|datamodule)\b")
-    assert not [p for p in files if anything.search(p.read_text())], "getattr(dm, ...) left in the upper layers"
+    assert not [p for p in files if anything.search(p.read_text())], "a data module read through getattr is left in the upper layers"
