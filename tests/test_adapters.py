@@ -38,7 +38,7 @@ def test_adapters_come_from_registry_tags(vit, setr):
     with pytest.raises(ValueError, match="task="):
         get_adapter(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="use one of"):
-        adapter_for_task("depth")
+        adapter_for_task("keypoints")
 
 
 def test_build_postprocess_follows_the_class_head():
@@ -65,16 +65,17 @@ def test_checkpoints_predict_with_their_saved_preprocessing(tmp_path, setr):
     """A checkpoint with saved preprocessing predicts bit for bit as the Predictor given the same settings
     by hand; one without predicts with the model's own ``pretrained_cfg``."""
     kwargs = {"img_size": 32, "encoder_kwargs": {"depth": 4}}
-    saved = get_adapter(setr).eval_cfg(setr, {"resize": (64, 40), "test_mode": "slide", "crop_size": 32, "stride": 16})
+    given = {"resize": (64, 40), "test_mode": "slide", "crop_size": 32, "stride": 16}
+    saved = get_adapter(setr).eval_settings(setr, given).to_dict()
     new = _checkpoint(setr, tmp_path / "new.ckpt", "setr_naive_vit_tiny_patch16", 3, kwargs, {"renamed": 1}, {}, saved)
     bare = _checkpoint(setr, tmp_path / "bare.ckpt", "setr_naive_vit_tiny_patch16", 3, kwargs, {"val_resize": [64, 40]})
     images = [torch.rand(3, 50, 37), torch.rand(3, 20, 70)]
-    ref = Predictor(setr, device="cpu", resize=(64, 40), test_mode="slide", crop_size=32, stride=16)(images)
+    ref = Predictor(setr, device="cpu", preprocess=given)(images)
     got = Predictor.from_checkpoint(new, device="cpu")(images)
     assert all(torch.equal(a["label_map"], b["label_map"]) for a, b in zip(got, ref))
     assert Predictor.from_checkpoint(new, device="cpu").cfg == saved
     # nothing saved: the data module's hyper-parameters are not read by name, the model's defaults apply
-    assert Predictor.from_checkpoint(bare, device="cpu").cfg == get_adapter(setr).eval_cfg(setr)
+    assert Predictor.from_checkpoint(bare, device="cpu").settings == get_adapter(setr).eval_settings(setr)
 
 
 def test_tasks_save_the_data_modules_eval_settings_with_checkpoints(tmp_path):

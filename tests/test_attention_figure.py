@@ -14,7 +14,7 @@ from visiontf.inference.predictor import Predictor
 def predictor():
     torch.manual_seed(0)
     detr = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1, num_queries=10).eval()
-    return Predictor(detr, min_size=64, max_size=400, device="cpu")
+    return Predictor(detr, preprocess={"min_size": 64, "max_size": 400}, device="cpu")
 
 
 def test_panels_of_thin_images_go_side_by_side_and_of_flat_ones_in_a_column():
@@ -33,3 +33,18 @@ def test_figure_is_capped_and_overlays_the_maps(predictor, tmp_path, h, w):
     assert max(pic.shape[:2]) <= MAX_FIGURE_SIDE_PX
     assert min(pic.shape[:2]) >= 250  # and not shrunk to nothing
     assert pic[..., :3].std() > 20
+
+
+@pytest.mark.parametrize("threshold", [0.05, None])
+def test_predict_attention_pictures_take_the_score_threshold(predictor, tmp_path, monkeypatch, threshold):
+    """tools/predict.py --attention --score_threshold T: the picture shows detections above T (before, DETR's
+    picture used 0.7 and Deformable DETR's 0.5 whatever was given); None (keep all) shows the best ones."""
+    from visiontf.adapters import attention
+    from visiontf.inference.predict_files import predict_to_folder
+
+    seen = []
+    choose = attention.choose_queries
+    monkeypatch.setattr(attention, "choose_queries", lambda scores, t, *a, **k: seen.append(t) or choose(scores, t, *a, **k))
+    predict_to_folder(predictor, [torch.rand(3, 60, 80)], tmp_path, score_threshold=threshold, attention=True)
+    assert seen == [0.0 if threshold is None else threshold]
+    assert (tmp_path / "image_00000_attention.png").is_file()

@@ -222,3 +222,16 @@ def test_eval_with_the_dino_config_refuses_a_detr_tiny_checkpoint_unless_asked(t
 
     assert eval_main([*args, "--model.init_args.model_name=detr_tiny"]) == 0
     assert "val/mAP" in json.loads((tmp_path / "stats.json").read_text())
+
+
+def test_the_task_check_reads_what_the_allow_list_takes(tmp_path):
+    """A checkpoint whose data-module hyper-parameters hold a pathlib path (Lightning stores them as given)
+    is of its task; the task check read it with a plain torch.load, which refused the path."""
+    from visiontf.checkpoints import check_checkpoint_task
+
+    path = tmp_path / "paths.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 3},
+                "datamodule_hyper_parameters": {"root": Path("data/shapes")}, "task": "detection"}, path)
+    check_checkpoint_task(path, "visiontf.tasks.detection.DetectionTask")
+    with pytest.raises(CheckpointError, match="a detection checkpoint"):
+        check_checkpoint_task(path, "visiontf.tasks.classification.ClassificationTask")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from cli_runner import error_line, run_tools
 from handmade_data import CATEGORIES, make_dataset
 
 import visiontf
+from visiontf.adapters.task_table import TASKS
 from visiontf.cli.errors import user_message
 from visiontf.errors import UsageError
 
@@ -90,8 +92,10 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
         ("make_synthetic.py", "--task", "detection", "--out", tmp_path):
             f"--out {tmp_path}: the folder is not empty; remove it or give a new folder",
         ("make_synthetic.py", "--task", "detector", "--out", tmp_path / "d"):
-            "argument --task: invalid choice: 'detector' (choose from 'classification', 'detection', 'photos', 'segmentation') "
-            "(see make_synthetic.py --help)",
+            "argument --task: invalid choice: 'detector' (choose from "
+            f"{', '.join(repr(t) for t in sorted([*TASKS, 'photos']))}) (see make_synthetic.py --help)",
+        ("make_synthetic.py", "--task", "photos", "--out", tmp_path / "d", "--num_classes", "3"):
+            "--num_classes: the photos set has no such setting",
         ("plot_logs.py", tmp_path / "no_run"): f"{tmp_path / 'no_run'}: neither a metrics.csv nor a run folder",
         ("demo.py", "--epochs", "ten"): "argument --epochs: invalid int value: 'ten' (see demo.py --help)",
     }
@@ -151,6 +155,10 @@ def heavy(tmp_path_factory):
         "predict conflict": [*predict, "--config", CONFIG, "--data.root", four_classes, "--input", images, "--output", tmp / "x"],
         "predict broken image": [*predict, "--input", tmp / "broken.jpg", "--output", tmp / "y"],
         "predict bad root": [*predict, "--config", CONFIG, "--data.root", tmp / "nope", "--input", images, "--output", tmp / "z"],
+        # the task options are the adapters': another task's is refused (it was silently ignored before)
+        "predict another task's option": [*predict, "--input", images, "--output", tmp / "seg", "--seg_mode", "slide"],
+        "predict this task's option": [*predict, "--input", images, "--output", tmp / "min", "--min_size", "48",
+                                       "--postprocess.num_top", "3", "--score_threshold", "0.0"],
     }
     env = {"debug env": {"VISIONTF_DEBUG": "1"}}
     results = run_tools([{"argv": argv, "env": env.get(name, {})} for name, argv in cases.items()], tmp)
@@ -209,6 +217,16 @@ def test_predict_takes_data_overrides_keeps_checkpoint_classes_and_hints_fit_pre
     assert _one_line(heavy["predict bad root"], "predict.py") == f"{tmp / 'nope'}: dataset root not found (--data.root)"
 
 
+def test_predict_takes_the_options_of_the_models_task_only(heavy):
+    assert _one_line(heavy["predict another task's option"], "predict.py") == (
+        "--seg_mode: an option of segmentation models, but this is a detection model (its options: --min_size, "
+        "--max_size, --postprocess.nms_iou_threshold, --postprocess.nms_class_agnostic, --postprocess.num_top)")
+    assert heavy["predict this task's option"]["code"] == 0, heavy["predict this task's option"]["stderr"][-3000:]
+    preds = json.loads((heavy["tmp"] / "min" / "predictions.json").read_text())
+    per_image = Counter(p["image_id"] for p in preds)  # every query scores above 0: --postprocess.num_top keeps 3
+    assert per_image and set(per_image.values()) == {3}, per_image
+
+
 def test_user_message_finds_the_cause_and_leaves_bugs_alone():
     try:
         try:
@@ -231,6 +249,12 @@ def test_one_option_style_and_a_dashed_spelling_names_the_right_one():
     assert (args.score_threshold, args.top_k) == (0.7, 3)
     with pytest.raises(UsageError, match="did you mean --score_threshold"):
         predict_parser().parse_args(["--input", "x", "--output", "y", "--score-threshold", "0.7"])
+    # the tasks' options are the adapters' (the command line names none), listed by task in --help
+    args = predict_parser().parse_args(["--input", "x", "--output", "y", "--seg_mode", "slide", "--restore_task", "1"])
+    assert (args.seg_mode, args.restore_task) == ("slide", "1")
+    with pytest.raises(UsageError, match="did you mean --seg_mode"):
+        predict_parser().parse_args(["--input", "x", "--output", "y", "--seg-mode", "slide"])
+    assert "segmentation options" in predict_parser().format_help()
 
 
 class _RunsCode:

@@ -30,7 +30,7 @@ def model():
 
 def test_predictor_equals_the_model_and_sigmoid_postprocessing_image_by_image(model):
     """Two sizes asked for together: each runs alone (no padding that would change its detections)."""
-    p = Predictor(model, device="cpu", min_size=64, max_size=96, class_names=["a", "b", "c"])
+    p = Predictor(model, device="cpu", preprocess={"min_size": 64, "max_size": 96}, class_names=["a", "b", "c"])
     images = [torch.rand(3, 50, 70), torch.rand(3, 90, 41)]
     res = p(images, score_threshold=None, top_k=5)
     assert p.preprocess(images)[0].padded  # together they would need padding
@@ -57,19 +57,19 @@ def test_sampling_points_land_on_the_reference_with_zero_offsets(tmp_path):
             torch.nn.init.zeros_(m.sampling_offsets.weight)
             torch.nn.init.zeros_(m.sampling_offsets.bias)
     image = (np.random.default_rng(0).random((64, 96, 3)) * 255).astype(np.uint8)
-    data = deformable_sampling_points(model, image, min_size=64, max_size=96, max_queries=2, score_threshold=1.0)
+    data = deformable_sampling_points(model, image, preprocess={"min_size": 64, "max_size": 96}, max_queries=2, score_threshold=1.0)
     assert data["strides"] == [8, 16, 32] and len(data["query_indices"]) == 1  # none above 1.0: the best one
     n, heads, levels, points, _ = data["points"].shape
     assert (n, heads, levels, points) == (1, TINY["nheads"], 3, 4)
     np.testing.assert_allclose(data["points"].reshape(-1, 2), np.broadcast_to(data["reference"][0], (heads * levels * points, 2)), atol=1e-3)
     np.testing.assert_allclose(data["weights"].sum((-1, -2)), 1.0, atol=1e-5)
     with pytest.raises(ValueError, match="out of range"):
-        deformable_sampling_points(model, image, query_indices=[TINY["num_queries"]], min_size=64, max_size=96)
+        deformable_sampling_points(model, image, query_indices=[TINY["num_queries"]], preprocess={"min_size": 64, "max_size": 96})
 
 
 def test_sampling_points_figure(model, tmp_path):
     image = np.full((72, 120, 3), 40, dtype=np.uint8)
-    data = deformable_sampling_points(model, image, query_indices=[0, 5], min_size=64, max_size=128)
+    data = deformable_sampling_points(model, image, query_indices=[0, 5], preprocess={"min_size": 64, "max_size": 128})
     assert data["points"].shape[0] == 2 and data["boxes"].shape == (2, 4)
     path = save_sampling_points_figure(data, tmp_path / "points.png")
     pic = np.asarray(Image.open(path).convert("RGB")).astype(int)
@@ -78,7 +78,7 @@ def test_sampling_points_figure(model, tmp_path):
     assert lime.sum() > 20, "reference crosses drawn"
     detr = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1)
     with pytest.raises(ValueError, match="no sampling locations"):  # DETR's need_weights gives dense maps
-        deformable_sampling_points(detr, image, min_size=64, max_size=128)
+        deformable_sampling_points(detr, image, preprocess={"min_size": 64, "max_size": 128})
 
 
 def _fake_checkpoint(model, path: Path, kwargs: dict) -> Path:

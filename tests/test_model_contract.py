@@ -14,6 +14,7 @@ from visiontf.adapters.task_table import TASK_TABLE, import_class
 from visiontf.detection.postprocess import POSTPROCESS_BY_CLASS_HEAD
 from visiontf.models import create_model, get_entry, list_models
 from visiontf.models.contract import (
+    MODEL_KINDS,
     AttentionRollout,
     Classifier,
     Detector,
@@ -27,7 +28,8 @@ from visiontf.models.contract import (
 )
 from visiontf.models.postprocess_options import PostprocessOptions
 
-FAMILIES = ("vit", "detr", "deformable_detr", "dino", "setr", "ipt", "vqgan", "vqgan_transformer")
+#: every family module: where each registered name's function is defined
+FAMILIES = sorted({get_entry(name).fn.__module__ for name in list_models()})
 
 
 def _meta(name: str) -> VisionModel:
@@ -86,7 +88,7 @@ def test_registered_model_keeps_its_kinds_contract(name):
 def test_every_family_declares_default_cfgs_in_one_shape():
     seen: dict[str, str] = {}
     for family in FAMILIES:
-        cfgs = import_module(f"visiontf.models.{family}").DEFAULT_CFGS
+        cfgs = import_module(family).DEFAULT_CFGS
         for name, cfg in cfgs.items():
             assert isinstance(cfg, ModelCfg) and isinstance(cfg.pretrained_cfg, PretrainedCfg), (family, name)
             assert name not in seen, f"{name} in both {seen.get(name)} and {family}"
@@ -126,8 +128,13 @@ def test_a_task_refuses_a_model_of_another_kind():
 
 
 #: the attributes a kind declares; reading them with a default elsewhere would hide a model that lacks them
-CONTRACT_NAMES = sorted({name for kind in (VisionModel, Classifier, Detector, Segmenter, Restorer, Tokenizer, Generator)
-                         for name in vars(kind) if not name.startswith("_")} - {"inference"})
+CONTRACT_NAMES = sorted({name for kind in (VisionModel, *MODEL_KINDS) for name in vars(kind) if not name.startswith("_")}
+                        - {"inference"})
+
+
+def test_every_kind_is_one_a_task_trains():
+    named = {import_class(path) for row in TASK_TABLE.values() for path in row.model_kinds}
+    assert named == set(MODEL_KINDS), "a kind no task trains, or a task's kind missing from visiontf.models.contract"
 
 
 def test_upper_layers_read_the_contract_without_getattr_defaults():

@@ -305,7 +305,7 @@ def test_non_finite_detections_are_dropped_and_counted_never_written_as_nan(tmp_
     image = tmp_path / "a.png"
     Image.fromarray(np.full((40, 50, 3), 120, np.uint8)).save(image)
     with caplog.at_level(logging.WARNING, logger="visiontf.adapters.detection"):
-        predict_to_folder(Predictor(model, device="cpu", min_size=32, max_size=64), [image], tmp_path / "out", score_threshold=None)
+        predict_to_folder(Predictor(model, device="cpu", preprocess={"min_size": 32, "max_size": 64}), [image], tmp_path / "out", score_threshold=None)
     text = (tmp_path / "out" / "predictions.json").read_text()
     records = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in predictions.json"))
     assert isinstance(records, list) and "NaN" not in text
@@ -354,7 +354,7 @@ def test_predicted_boxes_are_clipped_to_the_image():
         model.bbox_embed.layers[-1].bias.copy_(torch.tensor([-8.0, -8.0, 8.0, 8.0]))
     unclipped = box_convert(torch.tensor([[0.0, 0.0, 1.0, 1.0]]), "cxcywh", "xyxy")
     assert (unclipped < 0).any()  # what the model says, in relative units
-    (r,) = Predictor(model, device="cpu", min_size=32, max_size=64)([torch.rand(3, 40, 50)], score_threshold=None)
+    (r,) = Predictor(model, device="cpu", preprocess={"min_size": 32, "max_size": 64})([torch.rand(3, 40, 50)], score_threshold=None)
     assert len(r["boxes"]) == 5
     assert (r["boxes"] >= 0).all() and (r["boxes"][:, 0::2] <= 50).all() and (r["boxes"][:, 1::2] <= 40).all()
     assert torch.allclose(r["boxes"][:, 2:], torch.tensor([25.0, 20.0]), atol=0.5)  # the inside half kept
@@ -379,7 +379,7 @@ def test_predictor_call_keeps_results_not_decoded_images(monkeypatch):
     import weakref
 
     model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=5)
-    predictor = Predictor(model, device="cpu", min_size=32, max_size=48, batch_size=2)
+    predictor = Predictor(model, device="cpu", preprocess={"min_size": 32, "max_size": 48}, batch_size=2)
     refs = []
     stream = predictor.stream
 
@@ -404,7 +404,7 @@ def test_predict_without_annotations_gives_unique_ids_and_never_overwrites_a_pic
         f.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((30, 40, 3), 40 * i, np.uint8)).save(f)
     folders = [tmp_path / "in" / f for f in ("", "camA", "camB", "camC")]
-    predict_to_folder(Predictor(model, device="cpu", min_size=32, max_size=48), folders, tmp_path / "out", score_threshold=None)
+    predict_to_folder(Predictor(model, device="cpu", preprocess={"min_size": 32, "max_size": 48}), folders, tmp_path / "out", score_threshold=None)
     pictures = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.png"))
     assert pictures == ["1.png", "a.jpg.png", "a.png.png", "camA/0001.png", "camB/0001.png", "camC/0001_1.png"]
     images = json.loads((tmp_path / "out" / "images.json").read_text())

@@ -127,14 +127,14 @@ def test_detection_boxes_map_back_to_original_pixels_through_resize_and_padding(
     alone = p([small])[0]
     torch.testing.assert_close(alone["boxes"], res[0]["boxes"], atol=1e-4, rtol=0)
     # min_size override: a different resize, the same original-pixel box
-    res2 = Predictor(model, task="detection", device="cpu", min_size=96, max_size=200)([small, large])
+    res2 = Predictor(model, task="detection", device="cpu", preprocess={"min_size": 96, "max_size": 200})([small, large])
     torch.testing.assert_close(res2[0]["boxes"][0], torch.tensor(small_box, dtype=torch.float32), atol=1.0, rtol=0)
 
 
 @pytest.mark.slow
 def test_real_detr_tiny_thresholds_and_top_k():
     model = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1)
-    p = Predictor(model, device="cpu", min_size=64, max_size=96, class_names=["a", "b", "c"])
+    p = Predictor(model, device="cpu", preprocess={"min_size": 64, "max_size": 96}, class_names=["a", "b", "c"])
     assert p.task == "detection"
     imgs = [torch.rand(3, 50, 70), torch.randint(0, 256, (3, 90, 41), dtype=torch.uint8)]
     res = p(imgs, score_threshold=None, top_k=4)
@@ -168,7 +168,7 @@ def test_segmentation_label_map_at_original_resolution():
     assert r["label_map"].shape == (45, 61) and r["label_map"].dtype == torch.int64
     assert torch.equal(r["label_map"], expected)
     # resized for the network (mmseg keep-ratio scale), logits resized back to 45 x 61
-    r = Predictor(Threshold(), task="segmentation", device="cpu", resize=(128, 96))(img)[0]
+    r = Predictor(Threshold(), task="segmentation", device="cpu", preprocess={"resize": (128, 96)})(img)[0]
     assert r["label_map"].shape == (45, 61)
     assert (r["label_map"] == expected).float().mean() > 0.97
 
@@ -176,7 +176,7 @@ def test_segmentation_label_map_at_original_resolution():
 def test_setr_tiny_whole_and_slide():
     model = visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=32, encoder_kwargs={"depth": 4})
     for mode in ("whole", "slide"):
-        r = Predictor(model, device="cpu", test_mode=mode)([torch.rand(3, 50, 37), torch.rand(3, 20, 70)])
+        r = Predictor(model, device="cpu", preprocess={"test_mode": mode})([torch.rand(3, 50, 37), torch.rand(3, 20, 70)])
         assert [x["label_map"].shape for x in r] == [(50, 37), (20, 70)]
         assert all(int(x["label_map"].max()) < 3 for x in r)
 
@@ -232,11 +232,11 @@ def dino():
 def _direct_detections(model, images, min_size, max_size):
     """What the Predictor should return, written out: resize, normalise, pad with a mask, the model,
     the model's post-processing at the original sizes, boxes clipped to the image."""
-    from visiontf.adapters.detection import DetectionPreprocess
+    from visiontf.adapters.detection import DetectionPreprocess, DetectionSettings
     from visiontf.detection import build_postprocess
 
-    prep = DetectionPreprocess({"min_size": min_size, "max_size": max_size, "mean": model.pretrained_cfg.mean,
-                                "std": model.pretrained_cfg.std})
+    prep = DetectionPreprocess(DetectionSettings(min_size=min_size, max_size=max_size, mean=model.pretrained_cfg.mean,
+                                                 std=model.pretrained_cfg.std))
     batch, _ = prep(images)
     with torch.no_grad():
         out = model(batch.images, batch.mask if batch.padded else None)
@@ -256,7 +256,7 @@ def test_dino_predictor_equals_model_and_postprocessing(dino, batch_size):
     images = [torch.rand(3, 70, 100, generator=torch.Generator().manual_seed(1)),
               torch.rand(3, 120, 64, generator=torch.Generator().manual_seed(2)),
               torch.rand(3, 96, 96, generator=torch.Generator().manual_seed(3))]
-    p = Predictor(dino, device="cpu", batch_size=batch_size, min_size=96, max_size=160)
+    p = Predictor(dino, device="cpu", batch_size=batch_size, preprocess={"min_size": 96, "max_size": 160})
     got = p(images, score_threshold=None)
     want = [d for image in images for d in _direct_detections(dino, [image], 96, 160)]
     assert [r["image_size"] for r in got] == [(70, 100), (120, 64), (96, 96)]

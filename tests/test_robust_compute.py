@@ -68,7 +68,7 @@ def _save(path: Path, h: int, w: int, value: int = 200) -> Path:
 def test_detection_predictor_handles_or_refuses_each_odd_image_and_runs_the_rest(tmp_path, caplog):
     torch.manual_seed(0)
     model = visiontf.create_model("detr_tiny", num_classes=2, num_queries=5).eval()
-    p = Predictor(model, device="cpu", min_size=64, max_size=128, batch_size=4)
+    p = Predictor(model, device="cpu", preprocess={"min_size": 64, "max_size": 128}, batch_size=4)
     normal = _save(tmp_path / "normal.png", 48, 64)
     wide = _save(tmp_path / "wide.png", 10, 2000)
     with caplog.at_level(logging.WARNING):

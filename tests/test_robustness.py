@@ -115,3 +115,12 @@ def test_every_torch_load_in_the_library_is_weights_only():
         if not (isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True):
             unsafe.append(f"{path.relative_to(ROOT)}:{call.lineno}")
     assert not unsafe, f"torch.load without weights_only=True: {unsafe}"
+
+
+def test_only_the_allow_list_reads_torch_files_in_the_library():
+    """Inside visiontf every .pth/.ckpt is read by visiontf.weights.safe_torch_load (the one allow-list, the
+    corrupt-file messages); a plain torch.load elsewhere refuses what the allow-list takes and names nothing."""
+    files = sorted((ROOT / "visiontf").rglob("*.py"))
+    elsewhere = [f"{p.relative_to(ROOT)}:{c.lineno}" for p in files if p.name != "weights.py" for c in _torch_load_calls(p)]
+    assert not elsewhere, f"torch.load outside visiontf/weights.py (use safe_torch_load): {elsewhere}"
+    assert _torch_load_calls(ROOT / "visiontf" / "weights.py")

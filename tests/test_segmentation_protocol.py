@@ -254,6 +254,7 @@ def test_validation_pictures_of_mmseg_batches(ade_root, tiny_task):
     dm.setup("validate")
     batch = next(iter(dm.val_dataloader()))
     with torch.no_grad():
-        pictures = adapter_for_task("segmentation").render_batch(tiny_task, batch, IMAGENET_DEFAULT_MEAN,
-                                                                 IMAGENET_DEFAULT_STD, None, 2, 0.5)
+        adapter = adapter_for_task("segmentation")
+        settings = adapter.settings_type(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
+        pictures = adapter.render_batch(tiny_task, batch, settings, None, 2, 0.5)
     assert [tuple(p.shape) for p in pictures] == [(3, 40, 106)] * 2 and pictures[0].dtype == torch.uint8

@@ -9,7 +9,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torchvision.transforms.v2 import functional as TF
 
-from visiontf.adapters.segmentation import SegmentationPreprocess
+from visiontf.adapters.segmentation import SegmentationPreprocess, SegmentationSettings
 from visiontf.data.segmentation_transforms import keep_ratio_size, resize_image_like_mmcv, segmentation_transforms
 
 
@@ -64,9 +64,8 @@ def test_adapter_preprocessing_equals_the_data_modules_eval_transform():
     """A Predictor and validation feed the model the same tensor (mmseg's Resize + normalisation)."""
     img = _image(90, 130, seed=1)
     scale = (160, 48)
-    cfg = {"mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "resize": scale, "test_mode": "whole",
-           "crop_size": None, "stride": None}
-    pre = SegmentationPreprocess(cfg)(torch.from_numpy(img).permute(2, 0, 1).float() / 255)
+    settings = SegmentationSettings(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, resize=scale)
+    pre = SegmentationPreprocess(settings)(torch.from_numpy(img).permute(2, 0, 1).float() / 255)
     val = segmentation_transforms(train=False, base_size=scale)(image=img, mask=np.zeros(img.shape[:2], np.uint8))
     assert pre.shape == (1, 3, *keep_ratio_size(90, 130, scale)) == (1, *val["image"].shape)
     assert torch.allclose(pre[0], val["image"], atol=1e-5)

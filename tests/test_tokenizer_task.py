@@ -12,6 +12,7 @@ from visiontf.models.vqgan_discriminator import NLayerDiscriminator
 from visiontf.models.vqgan_quantize import VectorQuantizer2
 from visiontf.tasks.tokenizer import TokenizerTask
 from visiontf.tasks.vqgan_loss import LPIPSWeightsMissing, adaptive_weight, code_usage, hinge_d_loss, load_lpips
+from visiontf.weights import WeightsError
 
 #: a VQGAN small enough for a test step (GroupNorm needs multiples of 32 channels)
 TOY = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "n_embed": 16, "embed_dim": 4,
@@ -154,6 +155,16 @@ def test_nan_images_are_refused():
 def test_lpips_without_vgg_weights_fails_fast_with_the_fix(tmp_path):
     with pytest.raises(LPIPSWeightsMissing, match="perceptual_weight=0"):
         load_lpips(tmp_path / "absent.pth")
+
+
+def test_a_damaged_vgg16_file_is_named_as_corrupt(tmp_path):
+    """The VGG16 trunk is read through visiontf.weights.safe_torch_load: a cut-off file is named."""
+    pytest.importorskip("lpips")
+    torch.save({"features.0.weight": torch.zeros(64, 3, 3, 3)}, tmp_path / "vgg16.pth")
+    data = (tmp_path / "vgg16.pth").read_bytes()
+    (tmp_path / "vgg16.pth").write_bytes(data[: len(data) // 2])
+    with pytest.raises(WeightsError, match=r"vgg16.pth: corrupt or incomplete"):
+        load_lpips(tmp_path / "vgg16.pth")
 
 
 @pytest.mark.slow

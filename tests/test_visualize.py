@@ -79,7 +79,7 @@ def detr():
 @pytest.mark.slow
 def test_detr_attention_maps(detr, tmp_path):
     image = torch.rand(3, 50, 70)
-    maps = detr_attention_maps(detr, image, query_indices=[0, 7], points=[(3.0, 4.0), (69.0, 49.0)], min_size=64, max_size=100)
+    maps = detr_attention_maps(detr, image, query_indices=[0, 7], points=[(3.0, 4.0), (69.0, 49.0)], preprocess={"min_size": 64, "max_size": 100})
     h, w = maps["feature_size"]
     assert maps["dec_attn"].shape == (2, 50, 70) and maps["dec_attn_grid"].shape == (2, h, w)
     assert maps["enc_attn"].shape == (2, 50, 70) and maps["enc_attn_grid"].shape == (2, h, w)
@@ -89,7 +89,7 @@ def test_detr_attention_maps(detr, tmp_path):
     # the points pick the first and last feature cells' rows of the encoder attention
     from visiontf.inference.predictor import Predictor, load_inputs
 
-    p = Predictor(detr, min_size=64, max_size=100, device="cpu")
+    p = Predictor(detr, preprocess={"min_size": 64, "max_size": 100}, device="cpu")
     batch, _ = p.preprocess([im.tensor for im in load_inputs(image)])  # the adapter's preprocessing module
     x = batch.images
     with torch.no_grad():
@@ -102,8 +102,8 @@ def test_detr_attention_maps(detr, tmp_path):
     pic = np.asarray(Image.open(path))
     assert pic.shape[0] > 100 and pic.std() > 0
     with pytest.raises(ValueError, match="outside"):
-        detr_attention_maps(detr, image, points=[(80.0, 4.0)], min_size=64, max_size=100)
-    auto = detr_attention_maps(detr, image, score_threshold=0.0, max_queries=3, min_size=64, max_size=100)
+        detr_attention_maps(detr, image, points=[(80.0, 4.0)], preprocess={"min_size": 64, "max_size": 100})
+    auto = detr_attention_maps(detr, image, score_threshold=0.0, max_queries=3, preprocess={"min_size": 64, "max_size": 100})
     assert 1 <= len(auto["query_indices"]) <= 3 and len(auto["points"]) >= 1
 
 

@@ -5,10 +5,14 @@
     python tools/make_synthetic.py --task detection --out data/synthetic_det
     python tools/make_synthetic.py --task detection --preset demo --out data/demo_det   # make demo's set
     python tools/make_synthetic.py --task segmentation --out data/synthetic_seg
+    python tools/make_synthetic.py --task depth --out data/synthetic_depth
     python tools/make_synthetic.py --task photos --out data/photos   # scikit-image's photographs
 
-Deterministic for a seed. No network, no downloads.
+Each task's writer is named by its row of the task table (visiontf/adapters/task_table.py,
+``synthetic``); restoration and generation read the photographs. Deterministic for a seed. No
+network, no downloads.
 """
+import inspect
 import sys
 from pathlib import Path
 
@@ -20,20 +24,21 @@ from visiontf.cli.errors import run_tool  # noqa: E402
 #: the set `make demo` trains detr_tiny on: large, class-coloured shapes a CPU DETR learns in minutes
 DETECTION_DEMO = {"image_size": (128, 160), "object_size": (0.12, 0.35), "max_objects": 3, "colour_by_class": True}
 
-GENERATORS = {
-    "classification": ("visiontf.data.synthetic.classification", "make_classification_dataset"),
-    "detection": ("visiontf.data.synthetic.detection", "make_detection_dataset"),
-    "segmentation": ("visiontf.data.synthetic.segmentation", "make_segmentation_dataset"),
-    # real photographs scikit-image ships (no download): the IPT and VQGAN CPU recipes
-    "photos": ("visiontf.data.synthetic.photos", "make_photos_dataset"),
-}
+
+
+def generators() -> dict[str, str]:
+    """``--task`` -> the ``module:function`` writing its set: each task's from the task table (which imports
+    nothing), and the photographs by their own name (real photos scikit-image ships: the IPT and VQGAN recipes)."""
+    from visiontf.adapters.task_table import TASK_TABLE
+
+    return {**{task: row.synthetic for task, row in TASK_TABLE.items()}, "photos": "visiontf.data.synthetic.photos:make_photos_dataset"}
 
 
 def main(argv=None) -> int:
     import argparse
 
     p = ToolParser(prog="make_synthetic.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", required=True, choices=sorted(GENERATORS))
+    p.add_argument("--task", required=True, choices=sorted(generators()))
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--num_train", type=int, default=None)
     p.add_argument("--num_val", type=int, default=None)
@@ -46,11 +51,14 @@ def main(argv=None) -> int:
     if args.out.is_dir() and any(args.out.iterdir()):
         # a set written over another mixes in the old files (more images, stale annotations)
         raise UsageError(f"--out {args.out}: the folder is not empty; remove it or give a new folder")
-    module, fn = GENERATORS[args.task]
-    make = getattr(__import__(module, fromlist=[fn]), fn)
+    from visiontf.adapters.task_table import import_class
+
+    make = import_class(generators()[args.task])
     kwargs = {"seed": args.seed}
     for name in ("num_train", "num_val", "num_classes"):
         if getattr(args, name) is not None:
+            if name not in inspect.signature(make).parameters:
+                raise UsageError(f"--{name}: the {args.task} set has no such setting")
             kwargs[name] = getattr(args, name)
     if args.preset == "demo":
         if args.task != "detection":

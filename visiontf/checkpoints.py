@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import logging
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from visiontf.errors import UserError
@@ -25,7 +23,6 @@ from visiontf.weights import (
     check_tensor_values,
     corrupt_file_error,
     damaged_record,
-    describe_load_failure,
     safe_torch_load,
 )
 
@@ -234,11 +231,7 @@ def check_checkpoint_task(path: str | Path, task_class_path: str | None) -> None
     task = getattr(getattr(importlib.import_module(module), name, None), "task", None)
     if not task:
         return
-    path = Path(path)
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except Exception as e:
-        raise (describe_load_failure(path, e) or e) from e
+    ckpt = safe_torch_load(path, mmap=True)
     ck_task = checkpoint_task(ckpt) if isinstance(ckpt, dict) else None
     if ck_task is not None and ck_task != task:
         hp = ckpt.get("hyper_parameters") or {}

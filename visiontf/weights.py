@@ -6,6 +6,7 @@ file with ``torch.load(..., weights_only=True)``, which refuses arbitrary Python
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import pathlib
@@ -44,23 +45,31 @@ LEGACY_LIGHTNING_CALLBACKS = tuple(
 )
 
 
-def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+def allow_listed_globals() -> contextlib.AbstractContextManager:
+    """A context in which every ``torch.load(weights_only=True)`` takes the allow-list of :func:`safe_torch_load`
+    (what ``tools/train.py`` wraps its run in, so that the loads Lightning makes itself read what visiontf reads)."""
+    return torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS])
+
+
+def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` allowing only :data:`SAFE_GLOBALS` beyond tensors (and the
     stand-ins of :data:`LEGACY_LIGHTNING_CALLBACKS`).
 
     The one reader of ``.pth``/``.pt``/``.ckpt`` files in visiontf (weight files and Lightning
     checkpoints alike). Refused, truncated and corrupt files raise :class:`WeightsError` naming the
-    file and the fix (:func:`describe_load_failure`).
+    file and the fix (:func:`describe_load_failure`). ``mmap``: map a zip archive's tensors instead of
+    reading them, and skip the CRC check that reads the whole file, for a look at a checkpoint's
+    small entries (its task, its hyper-parameters) before the full load.
     """
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"{path}: file not found" + (" (a broken symbolic link)" if path.is_symlink() else ""))
-    damaged = damaged_record(path)
+    damaged = None if mmap else damaged_record(path)
     if damaged:
         raise corrupt_file_error(path, damaged)
     try:
-        with torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS]):
-            return torch.load(path, map_location=map_location, weights_only=True)
+        with allow_listed_globals():
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except Exception as e:
         raise (describe_load_failure(path, e) or e) from e
 

@@ -20,7 +20,8 @@ _LAZY = {
     "adapter_for_task": "visiontf.adapters.base",
     "get_adapter": "visiontf.adapters.base",
     "infer_task": "visiontf.adapters.base",
-    "canonical_cfg": "visiontf.adapters.base",
+    "EvalSettings": "visiontf.adapters.settings",
+    "PredictOption": "visiontf.adapters.settings",
 }
 
 __all__ = sorted(_LAZY)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.adapters.base import canonical_cfg, get_adapter
+from visiontf.adapters.base import SettingsValues, get_adapter
 from visiontf.adapters.drawing import color_for, to_uint8_chw
 from visiontf.data.inputs import load_inputs
 from visiontf.models.contract import AttentionRollout
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def forward_one_image(model: Any, image: Any, settings: dict[str, Any], picture: str) -> tuple:
+def forward_one_image(model: Any, image: Any, settings: SettingsValues, picture: str) -> tuple:
     """What both detector attention pictures start from: the model's view (:func:`model_view`), the one
     image (loaded as a Predictor would), its preprocessed batch and sizes, and the forward with the
     attention recorded: ``(net, class_name, image, batch, sizes, outputs)``."""
@@ -40,13 +40,13 @@ def forward_one_image(model: Any, image: Any, settings: dict[str, Any], picture:
     return net, class_name, images[0], batch, sizes, net(batch.images, None, need_weights=True)
 
 
-def model_view(model: Any, task: str, settings: dict[str, Any]) -> tuple[nn.Module, nn.Module, Callable[[int], str]]:
-    """(network, its eval preprocessing, class naming) of a model built with ``settings`` (``pretrained_cfg``
-    keys or Predictor options such as ``min_size``), or those of a Predictor given in its place."""
+def model_view(model: Any, task: str, settings: SettingsValues) -> tuple[nn.Module, nn.Module, Callable[[int], str]]:
+    """(network, its eval preprocessing, class naming) of a model with ``settings`` over its own (the task's
+    eval settings, as a Predictor's ``preprocess=`` takes them), or those of a Predictor given in its place."""
     if all(hasattr(model, a) for a in ("model", "preprocess", "class_name")):  # a Predictor: its own settings
         return model.model, model.preprocess, model.class_name
     device = next(model.parameters()).device
-    preprocess = get_adapter(model, task).preprocess(model, canonical_cfg(settings)).to(device)
+    preprocess = get_adapter(model, task).preprocess(model, settings, where="preprocess=").to(device)
     return model.eval(), preprocess, lambda label: f"class_{label}"
 
 
@@ -104,7 +104,7 @@ def detr_attention_maps(
     points: Sequence[tuple[float, float]] | None = None,
     score_threshold: float = 0.7,
     max_queries: int = 4,
-    **predictor_kwargs: Any,
+    preprocess: SettingsValues = None,
 ) -> dict[str, Any]:
     """Attention maps of one image for chosen detections and points.
 
@@ -115,7 +115,7 @@ def detr_attention_maps(
             (the best one if none passes).
         points: ``(x, y)`` in original image pixels for encoder self-attention; default the centres of
             the chosen detections' boxes.
-        predictor_kwargs: preprocessing overrides (``min_size=256``, ...) when ``model`` is a module.
+        preprocess: eval settings over the model's (``{"min_size": 256}``, ...) when ``model`` is a module.
 
     Returns:
         numpy arrays: ``image`` (H, W, 3) uint8, ``query_indices`` (n,), ``scores``, ``labels``,
@@ -125,7 +125,7 @@ def detr_attention_maps(
     """
     from visiontf.detection import build_postprocess
 
-    net, class_name, im, batch, sizes, out = forward_one_image(model, image, predictor_kwargs, "detr_attention_maps")
+    net, class_name, im, batch, sizes, out = forward_one_image(model, image, preprocess, "detr_attention_maps")
     H, W = im.size
     if "dec_attn" not in out or out["dec_attn"] is None:
         raise ValueError(f"{type(net).__name__} returned no attention maps; it needs forward(..., need_weights=True)")
@@ -268,16 +268,18 @@ def attention_rollout(maps: Sequence[Tensor], add_residual: bool = True) -> Tens
 
 
 @torch.inference_mode()
-def vit_attention_rollout(model: nn.Module, images: Any, preprocess: bool = True, **predictor_kwargs: Any) -> Tensor:
+def vit_attention_rollout(model: nn.Module, images: Any, preprocess: bool = True, settings: SettingsValues = None
+                          ) -> Tensor:
     """CLS-token attention rollout over the patch grid: (B, gh, gw), each map's sum <= 1.
 
     ``images``: any Predictor input, centre-cropped and normalised as the model's eval
-    transform; with ``preprocess=False``, an already normalised (B, 3, H, W) tensor.
+    transform (``settings`` over the model's own); with ``preprocess=False``, an already normalised
+    (B, 3, H, W) tensor.
     """
     if not isinstance(model, AttentionRollout):
         raise ValueError(f"{type(model).__name__} has no forward_attention(x); attention rollout needs a visiontf ViT")
     if preprocess:
-        net, transform, _ = model_view(model, "classification", predictor_kwargs)
+        net, transform, _ = model_view(model, "classification", settings)
         x = transform([im.tensor.to(next(net.parameters()).device) for im in load_inputs(images)])
     else:
         x = images.to(next(model.parameters()).device)

@@ -9,12 +9,13 @@ family with another class-head convention also adds its entries to the tables be
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
+from visiontf.adapters.settings import EvalSettings, PredictOption
 from visiontf.adapters.task_table import TASK_TABLE, TASKS, import_class
 from visiontf.models.contract import VisionModel
 
@@ -25,10 +26,8 @@ Task = str
 
 _INSTANCES: dict[str, TaskAdapter] = {}
 
-
-def canonical_cfg(settings: dict[str, Any] | None) -> dict[str, Any]:
-    """The settings given (``pretrained_cfg`` keys): ``None`` values, which mean "not given", dropped."""
-    return {k: v for k, v in (settings or {}).items() if v is not None}
+#: eval settings given on top of others: some keys of the task's settings, or complete settings
+SettingsValues = Mapping[str, Any] | EvalSettings | None
 
 
 def adapter_for_task(task: str) -> TaskAdapter:
@@ -68,6 +67,11 @@ class TaskAdapter:
     """
 
     task: str = ""
+    #: the task's eval settings (a frozen dataclass with the task's defaults): what the preprocessing module
+    #: is built from, and what checkpoints and exports store as ``preprocess``
+    settings_type: type[EvalSettings] = EvalSettings
+    #: the ``tools/predict.py`` options of the task (its eval settings and post-processing options)
+    predict_options: tuple[PredictOption, ...] = ()
     input_names: tuple[str, ...] = ("images",)
     output_names: tuple[str, ...] = ()
     #: batch size of the example the ONNX graph is traced with
@@ -76,17 +80,25 @@ class TaskAdapter:
     onnx_set_axis: int | None = None
 
     # ------------------------------------------------------------------ preprocessing
-    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The complete eval preprocessing: the model's ``pretrained_cfg`` with ``overrides`` on top
-        (``pretrained_cfg`` keys) and this task's defaults for what neither sets."""
+    def eval_settings(self, model: nn.Module, *overrides: SettingsValues, where: str = "eval settings") -> EvalSettings:
+        """The complete eval settings of ``model``: the task's defaults (:attr:`settings_type`), the model's
+        ``pretrained_cfg`` on top, then each of ``overrides`` in order (keys of the settings, every one given
+        a value; an unknown key is refused naming ``where``)."""
+        settings = self.settings_type.from_pretrained(pretrained_cfg(model))
+        for values in overrides:
+            settings = settings.updated(values, where)
+        return self.complete_settings(model, settings)
+
+    def complete_settings(self, model: nn.Module, settings: EvalSettings) -> EvalSettings:
+        """Settings whose defaults come from the model itself (restoration: its tasks); as given by default."""
+        return settings
+
+    def build_preprocess(self, settings: EvalSettings) -> PreprocessModule:
+        """The preprocessing module of complete ``settings`` (see :meth:`eval_settings`)."""
         raise NotImplementedError
 
-    def build_preprocess(self, cfg: dict[str, Any]) -> nn.Module:
-        """The preprocessing module of a complete ``cfg`` (see :meth:`eval_cfg`)."""
-        raise NotImplementedError
-
-    def preprocess(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> nn.Module:
-        return self.build_preprocess(self.eval_cfg(model, overrides))
+    def preprocess(self, model: nn.Module, *overrides: SettingsValues, where: str = "eval settings") -> PreprocessModule:
+        return self.build_preprocess(self.eval_settings(model, *overrides, where=where))
 
     # ------------------------------------------------------------------ inference
     def normalize_outputs(self, outputs: Any) -> Any:
@@ -108,9 +120,10 @@ class TaskAdapter:
         """A uint8 (3, H, W) picture of ``result`` on the uint8 (3, H, W) ``image``."""
         raise NotImplementedError
 
-    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
-                     class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
-        """Pictures of a validation batch (as the data module yields it) for TensorBoard."""
+    def render_batch(self, pl_module: Any, batch: Any, settings: EvalSettings, class_names: Sequence[str] | None,
+                     num_images: int, score_threshold: float) -> list[Tensor]:
+        """Pictures of a validation batch (as the data module yields it, normalised as ``settings`` say) for
+        TensorBoard."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ tools/predict.py
@@ -129,8 +142,10 @@ class TaskAdapter:
         every input's path (or None), known before any is decoded, so that a task can check them first."""
         return PredictionWriter(self, out, predictor, annotations)
 
-    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
-        """The task's attention picture of one image, if its models have one."""
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str, score_threshold: float | None = None
+                       ) -> Path | None:
+        """The task's attention picture of one image, if its models have one (of the detections scoring above
+        ``score_threshold`` where the picture shows detections; None: the best ones)."""
         log.warning("--attention: no attention picture for a %s model (%s)", self.task, type(predictor.model).__name__)
         return None
 
@@ -192,12 +207,17 @@ def pretrained_cfg(model: nn.Module) -> dict[str, Any]:
 
 
 class PreprocessModule(nn.Module):
-    """Base of the eval preprocessing modules: a complete, plain-data ``cfg`` (what checkpoints and
-    exports store) and no parameters."""
+    """Base of the eval preprocessing modules: complete ``settings`` (the task's :class:`EvalSettings`) and
+    no parameters."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, settings: EvalSettings) -> None:
         super().__init__()
-        self.cfg = dict(cfg)
+        self.settings = settings
+
+    @property
+    def cfg(self) -> dict[str, Any]:
+        """The settings as plain data: what checkpoints (``preprocess``) and exports (``.labels.json``) store."""
+        return self.settings.to_dict()
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.cfg.items())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
 from visiontf.adapters import drawing
-from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.adapters.base import PreprocessModule, TaskAdapter
+from visiontf.adapters.settings import EvalSettings
 from visiontf.models.contract import AttentionRollout
 from visiontf.models.vit import merge_distilled
 
@@ -51,22 +53,40 @@ def classification_view(image: Tensor, input_size: Sequence[int], crop_pct: floa
 _MAX_STRETCH = 8
 
 
+@dataclass(frozen=True)
+class ClassificationSettings(EvalSettings):
+    """timm's eval transform: the shorter side resized to ``input_size / crop_pct`` with ``interpolation``,
+    the centre ``input_size`` (C, H, W) cropped, normalised with ``mean``/``std``."""
+
+    input_size: tuple[int, int, int] = (3, 224, 224)
+    crop_pct: float = 1.0
+    interpolation: str = "bicubic"
+    mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
+    std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        size = self.input_size
+        object.__setattr__(self, "input_size", (3, int(size[-2]), int(size[-1])))
+        object.__setattr__(self, "crop_pct", float(self.crop_pct))
+
+
 class ClassificationPreprocess(PreprocessModule):
-    """timm's eval preprocessing: resize the shorter side to ``input_size / crop_pct``, centre-crop
-    ``input_size``, normalise.
+    """timm's eval preprocessing (:class:`ClassificationSettings`).
 
     ``forward(images)``: float (3, H_i, W_i) images in [0, 1] -> (B, 3, h, w) normalised.
-    ``cfg``: ``input_size`` ((3,) h, w), ``crop_pct``, ``interpolation``, ``mean``, ``std``.
     """
+
+    settings: ClassificationSettings
 
     def view(self, image: Tensor) -> Tensor:
         """The crop the model sees, before normalisation: (3, h, w) in [0, 1]."""
-        c = self.cfg
-        return classification_view(image, c["input_size"], c["crop_pct"], c["interpolation"])
+        s = self.settings
+        return classification_view(image, s.input_size, s.crop_pct, s.interpolation)
 
     def forward(self, images: Sequence[Tensor]) -> Tensor:
         views = torch.stack([self.view(im) for im in images])
-        return TF.normalize(views, list(self.cfg["mean"]), list(self.cfg["std"]))
+        return TF.normalize(views, list(self.settings.mean), list(self.settings.std))
 
 
 class ClassificationAdapter(TaskAdapter):
@@ -74,20 +94,10 @@ class ClassificationAdapter(TaskAdapter):
 
     task = "classification"
     output_names = ("logits",)
+    settings_type = ClassificationSettings
 
-    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
-        size = cfg.get("input_size", (3, 224, 224))
-        return {
-            "input_size": (3, int(size[-2]), int(size[-1])),
-            "crop_pct": float(cfg.get("crop_pct", 1.0)),
-            "interpolation": cfg.get("interpolation", "bicubic"),
-            "mean": tuple(cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
-            "std": tuple(cfg.get("std", IMAGENET_DEFAULT_STD)),
-        }
-
-    def build_preprocess(self, cfg: dict[str, Any]) -> ClassificationPreprocess:
-        return ClassificationPreprocess(cfg)
+    def build_preprocess(self, settings: ClassificationSettings) -> ClassificationPreprocess:
+        return ClassificationPreprocess(settings)
 
     def normalize_outputs(self, outputs: Tensor | tuple[Tensor, Tensor]) -> Tensor:
         """(B, K) logits; a distilled model left in its training form gives (class, distillation) logits."""
@@ -107,7 +117,7 @@ class ClassificationAdapter(TaskAdapter):
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return drawing.draw_caption(image, drawing.classification_caption(result))
 
-    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+    def render_batch(self, pl_module: Any, batch: Any, settings: ClassificationSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         """A caption with the top prediction and the true class on each of the first images."""
         images, labels = batch[0][:num_images], batch[1][:num_images]
@@ -118,7 +128,7 @@ class ClassificationAdapter(TaskAdapter):
         for img, s, t, y in zip(images, score, top, labels):
             truth = int(y) if y.dim() == 0 else int(y.argmax())
             lines = [f"pred {name(int(t))} {float(s):.2f}", f"true {name(truth)}"]
-            out.append(drawing.draw_caption(drawing.denormalize(img, mean, std), lines))
+            out.append(drawing.draw_caption(drawing.denormalize(img, settings.mean, settings.std), lines))
         return out
 
     def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
@@ -130,8 +140,10 @@ class ClassificationAdapter(TaskAdapter):
                             "class_names": r["class_names"]})
         return records
 
-    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
-        """ViT attention rollout over the crop the model saw (models with ``forward_attention``)."""
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str, score_threshold: float | None = None
+                       ) -> Path | None:
+        """ViT attention rollout over the crop the model saw (models with ``forward_attention``); it shows no
+        detections, so ``score_threshold`` does not apply."""
         if not isinstance(predictor.model, AttentionRollout):
             return super().save_attention(predictor, image, out, stem)
         from visiontf.adapters.attention import save_rollout_overlay, vit_attention_rollout

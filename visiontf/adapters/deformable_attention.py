@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from visiontf.adapters.attention import choose_queries, forward_one_image
+from visiontf.adapters.base import SettingsValues
 from visiontf.adapters.drawing import color_for
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def deformable_sampling_points(
     query_indices: Sequence[int] | None = None,
     score_threshold: float = 0.5,
     max_queries: int = 3,
-    **predictor_kwargs: Any,
+    preprocess: SettingsValues = None,
 ) -> dict[str, Any]:
     """Where the last decoder layer sampled for chosen detections of one image.
 
@@ -53,7 +54,7 @@ def deformable_sampling_points(
         image: one image in any form :func:`~visiontf.data.inputs.load_inputs` accepts.
         query_indices: queries to show; default the ``max_queries`` best whose best class scores
             ``> score_threshold`` (the best one if none does).
-        predictor_kwargs: preprocessing overrides (``min_size=256``, ...) when ``model`` is a module.
+        preprocess: eval settings over the model's (``{"min_size": 256}``, ...) when ``model`` is a module.
 
     Returns:
         numpy arrays in original image pixels: ``image`` (H, W, 3) uint8, ``query_indices`` (n,),
@@ -62,7 +63,7 @@ def deformable_sampling_points(
         sampling location (x, y), ``weights`` (n, heads, L, P) their attention weights (summing to
         1 per head), ``spatial_shapes`` and ``strides`` of the levels.
     """
-    net, class_name, im, batch, sizes, out = forward_one_image(model, image, predictor_kwargs, "deformable_sampling_points")
+    net, class_name, im, batch, sizes, out = forward_one_image(model, image, preprocess, "deformable_sampling_points")
     H, W = im.size
     if out.get("dec_sampling_locations") is None:
         raise ValueError(

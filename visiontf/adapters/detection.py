@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
 from visiontf.adapters import attention, deformable_attention, drawing
-from visiontf.adapters.base import PredictionWriter, PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.adapters.base import PredictionWriter, PreprocessModule, TaskAdapter, pretrained_cfg
+from visiontf.adapters.settings import EvalSettings, PredictOption, at_least, boolean
 from visiontf.data.batching import PaddedBatch, pad_images, size_buckets
 from visiontf.data.detection_transforms import resized_hw
 from visiontf.detection import build_postprocess, set_postprocess
@@ -47,20 +49,36 @@ ATTENTION_PICTURES: dict[str, tuple[Callable, Callable]] = {
 }
 
 
+@dataclass(frozen=True)
+class DetectionSettings(EvalSettings):
+    """DETR's eval transform: the shorter side resized to ``min_size``, the longer one at most ``max_size``
+    (None: no cap), normalised with ``mean``/``std``."""
+
+    min_size: int = 800
+    max_size: int | None = 1333
+    mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
+    std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "min_size", int(self.min_size))
+        object.__setattr__(self, "max_size", None if self.max_size is None else int(self.max_size))
+
+
 class DetectionPreprocess(PreprocessModule):
-    """DETR's eval preprocessing: resize (shorter side ``min_size``, longer at most ``max_size``),
-    normalise, zero-pad to a common size.
+    """DETR's eval preprocessing (:class:`DetectionSettings`), then zero-padding to a common size.
 
     ``forward(images)``: float (3, H_i, W_i) images in [0, 1] -> (:class:`PaddedBatch` with images
     (B, 3, H, W) and mask (B, H, W), the resized (h_i, w_i) of each image).
-    ``cfg``: ``min_size``, ``max_size`` (None: no cap), ``mean``, ``std``.
     """
 
+    settings: DetectionSettings
+
     def forward(self, images: Sequence[Tensor]) -> tuple[PaddedBatch, list[tuple[int, int]]]:
-        c = self.cfg
-        resized = [detection_resize(im, c["min_size"], c["max_size"]) for im in images]
+        s = self.settings
+        resized = [detection_resize(im, s.min_size, s.max_size) for im in images]
         sizes = [(int(r.shape[-2]), int(r.shape[-1])) for r in resized]
-        return pad_images([TF.normalize(r, list(c["mean"]), list(c["std"])) for r in resized]), sizes
+        return pad_images([TF.normalize(r, list(s.mean), list(s.std)) for r in resized]), sizes
 
 
 class DetectionAdapter(TaskAdapter):
@@ -71,19 +89,20 @@ class DetectionAdapter(TaskAdapter):
     output_names = ("pred_logits", "pred_boxes")
     trace_batch_size = 2  # the second example image is padded, so the padded path is traced
     onnx_set_axis = 1  # queries: two-stage selection may order exactly tied ones either way
+    settings_type = DetectionSettings
+    predict_options = (
+        PredictOption("--min_size", "min_size", "shorter side (default: the checkpoint's)", type=at_least(1)),
+        PredictOption("--max_size", "max_size", "longer side cap (default: the checkpoint's)", type=at_least(1)),
+        PredictOption("--postprocess.nms_iou_threshold", "nms_iou_threshold", "NMS IoU (0 or -1: no NMS; default: the "
+                      "checkpoint's)", section="postprocess", type=float),
+        PredictOption("--postprocess.nms_class_agnostic", "nms_class_agnostic", "NMS over all labels or within each "
+                      "label (default: the checkpoint's)", section="postprocess", type=boolean, metavar="{true,false}"),
+        PredictOption("--postprocess.num_top", "num_top", "detections kept per image before NMS (default: the "
+                      "checkpoint's)", section="postprocess", type=at_least(1)),
+    )
 
-    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
-        max_size = cfg.get("max_size", 1333)
-        return {
-            "min_size": int(cfg.get("min_size", 800)),
-            "max_size": None if max_size is None else int(max_size),
-            "mean": tuple(cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
-            "std": tuple(cfg.get("std", IMAGENET_DEFAULT_STD)),
-        }
-
-    def build_preprocess(self, cfg: dict[str, Any]) -> DetectionPreprocess:
-        return DetectionPreprocess(cfg)
+    def build_preprocess(self, settings: DetectionSettings) -> DetectionPreprocess:
+        return DetectionPreprocess(settings)
 
     def predict(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor], *,
                 score_threshold: float | None = None, top_k: int | None = None,
@@ -134,7 +153,7 @@ class DetectionAdapter(TaskAdapter):
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return drawing.draw_detections(image, result)
 
-    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+    def render_batch(self, pl_module: Any, batch: Any, settings: DetectionSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         """Boxes with ``score > score_threshold`` on the augmented (unpadded) images of the batch."""
         model = pl_module.model
@@ -147,7 +166,8 @@ class DetectionAdapter(TaskAdapter):
         out = []
         for img, p, t in zip(images, preds, targets):
             h, w = (int(v) for v in t["size"])
-            out.append(drawing.draw_detections(drawing.denormalize(img[:, :h, :w], mean, std), p, class_names))
+            out.append(drawing.draw_detections(drawing.denormalize(img[:, :h, :w], settings.mean, settings.std), p,
+                                               class_names))
         return out
 
     def annotation_class_names(self, annotations: str | Path) -> list[str] | None:
@@ -170,14 +190,17 @@ class DetectionAdapter(TaskAdapter):
         ids, ann_l2c = image_ids(list(sources), annotations)
         return _DetectionWriter(self, out, predictor, annotations, ids, ann_l2c)
 
-    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str) -> Path | None:
+    def save_attention(self, predictor: Any, image: Any, out: Path, stem: str, score_threshold: float | None = None
+                       ) -> Path | None:
         """The attention picture of the model's kind (:data:`ATTENTION_PICTURES`): DETR's decoder and
-        encoder attention maps, Deformable DETR's sampling points (the papers' figures)."""
+        encoder attention maps, Deformable DETR's sampling points (the papers' figures), for the
+        detections scoring above ``score_threshold`` (None: the best ones, as for the results)."""
         kind = predictor.model.attention_picture
         if kind not in ATTENTION_PICTURES:
             raise ValueError(f"{type(predictor.model).__name__}.attention_picture = {kind!r}; known: {sorted(ATTENTION_PICTURES)}")
         compute, save = ATTENTION_PICTURES[kind]
-        return save(compute(predictor, [image.tensor]), out / f"{stem}_attention.png")
+        threshold = 0.0 if score_threshold is None else float(score_threshold)
+        return save(compute(predictor, [image.tensor], score_threshold=threshold), out / f"{stem}_attention.png")
 
     def onnx_wrapper(self, model: nn.Module) -> nn.Module:
         return _DetectorGraph(model)

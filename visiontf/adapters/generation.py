@@ -10,6 +10,7 @@ original size: the model pads to a multiple of its downsampling factor and crops
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,27 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.adapters import drawing
-from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.adapters.base import PreprocessModule, TaskAdapter, pretrained_cfg
+from visiontf.adapters.settings import EvalSettings
 from visiontf.models.contract import Tokenizer
 
 
+@dataclass(frozen=True)
+class GenerationSettings(EvalSettings):
+    """Normalisation of [0, 1] RGB into the tokenizer's range (``mean``/``std`` 0.5: [-1, 1], VQGAN's)."""
+
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+
 class GenerationPreprocess(PreprocessModule):
-    """One float (3, H, W) image in [0, 1] -> (1, 3, H, W) normalised with ``mean``/``std`` ([-1, 1] for VQGAN)."""
+    """One float (3, H, W) image in [0, 1] -> (1, 3, H, W) normalised (:class:`GenerationSettings`)."""
+
+    settings: GenerationSettings
 
     def forward(self, image: Tensor) -> Tensor:
-        mean = torch.tensor(self.cfg["mean"], device=image.device)[:, None, None]
-        std = torch.tensor(self.cfg["std"], device=image.device)[:, None, None]
+        mean = torch.tensor(self.settings.mean, device=image.device)[:, None, None]
+        std = torch.tensor(self.settings.std, device=image.device)[:, None, None]
         return ((image - mean) / std)[None]
 
 
@@ -36,13 +48,10 @@ class GenerationAdapter(TaskAdapter):
 
     task = "generation"
     output_names = ("reconstruction",)
+    settings_type = GenerationSettings
 
-    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
-        return {"mean": tuple(cfg.get("mean", (0.5, 0.5, 0.5))), "std": tuple(cfg.get("std", (0.5, 0.5, 0.5)))}
-
-    def build_preprocess(self, cfg: dict[str, Any]) -> GenerationPreprocess:
-        return GenerationPreprocess(cfg)
+    def build_preprocess(self, settings: GenerationSettings) -> GenerationPreprocess:
+        return GenerationPreprocess(settings)
 
     @staticmethod
     def _check_tokenizer(model: nn.Module) -> None:
@@ -50,9 +59,9 @@ class GenerationAdapter(TaskAdapter):
             raise ValueError(f"{type(model).__name__} is a second stage: it samples codes, it does not reconstruct "
                              "images; draw samples with tools/sample.py, or predict with its first stage's checkpoint")
 
-    def to_uint8(self, x: Tensor, cfg: dict[str, Any]) -> Tensor:
-        mean = torch.tensor(cfg["mean"], device=x.device)[:, None, None]
-        std = torch.tensor(cfg["std"], device=x.device)[:, None, None]
+    def to_uint8(self, x: Tensor, settings: GenerationSettings) -> Tensor:
+        mean = torch.tensor(settings.mean, device=x.device)[:, None, None]
+        std = torch.tensor(settings.std, device=x.device)[:, None, None]
         return ((x.float() * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)
 
     @torch.no_grad()
@@ -69,7 +78,7 @@ class GenerationAdapter(TaskAdapter):
             codes = model.tokenize(padded)
             rec = model.detokenize(codes)[..., :H, :W]
             mse = ((rec.clamp(-1, 1) - x) ** 2).mean().clamp_min(1e-10)
-            out.append({"reconstruction": self.to_uint8(rec[0], preprocess.cfg).cpu(), "codes": codes[0].cpu(),
+            out.append({"reconstruction": self.to_uint8(rec[0], preprocess.settings).cpu(), "codes": codes[0].cpu(),
                         "psnr": float(10 * torch.log10(4.0 / mse))})
         return out
 
@@ -77,12 +86,11 @@ class GenerationAdapter(TaskAdapter):
         """The original beside its reconstruction."""
         return torch.cat([image.cpu(), result["reconstruction"]], dim=-1)
 
-    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+    def render_batch(self, pl_module: Any, batch: Any, settings: GenerationSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         x = (batch[0] if isinstance(batch, (tuple, list)) else batch)[:num_images]
         rec = pl_module.model(x).clamp(-1, 1)
-        cfg = {"mean": tuple(mean), "std": tuple(std)}
-        return [torch.cat([self.to_uint8(a, cfg), self.to_uint8(b, cfg)], dim=-1).cpu() for a, b in zip(x, rec)]
+        return [torch.cat([self.to_uint8(a, settings), self.to_uint8(b, settings)], dim=-1).cpu() for a, b in zip(x, rec)]
 
     def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
                           out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -10,16 +11,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.adapters import drawing
-from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.adapters.base import PreprocessModule, TaskAdapter
+from visiontf.adapters.settings import EvalSettings, PredictOption
+
+
+@dataclass(frozen=True)
+class RestorationSettings(EvalSettings):
+    """``tasks``: the model's task names (empty: the model's own); ``restore_task``: which one runs, a name or an
+    index (None: the first); ``self_ensemble``: average the x8 flips and transposes (IPT's ``--self_ensemble``)."""
+
+    tasks: tuple[str, ...] = ()
+    restore_task: str | int | None = None
+    self_ensemble: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "self_ensemble", bool(self.self_ensemble))
 
 
 class RestorationPreprocess(PreprocessModule):
     """Nothing but a batch axis: restoration models take [0, 1] RGB and normalise inside (IPT's mean shift).
 
-    ``cfg``: ``tasks`` (the model's task names), ``restore_task`` (which one to run: a name or index;
-    default the first), ``self_ensemble`` (the x8 flips/transposes, IPT's ``--self_ensemble``).
     ``forward(image)``: float (3, H, W) in [0, 1] -> (1, 3, H, W).
     """
+
+    settings: RestorationSettings
 
     def forward(self, image: Tensor) -> Tensor:
         return image[None].float()
@@ -30,25 +46,29 @@ class RestorationAdapter(TaskAdapter):
 
     task = "restoration"
     output_names = ("restored",)
+    settings_type = RestorationSettings
+    predict_options = (
+        PredictOption("--restore_task", "restore_task", "the task of a multi-task model to run (a name such as "
+                      "denoise_sigma30, or an index; default the first)"),
+    )
 
-    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
-        tasks = tuple(cfg.get("tasks") or model.tasks)
-        return {"tasks": tasks, "restore_task": cfg.get("restore_task", tasks[0]),
-                "self_ensemble": bool(cfg.get("self_ensemble", False))}
+    def complete_settings(self, model: nn.Module, settings: RestorationSettings) -> RestorationSettings:
+        """The model's tasks when none are given, the first of them when no ``restore_task`` is."""
+        tasks = settings.tasks or tuple(model.tasks)
+        return replace(settings, tasks=tasks, restore_task=tasks[0] if settings.restore_task is None else settings.restore_task)
 
-    def build_preprocess(self, cfg: dict[str, Any]) -> RestorationPreprocess:
-        return RestorationPreprocess(cfg)
+    def build_preprocess(self, settings: RestorationSettings) -> RestorationPreprocess:
+        return RestorationPreprocess(settings)
 
     def restore(self, model: nn.Module, preprocess: nn.Module, image: Tensor) -> Tensor:
         """The restored float (1, 3, H*s, W*s) of one float (3, H, W) image in [0, 1], clamped to [0, 1]."""
-        c = preprocess.cfg
-        task = c["restore_task"]
+        s = preprocess.settings
+        task = s.restore_task
         if isinstance(task, str) and task.isdigit():
             task = int(task)
         if isinstance(task, str) and task not in model.tasks:
             raise ValueError(f"restore_task {task!r}: this model's tasks are {list(model.tasks)}")
-        ensemble, model.self_ensemble = model.self_ensemble, bool(c["self_ensemble"])
+        ensemble, model.self_ensemble = model.self_ensemble, s.self_ensemble
         try:
             out = model(preprocess(image), task=task)
         finally:
@@ -62,13 +82,13 @@ class RestorationAdapter(TaskAdapter):
         out = []
         for im in images:  # one at a time: sizes differ and the model tiles each image itself
             y = self.restore(model, preprocess, im)[0]
-            out.append({"image": (y * 255).round().to(torch.uint8).cpu(), "task": str(preprocess.cfg["restore_task"])})
+            out.append({"image": (y * 255).round().to(torch.uint8).cpu(), "task": str(preprocess.settings.restore_task)})
         return out
 
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return result["image"]
 
-    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+    def render_batch(self, pl_module: Any, batch: Any, settings: RestorationSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         """Input (nearest-upscaled) | output | ground truth, side by side."""
         lq, hr, task = batch[0][:num_images], batch[1][:num_images], batch[2]
@@ -92,4 +112,4 @@ class RestorationAdapter(TaskAdapter):
         return t, t
 
 
-__all__ = ["RestorationAdapter", "RestorationPreprocess"]
+__all__ = ["RestorationAdapter", "RestorationPreprocess", "RestorationSettings"]

@@ -3,6 +3,7 @@ label maps at the original resolution, mask overlays and the logits export."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,29 +14,48 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as TF
 
 from visiontf.adapters import drawing
-from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.adapters.base import PreprocessModule, TaskAdapter
+from visiontf.adapters.settings import EvalSettings, PredictOption, SettingsError
 from visiontf.data.segmentation_transforms import keep_ratio_size, resize_image_like_mmcv
 
 
+@dataclass(frozen=True)
+class SegmentationSettings(EvalSettings):
+    """mmseg's test pipeline: an optional keep-ratio resize to ``resize`` (long, short; None keeps the
+    original size), normalisation with ``mean``/``std``, then ``test_mode`` inference: ``"whole"`` images
+    or ``"slide"`` windows of ``crop_size`` every ``stride`` ((h, w), an int, or None: the model's own)."""
+
+    mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
+    std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
+    resize: tuple[int, int] | None = None
+    test_mode: str = "whole"
+    crop_size: int | tuple[int, int] | None = None
+    stride: int | tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.test_mode not in ("whole", "slide"):
+            raise SettingsError(f"test_mode={self.test_mode!r}: use 'whole' or 'slide'")
+
+
 class SegmentationPreprocess(PreprocessModule):
-    """mmseg's test pipeline: optional keep-ratio resize to ``resize`` (long, short), then normalise.
+    """mmseg's test pipeline before the model (:class:`SegmentationSettings`: resize, normalise).
 
     The resize is mmseg's: mmcv's ``rescale_size`` rule and cv2 bilinear (``INTER_LINEAR``, no
     antialiasing) on the uint8 image, so a validation image and a predicted one are the same tensor.
 
     ``forward(image)``: one float (3, H, W) image in [0, 1] -> (1, 3, h, w) normalised.
-    ``cfg``: ``mean``, ``std``, ``resize`` ((long, short) or None: keep the original size), and the
-    inference settings the adapter reads: ``test_mode`` ("whole" | "slide"), ``crop_size`` and
-    ``stride`` ((h, w), an int, or None: the model's defaults).
     """
 
+    settings: SegmentationSettings
+
     def forward(self, image: Tensor) -> Tensor:
-        c = self.cfg
+        s = self.settings
         x = image
-        if c["resize"] is not None:
+        if s.resize is not None:
             H, W = image.shape[-2:]
-            x = resize_image_like_mmcv(x, keep_ratio_size(int(H), int(W), c["resize"]))
-        return TF.normalize(x, list(c["mean"]), list(c["std"]))[None]
+            x = resize_image_like_mmcv(x, keep_ratio_size(int(H), int(W), s.resize))
+        return TF.normalize(x, list(s.mean), list(s.std))[None]
 
 
 class SegmentationAdapter(TaskAdapter):
@@ -43,21 +63,14 @@ class SegmentationAdapter(TaskAdapter):
 
     task = "segmentation"
     output_names = ("logits",)
+    settings_type = SegmentationSettings
+    predict_options = (
+        PredictOption("--seg_mode", "test_mode", "segmentation inference: whole images or sliding windows "
+                      "(default: the checkpoint's)", choices=("whole", "slide")),
+    )
 
-    def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
-        resize = cfg.get("resize")
-        return {
-            "mean": tuple(cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
-            "std": tuple(cfg.get("std", IMAGENET_DEFAULT_STD)),
-            "resize": tuple(resize) if resize is not None else None,
-            "test_mode": cfg.get("test_mode", "whole"),
-            "crop_size": cfg.get("crop_size"),
-            "stride": cfg.get("stride"),
-        }
-
-    def build_preprocess(self, cfg: dict[str, Any]) -> SegmentationPreprocess:
-        return SegmentationPreprocess(cfg)
+    def build_preprocess(self, settings: SegmentationSettings) -> SegmentationPreprocess:
+        return SegmentationPreprocess(settings)
 
     def normalize_outputs(self, outputs: Tensor | dict[str, Any]) -> Tensor:
         """Main-head logits: SETR in training mode returns ``{"out": logits, "aux": [...]}``."""
@@ -67,8 +80,8 @@ class SegmentationAdapter(TaskAdapter):
         """Logits (1, K, H, W) at the original size of one float (3, H, W) image in [0, 1]."""
         H, W = image.shape[-2:]
         x = preprocess(image)
-        c = preprocess.cfg
-        logits = self.normalize_outputs(model.inference(x, c["test_mode"], crop=c["crop_size"], stride=c["stride"]))
+        s = preprocess.settings
+        logits = self.normalize_outputs(model.inference(x, s.test_mode, crop=s.crop_size, stride=s.stride))
         if logits.shape[-2:] != (H, W):
             logits = F.interpolate(logits.float(), size=(int(H), int(W)), mode="bilinear", align_corners=False)
         return logits
@@ -83,7 +96,7 @@ class SegmentationAdapter(TaskAdapter):
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return drawing.draw_segmentation(image, result["label_map"], num_classes)
 
-    def render_batch(self, pl_module: Any, batch: Any, mean: Sequence[float], std: Sequence[float],
+    def render_batch(self, pl_module: Any, batch: Any, settings: SegmentationSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         """Ground truth | prediction overlays, side by side.
 
@@ -103,7 +116,7 @@ class SegmentationAdapter(TaskAdapter):
                 h, w, H0, W0 = size
                 img, p = img[:, :h, :w], p[:h, :w]
                 gt = F.interpolate(gt[None, None, :H0, :W0].float(), size=(h, w), mode="nearest")[0, 0].long()
-            base = drawing.denormalize(img, mean, std)
+            base = drawing.denormalize(img, settings.mean, settings.std)
             gt_img = drawing.draw_segmentation(base, gt.cpu(), k, ignore_index=ignore)
             pred_img = drawing.draw_segmentation(base, p.cpu(), k, ignore_index=ignore)
             out.append(torch.cat([gt_img, pred_img], dim=-1))

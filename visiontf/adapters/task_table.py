@@ -21,13 +21,16 @@ from typing import Any
 class TaskRow:
     """One task. ``adapter``: ``"module:Class"`` of its :class:`~visiontf.adapters.base.TaskAdapter`;
     ``modules``: class paths of its LightningModules (``visiontf.tasks...``); ``data_modules``: class
-    paths of its LightningDataModules (``visiontf.data...``); ``model_kinds``: the bases of
-    :mod:`visiontf.models.contract` its registered models subclass (what the layers above read of them)."""
+    paths of its :class:`~visiontf.data.base.VisionDataModule` subclasses (``visiontf.data...``);
+    ``model_kinds``: the bases of :mod:`visiontf.models.contract` its registered models subclass (what
+    the layers above read of them); ``synthetic``: ``"module:function"`` writing a small set, with no
+    download, in the layout its data modules read from ``root`` (``tools/make_synthetic.py --task``)."""
 
     adapter: str
     modules: tuple[str, ...]
     data_modules: tuple[str, ...]
     model_kinds: tuple[str, ...]
+    synthetic: str
 
 
 TASK_TABLE: dict[str, TaskRow] = {
@@ -35,27 +38,38 @@ TASK_TABLE: dict[str, TaskRow] = {
         adapter="visiontf.adapters.classification:ClassificationAdapter",
         modules=("visiontf.tasks.classification.ClassificationTask",),
         data_modules=("visiontf.data.classification.ClassificationDataModule",),
-        model_kinds=("visiontf.models.contract.Classifier",)),
+        model_kinds=("visiontf.models.contract.Classifier",),
+        synthetic="visiontf.data.synthetic.classification:make_classification_dataset"),
     "detection": TaskRow(
         adapter="visiontf.adapters.detection:DetectionAdapter",
         modules=("visiontf.tasks.detection.DetectionTask",),
         data_modules=("visiontf.data.coco.CocoDataModule",),
-        model_kinds=("visiontf.models.contract.Detector",)),
+        model_kinds=("visiontf.models.contract.Detector",),
+        synthetic="visiontf.data.synthetic.detection:make_detection_dataset"),
     "segmentation": TaskRow(
         adapter="visiontf.adapters.segmentation:SegmentationAdapter",
         modules=("visiontf.tasks.segmentation.SegmentationTask",),
         data_modules=("visiontf.data.segmentation.SegmentationDataModule",),
-        model_kinds=("visiontf.models.contract.Segmenter",)),
+        model_kinds=("visiontf.models.contract.Segmenter",),
+        synthetic="visiontf.data.synthetic.segmentation:make_segmentation_dataset"),
     "restoration": TaskRow(
         adapter="visiontf.adapters.restoration:RestorationAdapter",
         modules=("visiontf.tasks.restoration.RestorationTask",),
         data_modules=("visiontf.data.restoration.RestorationDataModule",),
-        model_kinds=("visiontf.models.contract.Restorer",)),
+        model_kinds=("visiontf.models.contract.Restorer",),
+        synthetic="visiontf.data.synthetic.photos:make_photos_dataset"),
     "generation": TaskRow(
         adapter="visiontf.adapters.generation:GenerationAdapter",
         modules=("visiontf.tasks.tokenizer.TokenizerTask", "visiontf.tasks.transformer.TransformerTask"),
         data_modules=("visiontf.data.image_folder.TokenizerDataModule",),
-        model_kinds=("visiontf.models.contract.Tokenizer", "visiontf.models.contract.Generator")),
+        model_kinds=("visiontf.models.contract.Tokenizer", "visiontf.models.contract.Generator"),
+        synthetic="visiontf.data.synthetic.photos:make_photos_dataset"),
+    "depth": TaskRow(
+        adapter="visiontf.adapters.depth:DepthAdapter",
+        modules=("visiontf.tasks.depth.DepthTask",),
+        data_modules=("visiontf.data.depth.DepthDataModule",),
+        model_kinds=("visiontf.models.contract.DepthEstimator",),
+        synthetic="visiontf.data.synthetic.depth:make_depth_dataset"),
 }
 
 #: every task name, in the table's order

@@ -10,7 +10,6 @@ In a YAML config::
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from visiontf.adapters import get_adapter
+from visiontf.data.base import trainer_datamodule
 
 log = logging.getLogger(__name__)
 
@@ -71,20 +71,13 @@ class LogPredictionImages(Callback):
         """The uint8 (3, H, W) pictures this callback logs for ``batch`` (drawn by the task's adapter)."""
         model = pl_module.model
         adapter = get_adapter(model, getattr(pl_module, "task", None) or None)
-        mean, std = _normalisation(trainer, model, adapter)
-        return adapter.render_batch(pl_module, batch, mean, std, _class_names(trainer), self.num_images,
-                                               self.score_threshold)
-
-
-def _normalisation(trainer: Trainer | None, model: Any, adapter: Any) -> tuple[Sequence[float], Sequence[float]]:
-    """The normalisation of the batches: the data module's eval settings when it states them, else the model's."""
-    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-    stated = dm.eval_cfg() if callable(getattr(dm, "eval_cfg", None)) else {}
-    cfg = adapter.eval_cfg(model, stated)
-    return tuple(cfg["mean"]), tuple(cfg["std"])
+        dm = trainer_datamodule(trainer)
+        # the batches are normalised as the data module's eval transform says (the model's settings where it is silent)
+        settings = adapter.eval_settings(model, dm.eval_transform() if dm is not None else {})
+        return adapter.render_batch(pl_module, batch, settings, _class_names(trainer), self.num_images, self.score_threshold)
 
 
 def _class_names(trainer: Trainer | None) -> list[str] | None:
-    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-    names = getattr(dm, "class_names", None)
+    dm = trainer_datamodule(trainer)
+    names = dm.class_names if dm is not None else None
     return list(names) if names else None

@@ -21,7 +21,6 @@ _LAZY = {
     "export_main": "visiontf.cli.predict",
     "build_predictor": "visiontf.cli.predict",
     "datamodule_from_config": "visiontf.cli.predict",
-    "coco_results": "visiontf.cli.predict",
 }
 
 __all__ = sorted(_LAZY)

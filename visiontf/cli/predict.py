@@ -6,8 +6,10 @@ section as ``tools/train.py`` does (``--data.root DIR``, ``--data.init_args.val_
 names and category ids saved with a checkpoint or an export win over a config's; a config whose
 classes differ is an error that says to drop it.
 
-torch and the adapters are imported only once the arguments are checked, so a mistake is reported
-in about a second.
+The options of one task (``--min_size``, ``--seg_mode``, ``--restore_task``, ``--postprocess.*``) are
+the adapters' own (``TaskAdapter.predict_options``): given for a model of another task, they are
+refused by name. torch and the adapters are imported only once the other arguments are checked (or
+when a task option is given), so a mistake in those is reported in about a second.
 """
 from __future__ import annotations
 
@@ -71,18 +73,18 @@ def split_data_overrides(argv: Sequence[str], prog: str) -> tuple[list[str], dic
 
 def _data_parser():
     """The ``data`` section's parser, as LightningCLI builds it for ``tools/train.py`` (subclass mode:
-    any LightningDataModule, untyped arguments taken as they are, mistakes raised instead of printed)."""
-    import lightning as L
+    any VisionDataModule, untyped arguments taken as they are, mistakes raised instead of printed)."""
     from jsonargparse import ArgumentParser
 
     from visiontf.adapters.task_table import data_module_class_paths, import_class
+    from visiontf.data.base import VisionDataModule
 
     # every data module of the task table imported, so that a short class_path ("CocoDataModule")
     # resolves among the imported subclasses as it does for tools/train.py
     for class_path in data_module_class_paths():
         import_class(class_path)
     parser = ArgumentParser(exit_on_error=False, allow_abbrev=False)
-    parser.add_subclass_arguments(L.LightningDataModule, "data", fail_untyped=False, required=True)
+    parser.add_subclass_arguments(VisionDataModule, "data", fail_untyped=False, required=True)
     return parser
 
 
@@ -166,45 +168,68 @@ def resolve_classes(saved_names: Sequence[str] | None, saved_ids: dict[int, int]
     return (names or cfg_names), (ids or (cfg_ids if not names or names == cfg_names else None))
 
 
+# ---------------------------------------------------------------------------------------- task options
+def task_options() -> dict[str, tuple[Any, ...]]:
+    """Each task's ``tools/predict.py`` options (:class:`~visiontf.adapters.settings.PredictOption`), declared
+    by its adapter (importing the adapters imports torch)."""
+    from visiontf.adapters.task_table import TASK_TABLE, import_class
+
+    return {task: tuple(import_class(row.adapter).predict_options) for task, row in TASK_TABLE.items()}
+
+
+def given_task_options(args: argparse.Namespace, adapter: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The task options given on the command line, as ``(eval settings, post-processing options)`` of
+    ``adapter``'s task; an option only other tasks have is refused, naming them."""
+    preprocess: dict[str, Any] = {}
+    postprocess: dict[str, Any] = {}
+    everyone = task_options()
+    for option in dict.fromkeys(o for options in everyone.values() for o in options):
+        value = getattr(args, option.dest, None)
+        if value is None:
+            continue
+        if option not in adapter.predict_options:
+            owners = " and ".join(t for t, options in everyone.items() if option in options)
+            own = ", ".join(o.flag for o in adapter.predict_options) or "none"
+            raise UsageError(f"{option.flag}: an option of {owners} models, but this is a {adapter.task} model "
+                             f"(its options: {own})")
+        (preprocess if option.section == "preprocess" else postprocess)[option.key] = value
+    return preprocess, postprocess
+
+
 # ---------------------------------------------------------------------------------------- predictor
 def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | None = None):
     """A Predictor from ``--weights`` or ``--ckpt_path`` (+ ``--config`` for classes of old checkpoints).
 
-    Preprocessing: the settings saved with the checkpoint or export, command-line options on top (the
+    Preprocessing: the settings saved with the checkpoint or export, the task's options on top (the
     ``--config`` gives class names and category ids only).
     """
+    from visiontf.adapters.base import get_adapter
     from visiontf.checkpoints import load_checkpoint_model
-    from visiontf.inference.predictor import Predictor
-    from visiontf.weights import read_labels_file
+    from visiontf.inference.predictor import Predictor, saved_settings
+    from visiontf.models import load_model
+    from visiontf.weights import labels_path, read_labels_file
 
-    overrides: dict[str, Any] = {}
-    for key in ("min_size", "max_size", "batch_size", "device", "num_workers", "precision"):
-        if getattr(args, key, None) is not None:
-            overrides[key] = getattr(args, key)
-    if getattr(args, "seg_mode", None):
-        overrides["test_mode"] = args.seg_mode
-    postprocess = {k: getattr(args, f"postprocess_{k}", None) for k in ("nms_iou_threshold", "nms_class_agnostic", "num_top")}
-    if any(v is not None for v in postprocess.values()):
-        overrides["postprocess"] = postprocess
-    # restoration: which task of a multi-task model runs (the Predictor reads it from its preprocess settings)
-    restore = {"restore_task": args.restore_task} if getattr(args, "restore_task", None) else {}
     config = getattr(args, "config", None)
     dm, _ = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
-    cfg_names, cfg_ids = getattr(dm, "class_names", None), getattr(dm, "label_to_cat_id", None)
+    cfg_names, cfg_ids = (dm.class_names, dm.label_to_cat_id) if dm is not None else (None, None)
     if args.weights:
-        labels = read_labels_file(args.weights)
-        names, ids = resolve_classes(labels.get("class_names"), labels.get("label_to_cat_id"), cfg_names, cfg_ids,
-                                     f"--weights {args.weights}", f"--config {config}")
-        return Predictor.from_file(args.weights, class_names=names, label_to_cat_id=ids, preprocess=restore, **overrides)
-    model, info = load_checkpoint_model(args.ckpt_path)
+        model, info = load_model(args.weights), read_labels_file(args.weights)
+        source, where = f"--weights {args.weights}", f"{labels_path(args.weights)}: its preprocess"
+    else:
+        model, info = load_checkpoint_model(args.ckpt_path)
+        source, where = f"--ckpt_path {args.ckpt_path}", f"{args.ckpt_path}: its saved preprocess"
     names, ids = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), cfg_names, cfg_ids,
-                                 f"--ckpt_path {args.ckpt_path}", f"--config {config}")
+                                 source, f"--config {config}")
     n = model.num_classes
-    if names and n and len(names) != n:
+    if not args.weights and names and n and len(names) != n:
         raise UsageError(f"--config {config}: its data has {len(names)} classes but the checkpoint's model has {n}; "
                          "drop --config, or give the config it was trained with")
-    preprocess = {**info.get("preprocess", {}), **restore}
-    return Predictor(model, class_names=names, preprocess=preprocess, label_to_cat_id=ids, **overrides)
+    adapter = get_adapter(model)
+    preprocess, postprocess = given_task_options(args, adapter)
+    settings = saved_settings(adapter, model, info.get("preprocess"), where, preprocess)
+    general = {k: getattr(args, k) for k in ("batch_size", "device", "num_workers", "precision") if getattr(args, k) is not None}
+    return Predictor(model, class_names=names, preprocess=settings, label_to_cat_id=ids, postprocess=postprocess or None,
+                     **general)
 
 
 def _resolve_last(ckpt_path: str, config: str | None) -> str:
@@ -228,7 +253,8 @@ def _model_source(args: argparse.Namespace) -> None:
         args.weights = str(weights_file(args.weights))
 
 
-def predict_parser() -> ToolParser:
+def predict_parser(with_task_options: bool = True) -> ToolParser:
+    """``tools/predict.py``'s options; with ``with_task_options`` also every task's (importing the adapters)."""
     p = ToolParser(prog="predict.py", description="Predict with a visiontf checkpoint or exported model. "
                    "Also takes tools/train.py's --data.* overrides of the config's data section.")
     p.add_argument("--config", help="training YAML: class names and category ids of checkpoints that lack them")
@@ -240,33 +266,35 @@ def predict_parser() -> ToolParser:
     p.add_argument("--top_k", type=int, default=None, help="classes (classification, default 5) or max detections")
     p.add_argument("--annotations", help="COCO annotation file: image ids (by file name) and category ids for predictions.json")
     p.add_argument("--attention", action="store_true", help="also save DETR attention maps / ViT attention rollout")
-    p.add_argument("--min_size", type=int, help="detection: shorter side (default: the checkpoint's)")
-    p.add_argument("--max_size", type=int, help="detection: longer side cap")
-    p.add_argument("--seg_mode", choices=("whole", "slide"), help="segmentation inference")
-    p.add_argument("--restore_task", help="restoration: the task of a multi-task model to run (a name such as "
-                   "denoise_sigma30, or an index; default the first)")
     p.add_argument("--batch_size", type=int, default=None)
     p.add_argument("--num_workers", type=int, default=None,
                    help="processes decoding the images (default: up to 4 when there is more than one batch)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--postprocess.nms_iou_threshold", dest="postprocess_nms_iou_threshold", type=float, default=None,
-                   help="detection: NMS IoU (0 or -1: no NMS; default: the checkpoint's)")
-    p.add_argument("--postprocess.nms_class_agnostic", dest="postprocess_nms_class_agnostic", default=None,
-                   type=lambda v: {"true": True, "false": False}[v.lower()], metavar="{true,false}",
-                   help="detection: NMS over all labels or within each label (default: the checkpoint's)")
-    p.add_argument("--postprocess.num_top", dest="postprocess_num_top", type=int, default=None,
-                   help="detection: detections kept per image before NMS (default: the checkpoint's)")
     p.add_argument("--precision", choices=("32-true", "bf16-mixed", "16-mixed"), default=None,
                    help="the model's forward under autocast, as trainer.precision (default 32-true)")
+    if with_task_options:
+        added: dict[str, Any] = {}
+        for task, options in task_options().items():
+            if not options:
+                continue
+            group = p.add_argument_group(f"{task} options", f"for {task} models (declared by the task's adapter)")
+            for option in options:
+                if option.flag in added:  # two tasks sharing an option must mean the same by it
+                    if added[option.flag] != option:
+                        raise ValueError(f"{option.flag}: declared differently by two adapters: {added[option.flag]} "
+                                         f"and {option}")
+                    continue
+                added[option.flag] = option
+                option.add_to(group)
     return p
 
 
 def _check_predict_values(args: argparse.Namespace) -> None:
     """Values argparse's types let through but that would give a traceback or, worse, silently no results."""
-    for name in ("batch_size", "num_workers", "top_k", "postprocess_num_top"):
+    for name in ("batch_size", "num_workers", "top_k"):
         value, least = getattr(args, name, None), 0 if name == "num_workers" else 1
         if value is not None and value < least:
-            raise UsageError(f"--{name.replace('postprocess_', 'postprocess.')} {value}: must be >= {least}")
+            raise UsageError(f"--{name} {value}: must be >= {least}")
     t = args.score_threshold
     if t is not None and not 0.0 <= t < 1.0:  # NaN fails both comparisons
         raise UsageError(f"--score_threshold {t}: scores are in [0, 1), so this keeps nothing; give a value in [0, 1)")
@@ -276,14 +304,19 @@ def _check_predict_values(args: argparse.Namespace) -> None:
 
 def _predict(argv: Sequence[str]) -> int:
     argv, data_overrides = split_data_overrides(argv, "predict.py")
-    p = predict_parser()
-    args = p.parse_args(argv)
+    if "-h" in argv or "--help" in argv:
+        predict_parser().parse_args(argv)  # the help lists every task's options
+    # the options every task has, checked before torch is imported; the tasks' own options after
+    args, rest = predict_parser(with_task_options=False).parse_known_args(argv)
     _check_predict_values(args)
     _model_source(args)
     input_paths(args.input)
     out = output_folder(args.output)
     if args.annotations and not Path(args.annotations).is_file():
         raise UsageError(f"--annotations {args.annotations}: file not found")
+    if rest:  # an option no task has is refused here, with the closest ones
+        args = predict_parser().parse_args(argv)
+        _model_source(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     from visiontf.inference.predict_files import predict_to_folder
@@ -328,16 +361,18 @@ def _export(argv: Sequence[str]) -> int:
 
     import torch
 
-    from visiontf.adapters.base import canonical_cfg
+    from visiontf.adapters.base import get_adapter
     from visiontf.checkpoints import load_checkpoint_model
     from visiontf.inference.export import export_model
     from visiontf.inference.onnx_check import ExportTolerance
+    from visiontf.inference.predictor import saved_settings
 
     model, info = load_checkpoint_model(ckpt)
     dm, _ = datamodule_from_config(args.config, data_overrides, required=bool(data_overrides))
-    names, l2c = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), getattr(dm, "class_names", None),
-                                 getattr(dm, "label_to_cat_id", None), f"--ckpt_path {ckpt}", f"--config {args.config}")
-    settings = canonical_cfg(info.get("preprocess"))
+    cfg_names, cfg_ids = (dm.class_names, dm.label_to_cat_id) if dm is not None else (None, None)
+    names, l2c = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), cfg_names, cfg_ids,
+                                 f"--ckpt_path {ckpt}", f"--config {args.config}")
+    settings = saved_settings(get_adapter(model), model, info.get("preprocess"), f"{ckpt}: its saved preprocess")
     with torch.no_grad():
         report = export_model(model, args.output, names, l2c, settings,
                               onnx=args.onnx, image_size=args.image_size, check=args.check,

@@ -39,7 +39,9 @@ from visiontf.checkpoints import check_checkpoint_fits, check_checkpoint_task, r
 from visiontf.cli.checks import checkpoint_file
 from visiontf.cli.errors import run_tool
 from visiontf.cli.precision import resolve_cpu_precision
+from visiontf.data.base import VisionDataModule
 from visiontf.errors import UsageError, UserError
+from visiontf.weights import allow_listed_globals
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +101,23 @@ def check_ckpt_path(ckpt_path: str | Path | None, model: L.LightningModule, ckpt
 
 class VisionCLI(LightningCLI):
     """LightningCLI with visiontf's defaults: ``data.num_classes`` linked into the task, a
-    ``last.ckpt`` in ``<root>/checkpoints``, CSV + TensorBoard logs, the RNG-state callback."""
+    ``last.ckpt`` in ``<root>/checkpoints``, CSV + TensorBoard logs, the RNG-state callback.
+
+    It overrides LightningCLI's public hooks only (``__init__``, ``add_arguments_to_parser``,
+    ``parse_arguments``, ``instantiate_classes``, ``instantiate_trainer``, ``before_<subcommand>``);
+    what it still assumes of Lightning's internals is asserted by ``tests/test_lightning_internals.py``.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        #: the parsers that take the run's options (each subcommand's), for the closest names to a typo
+        self._option_parsers: list[LightningArgumentParser] = []
+        # every torch.load of the run takes visiontf's allow-list: LightningCLI's own read of --ckpt_path's
+        # hyper-parameters (right after parse_arguments) and the Trainer's restore of it
+        with allow_listed_globals():
+            super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        self._option_parsers.append(parser)
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.add_lightning_class_args(LastAndBestCheckpoint, "checkpoint")
         parser.set_defaults(
@@ -139,47 +155,55 @@ class VisionCLI(LightningCLI):
             message = str(e)
             if message.startswith("unrecognized arguments:"):
                 unknown = [a for a in message.split(":", 1)[1].split() if a.startswith("--")]
-                subparsers = getattr(self, "_subcommand_parsers", {}) or {}
-                given = sys.argv[1:] if args is None else args
-                sub = next((subparsers[a] for a in given if isinstance(a, str) and a in subparsers), parser)
-                close = close_options(unknown[0], sub._option_string_actions) if unknown else []
+                known = [o for p in self._option_parsers for o in p._option_string_actions]
+                close = close_options(unknown[0], known) if unknown else []
                 if close:
                     raise UsageError(f"{message}; did you mean {' or '.join(close)}?") from e
             raise
+        self._check_ckpt_path_before_merge()
 
-    def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
-        root = Path(config.get("default_root_dir") or "outputs")
-        if config.get("enable_progress_bar") is False and not any(isinstance(cb, EpochLines) for cb in callbacks):
+    def _run_config(self, config) -> dict:
+        """The subcommand's section of ``config`` (the whole of it when run without subcommands)."""
+        sub = config.get("subcommand")
+        return config[sub] if sub else config
+
+    def instantiate_trainer(self, **kwargs) -> L.Trainer:
+        config = self._run_config(self.config_init)
+        trainer_config = {**config.get("trainer", {}), **kwargs}
+        root = Path(trainer_config.get("default_root_dir") or "outputs")
+        configured = trainer_config.get("callbacks") or []
+        configured = list(configured) if isinstance(configured, list) else [configured]
+        if trainer_config.get("enable_progress_bar") is False and not any(isinstance(cb, EpochLines) for cb in configured):
             # without a progress bar, a line per epoch shows that training is alive and how long it has left
-            callbacks = [*callbacks, EpochLines()]
-        if config.get("logger") in (None, True):
+            kwargs["callbacks"] = [*configured, EpochLines()]
+        if trainer_config.get("logger") in (None, True):
             # both a CSV log (for tools/plot_logs.py) and TensorBoard, under the run's own folder
-            config["logger"] = [CSVLogger(root, name="csv"), TensorBoardLogger(root, name="tb")]
-        elif config.get("logger") is False:
+            kwargs["logger"] = [CSVLogger(root, name="csv"), TensorBoardLogger(root, name="tb")]
+        elif trainer_config.get("logger") is False:
             # LearningRateMonitor refuses to run without a logger
             self.trainer_defaults["callbacks"] = [
                 cb for cb in self.trainer_defaults.get("callbacks", []) if not isinstance(cb, LearningRateMonitor)
             ]
-        for cb in callbacks + list(config.get("callbacks") or []):
-            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
-                # a fixed folder, so a new process finds last.ckpt with --ckpt_path last
-                cb.dirpath = str(run_checkpoint_dir(root))
-        threads = self._get(self.config_init, "torch_num_threads", default=None)
+        threads = config.get("torch_num_threads")
         if threads is not None:
             if threads < 1:
                 raise UsageError(f"torch_num_threads={threads}: give a thread count >= 1, or null for torch's default")
             torch.set_num_threads(threads)
             log.info("torch intra-op threads: %d (the config's torch_num_threads)", threads)
-        config["precision"] = resolve_cpu_precision(
-            config.get("precision"), config.get("accelerator", "auto"),
-            self._get(self.config_init, "precision_without_native_bf16", default=None))
-        if config.get("strategy") == "fsdp":
+        kwargs["precision"] = resolve_cpu_precision(
+            trainer_config.get("precision"), trainer_config.get("accelerator", "auto"),
+            config.get("precision_without_native_bf16"))
+        if trainer_config.get("strategy") == "fsdp":
             # Lightning's "fsdp" refuses the CPU and shards frozen sub-networks (a first stage) with the rest:
             # visiontf's subclass does neither, and is Lightning's otherwise (visiontf/tasks/fsdp.py)
             from visiontf.tasks.fsdp import FSDPStrategy
 
-            config["strategy"] = FSDPStrategy()
-        trainer = super()._instantiate_trainer(config, callbacks)
+            kwargs["strategy"] = FSDPStrategy()
+        trainer = super().instantiate_trainer(**kwargs)
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+                # a fixed folder, so a new process finds last.ckpt with --ckpt_path last
+                cb.dirpath = str(run_checkpoint_dir(root))
         install_atomic_checkpoint_io(trainer)
         return trainer
 
@@ -199,7 +223,7 @@ class VisionCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from e
-        found = getattr(self.datamodule, "num_classes", None)
+        found = self.datamodule.num_classes
         if asked is not None and found is not None and int(asked) != int(found):
             # the link sets the task's class count from the data: a different one asked for would be replaced silently
             raise UsageError(
@@ -207,12 +231,12 @@ class VisionCLI(LightningCLI):
                 f"reads them from its annotations) and the model takes its class count from there; drop the option, "
                 f"or change the data's categories")
 
-    def _parse_ckpt_path(self) -> None:
-        # LightningCLI reads the checkpoint's hyper-parameters into the config before anything is built
-        # (so the checkpoint's model settings win over the config's): refuse first what cannot be this
-        # config's checkpoint, and read it with visiontf's allow-list
+    def _check_ckpt_path_before_merge(self) -> None:
+        # Right after parse_arguments, LightningCLI reads the checkpoint's hyper-parameters into the config
+        # before anything is built (so the checkpoint's model settings win over the config's): refuse first
+        # what cannot be this config's checkpoint (it is then read with visiontf's allow-list, see __init__)
         from visiontf.checkpoints import check_config_model
-        from visiontf.weights import SAFE_GLOBALS, safe_torch_load
+        from visiontf.weights import safe_torch_load
 
         # Which file "last" means, whether it is complete, and whether it is of this config's task at all
         # (merging another task's hyper-parameters fails far from the cause). "last" with nothing there:
@@ -234,8 +258,6 @@ class VisionCLI(LightningCLI):
             # the merge below would swap in the checkpoint's model and keep the config's other settings
             check_config_model(ckpt, path, self.config[sub].get("model.init_args.model_name"), self.config[sub].get("config"))
             self._loaded_ckpt = (path, ckpt)
-        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
-            super()._parse_ckpt_path()
 
     def _check_ckpt(self) -> None:
         path, ckpt = getattr(self, "_loaded_ckpt", None) or (self.config_init[self.subcommand].get("ckpt_path"), None)
@@ -311,7 +333,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
                             category=UserWarning)
     return VisionCLI(
         L.LightningModule,
-        L.LightningDataModule,
+        VisionDataModule,  # the attributes visiontf reads of a data module are declared there
         subclass_mode_model=True,
         subclass_mode_data=True,
         trainer_defaults=_trainer_defaults(),

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import albumentations as A
-import lightning as L
 import torch
 from albumentations.pytorch import ToTensorV2
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -30,6 +29,7 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
+from visiontf.data.base import VisionDataModule
 from visiontf.data.io import read_image
 from visiontf.data.loading import (
     IMAGE_EXTENSIONS,
@@ -261,7 +261,7 @@ def classification_transforms(
     return A.Compose([*ops, *norm], seed=seed)
 
 
-class ClassificationDataModule(L.LightningDataModule):
+class ClassificationDataModule(VisionDataModule):
     """ImageFolder classification data with timm-style albumentations pipelines.
 
     ``num_classes`` and ``class_names`` are set in ``__init__`` (from the train split's folders) so
@@ -316,9 +316,8 @@ class ClassificationDataModule(L.LightningDataModule):
         self.val_dataset: ImageFolderDataset | None = None
         self.test_dataset: ImageFolderDataset | None = None
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
-        that a Predictor preprocesses as validation did."""
+    def eval_transform(self) -> dict[str, Any]:
+        """The eval transform's settings (keys of the classification eval settings)."""
         hp = self.hparams
         return {"input_size": (3, hp.image_size, hp.image_size), "crop_pct": float(hp.crop_pct),
                 "mean": tuple(hp.mean), "std": tuple(hp.std)}

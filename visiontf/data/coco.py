@@ -13,11 +13,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from visiontf.config_checks import check_config, each, fraction, non_negative_int, optional, positive_int
 from visiontf.data import detection_transforms as DT
+from visiontf.data.base import DetectionDataModule
 from visiontf.data.coco_annotations import AnnotationError, label_maps, load_coco_json, parse_categories
 from visiontf.data.coco_dataset import CocoDetection, collate_detection
 from visiontf.data.layouts import resolve_detection_layout
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CocoDataModule"]
 
 
-class CocoDataModule(L.LightningDataModule):
+class CocoDataModule(DetectionDataModule):
     """COCO-layout detection data (``root/train2017``, ``root/annotations/instances_*.json``, ...).
 
     With the ``*_images`` / ``*_ann`` paths left at their defaults, ``root`` may also hold a
@@ -130,9 +130,8 @@ class CocoDataModule(L.LightningDataModule):
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
-        that a Predictor preprocesses as validation did."""
+    def eval_transform(self) -> dict[str, Any]:
+        """The eval transform's settings (keys of the detection eval settings)."""
         return {"min_size": int(self.val_size), "max_size": int(self.max_size), "mean": tuple(DT.IMAGENET_MEAN),
                 "std": tuple(DT.IMAGENET_STD)}
 

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Literal
 
 import albumentations as A
-import lightning as L
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
 from visiontf.config_checks import check_config, non_negative_int, one_of, positive, positive_int
+from visiontf.data.base import VisionDataModule
 from visiontf.data.classification import find_classes
 from visiontf.data.io import ImageReadError, read_image
 from visiontf.data.loading import (
@@ -164,7 +164,7 @@ class ImageFolderDataset(AugmentedDataset):
         return read, to_tensor(crop)
 
 
-class TokenizerDataModule(L.LightningDataModule):
+class TokenizerDataModule(VisionDataModule):
     """Images of any folder for :class:`~visiontf.tasks.tokenizer.TokenizerTask`.
 
     Args:
@@ -182,9 +182,6 @@ class TokenizerDataModule(L.LightningDataModule):
             batches are ``(images, labels)`` and ``num_classes`` / ``class_names`` say the classes, for a
             class-conditional transformer. Off: images only (a tokenizer, an unconditional transformer).
     """
-
-    #: None without ``labels``: a tokenizer has codes, not classes (the CLI links data.num_classes to the task)
-    num_classes: int | None = None
 
     def __init__(self, root: str, val_root: str | None = None, val_count: int = 0, crop_size: int = 64,
                  val_size: int = 128, max_scale: float = 1.0, repeat: int = 1, batch_size: int = 16,
@@ -228,9 +225,6 @@ class TokenizerDataModule(L.LightningDataModule):
                                          f"({', '.join(self.class_names[:8])}{', ...' if len(index) > 8 else ''})")
             labels.append(index[c])
         return labels
-
-    def eval_cfg(self) -> dict:
-        return {}
 
     def setup(self, stage: str | None = None) -> None:
         hp = self.hparams

@@ -10,17 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from torch.utils.data import DataLoader
 
 from visiontf.config_checks import check_config, non_negative_int, optional, positive_int
+from visiontf.data.base import VisionDataModule
 from visiontf.data.loading import DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.restoration_dataset import RestorationDataset, check_records, restoration_collate, task_scale
 from visiontf.data.restoration_files import LAYOUTS, find_records
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 
-class RestorationDataModule(L.LightningDataModule):
+class RestorationDataModule(VisionDataModule):
     """Restoration data for one or several tasks (super-resolution ``sr_xN``, denoising
     ``denoise_sigmaN``, paired tasks such as ``derain``).
 
@@ -39,9 +39,6 @@ class RestorationDataModule(L.LightningDataModule):
 
     There is no class count: ``num_classes`` is None (the CLI links it into the task, which takes None).
     """
-
-    #: no classes: what the CLI links into ``model.init_args.num_classes``
-    num_classes = None
 
     def __init__(
         self,
@@ -104,8 +101,8 @@ class RestorationDataModule(L.LightningDataModule):
         if stage in (None, "fit", "validate", "test", "predict") and self.val_dataset is None:
             self.val_dataset = self._dataset(self._folder(hp.val_root, hp.val_split), hp.val_split, train=False)
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """Settings a Predictor needs from the data: the task order (``pretrained_cfg`` key ``tasks``)."""
+    def eval_transform(self) -> dict[str, Any]:
+        """Settings a Predictor needs from the data: the task order (the restoration eval settings' ``tasks``)."""
         return {"tasks": tuple(self.tasks)}
 
     def train_dataloader(self) -> DataLoader:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import albumentations as A
-import lightning as L
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
@@ -27,6 +26,7 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
+from visiontf.data.base import VisionDataModule
 from visiontf.data.loading import BatchSamplerLoader, DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import eval_batch_sampler, train_sampler
 from visiontf.data.segmentation_dataset import SegmentationDataset, _Collate, segmentation_collate
@@ -56,7 +56,7 @@ from visiontf.data.segmentation_transforms import (
 )
 
 
-class SegmentationDataModule(L.LightningDataModule):
+class SegmentationDataModule(VisionDataModule):
     """Semantic segmentation data for the generic, ADE20K and Cityscapes layouts.
 
     ``num_classes``, ``class_names`` and ``ignore_index`` are set in ``__init__`` (LightningCLI links
@@ -142,9 +142,10 @@ class SegmentationDataModule(L.LightningDataModule):
         self.val_dataset: SegmentationDataset | None = None
         self.test_dataset: SegmentationDataset | None = None
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """The eval transform's settings in ``pretrained_cfg`` keys; tasks save them with checkpoints so
-        that a Predictor preprocesses as validation did. ``resize``: the keep-ratio scale, or None."""
+    def eval_transform(self) -> dict[str, Any]:
+        """The eval transform's settings (keys of the segmentation eval settings). ``resize``: the keep-ratio
+        scale, or None: validation keeps the original size, so prediction does too (whatever the model's
+        published settings resize to)."""
         hp = self.hparams
         resize = None if hp.val_resize is False else tuple(self.base_size if hp.val_resize is True else hp.val_resize)
         return {"mean": tuple(hp.mean), "std": tuple(hp.std), "resize": resize}

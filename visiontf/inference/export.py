@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from visiontf.adapters.base import Task, canonical_cfg, get_adapter
+from visiontf.adapters.base import Task, get_adapter
+from visiontf.adapters.settings import EvalSettings
 from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, ExportTolerance, check_onnx, onnx_and_torch_outputs
 from visiontf.nn.ms_deform_attn import MSDeformAttn
 
@@ -103,22 +104,22 @@ def onnx_max_abs_diff(model: nn.Module, path: str | Path, inputs: dict[str, Tens
 
 
 def export_model(model: nn.Module, output: str | Path, class_names: Sequence[str] | None = None,
-                 label_to_cat_id: dict[int, int] | None = None, preprocess: dict[str, Any] | None = None,
+                 label_to_cat_id: dict[int, int] | None = None, preprocess: Mapping[str, Any] | EvalSettings | None = None,
                  onnx: str | Path | None = None, image_size: Sequence[int] | None = None, check: bool = True,
                  tolerance: ExportTolerance = DEFAULT_TOLERANCE) -> dict[str, Any]:
     """safetensors (+ ``.json`` config and ``.labels.json``) and optionally ONNX, checked against PyTorch
     (:func:`~visiontf.inference.onnx_check.check_onnx` with ``tolerance``, on a padded batch of 2).
 
-    ``preprocess``: eval settings (``pretrained_cfg`` keys) over the model's ``pretrained_cfg``; the
-    labels file keeps the complete settings the adapter builds from them (``preprocess``).
+    ``preprocess``: eval settings (keys of the task's settings, or complete ones) over the model's
+    ``pretrained_cfg``; the labels file keeps the complete settings (``preprocess``).
     """
     from visiontf.weights import save_model, write_labels_file
 
     model = model.eval().cpu()
     adapter = get_adapter(model)
     report: dict[str, Any] = {"safetensors": str(save_model(model, output))}
-    complete = adapter.eval_cfg(model, canonical_cfg(preprocess))
-    labels = write_labels_file(report["safetensors"], class_names, label_to_cat_id, complete)
+    complete = adapter.eval_settings(model, preprocess, where="export_model(preprocess=)")
+    labels = write_labels_file(report["safetensors"], class_names, label_to_cat_id, complete.to_dict())
     if labels:
         report["labels"] = str(labels)
     if onnx:

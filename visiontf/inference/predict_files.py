@@ -97,7 +97,7 @@ def predict_to_folder(predictor: Any, inputs: Sequence[Any], out: str | Path, *,
             continue
         writer.add([image], [result], [stem])
         if attention:
-            adapter.save_attention(predictor, image, out, stem)
+            adapter.save_attention(predictor, image, out, stem, score_threshold=score_threshold)
     if items and len(failed) == len(items):
         if first_failure is not None and first_failure.exception is not None:
             raise first_failure.exception

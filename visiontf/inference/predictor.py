@@ -13,14 +13,15 @@ alone) gets ``{"source", "error", "image_size"}`` and a warning naming it; the o
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from visiontf.adapters.base import Task, canonical_cfg, get_adapter, infer_task
+from visiontf.adapters.base import PreprocessModule, Task, TaskAdapter, get_adapter, infer_task
+from visiontf.adapters.settings import EvalSettings
 from visiontf.adapters.task_table import TASKS
 from visiontf.checkpoints import load_checkpoint_model
 from visiontf.data.inputs import (
@@ -43,6 +44,17 @@ AUTOCAST_DTYPES = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": to
 
 
 # ---------------------------------------------------------------------------------------- predictor
+def saved_settings(adapter: TaskAdapter, model: nn.Module, saved: Mapping[str, Any] | None, where: str,
+                   given: Mapping[str, Any] | EvalSettings | PreprocessModule | None = None
+                   ) -> EvalSettings | PreprocessModule:
+    """The eval settings a checkpoint or an export saved (an unknown key refused naming ``where``), ``given``
+    on top (a preprocessing module given is used as it is)."""
+    if isinstance(given, PreprocessModule):
+        return given
+    adapter.settings_type.check_keys(saved or {}, where)
+    return adapter.eval_settings(model, saved, given, where="preprocess=")
+
+
 class Predictor:
     """Run a classification, detection, segmentation or restoration model on raw images.
 
@@ -52,16 +64,15 @@ class Predictor:
         task: found through the model's registry tags when ``None``.
         device: defaults to CUDA when available.
         batch_size: images per forward pass.
-        preprocess: eval settings (``pretrained_cfg`` keys, e.g. from a checkpoint), or a
-            preprocessing module built by the task's adapter; default: the model's ``pretrained_cfg``.
-        mean, std: override the normalisation (these and the settings below are ``pretrained_cfg`` keys).
-        input_size, crop_pct: classification eval crop.
-        min_size, max_size: detection eval resize (e.g. ``min_size=256`` for a ``detr_tiny`` trained
-            on small images).
-        test_mode, crop_size, stride: segmentation ``"whole"`` or ``"slide"`` inference, the slide
-            window and its stride.
-        resize: segmentation's mmseg-style keep-ratio resize scale ``(long, short)``; ``None`` segments
-            at the original resolution.
+        preprocess: the eval settings over the model's ``pretrained_cfg``: a mapping of some keys of the
+            task's settings (the adapter's ``settings_type``; an unknown key is refused by name), complete
+            settings, or a preprocessing module built by the task's adapter. The keys by task:
+            classification ``input_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``; detection
+            ``min_size``, ``max_size`` (e.g. ``{"min_size": 256}`` for a ``detr_tiny`` trained on small
+            images), ``mean``, ``std``; segmentation ``mean``, ``std``, ``resize`` (mmseg's keep-ratio
+            scale ``(long, short)``; None segments at the original resolution), ``test_mode``
+            (``"whole"`` or ``"slide"``), ``crop_size``, ``stride``; restoration ``tasks``,
+            ``restore_task``, ``self_ensemble``; generation ``mean``, ``std``.
         label_to_cat_id: detection label -> dataset category id (for COCO results files).
         postprocess: detection post-processing options over the model's own (a checkpoint's), e.g.
             ``{"nms_iou_threshold": 0.6}`` (0 or -1: no NMS), ``num_top``, ``nms_class_agnostic``
@@ -81,17 +92,7 @@ class Predictor:
         device: str | torch.device | None = None,
         batch_size: int = 8,
         *,
-        preprocess: dict[str, Any] | nn.Module | None = None,
-        mean: Sequence[float] | None = None,
-        std: Sequence[float] | None = None,
-        input_size: Sequence[int] | None = None,
-        crop_pct: float | None = None,
-        min_size: int | None = None,
-        max_size: int | None = None,
-        test_mode: Literal["whole", "slide"] | None = None,
-        crop_size: int | Sequence[int] | None = None,
-        stride: int | Sequence[int] | None = None,
-        resize: Sequence[int] | None = None,
+        preprocess: Mapping[str, Any] | EvalSettings | PreprocessModule | None = None,
         label_to_cat_id: dict[int, int] | None = None,
         num_workers: int | None = None,
         postprocess: dict[str, Any] | None = None,
@@ -110,14 +111,9 @@ class Predictor:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.num_workers = num_workers
-        overrides = canonical_cfg(dict(mean=mean, std=std, input_size=input_size, crop_pct=crop_pct, min_size=min_size,
-                                       max_size=max_size, test_mode=test_mode, crop_size=crop_size, stride=stride,
-                                       resize=resize))
-        if isinstance(preprocess, nn.Module):
-            base = preprocess.cfg
-        else:
-            base = canonical_cfg(preprocess)
-        self.preprocess = self.adapter.preprocess(model, {**base, **overrides}).to(self.device)
+        if not isinstance(preprocess, PreprocessModule):
+            preprocess = self.adapter.preprocess(model, preprocess, where="Predictor(preprocess=)")
+        self.preprocess = preprocess.to(self.device)
         self.num_classes = self._num_classes()
         if class_names is not None and self.num_classes is not None and len(class_names) != self.num_classes:
             raise ValueError(f"{len(class_names)} class names for a model with {self.num_classes} classes")
@@ -129,10 +125,11 @@ class Predictor:
     def from_checkpoint(cls, ckpt_path: str | Path, class_names: Sequence[str] | None = None, **kwargs: Any) -> Predictor:
         """Rebuild the network of a visiontf Lightning checkpoint (read with ``weights_only=True``).
 
-        Preprocessing is the one saved with the checkpoint; ``kwargs`` override.
+        Preprocessing is the one saved with the checkpoint, ``kwargs["preprocess"]`` on top.
         """
         model, info = load_checkpoint_model(ckpt_path)
-        kwargs["preprocess"] = {**info.get("preprocess", {}), **canonical_cfg(kwargs.get("preprocess"))}
+        kwargs["preprocess"] = saved_settings(get_adapter(model, kwargs.get("task")), model, info.get("preprocess"),
+                                              f"{ckpt_path}: its saved preprocess", kwargs.get("preprocess"))
         if info.get("label_to_cat_id"):
             kwargs.setdefault("label_to_cat_id", info["label_to_cat_id"])
         return cls(model, class_names=class_names if class_names is not None else info.get("class_names"), **kwargs)
@@ -146,7 +143,8 @@ class Predictor:
         model = load_model(path)
         labels = read_labels_file(path)
         kwargs.setdefault("label_to_cat_id", labels.get("label_to_cat_id"))
-        kwargs["preprocess"] = {**canonical_cfg(labels.get("preprocess")), **canonical_cfg(kwargs.get("preprocess"))}
+        kwargs["preprocess"] = saved_settings(get_adapter(model, kwargs.get("task")), model, labels.get("preprocess"),
+                                              f"{labels_path(path)}: its preprocess", kwargs.get("preprocess"))
         return cls(model, class_names=class_names if class_names is not None else labels.get("class_names"), **kwargs)
 
     def _num_classes(self) -> int | None:
@@ -159,8 +157,13 @@ class Predictor:
         return f"class_{label}"
 
     @property
+    def settings(self) -> EvalSettings:
+        """The complete eval settings (the task's ``settings_type``)."""
+        return self.preprocess.settings
+
+    @property
     def cfg(self) -> dict[str, Any]:
-        """The complete eval preprocessing settings (``pretrained_cfg`` keys)."""
+        """The complete eval settings as plain data, as a checkpoint or an export stores them."""
         return self.preprocess.cfg
 
     # ------------------------------------------------------------------ inference

@@ -8,6 +8,7 @@ from visiontf.models import (  # noqa: F401  (registration happens on import)
     ipt,
     setr,
     vit,
+    vit_depth,
     vqgan,
     vqgan_transformer,
 )

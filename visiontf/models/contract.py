@@ -11,8 +11,8 @@ its models' ``default_cfg``:
 * :class:`ModelCfg`: one registered name's entry of a family's ``DEFAULT_CFGS``: the constructor
   keyword arguments and the :class:`PretrainedCfg` of that variant.
 * :class:`VisionModel` and one subclass per kind (:class:`Classifier`, :class:`Detector`,
-  :class:`Segmenter`, :class:`Restorer`, :class:`Tokenizer`, :class:`Generator`): the attributes the
-  layers above read, with their defaults. A family subclasses its kind and overrides what differs.
+  :class:`Segmenter`, :class:`Restorer`, :class:`Tokenizer`, :class:`Generator`,
+  :class:`DepthEstimator`): the attributes the layers above read, with their defaults. A family subclasses its kind and overrides what differs.
 * :class:`AttentionRollout`: an optional capability (a ViT's ``forward_attention``), checked with
   ``isinstance``.
 """
@@ -223,8 +223,15 @@ class Generator(VisionModel):
         raise NotImplementedError(f"{type(self).__name__} does not define decode_to_img(indices)")
 
 
-#: every kind, for checks and error messages
-MODEL_KINDS: tuple[type[VisionModel], ...] = (Classifier, Detector, Segmenter, Restorer, Tokenizer, Generator)
+class DepthEstimator(VisionModel):
+    """Images (B, 3, H, W) -> depth (B, 1, H, W) in metres, in (0, ``max_depth``)."""
+
+    #: the largest depth the model predicts (its output's range)
+    max_depth: float = 10.0
+
+
+#: every kind (each base above), for checks and error messages
+MODEL_KINDS: tuple[type[VisionModel], ...] = tuple(VisionModel.__subclasses__())
 
 
 @runtime_checkable
@@ -236,5 +243,5 @@ class AttentionRollout(Protocol):
     def forward_attention(self, x: Tensor) -> Sequence[Tensor]: ...
 
 
-__all__ = ["AttentionRollout", "Classifier", "Detector", "Generator", "MODEL_KINDS", "ModelCfg", "PretrainedCfg",
+__all__ = ["AttentionRollout", "Classifier", "DepthEstimator", "Detector", "Generator", "MODEL_KINDS", "ModelCfg", "PretrainedCfg",
            "Restorer", "Segmenter", "Tokenizer", "VisionModel", "build_model"]

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from visiontf.adapters.base import adapter_for_task
 from visiontf.checkpoints import check_checkpoint_fits
 from visiontf.config_checks import check_config, one_of, optional, positive_int
+from visiontf.data.base import trainer_datamodule
 from visiontf.distributed import get_world_size, is_distributed, sum_over_ranks
 from visiontf.models import create_model
 from visiontf.models.contract import VisionModel
@@ -34,9 +35,10 @@ class BaseTask(L.LightningModule):
 
     ``num_classes`` None: a task without classes (restoration); the model is built without the argument.
 
-    Checkpoints also carry ``preprocess``: the eval preprocessing (``pretrained_cfg`` keys) resolved by
-    the task's adapter from the model, the data module's ``eval_cfg()`` and the task's own
-    :meth:`eval_cfg`, so that :class:`~visiontf.inference.Predictor` needs neither the data nor guesses.
+    Checkpoints also carry ``preprocess``: the task's complete eval settings (its adapter's
+    ``settings_type``) from the model's ``pretrained_cfg``, the data module's ``eval_transform()`` and the
+    task's own :meth:`inference_settings`, so that :class:`~visiontf.inference.Predictor` needs neither the
+    data nor guesses.
     """
 
     #: the task's name, for its adapter (:mod:`visiontf.adapters`)
@@ -90,13 +92,15 @@ class BaseTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # what a Predictor needs to name its outputs and preprocess as validation did, without the data
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        for key in ("class_names", "label_to_cat_id"):
-            value = getattr(dm, key, None)
-            if value is not None:
-                checkpoint[key] = dict(value) if isinstance(value, dict) else list(value)
-        stated = dm.eval_cfg() if callable(getattr(dm, "eval_cfg", None)) else {}
-        checkpoint["preprocess"] = adapter_for_task(self.task).eval_cfg(self.model, {**stated, **self.eval_cfg()})
+        dm = trainer_datamodule(self._trainer)
+        if dm is not None and dm.class_names is not None:
+            checkpoint["class_names"] = list(dm.class_names)
+        if dm is not None and dm.label_to_cat_id is not None:
+            checkpoint["label_to_cat_id"] = dict(dm.label_to_cat_id)
+        transform = dm.eval_transform() if dm is not None else {}
+        settings = adapter_for_task(self.task).eval_settings(self.model, transform, self.inference_settings(),
+                                                              where=f"{type(self).__name__}'s eval settings")
+        checkpoint["preprocess"] = settings.to_dict()
         checkpoint["task"] = self.task
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -121,8 +125,9 @@ class BaseTask(L.LightningModule):
         algorithm = GradClipAlgorithmType(gradient_clip_algorithm or self.trainer.gradient_clip_algorithm or "norm")
         Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """Inference settings of this task in ``pretrained_cfg`` keys (saved with checkpoints)."""
+    def inference_settings(self) -> dict[str, Any]:
+        """How this task runs the model at evaluation, as keys of its eval settings (segmentation's sliding
+        windows, restoration's tasks), saved with checkpoints over the data module's eval transform."""
         return {}
 
     def forward(self, *args, **kwargs):

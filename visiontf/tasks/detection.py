@@ -16,6 +16,7 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_left,
 )
+from visiontf.data.base import DetectionDataModule, trainer_datamodule
 from visiontf.detection import build_criterion, build_postprocess
 from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.models.contract import Detector
@@ -148,11 +149,14 @@ class DetectionTask(BaseTask):
         if stage not in self.metrics:
             from visiontf.evaluation.coco_metric import CocoMetric
 
-            dm = self.trainer.datamodule
-            ann = dm.test_ann_file if stage == "test" and getattr(dm, "test_ann_file", None) else dm.val_ann_file
+            dm = trainer_datamodule(self.trainer)
+            if not isinstance(dm, DetectionDataModule):
+                raise TypeError(f"{type(self).__name__} scores with COCO's protocol against the data module's annotation "
+                                f"files: give it a visiontf.data.base.DetectionDataModule (CocoDataModule), not "
+                                f"{type(dm).__name__ if dm is not None else 'bare dataloaders'}")
             # a head indexed by category id predicts its gaps too: counted and not scored, as COCOeval does
-            gaps = self.hparams.num_classes if getattr(dm, "label_space", "contiguous") == "category_id" else None
-            self.metrics[stage] = CocoMetric(ann, dm.label_to_cat_id, backend=self.hparams.eval_backend,
+            gaps = self.hparams.num_classes if dm.label_space == "category_id" else None
+            self.metrics[stage] = CocoMetric(dm.ann_file(stage), dm.label_to_cat_id, backend=self.hparams.eval_backend,
                                              num_classes=gaps).to(self.device)
         return self.metrics[stage]
 

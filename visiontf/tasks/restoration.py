@@ -111,7 +111,7 @@ class RestorationTask(BaseTask):
     def _keep_features(self, module, inputs, output) -> None:
         self._features = output if self.training else None
 
-    def eval_cfg(self) -> dict[str, Any]:
+    def inference_settings(self) -> dict[str, Any]:
         return {"tasks": self.tasks}
 
     # ------------------------------------------------------------------ training

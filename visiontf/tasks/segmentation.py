@@ -19,6 +19,7 @@ from visiontf.config_checks import (
     positive_int,
     unit_interval_open_right,
 )
+from visiontf.data.base import trainer_datamodule
 from visiontf.evaluation.segmentation import format_table, segmentation_scores
 from visiontf.models.contract import Segmenter
 from visiontf.tasks.base import BaseTask
@@ -100,8 +101,8 @@ class SegmentationTask(BaseTask):
         self.confmat = MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
         self.last_eval: dict[str, Any] | None = None
 
-    def eval_cfg(self) -> dict[str, Any]:
-        """Whole or sliding-window inference, as validation runs it (``pretrained_cfg`` keys)."""
+    def inference_settings(self) -> dict[str, Any]:
+        """Whole or sliding-window inference, as validation runs it (the model's own where not set)."""
         hp = self.hparams
         return {k: v for k, v in {"test_mode": hp.inference_mode, "crop_size": hp.crop_size, "stride": hp.stride}.items()
                 if v is not None}
@@ -208,8 +209,8 @@ class SegmentationTask(BaseTask):
             self.log_eval_mean(f"{prefix}/loss", loss_sum / max(pixels, 1), pixels)
 
     def _class_names(self) -> list[str]:
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        names = list(getattr(dm, "class_names", None) or [])
+        dm = trainer_datamodule(self._trainer)
+        names = list((dm.class_names if dm is not None else None) or [])
         if len(names) != self.hparams.num_classes:
             names = [f"class_{i}" for i in range(self.hparams.num_classes)]
         return names

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
+from visiontf.data.base import trainer_datamodule
 from visiontf.distributed import is_distributed, sum_over_ranks
 from visiontf.evaluation.fid import frechet_inception_distance
 from visiontf.models import create_model
@@ -260,8 +261,8 @@ class TokenizerTask(BaseTask):
         hp = self.hparams
         if not hp.scale_lr:
             return hp.base_lr
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        batch = int(getattr(dm, "batch_size", 1) or 1)
+        dm = trainer_datamodule(self._trainer)
+        batch = dm.batch_size if dm is not None else 1
         devices = self.trainer.world_size if self._trainer is not None else 1
         return hp.accumulate * devices * batch * hp.base_lr
 

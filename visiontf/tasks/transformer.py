@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from visiontf.config_checks import check_config, non_negative, positive
+from visiontf.data.base import trainer_datamodule
 from visiontf.distributed import sum_over_ranks
 from visiontf.errors import UserError
 from visiontf.models import create_model
@@ -149,8 +150,8 @@ class TransformerTask(BaseTask):
         hp = self.hparams
         lr = hp.base_lr
         if hp.scale_lr and self._trainer is not None:
-            dm = getattr(self.trainer, "datamodule", None)
-            lr = hp.base_lr * int(getattr(dm, "batch_size", 1) or 1) * self.trainer.world_size
+            dm = trainer_datamodule(self.trainer)
+            lr = hp.base_lr * (dm.batch_size if dm is not None else 1) * self.trainer.world_size
         no_decay = self.model.no_weight_decay()
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         groups = [{"params": [p for n, p in params if n not in no_decay], "weight_decay": hp.weight_decay},

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.errors import UserError
+from visiontf.weights import safe_torch_load
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def load_lpips(vgg16_file: str | Path | None = None) -> nn.Module:
             f"(or copy {VGG16_URL} there, or pass model.init_args.lpips_vgg16={path.name}-path), or train without "
             f"the perceptual term: model.init_args.perceptual_weight=0")
     metric = lpips.LPIPS(net="vgg", pretrained=True, pnet_rand=True, verbose=False)
-    features = {k[len("features."):]: v for k, v in torch.load(path, map_location="cpu", weights_only=True).items()
+    features = {k[len("features."):]: v for k, v in safe_torch_load(path).items()
                 if k.startswith("features.")}
     trunk = metric.net
     layers = {name: m for s in range(1, trunk.N_slices + 1) for name, m in getattr(trunk, f"slice{s}").named_children()}

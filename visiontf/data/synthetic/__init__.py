@@ -8,5 +8,7 @@ _LAZY = {
     "make_detection_dataset": "visiontf.data.synthetic.detection",
 }
 
+__all__ = sorted(_LAZY)
+
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())

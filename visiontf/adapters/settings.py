@@ -1,0 +1,129 @@
+"""A task's eval settings, typed, and the ``tools/predict.py`` options of a task (standard library only).
+
+:class:`EvalSettings`: one frozen dataclass per task (each adapter's ``settings_type``) carries the
+eval preprocessing from the model's ``pretrained_cfg`` through the adapter's preprocessing module to
+checkpoints (``preprocess``) and exports (``.labels.json``), and back: whatever reaches it (a data
+module's eval transform, a task's inference settings, a Predictor's ``preprocess=``, a saved file) is
+checked key by key, and an unknown key is refused by name.
+
+:class:`PredictOption`: an option of ``tools/predict.py`` that one task's adapter declares
+(``predict_options``), with the settings key it sets, so the command line holds no task's options.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal, TypeVar
+
+from visiontf.errors import UserError
+
+S = TypeVar("S", bound="EvalSettings")
+
+
+class SettingsError(UserError, ValueError):
+    """Eval settings with a key the task does not have, or a value it cannot take."""
+
+
+def plain(value: Any) -> Any:
+    """Lists (a config file's, a JSON file's) as tuples, so settings read back equal the ones saved."""
+    return tuple(plain(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """A task's complete eval settings. Subclasses declare the fields with the task's defaults (the values
+    used where neither the model's ``pretrained_cfg`` nor anything given on top sets one).
+
+    Values given on top (:meth:`updated`) are a mapping in which every key present is a value, None
+    included (``resize=None``: no resize; ``max_size=None``: no cap); a key left out keeps what is there.
+    """
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, plain(getattr(self, f.name)))
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def check_keys(cls, values: Mapping[str, Any], where: str) -> None:
+        """Refuse a key these settings do not have, naming it, ``where`` it came from and the keys there are."""
+        unknown = sorted(set(values) - set(cls.keys()))
+        if unknown:
+            raise SettingsError(f"{where}: unknown key(s) {unknown} for {cls.__name__}; it takes {', '.join(cls.keys())}")
+
+    def updated(self: S, values: Mapping[str, Any] | EvalSettings | None, where: str = "eval settings") -> S:
+        """These settings with ``values`` on top: a mapping of some keys, or settings of this type (all of them)."""
+        if values is None:
+            return self
+        if isinstance(values, EvalSettings):
+            if not isinstance(values, type(self)):
+                raise SettingsError(f"{where}: {type(values).__name__} given where {type(self).__name__} is needed")
+            return values
+        if not isinstance(values, Mapping):
+            raise SettingsError(f"{where}: expected a mapping of {type(self).__name__} keys, got {type(values).__name__}")
+        self.check_keys(values, where)
+        try:
+            return dataclasses.replace(self, **values)
+        except (TypeError, ValueError) as e:
+            raise SettingsError(f"{where}: {e}") from e
+
+    @classmethod
+    def from_pretrained(cls: type[S], pretrained: Mapping[str, Any]) -> S:
+        """The task's defaults with a model's published settings on top (``pretrained_cfg.to_dict()``: the
+        keys this task has; the others are another task's, or where the weights are)."""
+        return cls().updated({k: v for k, v in pretrained.items() if k in cls.keys()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, as checkpoints (``preprocess``) and exports store them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class PredictOption:
+    """A ``tools/predict.py`` option of one task: ``flag VALUE`` sets ``key`` of the adapter's eval settings
+    (``section="preprocess"``) or of the model's post-processing options (``"postprocess"``)."""
+
+    flag: str
+    key: str
+    help: str
+    section: Literal["preprocess", "postprocess"] = "preprocess"
+    type: Callable[[str], Any] = str
+    choices: tuple[Any, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination: the flag without dashes, dots as underscores (``postprocess_num_top``)."""
+        return self.flag.lstrip("-").replace(".", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser | Any) -> None:
+        parser.add_argument(self.flag, dest=self.dest, type=self.type, choices=self.choices, metavar=self.metavar,
+                            default=None, help=self.help)
+
+
+def boolean(value: str) -> bool:
+    """``true`` / ``false`` (any case), as the configs spell them."""
+    try:
+        return {"true": True, "false": False}[value.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{value!r}: use true or false") from None
+
+
+def at_least(least: int) -> Callable[[str], int]:
+    """An int option type refusing values below ``least``."""
+
+    def parse(value: str) -> int:
+        number = int(value)
+        if number < least:
+            raise argparse.ArgumentTypeError(f"{number}: must be >= {least}")
+        return number
+
+    parse.__name__ = "int"
+    return parse
+
+
+__all__ = ["EvalSettings", "PredictOption", "SettingsError", "at_least", "boolean", "plain"]
