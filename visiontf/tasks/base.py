@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 
 from visiontf.adapters.base import adapter_for_task
-from visiontf.checkpoints import check_checkpoint_fits
+from visiontf.checkpoints import check_checkpoint_fits, check_file_classes
 from visiontf.config_checks import check_config, one_of, optional, positive_int
 from visiontf.distributed import get_world_size, is_distributed, sum_over_ranks
 from visiontf.models import create_model
@@ -98,6 +98,14 @@ class BaseTask(L.LightningModule):
         stated = dm.eval_cfg() if callable(getattr(dm, "eval_cfg", None)) else {}
         checkpoint["preprocess"] = adapter_for_task(self.task).eval_cfg(self.model, {**stated, **self.eval_cfg()})
         checkpoint["task"] = self.task
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``load_from_checkpoint``, after refusing a file whose hyper-parameters name a class
+        that is not visiontf's (:func:`~visiontf.checkpoints.check_checkpoint_classes`): Lightning hands
+        them to jsonargparse, which imports what a nested ``class_path`` names."""
+        check_file_classes(checkpoint_path, (f"{cls.__module__}.{cls.__qualname__}",))
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # before Lightning copies any weight: another task, model or class count is refused by name
