@@ -23,8 +23,8 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-
 from cli_runner import run_tools
+
 from visiontf.checkpoints import CheckpointError, check_checkpoint_classes, checkpoint_class_paths
 
 CONFIG = "configs/ipt/ipt_tiny_sr_x2.yaml"

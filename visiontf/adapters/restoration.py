@@ -11,6 +11,16 @@ from torch import Tensor, nn
 
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter, canonical_cfg, pretrained_cfg
+from visiontf.errors import UsageError
+
+
+def _check_restore_task(task: str | int, model: nn.Module) -> None:
+    """Refuse a task the model has no head for (an x3 run of an x2 model), naming the option and the model's tasks."""
+    tasks = list(model.tasks)
+    index = int(task) if isinstance(task, int) or str(task).isdigit() else None
+    if (index is None and task not in tasks) or (index is not None and not 0 <= index < len(tasks)):
+        raise UsageError(f"restore_task {task!r} (tools/predict.py --restore_task): this model restores {', '.join(tasks)} (its heads; a model of another "
+                         f"scale or task needs its own checkpoint); give one of them, or an index 0..{len(tasks) - 1}")
 
 
 class RestorationPreprocess(PreprocessModule):
@@ -34,8 +44,9 @@ class RestorationAdapter(TaskAdapter):
     def eval_cfg(self, model: nn.Module, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         cfg = {**pretrained_cfg(model), **canonical_cfg(overrides)}
         tasks = tuple(cfg.get("tasks") or model.tasks)
-        return {"tasks": tasks, "restore_task": cfg.get("restore_task", tasks[0]),
-                "self_ensemble": bool(cfg.get("self_ensemble", False))}
+        task = cfg.get("restore_task", tasks[0])
+        _check_restore_task(task, model)
+        return {"tasks": tasks, "restore_task": task, "self_ensemble": bool(cfg.get("self_ensemble", False))}
 
     def build_preprocess(self, cfg: dict[str, Any]) -> RestorationPreprocess:
         return RestorationPreprocess(cfg)
@@ -46,8 +57,7 @@ class RestorationAdapter(TaskAdapter):
         task = c["restore_task"]
         if isinstance(task, str) and task.isdigit():
             task = int(task)
-        if isinstance(task, str) and task not in model.tasks:
-            raise ValueError(f"restore_task {task!r}: this model's tasks are {list(model.tasks)}")
+        _check_restore_task(task, model)
         ensemble, model.self_ensemble = model.self_ensemble, bool(c["self_ensemble"])
         try:
             out = model(preprocess(image), task=task)
