@@ -63,3 +63,15 @@ def test_a_sigmoid_heads_cardinality_error_is_not_an_eval_stat():
     assert not [k for k in means if "cardinality_error" in k], sorted(means)
     assert {"val/loss_ce_interm", "val/class_error"} <= set(means)
     assert eval_stat_weight("class_error", _target([0, 2], 1)) == 2 and eval_stat_weight("loss_ce", _target([], 1)) == 1
+
+
+def test_a_set_without_boxes_logs_no_class_error_rather_than_a_nan():
+    means, _ = _eval_means("detr_tiny", TINY_DETR, [_target([], 1), _target([], 2)])
+    assert means["val/class_error"][1] == 0
+    task = DetectionTask(model_name="detr_tiny", num_classes=3, model_kwargs=TINY_DETR)
+    task._eval_means = {k: list(v) for k, v in means.items()}
+    logged = {}
+    task.log = lambda name, value, **kw: logged.__setitem__(name, float(value))
+    task._log_eval_means("val")
+    assert "val/class_error" not in logged and "val/loss_ce" in logged
+    assert all(v == v for v in logged.values())  # no NaN

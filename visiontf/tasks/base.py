@@ -206,7 +206,10 @@ class BaseTask(L.LightningModule):
         sums = torch.tensor([means.get(n, [0.0, 0.0]) for n in names], dtype=torch.float64, device=self.device)
         sums = sum_over_ranks(sums).cpu()
         for name, (total, weight) in zip(names, sums.tolist()):
-            mean = total / weight if weight else float("nan")
+            if not weight:  # nothing to average (class_error of a set without boxes): no value, not a NaN in stats.json
+                means.pop(name, None)
+                continue
+            mean = total / weight
             self.log(name, torch.tensor(mean, dtype=torch.float32), prog_bar=name in prog_bar, sync_dist=False)
             means.pop(name, None)
 
