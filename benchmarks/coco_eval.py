@@ -3,14 +3,18 @@
 Both run as whole processes (start-up, JSON loading, evaluation, summary), timed by wall clock,
 on generated COCO-sized data: 5,000 images (``--quick``: 1,000) with 1-20 ground-truth boxes
 (about 7 on average, as COCO val2017; 5 % crowd) and 100 detections each, most near a
-ground-truth box. Both must print the same 12 stats.
+ground-truth box. Both must print the same 12 stats. On a shared machine give ``--repeats N``: the two
+alternate N times, and each round's ratio is reported in wall-clock and in CPU time (user + system of
+each process, which other processes disturb far less than the wall clock), with the load average.
 
-    .venv/bin/python benchmarks/coco_eval.py [--quick] [--images N]
+    .venv/bin/python benchmarks/coco_eval.py [--quick] [--images N] [--repeats N]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -92,31 +96,40 @@ def make_data(out: Path, num_images: int, dets_per_image: int = 100, num_classes
     return ann_file, res_file, len(anns), len(dets)
 
 
-def _timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+def _timed(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall-clock seconds and the process's own CPU seconds (user + system: what other processes on a shared
+    machine disturb least), and the finished process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:2]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return elapsed, proc
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu, proc
 
 
 def run(quick: bool = False, num_images: int | None = None, repeats: int = 1) -> list[dict]:
-    """Time both whole processes; the best of ``repeats`` runs each (the machine is shared)."""
+    """Time both whole processes, alternating them ``repeats`` times (the machine is shared): the best of each,
+    and every round's ratio in wall-clock and in CPU time, with the load average before each round."""
     n = num_images or (1000 if quick else 5000)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ann_file, res_file, n_gt, n_dets = make_data(tmp, n)
         ref_script = tmp / "reference_pycocotools.py"
         ref_script.write_text(REFERENCE_SCRIPT)
-        ours_s, ref_s = [], []
+        ours_s, ref_s, ours_cpu, ref_cpu, loads = [], [], [], [], []
         for _ in range(repeats):
-            t, proc = _timed([sys.executable, str(REPO / "tools" / "eval_coco_results.py"), "--annotations",
-                              str(ann_file), "--predictions", str(res_file), "--output", str(tmp / "ours.json")])
+            loads.append(round(os.getloadavg()[0], 1))
+            t, cpu, proc = _timed([sys.executable, str(REPO / "tools" / "eval_coco_results.py"), "--annotations",
+                                   str(ann_file), "--predictions", str(res_file), "--output", str(tmp / "ours.json")])
             ours_s.append(t)
+            ours_cpu.append(cpu)
             table = proc.stdout
-            t, _ = _timed([sys.executable, str(ref_script), str(ann_file), str(res_file), str(tmp / "ref.json")])
+            t, cpu, _ = _timed([sys.executable, str(ref_script), str(ann_file), str(res_file), str(tmp / "ref.json")])
             ref_s.append(t)
+            ref_cpu.append(cpu)
         ours = json.loads((tmp / "ours.json").read_text())
         ref = json.loads((tmp / "ref.json").read_text())
         same = bool(np.allclose([ours[k] for k in STAT_NAMES], ref, rtol=0, atol=1e-12))
@@ -130,6 +143,11 @@ def run(quick: bool = False, num_images: int | None = None, repeats: int = 1) ->
         "ours_s": min(ours_s),
         "ref_s": min(ref_s),
         "ratio": min(ref_s) / min(ours_s),
+        "ratios_wall": [round(r / o, 2) for o, r in zip(ours_s, ref_s)],
+        "ratios_cpu": [round(r / o, 2) for o, r in zip(ours_cpu, ref_cpu)],
+        "ours_cpu_s": min(ours_cpu),
+        "ref_cpu_s": min(ref_cpu),
+        "load_before_rounds": loads,
         "same_result": same,
     }
     return [row]
@@ -145,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(json.dumps(r))
         print(f"ours {r['ours_s']:.2f} s vs pycocotools {r['ref_s']:.2f} s: {r['ratio']:.2f}x faster, "
-              f"identical stats: {r['same_result']}")
+              f"identical stats: {r['same_result']}; per round, wall {r['ratios_wall']}, CPU time {r['ratios_cpu']} "
+              f"(load average {r['load_before_rounds']})")
     return 0 if all(r["same_result"] for r in rows) else 1
 
 

@@ -8,8 +8,9 @@ Lightning's output are caught too), and records the exit code a real process wou
 
     python tests/cli_runner.py CASES.json RESULTS.json
 
-``CASES.json``: ``[{"argv": ["tools/predict.py", ...], "env": {...}, "stdout_to": "file"?}, ...]``.
-Tests call :func:`run_tools`.
+``CASES.json``: ``[{"argv": ["tools/predict.py", ...], "env": {...}, "stdout_to": "file"?,
+"watch_modules": [...]?}, ...]``; ``watch_modules``: the result's ``imported`` lists those of them in
+``sys.modules`` once the command has run. Tests call :func:`run_tools`.
 """
 from __future__ import annotations
 
@@ -70,17 +71,20 @@ def main(cases_file: str, results_file: str) -> int:
         if case.get("stdout_to"):
             Path(case["stdout_to"]).write_text(out)
         results.append({"argv": case["argv"], "code": code, "stdout": out, "stderr": err,
-                        "seconds": round(time.monotonic() - start, 2)})
+                        "seconds": round(time.monotonic() - start, 2),
+                        "imported": [m for m in case.get("watch_modules") or [] if m in sys.modules]})
     Path(results_file).write_text(json.dumps(results))
     return 0
 
 
-def run_tools(cases: list[dict], tmp_path: Path, timeout: float = 600) -> list[dict]:
+def run_tools(cases: list[dict], tmp_path: Path, timeout: float = 600, pythonpath: list[Path] = ()) -> list[dict]:
     """Run ``cases`` (see the module docstring) in one fresh Python process; one result dict per case
-    with ``code``, ``stdout``, ``stderr`` and ``seconds``."""
+    with ``code``, ``stdout``, ``stderr``, ``seconds`` and ``imported``. ``pythonpath``: folders put on
+    the process's path after the repository."""
     cases_file, results_file = tmp_path / "cli_cases.json", tmp_path / "cli_results.json"
     cases_file.write_text(json.dumps([{**c, "argv": [str(a) for a in c["argv"]]} for c in cases]))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    path = os.pathsep.join([str(ROOT), *(str(p) for p in pythonpath)])
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(Path(__file__)), str(cases_file), str(results_file)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0 and results_file.is_file(), proc.stderr[-5000:]

@@ -293,3 +293,26 @@ def test_a_run_ending_before_its_first_validation_says_there_is_no_best_checkpoi
     with caplog.at_level(logging.WARNING, logger="visiontf.callbacks.checkpoint"):
         _fit(tmp_path / "full", 1, LastAndBestCheckpoint(dirpath=tmp_path / "ck2", monitor="val/score", save_last=True))
     assert "no best checkpoint" not in caplog.text
+
+
+def test_a_killed_writes_temporary_of_any_checkpoint_name_is_removed_by_the_next_run(tmp_path):
+    """A run killed while writing ``epoch000-step000002.ckpt`` (a best checkpoint, whose name is never written
+    again) left ``.epoch000-step000002.ckpt.<hex>.tmp``: ``atomic_save`` of other names keeps it, the checkpoint
+    plugin removes every temporary of its folder at its first save there, and only then."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    stale = folder / ".epoch000-step000002.ckpt.0123abcd.tmp"
+    stale.write_bytes(b"partial")
+    other = tmp_path / ".notes.txt.0123abcd.tmp"  # another folder: not the plugin's business
+    other.write_bytes(b"x")
+    atomic_save({"i": 1}, folder / "last.ckpt")
+    assert stale.exists(), "atomic_save removes only the temporaries of the file it writes"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"i": 2}, folder / "last.ckpt")
+    assert not stale.exists() and other.exists()
+    assert sorted(os.listdir(folder)) == ["last.ckpt"]
+    # later saves of this process leave the folder's files alone (a temporary there could be its own)
+    late = folder / ".epoch001-step000004.ckpt.0123abcd.tmp"
+    late.write_bytes(b"partial")
+    io.save_checkpoint({"i": 3}, folder / "last.ckpt")
+    assert late.exists()

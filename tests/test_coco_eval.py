@@ -145,6 +145,35 @@ def test_unknown_category_and_missing_fields_are_errors(data):
         evaluate_coco(ann_file, [broken] + dets)
 
 
+def test_result_checks_name_the_same_entries_on_plain_json_numbers_and_on_anything_else(data):
+    """The checks run as numpy arrays on plain JSON numbers (one pass in C) and result by result on anything
+    else (a bool, a numpy scalar): both find the same entries, and odd values are named, never a crash."""
+    from visiontf.evaluation.coco import invalid_results
+
+    ann_file, _, _, dets, *_ = data
+    bad = copy.deepcopy(dets)
+    bad[3]["score"] = float("nan")
+    bad[5]["bbox"][2] = -1.0
+    bad[7]["bbox"][1] = float("inf")
+    bad[8]["score"] = -0.5
+    plain = invalid_results(bad)
+    assert plain == {"score": [3, 8], "bbox": [5, 7]}
+    mixed = copy.deepcopy(bad)
+    mixed[0]["score"] = np.float64(mixed[0]["score"])  # a float subclass: accepted as before, checked one by one
+    mixed[1]["bbox"] = tuple(mixed[1]["bbox"])
+    assert invalid_results(mixed) == plain
+    mixed[2]["score"] = True  # a bool is no score
+    assert invalid_results(mixed)["score"] == [2, 3, 8]
+    with pytest.raises(CocoEvalError, match=r"2 result\(s\) with a score .* #3: .*1 result\(s\) with a bbox .*#5"):
+        evaluate_coco(ann_file, [d for i, d in enumerate(bad) if i != 7])
+    for odd, index in ((dict(dets[4], bbox=[1.0, 2.0, 3.0]), 4), (dict(dets[4], bbox=None), 4),
+                       (dict(dets[4], score="0.9"), 4)):
+        results = copy.deepcopy(dets)
+        results[index] = odd
+        with pytest.raises(CocoEvalError, match=rf"1 result\(s\) with a non-numeric score or a bbox that is not .* #{index}:"):
+            evaluate_coco(ann_file, results)
+
+
 @pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
 def test_empty_results_do_not_crash(data, backend):
     ann_file, *_ = data

@@ -8,7 +8,8 @@ Now every evaluation batch holds images of one size only (:class:`visiontf.data.
 and the Predictor runs each size apart, so the stats at batch 1, 2 and 8, on 1 or 2 processes, and
 the Predictor's detections at any batch size are equal up to float rounding. The losses are each
 image's own loss averaged with a sample-weighted ``MeanMetric`` (``BaseTask.log_eval_mean``), not
-Lightning's ``sync_dist`` epoch mean, which weighted the 2 ranks' unequal shares wrongly.
+Lightning's ``sync_dist`` epoch mean, which weighted the 2 ranks' unequal shares wrongly;
+``class_error`` weighs each image by its boxes. Every stat ``tools/eval.py`` writes is compared, not a list.
 
 The truth is the checkpoint's own detections (``own_detections_as_truth``), so a few-step model
 scores far from 0 and every image moves the stats; SETR's truth is its own batch-1 label maps.
@@ -83,14 +84,26 @@ def fitted(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     return out
 
 
-#: the logged validation losses: each image's own loss, averaged over the set
-LOSS_KEYS = ["val/loss", "val/loss_ce", "val/loss_bbox", "val/loss_giou", "val/class_error", "val/cardinality_error"]
+#: validation losses every family logs: each image's own loss averaged over the set (class_error weighted by boxes)
+LOSS_KEYS = ["val/loss", "val/loss_ce", "val/loss_bbox", "val/loss_giou", "val/class_error"]
+#: more that each family logs (the test compares every logged stat; these must be among them)
+FAMILY_KEYS = {"detr": ["val/cardinality_error"],
+               "dino": ["val/loss_ce_interm", "val/loss_bbox_interm", "val/loss_giou_interm", "val/dup_rate"]}
 
 
 def _assert_same(ref: dict, other: dict, keys: list[str], what: str, tol: float = 1e-6) -> None:
     for k in keys:
         assert k in ref and k in other, f"{what}: {k} missing"
         assert math.isclose(ref[k], other[k], rel_tol=0, abs_tol=tol), f"{what}: {k} {other[k]} != {ref[k]} (batch 1)"
+
+
+def _assert_every_stat_same(ref: dict, other: dict, what: str) -> None:
+    """Every stat ``tools/eval.py`` wrote (stats.json: the logged metrics and the COCO report) is there and equal:
+    COCO's within 1e-6, the losses and the rest within 1e-5 (float32 sums in another order)."""
+    assert set(other) == set(ref), f"{what}: stats differ in names: {sorted(set(other) ^ set(ref))}"
+    for k in ref:
+        tol = 1e-6 if k.split("/")[-1] in COCO_KEYS or k.split("/")[-1].lower() == "map" else 1e-5
+        _assert_same(ref, other, [k], what, tol)
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
@@ -107,14 +120,15 @@ def test_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(fitted, family, tmp_
     # the truth is the batch-1 detections: 1 here, and whatever a padded batch changes is lost
     assert stats[1]["val/map"] > 0.9, stats[1]
     assert stats[1]["val/loss"] > 0.1, stats[1]
+    assert set(keys + LOSS_KEYS + FAMILY_KEYS[family]) <= set(stats[1]), sorted(stats[1])
+    # a sigmoid head's cardinality_error (queries whose top class is not the last) is a training diagnostic only
+    assert ("val/cardinality_error" in stats[1]) == (family == "detr"), sorted(stats[1])
     for b in (2, 8):
-        _assert_same(stats[1], stats[b], keys, f"batch {b}")
-        _assert_same(stats[1], stats[b], LOSS_KEYS, f"batch {b}", tol=1e-5)
+        _assert_every_stat_same(stats[1], stats[b], f"batch {b}")
     # 2 ranks of 4 and 3 images: Lightning's sync_dist epoch mean inflated every loss (x7/6 at batch 1)
     ddp = evaluate(CONFIGS[family], ckpt, tmp_path / "ddp.json",
                    [o for o in overrides if o != "--trainer.strategy=auto"] + ["--data.init_args.val_batch_size=2"], ddp=True)
-    _assert_same(stats[1], ddp, keys, "2 processes, batch 2")
-    _assert_same(stats[1], ddp, LOSS_KEYS, "2 processes, batch 2", tol=1e-5)
+    _assert_every_stat_same(stats[1], ddp, "2 processes, batch 2")
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
@@ -206,9 +220,8 @@ def test_setr_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(setr_fitted, tm
         assert r["code"] == 0, r["stderr"][-3000:]
     stats = {b: json.loads((tmp_path / f"b{b}.json").read_text()) for b in (1, 2, 8)}
     assert stats[1]["val/mIoU"] == 1.0 and stats[1]["val/aAcc"] == 1.0, stats[1]  # the truth is the batch-1 maps
+    assert set(SEG_KEYS + ["val/loss"]) <= set(stats[1]), sorted(stats[1])
     for b in (2, 8):
-        _assert_same(stats[1], stats[b], SEG_KEYS, f"batch {b}")
-        _assert_same(stats[1], stats[b], ["val/loss"], f"batch {b}", tol=1e-5)
+        _assert_every_stat_same(stats[1], stats[b], f"batch {b}")
     ddp = evaluate(SETR_CONFIG, ckpt, tmp_path / "ddp.json", overrides + ["--data.init_args.val_batch_size=2"], ddp=True)
-    _assert_same(stats[1], ddp, SEG_KEYS, "2 processes, batch 2")
-    _assert_same(stats[1], ddp, ["val/loss"], "2 processes, batch 2", tol=1e-5)
+    _assert_every_stat_same(stats[1], ddp, "2 processes, batch 2")

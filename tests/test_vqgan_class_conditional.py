@@ -102,5 +102,5 @@ def test_fit_then_sample_given_classes(tmp_path, first_stage):
     assert sample.main(["--ckpt_path", str(ckpt), "--output", str(tmp_path / "grid.png"), "--num", "4",
                         "--latent", "4", "4", "--label", "1"]) == 0
     assert Image.open(tmp_path / "grid.png").size[0] > 16
-    with pytest.raises(SystemExit, match="classes 0..1"):
+    with pytest.raises(UserError, match="classes 0..1"):
         sample.main(["--ckpt_path", str(ckpt), "--output", str(tmp_path / "g.png"), "--num", "2", "--label", "2"])

@@ -14,6 +14,31 @@ from visiontf.arguments import ToolParser  # noqa: E402
 from visiontf.cli.errors import run_tool  # noqa: E402
 
 
+def check_values(args) -> None:
+    """Refuse, before torch is imported, option values no transformer can sample with (one line, exit code 2)."""
+    import math
+
+    from PIL import Image
+
+    from visiontf.errors import UsageError
+
+    if args.num < 1:
+        raise UsageError(f"--num {args.num}: give the number of images to sample, >= 1")
+    if args.latent is not None and min(args.latent) < 1:
+        raise UsageError(f"--latent {args.latent[0]} {args.latent[1]}: the code grid needs >= 1 row and column")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise UsageError(f"--temperature {args.temperature}: give a finite value > 0 (1.0 samples the model's own "
+                         "distribution; lower is more conservative)")
+    if args.top_k is not None and args.top_k < 1:
+        raise UsageError(f"--top_k {args.top_k}: keeps the k most likely codes; give k >= 1, or leave it out to keep all")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise UsageError(f"--top_p {args.top_p}: a probability mass in (0, 1]; leave it out (or 1) to keep all codes")
+    if args.output.is_dir():
+        raise UsageError(f"--output {args.output}: a folder; give the grid's file name, e.g. {args.output / 'samples.png'}")
+    if args.output.suffix.lower() not in Image.registered_extensions():
+        raise UsageError(f"--output {args.output}: not an image file name; end it with .png (or .jpg)")
+
+
 def main(argv=None) -> int:
     p = ToolParser(prog="sample.py", description=__doc__)
     p.add_argument("--ckpt_path", required=True, type=Path)
@@ -27,28 +52,39 @@ def main(argv=None) -> int:
     p.add_argument("--label", type=int, default=None,
                    help="class-conditional checkpoints: the class to sample (default: 0, 1, ... in turn over the grid)")
     args = p.parse_args(argv)
+    check_values(args)
     import math
 
     import torch
     from torchvision.utils import save_image
 
-    from visiontf.checkpoints import load_checkpoint_model
+    from visiontf.checkpoints import CheckpointError, load_checkpoint_model
+    from visiontf.errors import UsageError
     from visiontf.models.contract import Generator
 
     model, _ = load_checkpoint_model(args.ckpt_path)
     if not isinstance(model, Generator):
-        raise SystemExit(f"{args.ckpt_path}: not a second-stage (transformer) checkpoint; reconstruct with tools/predict.py")
+        raise CheckpointError(f"{args.ckpt_path}: not a second-stage (transformer) checkpoint; reconstruct with "
+                              "tools/predict.py")
     model.eval()
-    h, w = args.latent or (int(math.isqrt(model.transformer.block_size)),) * 2
+    block, vocab = model.transformer.block_size, model.transformer.vocab_size
+    h, w = args.latent or (int(math.isqrt(block)),) * 2
+    # the conditioning token (start-of-sequence or class) is the first of the block; the last code is never fed back
+    if h * w > block:
+        side = int(math.isqrt(block))
+        raise UsageError(f"--latent {h} {w}: {h * w} codes, but this transformer's block holds {block} (its "
+                         f"block_size); give at most {block} codes, e.g. --latent {side} {side}")
+    if args.top_k is not None and args.top_k > vocab:
+        raise UsageError(f"--top_k {args.top_k}: the codebook has {vocab} codes; give 1..{vocab}, or leave it out")
     gen = torch.Generator().manual_seed(args.seed)
     labels = None
     if model.n_classes is None:
         if args.label is not None:
-            raise SystemExit(f"{args.ckpt_path}: an unconditional transformer; drop --label")
+            raise UsageError(f"--label {args.label}: {args.ckpt_path} is an unconditional transformer; drop --label")
     elif args.label is None:
         labels = torch.arange(args.num) % model.n_classes
     elif not 0 <= args.label < model.n_classes:
-        raise SystemExit(f"--label {args.label}: this transformer has classes 0..{model.n_classes - 1}")
+        raise UsageError(f"--label {args.label}: this transformer has classes 0..{model.n_classes - 1}")
     else:
         labels = torch.full((args.num,), args.label)
     codes = model.sample(args.num, (h, w), labels=labels, temperature=args.temperature, top_k=args.top_k,

@@ -36,17 +36,20 @@ def _temporary_name(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
 
 
-def _is_temporary_of(path: Path, dest: Path) -> bool:
-    return re.fullmatch(rf"\.{re.escape(dest.name)}\.[0-9a-f]{{8}}{re.escape(_TMP_SUFFIX)}", path.name) is not None
+def _is_temporary_of(path: Path, dest: Path | None) -> bool:
+    name = re.escape(dest.name) if dest is not None else ".+"
+    return re.fullmatch(rf"\.{name}\.[0-9a-f]{{8}}{re.escape(_TMP_SUFFIX)}", path.name) is not None
 
 
-def remove_stale_temporaries(dest: str | Path) -> list[Path]:
-    """Delete the temporary files an interrupted :func:`atomic_save` of ``dest`` left beside it."""
+def remove_stale_temporaries(dest: str | Path, every_name: bool = False) -> list[Path]:
+    """Delete the temporary files an interrupted :func:`atomic_save` of ``dest`` left beside it; with
+    ``every_name``, those of every file in ``dest``'s folder (a writer that starts in a run folder:
+    a killed run's write of ``epoch002-step000100.ckpt`` is never saved under that name again)."""
     dest = Path(dest)
     removed = []
     if dest.parent.is_dir():
         for p in dest.parent.iterdir():
-            if _is_temporary_of(p, dest):
+            if _is_temporary_of(p, None if every_name else dest):
                 p.unlink(missing_ok=True)
                 removed.append(p)
     if removed:

@@ -27,9 +27,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning ``CheckpointIO`` that writes local checkpoints with :func:`atomic_save` and names the
     file (and says "corrupt or incomplete") when a checkpoint cannot be read."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._folders_seen: set[Path] = set()
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or not _is_local_file_protocol(str(path)):
             return super().save_checkpoint(checkpoint, path, storage_options)
+        folder = Path(str(path)).resolve().parent
+        if folder not in self._folders_seen:
+            # this process has written nothing here yet, so every temporary file in the folder is a killed
+            # run's (a best checkpoint's name is never written again: atomic_save alone would keep it forever)
+            remove_stale_temporaries(path, every_name=True)
+            self._folders_seen.add(folder)
         atomic_save(checkpoint, path)
 
     def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None

@@ -19,6 +19,8 @@ from torch import nn
 
 from visiontf.errors import UserError
 from visiontf.weights import (
+    LEGACY_LIGHTNING_CALLBACKS,
+    SAFE_GLOBALS,
     WeightsError,
     check_tensor_values,
     corrupt_file_error,
@@ -53,6 +55,7 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
 
     path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
+    check_checkpoint_classes(ckpt, path)
     hp = dict(ckpt.get("hyper_parameters") or {})
     if "model_name" not in hp or "state_dict" not in ckpt:
         raise CheckpointError(
@@ -201,6 +204,86 @@ def _check_complete(path: Path) -> None:
         raise CheckpointError(str(corrupt_file_error(path, damaged)))
 
 
+# ---------------------------------------------------------------------------------------- what it may name
+#: keys under which a checkpoint's hyper-parameters name a class that jsonargparse (LightningCLI) would import
+#: before checking its type: ``_class_path`` (how LightningCLI saves the task and data module) and
+#: ``class_path`` (a subclass spec, also nested in ``Any``-typed values such as ``model_kwargs``)
+CLASS_PATH_KEYS = ("_class_path", "class_path")
+#: the one ``_instantiator`` LightningCLI saves (Lightning's own allow-list has no other)
+CHECKPOINT_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module",)
+#: the parts of a checkpoint that name classes: the task's and the data module's hyper-parameters
+HYPER_PARAMETER_SECTIONS = ("hyper_parameters", "datamodule_hyper_parameters")
+
+
+def checkpoint_class_paths() -> frozenset[str]:
+    """The class paths a checkpoint may name: every task and data module of the task table, as
+    ``module.Class``, ``module:Class`` and the short ``Class`` a config may give."""
+    from visiontf.adapters.task_table import data_module_class_paths, task_class_paths
+
+    full = (*task_class_paths(), *data_module_class_paths())
+    return frozenset([*full, *(p.rpartition(".")[2] for p in full), *(":".join(p.rsplit(".", 1)) for p in full)])
+
+
+def _class_references(value: Any, key: str):
+    """``(dotted key, value)`` of every class path and instantiator under ``value``, at any depth."""
+    import argparse
+
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            here = f"{key}.{k}"
+            if k in CLASS_PATH_KEYS or k == "_instantiator":
+                yield here, v
+            yield from _class_references(v, here)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _class_references(v, f"{key}[{i}]")
+
+
+def check_checkpoint_classes(ckpt: Any, path: str | Path, trusted: tuple[str | None, ...] = ()) -> None:
+    """Refuse a checkpoint whose hyper-parameters name a class that is not visiontf's, before anything reads them.
+
+    LightningCLI merges ``--ckpt_path``'s hyper-parameters into the config, and jsonargparse imports
+    whatever module a ``class_path`` names before it checks the class: a shared checkpoint naming
+    ``this.Zen``, ``antigravity`` or a module planted on the path would run that module's top-level
+    code. Every ``_class_path``/``class_path`` (at any depth) must be a task or data module of the
+    task table (:func:`checkpoint_class_paths`) or one of ``trusted`` (the classes the user's own
+    config names), and ``_instantiator`` Lightning's; anything else is a :class:`CheckpointError`
+    naming the key and the file. Nothing is imported here.
+    """
+    if not isinstance(ckpt, dict):
+        return
+    allowed = checkpoint_class_paths() | {str(t) for t in trusted if t}
+    for section in HYPER_PARAMETER_SECTIONS:
+        for key, value in _class_references(ckpt.get(section), section):
+            ok = CHECKPOINT_INSTANTIATORS if key.endswith("._instantiator") else allowed
+            if isinstance(value, str) and value in ok:
+                continue
+            shown = repr(value) if len(repr(value)) <= 120 else repr(value)[:117] + "..."
+            what = "Lightning's CLI instantiator" if key.endswith("._instantiator") else "a visiontf task or data module"
+            raise CheckpointError(
+                f"{path}: {key} is {shown}, not {what}; a checkpoint may name only visiontf's task and data "
+                "module classes (visiontf.adapters.task_table.TASK_TABLE), so it was refused before anything it names "
+                "was imported; use a checkpoint written by visiontf's tools/train.py"
+            )
+
+
+def check_file_classes(path: Any, trusted: tuple[str | None, ...] = ()) -> None:
+    """:func:`check_checkpoint_classes` of a checkpoint file (read memory-mapped, weights only). A path
+    that is not a local file, or a file torch cannot read with ``weights_only`` (its reader then decides),
+    is left to whoever reads it next."""
+    if not isinstance(path, (str, Path)) or not Path(path).is_file():
+        return
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS]):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except Exception:  # noqa: BLE001 - not readable as plain data: the caller's own load reports it
+        return
+    check_checkpoint_classes(ckpt, path, trusted)
+
+
 # ---------------------------------------------------------------------------------------- does it fit
 def checkpoint_task(ckpt: dict[str, Any]) -> str | None:
     """The task a visiontf checkpoint was trained for: saved since visiontf stores it (``task``), else
@@ -294,6 +377,7 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
         )
 
 
-__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "WeightsError", "check_checkpoint_fits", "check_checkpoint_task",
+__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "WeightsError", "check_checkpoint_classes", "check_checkpoint_fits",
+           "check_checkpoint_task", "check_file_classes", "checkpoint_class_paths",
            "check_config_model", "checkpoint_task", "config_checkpoint_dir", "find_last_checkpoint", "load_checkpoint_model",
            "resolve_checkpoint", "run_checkpoint_dir"]

@@ -1,7 +1,7 @@
 """The generation adapter (VQGAN tokenizers): images in, reconstructions at the original size out.
 
 ``Predictor(model)`` of a first stage returns, per image, ``reconstruction`` (uint8 (3, H, W), the
-original size: the model pads to a multiple of its downsampling factor and crops back), ``codes``
+original size: the model pads to a multiple of its downsampling factor, at least two codes a side, and crops back), ``codes``
 (int64 (h, w) code indices of the padded image) and ``psnr`` (dB, against the input).
 ``tools/predict.py`` writes ``<stem>.png`` (the reconstruction) per input and the PSNRs in
 ``predictions.json``. Second stages (``Net2NetTransformer``) sample rather than predict:
@@ -74,7 +74,10 @@ class GenerationAdapter(TaskAdapter):
             x = preprocess(image)
             H, W = x.shape[-2:]
             f = model.downsample_factor
-            padded = F.pad(x, (0, -W % f, 0, -H % f), mode="replicate") if (H % f or W % f) else x
+            # a multiple of the factor, and at least 2 codes a side: at one code, a GroupNorm of the encoder's
+            # lowest level normalises single values (a 1x1 image failed there)
+            pad_h, pad_w = max(-H % f, 2 * f - H), max(-W % f, 2 * f - W)
+            padded = F.pad(x, (0, pad_w, 0, pad_h), mode="replicate") if (pad_h or pad_w) else x
             codes = model.tokenize(padded)
             rec = model.detokenize(codes)[..., :H, :W]
             mse = ((rec.clamp(-1, 1) - x) ** 2).mean().clamp_min(1e-10)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter
 from visiontf.adapters.settings import EvalSettings, PredictOption
+from visiontf.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,15 @@ class RestorationSettings(EvalSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "self_ensemble", bool(self.self_ensemble))
+
+
+def _check_restore_task(task: str | int, model: nn.Module) -> None:
+    """Refuse a task the model has no head for (an x3 run of an x2 model), naming the option and the model's tasks."""
+    tasks = list(model.tasks)
+    index = int(task) if isinstance(task, int) or str(task).isdigit() else None
+    if (index is None and task not in tasks) or (index is not None and not 0 <= index < len(tasks)):
+        raise UsageError(f"restore_task {task!r} (tools/predict.py --restore_task): this model restores {', '.join(tasks)} (its heads; a model of another "
+                         f"scale or task needs its own checkpoint); give one of them, or an index 0..{len(tasks) - 1}")
 
 
 class RestorationPreprocess(PreprocessModule):
@@ -55,7 +65,9 @@ class RestorationAdapter(TaskAdapter):
     def complete_settings(self, model: nn.Module, settings: RestorationSettings) -> RestorationSettings:
         """The model's tasks when none are given, the first of them when no ``restore_task`` is."""
         tasks = settings.tasks or tuple(model.tasks)
-        return replace(settings, tasks=tasks, restore_task=tasks[0] if settings.restore_task is None else settings.restore_task)
+        task = tasks[0] if settings.restore_task is None else settings.restore_task
+        _check_restore_task(task, model)
+        return replace(settings, tasks=tasks, restore_task=task)
 
     def build_preprocess(self, settings: RestorationSettings) -> RestorationPreprocess:
         return RestorationPreprocess(settings)
@@ -66,8 +78,7 @@ class RestorationAdapter(TaskAdapter):
         task = s.restore_task
         if isinstance(task, str) and task.isdigit():
             task = int(task)
-        if isinstance(task, str) and task not in model.tasks:
-            raise ValueError(f"restore_task {task!r}: this model's tasks are {list(model.tasks)}")
+        _check_restore_task(task, model)
         ensemble, model.self_ensemble = model.self_ensemble, s.self_ensemble
         try:
             out = model(preprocess(image), task=task)

@@ -132,14 +132,14 @@ def _argument_message(text: str) -> str:
 
 
 def _close_init_args(class_path: str, name: str) -> str:
-    """"; did you mean --...root?" from the class's constructor arguments (the class is imported already)."""
+    """"; did you mean --...root?" from the class's constructor arguments (the class is imported already:
+    looked up in ``sys.modules``, never imported, since a message may quote a checkpoint's class path)."""
     import difflib
-    import importlib
     import inspect
 
     try:
         module, cls = class_path.rsplit(".", 1)
-        params = list(inspect.signature(getattr(importlib.import_module(module), cls)).parameters)
+        params = list(inspect.signature(getattr(sys.modules[module], cls)).parameters)
     except Exception:  # noqa: BLE001 - a hint only
         return ""
     close = difflib.get_close_matches(name, params, n=2, cutoff=0.6)

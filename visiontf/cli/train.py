@@ -35,7 +35,13 @@ from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
 from visiontf.callbacks.epoch_lines import EpochLines
 from visiontf.callbacks.validation_schedule import ValidationSchedule
 from visiontf.checkpoint_io import install_atomic_checkpoint_io
-from visiontf.checkpoints import check_checkpoint_fits, check_checkpoint_task, resolve_checkpoint, run_checkpoint_dir
+from visiontf.checkpoints import (
+    check_checkpoint_classes,
+    check_checkpoint_fits,
+    check_checkpoint_task,
+    resolve_checkpoint,
+    run_checkpoint_dir,
+)
 from visiontf.cli.checks import checkpoint_file
 from visiontf.cli.errors import run_tool
 from visiontf.cli.precision import resolve_cpu_precision
@@ -250,8 +256,12 @@ class VisionCLI(LightningCLI):
             cfg["ckpt_path"] = resolve_checkpoint(cfg["ckpt_path"], folder, for_fit=sub == "fit")
         path = check_ckpt_file(self.config[sub].get("ckpt_path") if sub else None)
         if path is not None:
-            check_checkpoint_task(path, self.config[sub].get("model.class_path"))
             ckpt = safe_torch_load(path)
+            # the merge hands the checkpoint's class paths to jsonargparse, which imports what they name:
+            # only visiontf's tasks and data modules, and the ones this config itself names, get through
+            check_checkpoint_classes(ckpt, path, (self.config[sub].get("model.class_path"),
+                                                  self.config[sub].get("data.class_path")))
+            check_checkpoint_task(path, self.config[sub].get("model.class_path"))
             if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
                 raise UsageError(f"--ckpt_path {path}: not a Lightning checkpoint (no 'state_dict'); to start from these "
                                  f"weights use --model.init_args.pretrained={path}")

@@ -90,9 +90,26 @@ def _open(path: str | Path) -> Image.Image:
     return img
 
 
+def _is_16bit_rgb_png(path: str | Path) -> bool:
+    """A PNG of 16-bit RGB samples (IHDR bit depth 16, colour type 2), which Pillow reads as 8-bit by keeping
+    each sample's high byte (a floor, not a rounding)."""
+    with open(path, "rb") as f:
+        head = f.read(26)
+    return len(head) == 26 and head[:8] == b"\x89PNG\r\n\x1a\n" and head[24] == 16 and head[25] == 2
+
+
 def read_image(path: str | Path) -> np.ndarray:
     """An RGB uint8 array (H, W, 3), upright per EXIF, from any common image file."""
     img = _open(path)
+    if _is_16bit_rgb_png(path):
+        import cv2
+
+        # rounded to 8 bits (x / 257) as the restoration reader does (visiontf.data.restoration_files.read_rgb8),
+        # so a 16-bit photo is predicted from the pixels it was evaluated on; PNG carries no EXIF rotation
+        bgr = cv2.imdecode(np.fromfile(str(path), dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+        if bgr is not None and bgr.dtype == np.uint16 and bgr.ndim == 3 and bgr.shape[2] == 3:
+            rgb = np.clip(np.floor(bgr[..., ::-1].astype(np.float64) / 257 + 0.5), 0, 255).astype(np.uint8)
+            return np.ascontiguousarray(rgb)
     img = ImageOps.exif_transpose(img)
     if img.mode in ("I;16", "I;16B", "I;16L", "I"):
         arr = np.asarray(img, dtype=np.float64)

@@ -83,6 +83,15 @@ def read_rgb8(path: Path) -> np.ndarray:
     import cv2
 
     data = np.fromfile(str(path), dtype=np.uint8)
+    if data[:2].tobytes() == b"\xff\xd8":  # a JPEG: CMYK ones get Pillow's conversion, as every other reader's
+        from PIL import Image
+
+        try:
+            with Image.open(path) as im:
+                if im.mode == "CMYK":
+                    return np.asarray(im.convert("RGB")).copy()
+        except Exception as e:  # noqa: BLE001 - every decoder failure is the same user-facing problem
+            raise ImageReadError(f"{path}: cannot decode the image ({type(e).__name__}: {e})") from e
     img = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
     if img is None:  # GIF, or a file OpenCV cannot decode: PIL
         from PIL import Image

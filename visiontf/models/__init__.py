@@ -13,6 +13,7 @@ from visiontf.models import (  # noqa: F401  (registration happens on import)
     vqgan_transformer,
 )
 from visiontf.models._registry import (
+    ModelArgumentError,
     ModelEntry,
     WeightsLayoutError,
     convert_state,
@@ -26,5 +27,5 @@ from visiontf.models._registry import (
 )
 from visiontf.models.vit import VisionTransformer
 
-__all__ = ["ModelEntry", "VisionTransformer", "WeightsLayoutError", "convert_state", "create_model", "get_entry",
+__all__ = ["ModelArgumentError", "ModelEntry", "VisionTransformer", "WeightsLayoutError", "convert_state", "create_model", "get_entry",
            "list_models", "load_model", "load_pretrained", "register_model", "torch_hub_state_dict"]

@@ -33,6 +33,10 @@ class ModelNameError(UserError, ValueError):
     """An unknown model name, or ``pretrained=True`` for a model without published weights."""
 
 
+class ModelArgumentError(UserError, ValueError):
+    """A model's constructor refused its arguments (a config's ``model_kwargs``): the family's own words, one line."""
+
+
 class WeightsLayoutError(UserError, ValueError):
     """Weights that the model, as built, cannot take exactly (a family's ``filter_fn`` says what differs,
     and which registered model they fit where one does)."""
@@ -97,7 +101,17 @@ def create_model(
     entry = get_entry(name)
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
-    model = entry.fn(**kwargs)
+    try:
+        model = entry.fn(**kwargs)
+    except UserError:
+        raise
+    except (ValueError, TypeError) as e:
+        # the family checks its arguments (IPT's tile_size, DETR's hidden_dim) with ValueError; a keyword it
+        # does not take is a TypeError. Either is the config's mistake, not a bug: one line, naming the model
+        if isinstance(e, TypeError) and "keyword argument" not in str(e):
+            raise
+        raise ModelArgumentError(f"{name}: {e} (the model's arguments: a config's model.init_args.model_kwargs, or "
+                                 "create_model's keywords)") from e
     model.model_name = name
     model.model_kwargs = dict(kwargs)
     if pretrained:
@@ -139,6 +153,10 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
         state = convert_state(model, state, strict=strict, entry=entry)
         if strict:
             _check_settings(model, state)
+    except WeightsLayoutError as e:  # the family's own words: the file named once
+        if where in str(e):
+            raise
+        raise WeightsLayoutError(f"{where}: {e}") from e
     except UserError:
         raise
     except ValueError as e:  # the family refusing a layout: the file's fault, named, not a traceback

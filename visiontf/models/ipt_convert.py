@@ -167,6 +167,12 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
         fix = f"these weights fit {' / '.join(fits)}: create_model({use!r}, pretrained=...)"
         if use == "ipt_tiny" and "(" in fits[0]:
             fix = f"these weights fit {fits[0]}: create_model('ipt_tiny', scale={theirs['scales'][0]}, pretrained=...)"
+    elif {**theirs, "scales": own["scales"]} == own:
+        # only the scale differs: each scale has its own head and upsampling tail, so nothing maps across
+        scale = theirs["scales"][0] if len(theirs["scales"]) == 1 else list(theirs["scales"])
+        fix = (f"the weights restore x{'/x'.join(map(str, theirs['scales']))} and {name} is built for "
+               f"x{'/x'.join(map(str, own['scales']))}; build it with scale={scale} (a config's "
+               f"model_kwargs: {{scale: {scale}}} and data tasks [sr_x{scale}]), or train the other scale from scratch")
     else:
         fix = "no registered IPT has this structure; build IPT(...) with it"
     raise WeightsLayoutError(

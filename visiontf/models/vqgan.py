@@ -175,7 +175,11 @@ def convert_state_dict(state: dict[str, Tensor], model: VQModel) -> dict[str, Te
                 f"{model.embed_dim})" if book is not None and tuple(book.shape) != tuple(own["quantize.embedding.weight"].shape)
                 else f"{len(wrong)} tensors of another shape, e.g. {wrong[:3]}")
         fits = registered_fits(state)
+        only_book = book is not None and not [w for w in wrong if not w.startswith("quantize.embedding.weight ")]
         hint = (f" They fit {', '.join(fits)}: create_model({fits[0]!r}, pretrained=...)." if fits
+                else f" Build the model with n_embed={book.shape[0]}, embed_dim={book.shape[1]} (a config's model_kwargs: "
+                     f"{{n_embed: {book.shape[0]}, embed_dim: {book.shape[1]}}}) to load them, or train this codebook "
+                     "from scratch." if only_book
                 else " No registered VQGAN has this layout; build VQModel with the checkpoint's ddconfig, n_embed and embed_dim.")
         raise WeightsLayoutError(f"the weights do not fit {name}: they hold {what}.{hint}")
     return state

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 
 from visiontf.adapters.base import adapter_for_task
-from visiontf.checkpoints import check_checkpoint_fits
+from visiontf.checkpoints import check_checkpoint_fits, check_file_classes
 from visiontf.config_checks import check_config, one_of, optional, positive_int
 from visiontf.data.base import trainer_datamodule
 from visiontf.distributed import get_world_size, is_distributed, sum_over_ranks
@@ -102,6 +102,14 @@ class BaseTask(L.LightningModule):
                                                               where=f"{type(self).__name__}'s eval settings")
         checkpoint["preprocess"] = settings.to_dict()
         checkpoint["task"] = self.task
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``load_from_checkpoint``, after refusing a file whose hyper-parameters name a class
+        that is not visiontf's (:func:`~visiontf.checkpoints.check_checkpoint_classes`): Lightning hands
+        them to jsonargparse, which imports what a nested ``class_path`` names."""
+        check_file_classes(checkpoint_path, (f"{cls.__module__}.{cls.__qualname__}",))
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # before Lightning copies any weight: another task, model or class count is refused by name
@@ -203,7 +211,10 @@ class BaseTask(L.LightningModule):
         sums = torch.tensor([means.get(n, [0.0, 0.0]) for n in names], dtype=torch.float64, device=self.device)
         sums = sum_over_ranks(sums).cpu()
         for name, (total, weight) in zip(names, sums.tolist()):
-            mean = total / weight if weight else float("nan")
+            if not weight:  # nothing to average (class_error of a set without boxes): no value, not a NaN in stats.json
+                means.pop(name, None)
+                continue
+            mean = total / weight
             self.log(name, torch.tensor(mean, dtype=torch.float32), prog_bar=name in prog_bar, sync_dist=False)
             means.pop(name, None)
 

@@ -33,6 +33,22 @@ def split_loss_terms(losses: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict
     return main, aux
 
 
+def eval_stat_weight(name: str, target: dict) -> int:
+    """How much one image's value of the loss term ``name`` weighs in the evaluation set's value.
+
+    ``class_error`` (percent of matched queries whose top class is wrong) weighs the image's matched
+    queries, its box count: the set's value is then wrong matches / all matches, as DETR's is over a
+    batch, and an image without boxes (whose ``class_error`` is 100 by DETR's convention: nothing was
+    right) weighs nothing. Every other term is each image's own value, one image one weight.
+
+    ``cardinality_error`` is left out of the evaluation of sigmoid-head models (Deformable DETR, DINO):
+    there it counts queries whose highest logit is not the last class, a leftover of DETR's "no object"
+    column that the originals log unchanged. It says nothing about the detections, and an argmax among
+    a background query's near-equal logits flips with float rounding; it stays in the training logs.
+    """
+    return len(target["labels"]) if name == "class_error" else 1
+
+
 def one_image(outputs: Any, i: int, batch_size: int) -> Any:
     """Image ``i`` of a detector's outputs: every tensor whose first dimension is the batch, sliced to
     ``[i:i+1]`` through nested dicts and lists (auxiliary layers, encoder proposals); the rest as it is."""
@@ -194,7 +210,9 @@ class DetectionTask(BaseTask):
             losses = self.criterion(one_image(outputs, i, len(targets)), [target], sync_num_boxes=False)
             main, _ = split_loss_terms(losses)
             for k, v in {"loss": losses["loss"], **main}.items():
-                self.log_eval_mean(f"{stage}/{k}", v, 1)
+                if k.startswith("cardinality_error") and self.model.class_head != "softmax":
+                    continue  # a training-log diagnostic only for sigmoid heads (eval_stat_weight's docstring)
+                self.log_eval_mean(f"{stage}/{k}", v, eval_stat_weight(k, target))
         sizes = torch.stack([t["orig_size"] for t in targets]).to(outputs["pred_boxes"].device)
         preds = self.postprocess(outputs, sizes)
         ids = torch.as_tensor([int(t["image_id"]) for t in targets], device=self.device)

@@ -12,6 +12,8 @@ from torch import Tensor
 
 from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
 from visiontf.data.imresize import imresize
+from visiontf.data.restoration import RestorationDataModule
+from visiontf.errors import UserError
 from visiontf.evaluation.restoration_metric import RestorationScores
 from visiontf.models.contract import Restorer
 from visiontf.tasks.base import BaseTask
@@ -113,6 +115,17 @@ class RestorationTask(BaseTask):
 
     def inference_settings(self) -> dict[str, Any]:
         return {"tasks": self.tasks}
+
+    def setup(self, stage: str) -> None:
+        # a batch's task index picks the model's head of that index: data of other tasks (an x2 checkpoint
+        # scored on x3 data) failed mid-validation on tensor sizes
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if isinstance(dm, RestorationDataModule) and tuple(dm.tasks) != self.tasks:
+            raise UserError(
+                f"data.init_args.tasks {list(dm.tasks)}, but {self.hparams.model_name} restores {list(self.tasks)} "
+                f"(its heads, from the model's tasks/scale or the checkpoint); give the data the model's tasks "
+                f"(--data.init_args.tasks=[{', '.join(self.tasks)}]), or train a model for {list(dm.tasks)} "
+                "(model_kwargs.tasks / scale)")
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -33,7 +34,7 @@ from visiontf.data.base import trainer_datamodule
 from visiontf.distributed import sum_over_ranks
 from visiontf.errors import UserError
 from visiontf.models import create_model
-from visiontf.models.contract import Generator
+from visiontf.models.contract import Generator, Tokenizer
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.fsdp import clip_sharded_grad_norm
 
@@ -42,6 +43,48 @@ log = logging.getLogger(__name__)
 
 class MissingFirstStageError(UserError, ValueError):
     """A second stage asked to train without a trained first stage."""
+
+
+def _first_stage(path: str) -> Tokenizer:
+    """The tokenizer of a TokenizerTask checkpoint, refusing (naming the file and the fix) a missing file and a
+    checkpoint of anything else: its weights would build no first stage, or a wrong one."""
+    from visiontf.checkpoints import load_checkpoint_model
+
+    if not Path(path).expanduser().is_file():
+        raise _missing_first_stage(path)
+    model, info = load_checkpoint_model(path)
+    if not isinstance(model, Tokenizer):
+        kind = "a second stage (transformer)" if isinstance(model, Generator) else type(model).__name__
+        name = info["hyper_parameters"].get("model_name")
+        raise MissingFirstStageError(f"model.init_args.first_stage_ckpt={path}: a checkpoint of {name}, {kind}, not a "
+                                     f"tokenizer (first stage); {_TRAIN_FIRST}")
+    return model
+
+
+def _check_first_stage_fits(first: Tokenizer, built: Tokenizer, path: str, model_kwargs: dict) -> None:
+    """Refuse a config whose ``model_kwargs.first_stage_kwargs`` build another first stage than the tokenizer of
+    ``first_stage_ckpt`` (another codebook): its weights would not load, and its codes would mean nothing."""
+    own, theirs = built.state_dict(), first.state_dict()
+    differ = [f"{k} {tuple(theirs[k].shape)} (built: {tuple(own[k].shape)})" for k in theirs
+              if k in own and own[k].shape != theirs[k].shape]
+    if not differ and own.keys() == theirs.keys():
+        return
+    given = {k: v for k, v in (model_kwargs.get("first_stage_kwargs") or {}).items() if first.model_kwargs.get(k) != v}
+    settings = ", ".join(f"{k}: {v} (the tokenizer's: {first.model_kwargs.get(k)})" for k, v in given.items())
+    raise MissingFirstStageError(
+        f"model.init_args.first_stage_ckpt={path}: its tokenizer ({first.num_codes} codes) does not fit the first stage "
+        f"that model_kwargs.first_stage_kwargs build ({settings or 'other settings'}; e.g. {(differ or ['other tensors'])[0]}); "
+        "drop those first_stage_kwargs (the tokenizer's own settings are used), or give the tokenizer trained with them")
+
+
+_TRAIN_FIRST = ("train the first stage first (tools/train.py fit --config configs/vqgan/vqgan_tiny.yaml) and give its "
+                "checkpoint (<run>/checkpoints/last.ckpt)")
+
+
+def _missing_first_stage(path: str) -> MissingFirstStageError:
+    found = "the folder does not exist" if not Path(path).expanduser().parent.is_dir() else "no such file"
+    return MissingFirstStageError(f"model.init_args.first_stage_ckpt={path}: no tokenizer checkpoint there ({found}); "
+                                  f"{_TRAIN_FIRST}")
 
 
 class TransformerTask(BaseTask):
@@ -65,11 +108,14 @@ class TransformerTask(BaseTask):
             self.save_hyperparameters(init_args)
         self._model_name, self._num_classes = model_name, None
         model_kwargs = self._conditioning(model_name, num_classes, model_kwargs)
-        first = None
-        if first_stage_ckpt:
-            from visiontf.checkpoints import load_checkpoint_model
-
-            first, _ = load_checkpoint_model(first_stage_ckpt)
+        first, self._first_stage_missing = None, None
+        if first_stage_ckpt and "first_stage_kwargs" in (model_kwargs or {}) and not Path(first_stage_ckpt).expanduser().is_file():
+            # this task's own checkpoint resumed or evaluated (its hyper-parameters hold the tokenizer's
+            # architecture) after the tokenizer's file moved: the first stage's weights are in that checkpoint.
+            # A run that restores none is refused when it starts (_require_first_stage)
+            self._first_stage_missing = first_stage_ckpt
+        elif first_stage_ckpt:
+            first = _first_stage(first_stage_ckpt)
             # the tokenizer's own architecture options (its quantizer's l2_norm, code restarts) build the
             # first stage, and are saved with this task so that its checkpoints rebuild the same model
             kwargs = dict(model_kwargs or {})
@@ -78,14 +124,31 @@ class TransformerTask(BaseTask):
         self.model = create_model(model_name, pretrained=pretrained, **(model_kwargs or {}))
         self.check_model_kind(model_name, "use a second stage such as vqgan_transformer_tiny")
         if first is not None:
+            _check_first_stage_fits(first, self.model.first_stage_model, first_stage_ckpt, model_kwargs)
             self.model.first_stage_model.load_state_dict(first.state_dict())
-        elif not pretrained:
+        elif not pretrained and self._first_stage_missing is None:
             raise MissingFirstStageError(
                 f"{model_name}: no trained first stage; give the tokenizer's checkpoint with "
                 "model.init_args.first_stage_ckpt=outputs/vqgan_tiny/checkpoints/last.ckpt (or pretrained= a "
                 "Net2NetTransformer checkpoint holding first_stage_model.*)")
         self.compile_model, self.on_nonfinite, self.nonfinite_steps = compile, on_nonfinite, 0
         self._val_counts: Tensor | None = None
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._first_stage_missing = None  # the checkpoint's first_stage_model.* are the trained first stage
+
+    def _require_first_stage(self) -> None:
+        if self._first_stage_missing is not None:
+            raise _missing_first_stage(self._first_stage_missing)
+
+    def on_fit_start(self) -> None:
+        self._require_first_stage()
+
+    def on_validation_start(self) -> None:
+        self._require_first_stage()
+
+    on_test_start = on_predict_start = on_validation_start
 
     def _conditioning(self, model_name: str, num_classes: int | None, model_kwargs: dict | None) -> dict | None:
         """The data's class count becomes the transformer's ``n_classes`` (saved with the task's hyper-parameters)."""
