@@ -165,3 +165,41 @@ def test_results_file_cli_prints_per_class_and_writes_readouts(real, tmp_path):
     curves = json.loads((tmp_path / "readouts" / "pr_curves.json").read_text())
     np.testing.assert_allclose(curves["precision"]["0.50"]["person"], ev.eval["precision"][0, :, 0, 0, 2], atol=1e-6)
     np.testing.assert_allclose(curves["precision"]["0.75"]["person"], ev.eval["precision"][5, :, 0, 0, 2], atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_coco_metric_over_two_ranks_gives_pycocotools_per_class_rows(real, backend, monkeypatch):
+    """CocoMetric's per-class rows after two ranks' states are merged as DDP's gather merges them (an image
+    seen on both ranks counts once), on the real annotations, with either backend; its readouts equal the
+    confusion matrix and TIDE of the same detections."""
+    import torch
+
+    import visiontf.evaluation.coco_metric as cm
+    from visiontf.evaluation.confusion import detection_confusion_matrix
+    from visiontf.evaluation.tide import tide_errors
+
+    gt, dets, _ = real
+    # quarter pixels survive CocoMetric's float32 xyxy round trip exactly, so IoUs cannot move
+    dets = [{**d, "bbox": [float(np.round(v * 4) / 4) for v in d["bbox"]]} for d in dets]
+    dets = [d for d in dets if d["bbox"][2] > 0 and d["bbox"][3] > 0]
+    cat_ids = sorted(c["id"] for c in gt["categories"])
+    ids = [im["id"] for im in gt["images"]]
+    half = len(ids) // 2
+    metrics = []
+    for rank, subset in enumerate([ids[:half] + [ids[half]], ids[half:] + [ids[0]]]):
+        monkeypatch.setattr(cm, "_rank", lambda r=rank: r)
+        metric = cm.CocoMetric(ANN_100, cat_ids, backend=backend)
+        for i in subset:
+            ds = [d for d in dets if d["image_id"] == i]
+            xywh = torch.tensor([d["bbox"] for d in ds], dtype=torch.float32).reshape(-1, 4)
+            metric.update([{"boxes": torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1),
+                            "scores": torch.tensor([d["score"] for d in ds]),
+                            "labels": torch.tensor([cat_ids.index(d["category_id"]) for d in ds], dtype=torch.int64)}], [i])
+        metrics.append(metric)
+    metrics[0].merge_state(metrics[1])
+    metrics[0].compute()
+    ev = pycocotools_eval(ANN_100, dets)
+    assert_rows_equal(metrics[0].last_per_class, reference_rows(ev), tol=1e-6)
+    report = metrics[0].readouts(full=True, score_threshold=0.4)
+    np.testing.assert_array_equal(report.confusion.matrix, detection_confusion_matrix(gt, dets, 0.4).matrix)
+    assert report.tide.main == pytest.approx(tide_errors(gt, dets).main, abs=1e-9)

@@ -7,6 +7,7 @@ from visiontf._lazy import lazy_getattr
 
 _LAZY = {
     "BudgetCosine": "visiontf.callbacks.budget_schedule",
+    "DetectionReadouts": "visiontf.callbacks.detection_readouts",
     "ElapsedTime": "visiontf.callbacks.elapsed_time",
     "EpochLines": "visiontf.callbacks.epoch_lines",
     "LastAndBestCheckpoint": "visiontf.callbacks.checkpoint",
@@ -14,6 +15,7 @@ _LAZY = {
     "LogPredictionImages": "visiontf.callbacks.prediction_images",
     "ModelEMA": "visiontf.callbacks.ema",
     "ValidationSchedule": "visiontf.callbacks.validation_schedule",
+    "WandbCheckpoints": "visiontf.callbacks.wandb_checkpoints",
 }
 
 __all__ = sorted(_LAZY)

@@ -11,7 +11,7 @@
   ``tools/eval.py --annotations A --predictions detections.json``).
 
 Used by ``tools/eval.py`` (both paths: a checkpoint, and a results file) and by the
-:class:`~visiontf.callbacks.DetectionReadouts` callback. No torch.
+:class:`~visiontf.callbacks.DetectionReport` callback. No torch.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from visiontf.evaluation.coco_per_class import CocoArrays, format_per_class_tabl
 from visiontf.evaluation.confusion import DetectionConfusion, detection_confusion_matrix
 from visiontf.evaluation.tide import TideReport, tide_errors
 
-__all__ = ["PR_IOUS", "DetectionReadouts", "detection_readouts", "write_readouts"]
+__all__ = ["PR_IOUS", "DetectionReport", "detection_readouts", "write_readouts"]
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ PR_IOUS = (0.5, 0.75)
 
 
 @dataclass
-class DetectionReadouts:
+class DetectionReport:
     """One evaluation's readouts. ``confusion`` and ``tide`` are None when not asked for (``full=False``)."""
 
     per_class: list[dict[str, Any]]
@@ -69,12 +69,12 @@ def detection_readouts(
     full: bool = True,
     score_threshold: float = 0.5,
     iou_threshold: float = 0.5,
-) -> DetectionReadouts:
+) -> DetectionReport:
     """Per-class numbers from ``arrays`` (the COCOeval that scored ``results``); with ``full``, the
     confusion matrix at ``score_threshold`` / ``iou_threshold`` and TIDE's breakdown too."""
     img_ids = None if img_ids is None else list(img_ids)
     names = {int(c["id"]): str(c.get("name", c["id"])) for c in gt["categories"]}
-    readouts = DetectionReadouts(per_class_rows(arrays, gt, img_ids), arrays, names)
+    readouts = DetectionReport(per_class_rows(arrays, gt, img_ids), arrays, names)
     if full:
         readouts.confusion = detection_confusion_matrix(gt, results, score_threshold, iou_threshold, img_ids)
         readouts.tide = tide_errors(gt, results, img_ids)
@@ -86,7 +86,7 @@ def _write_json(path: Path, payload: Any) -> Path:
     return path
 
 
-def write_readouts(readouts: DetectionReadouts, out_dir: str | Path, pictures: bool = True,
+def write_readouts(readouts: DetectionReport, out_dir: str | Path, pictures: bool = True,
                    detections: Sequence[Mapping[str, Any]] | None = None) -> list[Path]:
     """Write the readouts' files into ``out_dir`` (see the module docstring); returns their paths."""
     out = Path(out_dir)
@@ -120,7 +120,7 @@ def write_readouts(readouts: DetectionReadouts, out_dir: str | Path, pictures: b
 
 
 def readouts_of_files(annotations: str | Path, predictions: str | Path, stats: Any, out_dir: str | Path | None = None,
-                      score_threshold: float = 0.5) -> DetectionReadouts:
+                      score_threshold: float = 0.5) -> DetectionReport:
     """The readouts of a results file scored by :func:`~visiontf.evaluation.coco.evaluate_coco` (``stats``,
     with its arrays); with ``out_dir``, the confusion matrix and TIDE too, and every file written there."""
     gt = json.loads(Path(annotations).read_text(encoding="utf-8"))
