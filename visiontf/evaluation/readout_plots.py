@@ -52,8 +52,9 @@ def plot_pr_curves(arrays: CocoArrays, names: dict[int, str], iou: float = 0.5, 
     panels += [(str(names.get(arrays.cat_ids[k], arrays.cat_ids[k])), curves[k]) for k in ks]
     cols = min(8, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig = _figure((1.9 * cols, 1.75 * rows + 0.7))
-    ax = fig.add_axes((0.01, 0.01, 0.98, 1 - 0.75 / (1.75 * rows + 0.7)))
+    height = 1.75 * rows + 0.45
+    fig = _figure((max(1.9 * cols, 7.5), height))
+    ax = fig.add_axes((0.01, 0.01, 0.98, 1 - 0.45 / height))
     lines, fills, frames, guides = [], [], [], []
     x0, w, y0, h = 0.08, 0.84, 0.06, 0.66  # the plot area inside each unit cell
     for i, (title, precision) in enumerate(panels):
@@ -73,11 +74,11 @@ def plot_pr_curves(arrays: CocoArrays, names: dict[int, str], iou: float = 0.5, 
     ax.add_collection(LineCollection(lines, colors=color, linewidths=1.3))
     ax.add_collection(LineCollection(frames, colors="0.55", linewidths=0.6))
     ax.add_collection(LineCollection(guides, colors="0.75", linewidths=0.5, linestyles="dotted"))
-    ax.set_xlim(0, cols)
-    ax.set_ylim(0, rows)
+    ax.set_xlim(0, max(cols, 7.5 / 1.9))
+    ax.set_ylim(0, rows - 1 + y0 + h + 0.25)  # the top row's titles, no empty band above them
     ax.axis("off")
     fig.suptitle(f"Precision (up, 0..1) against recall (right, 0..1) at IoU {iou:.2f}: COCO's interpolated precision, "
-                 f"maxDets {max_dets}, all areas", fontsize=10)
+                 f"maxDets {max_dets}, all areas", fontsize=10, y=1 - 0.08 / height, va="top")
     return _save(fig, path)
 
 
@@ -89,18 +90,22 @@ def plot_confusion(confusion: DetectionConfusion, normalized: bool = False, path
     cell = 0.42 if n <= 31 else 0.2  # inches
     fontsize = 8 if n <= 31 else 6
     margin = 0.75 + 0.6 * fontsize / 72 * max(len(name) for name in confusion.names)  # room for the labels (inches)
-    width, height = margin + n * cell + 1.4, margin + n * cell + 0.9
+    # at least as wide as the title; the matrix centred. Fixed margins: tight_layout takes seconds with 160 labels
+    width, height = max(margin + n * cell + 1.4, 6.8), margin + n * cell + 0.9
+    left = (width - n * cell - 1.4 + margin) / 2
     fig = _figure((width, height))
-    # fixed margins instead of tight_layout, which takes seconds with 160 tick labels
-    ax = fig.add_axes((margin / width, margin / height, n * cell / width, n * cell / height))
-    cax = fig.add_axes(((margin + n * cell + 0.2) / width, margin / height, 0.2 / width, n * cell / height))
+    ax = fig.add_axes((left / width, margin / height, n * cell / width, n * cell / height))
+    cax = fig.add_axes(((left + n * cell + 0.2) / width, margin / height, 0.2 / width, n * cell / height))
     from matplotlib.colors import LogNorm, Normalize
 
     shown = np.ma.masked_where(values == 0, values)
     # counts span 1 to thousands (a frequent class's diagonal): a log scale keeps single confusions visible
     norm = Normalize(-0.1, 1) if normalized else LogNorm(0.5, max(values.max(), 2))  # below 0: no entry stays white
     image = ax.imshow(shown, cmap="Blues", norm=norm, aspect="auto")
-    fig.colorbar(image, cax=cax)
+    bar = fig.colorbar(image, cax=cax)
+    if normalized:
+        bar.set_ticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+        cax.set_ylim(0, 1)
     ax.set_xticks(range(n), confusion.names, rotation=90, fontsize=fontsize)
     ax.set_yticks(range(n), confusion.names, fontsize=fontsize)
     ax.set_xlabel("predicted")
