@@ -5,7 +5,9 @@ the COCO metric has every rank's detections by then):
 
 * the per-class table (AP, AP50, AP75, AR@100, instances), logged at INFO as mmdetection prints it,
   written to ``<out_dir>/<stage>/per_class.json`` and ``.txt``, and given to every logger as a
-  table (:mod:`visiontf.callbacks.logger_sinks`); the per-class scalars are the task's own ``log``;
+  table (:mod:`visiontf.callbacks.logger_sinks`); the per-class scalars are the task's own ``log``.
+  Files are written where ``out_dir`` says or, without it, under the run's root when it has a logger
+  (a run with neither, e.g. ``tools/eval.py --trainer.logger false``, writes none);
 * at a test, a stand-alone ``validate`` (``tools/eval.py``) and every ``pictures_every_n_epochs``-th
   validation of a fit: PR curves at IoU 0.5 and 0.75, the confusion matrix at ``score_threshold``,
   TIDE's breakdown and the detections (:mod:`visiontf.evaluation.readouts`), as files, as pictures to
@@ -81,19 +83,26 @@ class DetectionReadouts(Callback):
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._emit(trainer, pl_module, "test", True)
 
-    def folder(self, trainer: Trainer, stage: str) -> Path:
-        return Path(self.out_dir or Path(trainer.default_root_dir) / "readouts") / stage
+    def folder(self, trainer: Trainer, stage: str) -> Path | None:
+        """Where the files go: ``out_dir``, else ``<default_root_dir>/readouts`` when the run has a logger; None
+        (no files) for a run without either (``tools/eval.py --trainer.logger false``)."""
+        if self.out_dir:
+            return Path(self.out_dir) / stage
+        return Path(trainer.default_root_dir) / "readouts" / stage if trainer.loggers else None
 
     def _emit(self, trainer: Trainer, pl_module: LightningModule, stage: str, full: bool) -> None:
         if not isinstance(pl_module, DetectionTask) or not trainer.is_global_zero:
             return
+        folder = self.folder(trainer, stage)
+        full = full and folder is not None  # the confusion matrix and TIDE only where they are kept
         readouts = pl_module.eval_readouts(stage, full=full, score_threshold=self.score_threshold)
         if readouts is None:
             return
         log.info("%s per-class COCO numbers (epoch %d):\n%s", stage, trainer.current_epoch, readouts.table)
         rows = [[r[c] for c in _TABLE_COLUMNS] for r in readouts.per_class]
         log_table(trainer, f"{stage}/per_class", _TABLE_COLUMNS, rows)
-        folder = self.folder(trainer, stage)
+        if folder is None:
+            return
         detections = pl_module.metrics[stage].last_results() if full else None
         self.last_written = write_readouts(readouts, folder, pictures=full, detections=detections)
         if full:
