@@ -1,7 +1,7 @@
 """DETR-family object detection as a LightningModule: set loss, AdamW with per-group lrs, COCO mAP."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +21,9 @@ from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.models.contract import Detector
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
+
+if TYPE_CHECKING:
+    from visiontf.evaluation.readouts import DetectionReport
 
 #: the per-class numbers logged at the end of each evaluation (keys of ``CocoMetric.last_per_class``' rows)
 PER_CLASS_METRICS = ("AP", "AP50", "AP75", "AR100")
@@ -227,7 +230,7 @@ class DetectionTask(BaseTask):
         """The last evaluation's COCO table and stats, and ``per_class`` rows (used by ``tools/eval.py``)."""
         return self._last_report
 
-    def eval_readouts(self, stage: str, full: bool = True, score_threshold: float = 0.5):
+    def eval_readouts(self, stage: str, full: bool = True, score_threshold: float = 0.5) -> DetectionReport | None:
         """The last ``stage`` evaluation's :class:`~visiontf.evaluation.readouts.DetectionReport` (per-class
         numbers; with ``full``, the confusion matrix at ``score_threshold`` and TIDE's breakdown), None before one."""
         metric = self.metrics.get(stage)
