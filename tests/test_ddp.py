@@ -166,17 +166,31 @@ def test_detection_ddp_fit_writes_last_checkpoint(det_ddp_fit):
 
 
 def test_detection_ddp_eval_equals_single_process(det_ddp_fit, tmp_path):
-    """COCO stats on 2 ranks equal 1 rank, with the unrepeated sampler and with the repeating one (de-dup)."""
+    """COCO stats and the per-class numbers (``--per_class``) on 2 ranks equal 1 rank, with the unrepeated
+    sampler and with the repeating one (de-dup)."""
     from visiontf.evaluation.coco_metric import METRIC_NAMES
 
     _, ckpt, overrides = det_ddp_fit
+    overrides = [*overrides, "--per_class"]
     keys = [f"val/{k}" for k in METRIC_NAMES]
     single = evaluate(DET_CONFIG, ckpt, tmp_path / "single.json", overrides)
     assert 0 < single["val/map"] < 1 and 0 < single["val/mar_100"] < 1, f"degenerate stats prove nothing: {single}"
+    assert len(single["per_class"]) == 2 and any(0 < r["AP"] < 1 for r in single["per_class"]), single["per_class"]
     ddp = evaluate(DET_CONFIG, ckpt, tmp_path / "ddp.json", overrides, ddp=True)
     _assert_same(single, ddp, keys)
+    _same_rows(single, ddp)
     padded = evaluate(DET_CONFIG, ckpt, tmp_path / "padded.json", overrides, ddp=True, repeating_sampler=True)
     _assert_same(single, padded, keys)
+    _same_rows(single, padded)
+
+
+def _same_rows(single: dict, other: dict) -> None:
+    """The per-class rows of two ``tools/eval.py --per_class`` runs agree to 1e-6 (names and counts exactly)."""
+    assert len(single["per_class"]) == len(other["per_class"])
+    for a, b in zip(single["per_class"], other["per_class"]):
+        assert (a["name"], a["num_gt"]) == (b["name"], b["num_gt"])
+        for k in ("AP", "AP50", "AP75", "AR100"):
+            assert math.isclose(a[k], b[k], rel_tol=0, abs_tol=1e-6), f"{a['name']} {k}: single {a[k]} != {b[k]}"
 
 
 def test_duplicate_detections_change_coco_map_unless_deduplicated(tmp_path):

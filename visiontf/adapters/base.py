@@ -126,6 +126,30 @@ class TaskAdapter:
         TensorBoard."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ the web app (tools/app.py)
+    #: whether a score threshold chooses which of a result's items are shown (the app's score slider)
+    filters_by_score: bool = False
+
+    def view(self, image: Tensor, result: dict[str, Any], score_threshold: float | None = None,
+             num_classes: int | None = None) -> Tensor:
+        """The picture the web app shows for ``result`` on the uint8 (3, H, W) ``image``: :meth:`draw`, unless
+        the task shows more (the input beside a restored image) or less (detections above ``score_threshold``)."""
+        return self.draw(image, result, num_classes)
+
+    def record(self, result: dict[str, Any], score_threshold: float | None = None,
+               class_name: Callable[[int], str] = lambda i: f"class_{i}") -> dict[str, Any]:
+        """``result`` as JSON values: what the web app shows and downloads (detections above ``score_threshold``)."""
+        raise NotImplementedError
+
+    def describe(self, result: dict[str, Any], score_threshold: float | None = None,
+                 class_name: Callable[[int], str] = lambda i: f"class_{i}") -> str:
+        """One line that says what the model found (the web app's summary)."""
+        raise NotImplementedError
+
+    def top_classes(self, result: dict[str, Any]) -> dict[str, float] | None:
+        """Class name -> probability, for tasks whose result is a ranking of classes; None for the others."""
+        return None
+
     # ------------------------------------------------------------------ tools/predict.py
     def annotation_class_names(self, annotations: str | Path) -> list[str] | None:
         """Class names read from an annotation file given to ``tools/predict.py``, if the task has them."""

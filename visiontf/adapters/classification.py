@@ -117,6 +117,21 @@ class ClassificationAdapter(TaskAdapter):
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return drawing.draw_caption(image, drawing.classification_caption(result))
 
+    def record(self, result: dict[str, Any], score_threshold: float | None = None,
+               class_name: Callable[[int], str] = lambda i: f"class_{i}") -> dict[str, Any]:
+        """The top classes, best first: label, class name, probability."""
+        names = result.get("class_names") or [class_name(int(label)) for label in result["labels"]]
+        return {"top_classes": [{"label": int(label), "class_name": str(n), "score": round(float(s), 4)}
+                                for label, n, s in zip(result["labels"], names, result["scores"])]}
+
+    def describe(self, result: dict[str, Any], score_threshold: float | None = None,
+                 class_name: Callable[[int], str] = lambda i: f"class_{i}") -> str:
+        return "top classes: " + ", ".join(drawing.classification_caption(result, k=5))
+
+    def top_classes(self, result: dict[str, Any]) -> dict[str, float] | None:
+        names = result.get("class_names") or [f"class_{int(label)}" for label in result["labels"]]
+        return {str(n): float(s) for n, s in zip(names, result["scores"])}
+
     def render_batch(self, pl_module: Any, batch: Any, settings: ClassificationSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         """A caption with the top prediction and the true class on each of the first images."""

@@ -153,6 +153,34 @@ class DetectionAdapter(TaskAdapter):
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return drawing.draw_detections(image, result)
 
+    filters_by_score = True
+
+    def view(self, image: Tensor, result: dict[str, Any], score_threshold: float | None = None,
+             num_classes: int | None = None) -> Tensor:
+        """Boxes above ``score_threshold`` on the image, enlarged to a shorter side of 384 pixels when it is
+        smaller (so that labels stay legible on small images)."""
+        big, scale = drawing.upscale(image, min_side=384)
+        return drawing.draw_detections(big, {**result, "boxes": result["boxes"] * scale}, score_threshold=score_threshold)
+
+    def record(self, result: dict[str, Any], score_threshold: float | None = None,
+               class_name: Callable[[int], str] = lambda i: f"class_{i}") -> dict[str, Any]:
+        """Detections scoring more than ``score_threshold``, best first: label, class name, score, box xyxy in
+        the image's pixels."""
+        scores = result["scores"].float()
+        keep = [i for i in scores.argsort(descending=True).tolist() if score_threshold is None or scores[i] > score_threshold]
+        names = result.get("class_names") or [class_name(int(label)) for label in result["labels"]]
+        return {"score_threshold": score_threshold, "detections": [
+            {"label": int(result["labels"][i]), "class_name": str(names[i]), "score": round(float(scores[i]), 4),
+             "box_xyxy": [round(float(v), 2) for v in result["boxes"][i]]} for i in keep]}
+
+    def describe(self, result: dict[str, Any], score_threshold: float | None = None,
+                 class_name: Callable[[int], str] = lambda i: f"class_{i}") -> str:
+        found = self.record(result, score_threshold, class_name)["detections"]
+        above = f" with score > {score_threshold:.2f}" if score_threshold is not None else ""
+        return f"{len(found)} detection{'s' if len(found) != 1 else ''}{above}" + (
+            ": " + ", ".join(f"{d['class_name']} {d['score']:.2f}" for d in found[:8]) + (" ..." if len(found) > 8 else "")
+            if found else "")
+
     def render_batch(self, pl_module: Any, batch: Any, settings: DetectionSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         """Boxes with ``score > score_threshold`` on the augmented (unpadded) images of the batch."""

@@ -89,6 +89,16 @@ class GenerationAdapter(TaskAdapter):
         """The original beside its reconstruction."""
         return torch.cat([image.cpu(), result["reconstruction"]], dim=-1)
 
+    def record(self, result: dict[str, Any], score_threshold: float | None = None,
+               class_name: Callable[[int], str] = lambda i: f"class_{i}") -> dict[str, Any]:
+        """The reconstruction's PSNR (dB) and the shape of its code grid."""
+        return {"psnr": round(float(result["psnr"]), 3), "codes_shape": list(result["codes"].shape)}
+
+    def describe(self, result: dict[str, Any], score_threshold: float | None = None,
+                 class_name: Callable[[int], str] = lambda i: f"class_{i}") -> str:
+        h, w = result["codes"].shape[-2:]
+        return f"reconstruction from {h} x {w} codes: PSNR {float(result['psnr']):.2f} dB"
+
     def render_batch(self, pl_module: Any, batch: Any, settings: GenerationSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         x = (batch[0] if isinstance(batch, (tuple, list)) else batch)[:num_images]

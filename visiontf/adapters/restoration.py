@@ -99,6 +99,22 @@ class RestorationAdapter(TaskAdapter):
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return result["image"]
 
+    def view(self, image: Tensor, result: dict[str, Any], score_threshold: float | None = None,
+             num_classes: int | None = None) -> Tensor:
+        """The input (enlarged to the output's size, nearest, so its pixels stay visible) beside the output."""
+        out = result["image"]
+        inp = F.interpolate(image[None].float(), size=out.shape[-2:], mode="nearest")[0].round().to(torch.uint8)
+        return drawing.side_by_side([drawing.titled(inp.cpu(), "input"), drawing.titled(out, "restored")])
+
+    def record(self, result: dict[str, Any], score_threshold: float | None = None,
+               class_name: Callable[[int], str] = lambda i: f"class_{i}") -> dict[str, Any]:
+        return {"task": result["task"], "output_size": [int(v) for v in result["image"].shape[-2:]]}
+
+    def describe(self, result: dict[str, Any], score_threshold: float | None = None,
+                 class_name: Callable[[int], str] = lambda i: f"class_{i}") -> str:
+        h, w = (int(v) for v in result["image"].shape[-2:])
+        return f"restored ({result['task']}): {w} x {h} pixels"
+
     def render_batch(self, pl_module: Any, batch: Any, settings: RestorationSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         """Input (nearest-upscaled) | output | ground truth, side by side."""

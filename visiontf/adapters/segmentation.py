@@ -96,6 +96,29 @@ class SegmentationAdapter(TaskAdapter):
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
         return drawing.draw_segmentation(image, result["label_map"], num_classes)
 
+    def record(self, result: dict[str, Any], score_threshold: float | None = None,
+               class_name: Callable[[int], str] = lambda i: f"class_{i}") -> dict[str, Any]:
+        """Each class present: its pixel count and its mask as COCO's run-length encoding (pycocotools)."""
+        import numpy as np
+        from pycocotools import mask as mask_utils
+
+        label_map = result["label_map"]
+        labels, counts = torch.unique(label_map, return_counts=True)
+        classes = []
+        for label, count in zip(labels.tolist(), counts.tolist()):
+            rle = mask_utils.encode(np.asfortranarray((label_map == label).numpy().astype(np.uint8)))
+            classes.append({"label": int(label), "class_name": class_name(int(label)), "pixels": int(count),
+                            "mask_rle": {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}})
+        classes.sort(key=lambda c: -c["pixels"])
+        return {"size": [int(v) for v in label_map.shape], "classes": classes}
+
+    def describe(self, result: dict[str, Any], score_threshold: float | None = None,
+                 class_name: Callable[[int], str] = lambda i: f"class_{i}") -> str:
+        classes = self.record(result, class_name=class_name)
+        total = max(1, classes["size"][0] * classes["size"][1])
+        return f"{len(classes['classes'])} classes: " + ", ".join(
+            f"{c['class_name']} {100 * c['pixels'] / total:.1f}%" for c in classes["classes"][:8])
+
     def render_batch(self, pl_module: Any, batch: Any, settings: SegmentationSettings,
                      class_names: Sequence[str] | None, num_images: int, score_threshold: float) -> list[Tensor]:
         """Ground truth | prediction overlays, side by side.

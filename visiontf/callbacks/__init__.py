@@ -8,6 +8,7 @@ from visiontf._lazy import lazy_getattr
 _LAZY = {
     "BudgetCosine": "visiontf.callbacks.budget_schedule",
     "DataWaitTimer": "visiontf.callbacks.data_wait",
+    "DetectionReadouts": "visiontf.callbacks.detection_readouts",
     "ElapsedTime": "visiontf.callbacks.elapsed_time",
     "EpochLines": "visiontf.callbacks.epoch_lines",
     "LastAndBestCheckpoint": "visiontf.callbacks.checkpoint",
@@ -15,6 +16,7 @@ _LAZY = {
     "LogPredictionImages": "visiontf.callbacks.prediction_images",
     "ModelEMA": "visiontf.callbacks.ema",
     "ValidationSchedule": "visiontf.callbacks.validation_schedule",
+    "WandbCheckpoints": "visiontf.callbacks.wandb_checkpoints",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,4 +1,5 @@
-"""Lightning callback that logs validation images with drawn predictions to TensorBoard.
+"""Lightning callback that logs validation images with drawn predictions to every logger that keeps pictures
+(TensorBoard, Weights & Biases, MLflow: :mod:`visiontf.callbacks.logger_sinks`).
 
 In a YAML config::
 
@@ -14,26 +15,24 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 from torch import Tensor
 
 from visiontf.adapters import get_adapter
+from visiontf.callbacks.logger_sinks import log_image
 from visiontf.data.base import trainer_datamodule
 
 log = logging.getLogger(__name__)
 
 
-def _tensorboard(trainer: Trainer) -> TensorBoardLogger | None:
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            return logger
-    return None
+#: the loggers that keep pictures
+PICTURE_LOGGERS = (TensorBoardLogger, WandbLogger, MLFlowLogger)
 
 
 class LogPredictionImages(Callback):
     """Every ``every_n_epochs``, draw the model's predictions on the first ``num_images`` images of
-    the first validation batch and log them to TensorBoard (``add_image``); a no-op without a
-    :class:`~lightning.pytorch.loggers.TensorBoardLogger`.
+    the first validation batch and log them to every logger that keeps pictures (TensorBoard's
+    ``add_image``, a W&B image, an MLflow image artifact); a no-op without one.
 
     Detection: boxes with ``score > score_threshold``; segmentation: predicted mask overlay beside the
     ground truth; classification: a caption with the top prediction and the true class.
@@ -55,15 +54,14 @@ class LogPredictionImages(Callback):
             return
         if trainer.current_epoch % self.every_n_epochs:
             return
-        tb = _tensorboard(trainer)
-        if tb is None:
+        if not any(isinstance(lg, PICTURE_LOGGERS) for lg in trainer.loggers):
             if not self._warned:
-                log.info("LogPredictionImages: no TensorBoardLogger among the trainer's loggers; nothing logged")
+                log.info("LogPredictionImages: no logger that keeps pictures (TensorBoard, W&B, MLflow); nothing logged")
                 self._warned = True
             return
         images = self.render(trainer, pl_module, batch)
         for i, img in enumerate(images):
-            tb.experiment.add_image(f"{self.tag}/{i}", img, global_step=trainer.global_step, dataformats="CHW")
+            log_image(trainer, f"{self.tag}/{i}", img, step=trainer.global_step)
 
     # ------------------------------------------------------------------ drawing
     @torch.no_grad()

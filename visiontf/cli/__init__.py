@@ -4,6 +4,7 @@
 * :mod:`visiontf.cli.predict`: prediction and export from a checkpoint or an exported model
   (``tools/predict.py``, ``tools/export.py``).
 * :mod:`visiontf.cli.demo`: ``make demo`` (``tools/demo.py``); its recipe is ``DEMO_CONFIG``.
+* :mod:`visiontf.cli.app`: the local web app (``tools/app.py``, Gradio: ``pip install visiontf[app]``).
 * :mod:`visiontf.cli.errors`: every tool's ``main`` runs through ``run_tool``: a user mistake ends
   as one line on stderr and exit code 2 (``--debug`` or ``VISIONTF_DEBUG=1`` for the traceback).
 
@@ -18,6 +19,7 @@ _LAZY = {
     "eval_main": "visiontf.cli.train",
     "predict_main": "visiontf.cli.predict",
     "demo_main": "visiontf.cli.demo",
+    "app_main": "visiontf.cli.app",
     "export_main": "visiontf.cli.predict",
     "build_predictor": "visiontf.cli.predict",
     "datamodule_from_config": "visiontf.cli.predict",

@@ -32,6 +32,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from visiontf.adapters.task_table import data_module_class_paths, import_class, task_class_paths
 from visiontf.arguments import close_options
 from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
+from visiontf.callbacks.detection_readouts import DetectionReadouts
 from visiontf.callbacks.epoch_lines import EpochLines
 from visiontf.callbacks.validation_schedule import ValidationSchedule
 from visiontf.checkpoint_io import install_atomic_checkpoint_io
@@ -126,6 +127,8 @@ class VisionCLI(LightningCLI):
         self._option_parsers.append(parser)
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.add_lightning_class_args(LastAndBestCheckpoint, "checkpoint")
+        # per-class table, PR curves, confusion matrix, TIDE of detection evaluations (a no-op for other tasks)
+        parser.add_lightning_class_args(DetectionReadouts, "readouts")
         parser.set_defaults(
             {
                 "checkpoint.save_last": True,
@@ -377,26 +380,55 @@ def _take_option(argv: list[str], name: str) -> str | None:
 
 
 def eval_main(argv: list[str] | None = None) -> int:
-    """``tools/eval.py --config C --ckpt_path K [--trainer.* / --data.* / --model.*] [--output stats.json]``.
+    """``tools/eval.py --config C --ckpt_path K [--trainer.* / --data.* / --model.*] [--output stats.json]
+    [--per_class] [--readouts.out_dir D]``.
 
     Runs ``validate`` (any task; DDP flags work) and writes the logged metrics as JSON on rank 0.
+    ``--per_class`` (detection): prints the per-class table and adds its rows to the JSON as ``per_class``;
+    the flat ``<stage>/per_class/...`` scalars the task logs are left out of the JSON either way. The
+    readouts callback writes its files (PR curves, confusion matrix, TIDE) into ``<root>/readouts/val``
+    or ``--readouts.out_dir``.
     """
     return run_tool(_eval, argv, prog="eval.py")
+
+
+def _take_flag(argv: list[str], name: str) -> bool:
+    """Remove the flag ``name`` (or ``name=true|false``) from ``argv``; whether it was set."""
+    value = False
+    for arg in list(argv):
+        if arg == name or arg.startswith(name + "="):
+            text = arg.split("=", 1)[1].lower() if "=" in arg else "true"
+            if text not in ("true", "false"):
+                raise UsageError(f"{arg}: {name} is a flag (or {name}=true|false)")
+            value = text == "true"
+            argv.remove(arg)
+    return value
 
 
 def _eval(argv: list[str]) -> int:
     argv = list(argv)
     output = _take_option(argv, "--output")
+    per_class = _take_flag(argv, "--per_class")
     cli = make_cli(["validate", *argv])
     trainer = cli.trainer
-    stats = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    stats = {k: float(v) for k, v in trainer.callback_metrics.items()
+             if getattr(v, "numel", lambda: 1)() == 1 and "/per_class/" not in k}
     extra = getattr(cli.model, "eval_report", None)
     if trainer.is_global_zero:
         if callable(extra):
             report = extra()
             if report:
                 print(report.get("table", ""))
-                stats.update({k: v for k, v in report.items() if k != "table"})
+                rows = report.get("per_class")
+                if per_class and rows is not None:
+                    from visiontf.evaluation.coco_per_class import format_per_class_table, per_class_json
+
+                    print(format_per_class_table(rows))
+                    stats["per_class"] = per_class_json(rows)
+                elif per_class:
+                    raise UsageError("--per_class: per-class numbers are of detection evaluations (COCO); this task "
+                                     "has none (segmentation logs IoU_<class> itself)")
+                stats.update({k: v for k, v in report.items() if k not in ("table", "per_class")})
         print(json.dumps(stats, indent=2, sort_keys=True))
         if output:
             Path(output).parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Evaluation metrics of every task: COCO box mAP (detection), mIoU (segmentation), PSNR/SSIM (restoration).
+"""Evaluation metrics of every task: COCO box mAP (detection) with its per-class numbers, confusion matrix and
+TIDE breakdown, mIoU (segmentation), PSNR/SSIM (restoration).
 
 Names resolve lazily: ``visiontf.evaluation.coco`` must stay importable without torch (fast
 command-line evaluation of results files), while ``CocoMetric`` needs torchmetrics.
@@ -13,6 +14,9 @@ _LAZY = {
     "METRIC_NAMES": "visiontf.evaluation.coco",
     "COCO_STATS": "visiontf.evaluation.coco",
     "CocoMetric": "visiontf.evaluation.coco_metric",
+    "per_class_rows": "visiontf.evaluation.coco_per_class",
+    "detection_confusion_matrix": "visiontf.evaluation.confusion",
+    "tide_errors": "visiontf.evaluation.tide",
     "segmentation_scores": "visiontf.evaluation.segmentation",
     "calc_psnr": "visiontf.evaluation.restoration",
     "calc_ssim": "visiontf.evaluation.restoration",

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from visiontf.errors import UserError
+from visiontf.evaluation.coco_per_class import CocoArrays, per_class_json
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,14 @@ class CocoEvalError(UserError, ValueError):
 
 
 class CocoStats(dict):
-    """The 12 COCO stats by name (:data:`STAT_NAMES`), floats; ``table`` is the printed summary."""
+    """The 12 COCO stats by name (:data:`STAT_NAMES`), floats; ``table`` is the printed summary;
+    ``arrays`` COCOeval's accumulated precision and recall arrays (per-class numbers, PR curves)."""
 
-    def __init__(self, stats: Sequence[float], table: str, backend: str):
+    def __init__(self, stats: Sequence[float], table: str, backend: str, arrays: CocoArrays | None = None):
         super().__init__(zip(STAT_NAMES, (float(s) for s in stats)))
         self.table = table
         self.backend = backend
+        self.arrays = arrays
 
 
 def format_table(stats: Sequence[float], iou_type: str = "bbox") -> str:
@@ -256,7 +259,8 @@ def _refuse_invalid_values(dets: list[dict], det_name: str, iou_type: str, score
         )
 
 
-def _run_pycocotools(gt: dict, dets: list[dict], iou_type: str, img_ids: Sequence[int] | None) -> list[float]:
+def _run_pycocotools(gt: dict, dets: list[dict], iou_type: str, img_ids: Sequence[int] | None
+                     ) -> tuple[list[float], CocoArrays]:
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
@@ -277,10 +281,11 @@ def _run_pycocotools(gt: dict, dets: list[dict], iou_type: str, img_ids: Sequenc
         ev.evaluate()
         ev.accumulate()
         ev.summarize()
-    return [float(s) for s in ev.stats[:12]]
+    return [float(s) for s in ev.stats[:12]], CocoArrays.from_eval(ev)
 
 
-def _run_faster(gt: dict, dets: list[dict], iou_type: str, img_ids: Sequence[int] | None) -> list[float]:
+def _run_faster(gt: dict, dets: list[dict], iou_type: str, img_ids: Sequence[int] | None
+                ) -> tuple[list[float], CocoArrays]:
     from faster_coco_eval import COCO, COCOeval_faster
 
     def quiet(*args: Any, **kwargs: Any) -> None:
@@ -294,7 +299,7 @@ def _run_faster(gt: dict, dets: list[dict], iou_type: str, img_ids: Sequence[int
     ev.evaluate()
     ev.accumulate()
     ev.summarize()
-    return [float(s) for s in ev.stats[:12]]
+    return [float(s) for s in ev.stats[:12]], CocoArrays.from_eval(ev)
 
 
 def evaluate_coco(
@@ -317,7 +322,8 @@ def evaluate_coco(
         img_ids: evaluate only these images (default: every image in ``annotations``).
 
     Returns:
-        :class:`CocoStats`: ``{"AP": ..., ..., "AR_large": ...}`` with ``.table``, the 12-line summary.
+        :class:`CocoStats`: ``{"AP": ..., ..., "AR_large": ...}`` with ``.table``, the 12-line summary,
+        and ``.arrays``, COCOeval's accumulated arrays (:mod:`visiontf.evaluation.coco_per_class`).
 
     Raises:
         CocoEvalError: results naming image or category ids that are not in the annotations,
@@ -337,14 +343,16 @@ def evaluate_coco(
         if missing:
             raise CocoEvalError(f"img_ids {missing[:_SHOW]} ({len(missing)} in all) are not in {gt_name}")
     run = _run_faster if backend == "faster_coco_eval" else _run_pycocotools
-    stats = run(gt, dets, iou_type, img_ids)
-    return CocoStats(stats, format_table(stats, iou_type), backend)
+    stats, arrays = run(gt, dets, iou_type, img_ids)
+    return CocoStats(stats, format_table(stats, iou_type), backend, arrays)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``--annotations ann.json --predictions results.json [--backend B] [--output stats.json]``.
+    """``--annotations ann.json --predictions results.json [--backend B] [--output stats.json] [--per_class]
+    [--readouts DIR [--score_threshold S]]``.
 
-    Prints the 12-line COCO table; writes the named stats as JSON when ``--output`` is given.
+    Prints the 12-line COCO table; writes the named stats as JSON when ``--output`` is given;
+    ``--per_class`` and ``--readouts``: :mod:`visiontf.evaluation.readouts`.
     Unusable input raises :class:`CocoEvalError`, which the tools print as one line with exit code 2
     (:func:`visiontf.cli.errors.run_tool`).
     """
@@ -359,12 +367,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--iou_type", default="bbox", choices=("bbox", "segm"))
     parser.add_argument("--output", type=Path, help="write the named stats here as JSON")
+    parser.add_argument("--per_class", action="store_true",
+                        help="also print AP, AP50, AP75, AR@100 and the instance count of each category (and add them "
+                             "to --output as 'per_class')")
+    parser.add_argument("--readouts", type=Path, help="write the per-class table, PR curves, the confusion matrix and "
+                                                      "TIDE's error breakdown (JSON and PNG) into this folder")
+    parser.add_argument("--score_threshold", type=float, default=0.5,
+                        help="the confusion matrix's score threshold (detections scoring more take part)")
     args = parser.parse_args(argv)
+    if args.readouts is not None and args.iou_type != "bbox":
+        raise CocoEvalError(f"--readouts {args.readouts}: the confusion matrix and TIDE's breakdown are of boxes; use "
+                            "--iou_type bbox, or --per_class alone for the per-class numbers of masks")
     stats = evaluate_coco(args.annotations, args.predictions, backend=args.backend, iou_type=args.iou_type)
     print(stats.table)
+    payload = {"backend": stats.backend, "annotations": str(args.annotations), "predictions": str(args.predictions), **stats}
+    if args.per_class or args.readouts is not None:
+        from visiontf.evaluation.readouts import readouts_of_files
+
+        readouts = readouts_of_files(args.annotations, args.predictions, stats, args.readouts, args.score_threshold)
+        if args.per_class:
+            print(readouts.table)
+            payload["per_class"] = per_class_json(readouts.per_class)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"backend": stats.backend, "annotations": str(args.annotations),
-                   "predictions": str(args.predictions), **stats}
         args.output.write_text(json.dumps(payload, indent=2) + "\n")
     return 0

@@ -8,6 +8,7 @@ COCOeval against the ORIGINAL annotation file, so areas and crowd regions are CO
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,8 +21,10 @@ from torchmetrics.utilities import dim_zero_cat
 from torchvision.ops import box_convert
 
 from visiontf.distributed import get_rank as _rank
-from visiontf.evaluation.coco import METRIC_NAMES, CocoEvalError, evaluate_coco
+from visiontf.evaluation.coco import METRIC_NAMES, CocoEvalError, CocoStats, evaluate_coco
+from visiontf.evaluation.coco_per_class import per_class_rows
 from visiontf.evaluation.duplicates import duplicate_stats
+from visiontf.evaluation.readouts import DetectionReport, detection_readouts
 
 __all__ = ["METRIC_NAMES", "CocoMetric"]
 
@@ -55,8 +58,11 @@ class CocoMetric(Metric):
     ``xyxy`` in ORIGINAL image pixels, ``scores`` (n,), ``labels`` (n,) contiguous; ``image_ids``
     the matching COCO image ids. Only the images seen are evaluated (COCOeval ``imgIds``).
     ``compute()`` returns float tensors named as :data:`METRIC_NAMES`; it also sets ``last_table``
-    (COCO's printed summary) and ``last_duplicates`` (duplicate pairs per confident detection and
-    their counts, :func:`~visiontf.evaluation.duplicates.duplicate_stats`: whether the model needs NMS).
+    (COCO's printed summary), ``last_duplicates`` (duplicate pairs per confident detection and
+    their counts, :func:`~visiontf.evaluation.duplicates.duplicate_stats`: whether the model needs NMS)
+    and ``last_per_class`` (AP, AP50, AP75, AR@100 and instance count per category, slices of COCOeval's
+    own arrays: :func:`~visiontf.evaluation.coco_per_class.per_class_rows`); :meth:`readouts` adds the
+    confusion matrix and TIDE's breakdown of the same evaluation.
     """
 
     is_differentiable = False
@@ -87,6 +93,10 @@ class CocoMetric(Metric):
         self._counter = 0
         self.last_table: str | None = None
         self.last_duplicates: dict[str, float] | None = None
+        self.last_per_class: list[dict[str, Any]] | None = None
+        # the last compute()'s stats, results and images, for readouts() (kept until the next compute)
+        self._last_eval: tuple[CocoStats, list[dict], list[int]] | None = None
+        self._boxes_gt: dict | None = None
         for name in ("det_boxes", "det_scores", "det_labels", "det_keys", "img_ids", "img_keys"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
@@ -160,11 +170,38 @@ class CocoMetric(Metric):
         return results, sorted(key_to_image.values())
 
     def compute(self) -> dict[str, torch.Tensor]:
-        self.last_duplicates = None
+        self.last_duplicates = self.last_per_class = self._last_eval = None
         results, img_ids = self.results()
         if not img_ids:
             return {name: torch.tensor(-1.0) for name in METRIC_NAMES}
         stats = evaluate_coco(self.ann_file, results, backend=self.backend, img_ids=img_ids)
         self.last_table = stats.table  # COCO's printed 12-line summary, for reports
         self.last_duplicates = duplicate_stats(results)
+        self._last_eval = (stats, results, img_ids)
+        self.last_per_class = per_class_rows(stats.arrays, self.boxes_gt(), img_ids)
         return {name: torch.tensor(value, dtype=torch.float32) for name, value in zip(METRIC_NAMES, stats.values())}
+
+    def boxes_gt(self) -> dict:
+        """The annotation file without what box readouts never read (segmentations, image metadata),
+        read once: categories, image ids and each annotation's image, category, box and crowd flag."""
+        if self._boxes_gt is None:
+            data = json.loads(self.ann_file.read_text(encoding="utf-8"))
+            keep = ("id", "image_id", "category_id", "bbox", "iscrowd", "area")
+            self._boxes_gt = {"images": [{"id": im["id"]} for im in data["images"]],
+                              "annotations": [{k: a[k] for k in keep if k in a} for a in data["annotations"]],
+                              "categories": data["categories"]}
+        return self._boxes_gt
+
+    def readouts(self, full: bool = True, score_threshold: float = 0.5) -> DetectionReport | None:
+        """The last compute()'s per-class numbers and, with ``full``, its confusion matrix (at
+        ``score_threshold``, IoU 0.5) and TIDE's breakdown; None before any evaluation."""
+        if self._last_eval is None:
+            return None
+        stats, results, img_ids = self._last_eval
+        return detection_readouts(self.boxes_gt(), results, stats.arrays, img_ids, full=full,
+                                  score_threshold=score_threshold)
+
+    def last_results(self) -> list[dict]:
+        """The COCO results the last compute() scored (one copy per image, every rank's)."""
+        return [] if self._last_eval is None else self._last_eval[1]
+

@@ -1,7 +1,7 @@
 """DETR-family object detection as a LightningModule: set loss, AdamW with per-group lrs, COCO mAP."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,12 @@ from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.models.contract import Detector
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
+
+if TYPE_CHECKING:
+    from visiontf.evaluation.readouts import DetectionReport
+
+#: the per-class numbers logged at the end of each evaluation (keys of ``CocoMetric.last_per_class``' rows)
+PER_CLASS_METRICS = ("AP", "AP50", "AP75", "AR100")
 
 
 def split_loss_terms(losses: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -87,6 +93,10 @@ class DetectionTask(BaseTask):
     final layer, two-stage proposals (``_enc``) and other suffixed terms, ``train_aux/<term>_<i>``
     for auxiliary decoder layers; evaluation logs the main terms under ``val/`` or ``test/``, each the
     mean over the images of that image's own loss (independent of batch size and process count).
+    With ``log_per_class`` (the default), each category's AP, AP50, AP75 and AR@100 are logged too, as
+    ``<stage>/per_class/<AP|AP50|AP75|AR100>/<name>`` (categories without objects are not), slices of
+    COCOeval's own arrays (:mod:`visiontf.evaluation.coco_per_class`); the table, the PR curves, the
+    confusion matrix and TIDE's breakdown are the :class:`~visiontf.callbacks.DetectionReadouts` callback's.
 
     ``compile``: ``True`` runs the whole model through ``torch.compile``; ``"transformer"`` only its
     encoder-decoder (``model.transformer``; the backbone's convolutions are cuDNN's already). The
@@ -126,6 +136,7 @@ class DetectionTask(BaseTask):
         eval_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
         compile: bool | Literal["transformer"] = False,
         on_nonfinite: Literal["raise", "skip"] = "raise",
+        log_per_class: bool = True,
     ) -> None:
         check_config(type(self).__name__, "model", lr=(lr, positive), lr_backbone=(lr_backbone, non_negative),
                      lr_offsets_mult=(lr_offsets_mult, non_negative), weight_decay=(weight_decay, non_negative),
@@ -227,6 +238,14 @@ class DetectionTask(BaseTask):
             self._last_report["table"] = table
         self.log_dict({f"{stage}/{k}": stats[k].float() for k in METRIC_NAMES if k in stats}, sync_dist=False)
         self.log(f"{stage}/mAP", stats["map"].float(), prog_bar=True, sync_dist=False)
+        per_class = metric.last_per_class
+        if per_class is not None:
+            self._last_report["per_class"] = per_class
+            if self.hparams.log_per_class:
+                for row in per_class:
+                    for key in PER_CLASS_METRICS:
+                        if row[key] == row[key]:  # NaN: a category without objects in these images
+                            self.log(f"{stage}/per_class/{key}/{row['name']}", float(row[key]), sync_dist=False)
         duplicates = getattr(metric, "last_duplicates", None)
         if duplicates is not None:  # duplicate pairs per confident detection: what NMS would hide
             self._last_report["dup_rate"] = duplicates["dup_rate"]
@@ -243,8 +262,14 @@ class DetectionTask(BaseTask):
         return preds
 
     def eval_report(self) -> dict | None:
-        """The last evaluation's COCO table and stats (used by ``tools/eval.py``)."""
+        """The last evaluation's COCO table and stats, and ``per_class`` rows (used by ``tools/eval.py``)."""
         return self._last_report
+
+    def eval_readouts(self, stage: str, full: bool = True, score_threshold: float = 0.5) -> DetectionReport | None:
+        """The last ``stage`` evaluation's :class:`~visiontf.evaluation.readouts.DetectionReport` (per-class
+        numbers; with ``full``, the confusion matrix at ``score_threshold`` and TIDE's breakdown), None before one."""
+        metric = self.metrics.get(stage)
+        return None if metric is None else metric.readouts(full=full, score_threshold=score_threshold)
 
     # -- optimisation --------------------------------------------------------------------------
     def configure_optimizers(self):

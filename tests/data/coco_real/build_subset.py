@@ -11,6 +11,10 @@ val image 13291 turned a quarter turn counter-clockwise, tagged Orientation 6 ("
 clockwise to display"), as a phone writes a portrait photo; its annotation entry is the original one
 (the displayed frame, 500 x 335). The unrotated original is copied to ``train2017`` (same image id
 in the other split) so that tests can compare the two.
+
+``boxes/instances_val2017_100.json`` holds the annotations of all 100 val images, unchanged but
+without their ``segmentation`` polygons (box evaluation does not read them; 120 kB instead of 469 kB),
+for the per-class COCO numbers' test (``tests/test_per_class_ap.py``); no image files.
 """
 from __future__ import annotations
 
@@ -74,6 +78,15 @@ def main(src: Path) -> None:
     (HERE / "annotations").mkdir(exist_ok=True)
     for split, data in out.items():
         (HERE / "annotations" / f"instances_{split}.json").write_text(json.dumps(data, separators=(",", ":")))
+    write_boxes_only(val)
+
+
+def write_boxes_only(val: dict) -> None:
+    """All 100 val images' annotations without ``segmentation``, beside (not in) ``annotations/``, so no
+    data module takes it for a split's file."""
+    boxes = {**val, "annotations": [{k: v for k, v in a.items() if k != "segmentation"} for a in val["annotations"]]}
+    (HERE / "boxes").mkdir(exist_ok=True)
+    (HERE / "boxes" / "instances_val2017_100.json").write_text(json.dumps(boxes, separators=(",", ":")))
 
 
 if __name__ == "__main__":
