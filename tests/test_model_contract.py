@@ -25,9 +25,10 @@ from visiontf.models.contract import (
     Tokenizer,
     VisionModel,
 )
+from visiontf.models.mask_options import MaskOptions
 from visiontf.models.postprocess_options import PostprocessOptions
 
-FAMILIES = ("vit", "detr", "deformable_detr", "dino", "setr", "ipt", "vqgan", "vqgan_transformer")
+FAMILIES = ("vit", "detr", "detr_segm", "deformable_detr", "dino", "setr", "ipt", "vqgan", "vqgan_transformer")
 
 
 def _meta(name: str) -> VisionModel:
@@ -51,6 +52,7 @@ def _check_kind(model: VisionModel) -> None:
         assert model.attention_picture in ATTENTION_PICTURES
         assert isinstance(model.postprocess_options, PostprocessOptions)
         assert isinstance(model.forward_takes_targets, bool) and model.num_classes >= 1
+        assert model.mask_options is None or isinstance(model.mask_options, MaskOptions)
         cfg = model.pretrained_cfg
         assert cfg.min_size and cfg.max_size and cfg.mean and cfg.std
     if isinstance(model, Segmenter):

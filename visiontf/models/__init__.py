@@ -4,6 +4,7 @@ registers its model names with :func:`register_model` as it loads (the table is
 from visiontf.models import (  # noqa: F401  (registration happens on import)
     deformable_detr,
     detr,
+    detr_segm,
     dino,
     ipt,
     setr,
