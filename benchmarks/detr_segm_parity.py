@@ -152,6 +152,10 @@ def _check_postprocess(o: dict, R, outputs: dict) -> dict[str, float]:
     want = seg.PostProcessSegm()([{}, {}], outputs, orig_sizes, max_sizes)
     got = R.reference_postprocess_segm([{}, {}], outputs, orig_sizes, max_sizes)
     out["reference PostProcessSegm masks"] = max(_diff(w["masks"], g["masks"]) for w, g in zip(want, got))
+    from visiontf.detection.mask_postprocess import PostProcessPanoptic, PostProcessSegm
+
+    got = PostProcessSegm()([{}, {}], outputs, orig_sizes, max_sizes)
+    out["visiontf PostProcessSegm masks"] = max(_diff(w["masks"], g["masks"]) for w, g in zip(want, got))
     # confident queries, some of stuff classes (ids > 9 here) and several of one stuff class
     logits = outputs["pred_logits"].clone()
     logits[:, :7, 3] += 12.0
@@ -165,6 +169,9 @@ def _check_postprocess(o: dict, R, outputs: dict) -> dict[str, float]:
     got = R.reference_postprocess_panoptic(panoptic, sizes, targets, is_thing, threshold=0.85)
     same = all(w["png_string"] == g["png_string"] and w["segments_info"] == g["segments_info"] for w, g in zip(want, got))
     out["reference PostProcessPanoptic (PNG, segments)"] = 0.0 if same else 1.0
+    got = PostProcessPanoptic(is_thing, threshold=0.85)(panoptic, sizes, targets)
+    same = all(w["png_string"] == g["png_string"] and w["segments_info"] == g["segments_info"] for w, g in zip(want, got))
+    out["visiontf PostProcessPanoptic (PNG, segments)"] = 0.0 if same else 1.0
     print("panoptic segments per image:", [len(w["segments_info"]) for w in want])
     return out
 
