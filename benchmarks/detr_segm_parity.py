@@ -186,6 +186,10 @@ def _check_loss(o: dict, R) -> dict[str, float]:
     want = crit.loss_masks(pred, targets, indices, 5.0)
     got = R.reference_loss_masks(pred, targets, indices, 5.0)
     out = {f"reference loss_masks {k}": _diff(got[k], want[k]) for k in want}
+    from visiontf.detection.mask_losses import loss_masks
+
+    got = loss_masks(pred, targets, indices, 5.0)
+    out.update({f"visiontf loss_masks {k}": _diff(got[k], want[k]) for k in want})
     masks = torch.rand(5, 40, 50, generator=g) > 0.7
     out["reference masks_to_boxes"] = _diff(R.reference_masks_to_boxes(masks), o["masks_to_boxes"](masks))
     return out
