@@ -5,6 +5,7 @@
     python tools/make_synthetic.py --task detection --out data/synthetic_det
     python tools/make_synthetic.py --task detection --preset demo --out data/demo_det   # make demo's set
     python tools/make_synthetic.py --task segmentation --out data/synthetic_seg
+    python tools/make_synthetic.py --task panoptic --out data/panoptic_shapes   # shapes on sky and ground (COCO panoptic)
     python tools/make_synthetic.py --task photos --out data/photos   # scikit-image's photographs
 
 Deterministic for a seed. No network, no downloads.
@@ -24,6 +25,8 @@ GENERATORS = {
     "classification": ("visiontf.data.synthetic.classification", "make_classification_dataset"),
     "detection": ("visiontf.data.synthetic.detection", "make_detection_dataset"),
     "segmentation": ("visiontf.data.synthetic.segmentation", "make_segmentation_dataset"),
+    # things and stuff, COCO panoptic (+ the things as an instances file with RLE masks): DETR's masks
+    "panoptic": ("visiontf.data.synthetic.panoptic", "make_panoptic_dataset"),
     # real photographs scikit-image ships (no download): the IPT and VQGAN CPU recipes
     "photos": ("visiontf.data.synthetic.photos", "make_photos_dataset"),
 }
