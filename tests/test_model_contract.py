@@ -28,7 +28,7 @@ from visiontf.models.contract import (
 from visiontf.models.mask_options import MaskOptions
 from visiontf.models.postprocess_options import PostprocessOptions
 
-FAMILIES = ("vit", "detr", "detr_segm", "deformable_detr", "dino", "setr", "ipt", "vqgan", "vqgan_transformer")
+FAMILIES = ("vit", "detr", "detr_segm", "deformable_detr", "dino", "deformable_segm", "setr", "ipt", "vqgan", "vqgan_transformer")
 
 
 def _meta(name: str) -> VisionModel:

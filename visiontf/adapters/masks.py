@@ -40,7 +40,7 @@ def add_mask_results(model: Any, preds: list[dict[str, Any]], outputs: dict, pro
     is_thing = options.is_thing_map(model.num_classes + 1)
     for i, (p, size, target) in enumerate(zip(preds, processed, orig.tolist())):
         ids, info = panoptic_segments(outputs["pred_logits"][i].float(), outputs["pred_masks"][i].float(), tuple(size),
-                                      tuple(target), is_thing, options.panoptic_threshold, options.min_area)
+                                      tuple(target), is_thing, options.panoptic_threshold, options.min_area, model.class_head)
         p["panoptic"] = {"ids": ids, "segments_info": info}
 
 

@@ -101,11 +101,12 @@ def _segment_ids(masks: Tensor, hw: tuple[int, int], target: tuple[int, int], me
 
 def panoptic_segments(logits: Tensor, masks: Tensor, processed_size: tuple[int, int], target_size: tuple[int, int],
                       is_thing: Sequence[bool] | Mapping[int, bool], threshold: float = 0.85,
-                      min_area: int = 4) -> tuple[np.ndarray, list[dict[str, Any]]]:
+                      min_area: int = 4, class_head: str = "softmax") -> tuple[np.ndarray, list[dict[str, Any]]]:
     """One image's panoptic segmentation: ``(ids (H, W) int64, segments_info)``.
 
     Args:
-        logits: (Q, K + 1) class logits, the last "no object".
+        logits: (Q, K + 1) class logits, the last "no object" (``class_head`` "softmax", DETR's); or (Q, K)
+            sigmoid logits (``"sigmoid"``, the Deformable DETR family: a query's score is its best class's).
         masks: (Q, h4, w4) mask logits.
         processed_size: the (h, w) the image had in the model (before padding).
         target_size: the (H, W) of the result.
@@ -114,8 +115,12 @@ def panoptic_segments(logits: Tensor, masks: Tensor, processed_size: tuple[int, 
     ``segments_info``: ``{"id", "isthing", "category_id" (the class index), "area"}`` per segment, ids
     0..n-1 as the original (0 is a segment, not "void").
     """
-    scores, labels = logits.softmax(-1).max(-1)
-    keep = labels.ne(logits.shape[-1] - 1) & (scores > threshold)
+    if class_head == "sigmoid":
+        scores, labels = logits.sigmoid().max(-1)
+        keep = scores > threshold
+    else:
+        scores, labels = logits.softmax(-1).max(-1)
+        keep = labels.ne(logits.shape[-1] - 1) & (scores > threshold)
     labels, masks = labels[keep], masks[keep]
     masks = F.interpolate(masks[:, None], size=processed_size, mode="bilinear", align_corners=False)[:, 0].flatten(1)
     classes = labels.tolist()

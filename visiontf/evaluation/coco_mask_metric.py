@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 _RANK_STRIDE = 1 << 40
 
 
+def _cat(state: list[torch.Tensor] | torch.Tensor) -> np.ndarray | None:
+    """A list state as one array (after a DDP sync it is already one tensor); None when empty."""
+    if isinstance(state, list) and not state:
+        return None
+    return dim_zero_cat(state).cpu().numpy()
+
+
 def encode_masks(masks: torch.Tensor) -> list[dict[str, Any]]:
     """(n, H, W) bool masks -> COCO compressed RLEs ``{"size": [H, W], "counts": str}`` (JSON-ready)."""
     if len(masks) == 0:
@@ -85,22 +92,21 @@ class CocoMaskMetric(Metric):
 
     def results(self) -> tuple[list[dict], list[int]]:
         """De-duplicated COCO ``segm`` results (one copy per image id) and the evaluated image ids."""
-        if not self.img_ids:
+        img_ids, img_keys = _cat(self.img_ids), _cat(self.img_keys)
+        if img_ids is None or not len(img_ids):
             return [], []
-        img_ids = dim_zero_cat(self.img_ids).cpu().numpy()
-        img_keys = dim_zero_cat(self.img_keys).cpu().numpy()
         first: dict[int, int] = {}
         for i, k in sorted(zip(img_ids.tolist(), img_keys.tolist())):
             first.setdefault(i, k)
         key_to_image = {k: i for i, k in first.items()}
-        keys = dim_zero_cat(self.det_keys).cpu().numpy() if self.det_keys else np.zeros(0, np.int64)
-        if not len(keys):
+        keys = _cat(self.det_keys)
+        if keys is None or not len(keys):
             return [], sorted(first)
-        scores = dim_zero_cat(self.det_scores).cpu().double().numpy()
-        labels = dim_zero_cat(self.det_labels).cpu().numpy()
-        lengths = dim_zero_cat(self.rle_lengths).cpu().numpy()
-        sizes = dim_zero_cat(self.rle_sizes).cpu().numpy().reshape(-1, 2)
-        blob = dim_zero_cat(self.rle_bytes).cpu().numpy().tobytes()
+        scores = _cat(self.det_scores).astype(np.float64)
+        labels = _cat(self.det_labels)
+        lengths = _cat(self.rle_lengths)
+        sizes = _cat(self.rle_sizes).reshape(-1, 2)
+        blob = _cat(self.rle_bytes).tobytes()
         ends = np.cumsum(lengths)
         results, unmapped = [], 0
         for j, (key, score, label) in enumerate(zip(keys.tolist(), scores.tolist(), labels.tolist())):

@@ -32,6 +32,13 @@ _RANK_STRIDE = 1 << 40
 PQ_METRIC_NAMES = ("pq", "sq", "rq", "pq_things", "sq_things", "rq_things", "pq_stuff", "sq_stuff", "rq_stuff")
 
 
+def _cat(state: list[torch.Tensor] | torch.Tensor) -> np.ndarray | None:
+    """A list state as one array (after a DDP sync it is already one tensor); None when empty."""
+    if isinstance(state, list) and not state:
+        return None
+    return dim_zero_cat(state).cpu().numpy()
+
+
 class PanopticMetric(Metric):
     """Panoptic quality of predictions against a COCO panoptic ground truth.
 
@@ -105,19 +112,18 @@ class PanopticMetric(Metric):
         if self.last_unmapped:
             log.info("PanopticMetric: %d predicted segment(s) of classes with no category counted as unlabelled",
                      self.last_unmapped)
-        img_ids = dim_zero_cat(self.img_ids).cpu().numpy() if self.img_ids else np.zeros(0, np.int64)
-        if not len(img_ids):
+        img_ids, img_keys = _cat(self.img_ids), _cat(self.img_keys)
+        if img_ids is None or not len(img_ids):
             return {name: torch.tensor(-1.0) for name in PQ_METRIC_NAMES}
-        img_keys = dim_zero_cat(self.img_keys).cpu().numpy()
         first = {}
         for i, k in sorted(zip(img_ids.tolist(), img_keys.tolist())):
             first.setdefault(i, k)
         stats: dict[int, list[float]] = defaultdict(lambda: [0.0, 0, 0, 0])
-        if self.row_keys:
-            keys = dim_zero_cat(self.row_keys).cpu().numpy()
+        keys = _cat(self.row_keys)
+        if keys is not None:
             keep = np.isin(keys, list(first.values()))
-            cats = dim_zero_cat(self.row_cats).cpu().numpy()[keep]
-            cols = [dim_zero_cat(getattr(self, n)).cpu().numpy()[keep] for n in ("row_iou", "row_tp", "row_fp", "row_fn")]
+            cats = _cat(self.row_cats)[keep]
+            cols = [_cat(getattr(self, n))[keep] for n in ("row_iou", "row_tp", "row_fp", "row_fn")]
             for c, iou, tp, fp, fn in zip(cats.tolist(), *(col.tolist() for col in cols)):
                 s = stats[c]
                 stats[c] = [s[0] + iou, s[1] + tp, s[2] + fp, s[3] + fn]

@@ -51,7 +51,7 @@ def panoptic_predictions(model: Any, outputs: dict, processed_sizes: Any, target
     out = []
     for i, (size, target) in enumerate(zip(torch.as_tensor(processed_sizes).tolist(), torch.as_tensor(target_sizes).tolist())):
         out.append(panoptic_segments(outputs["pred_logits"][i].float(), outputs["pred_masks"][i].float(), tuple(size),
-                                     tuple(target), is_thing, options.panoptic_threshold, options.min_area))
+                                     tuple(target), is_thing, options.panoptic_threshold, options.min_area, model.class_head))
     return out
 
 
