@@ -155,10 +155,23 @@ class OriginalDETR(nn.Module):
         self.input_proj = nn.Conv2d(channels, d, 1)
 
     def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        feat = self.backbone[0].body(images)["0"]
+        hs = self.transform(images, mask)["hs"]
+        logits = self.class_embed(hs)
+        x = hs
+        for i, lin in enumerate(self.bbox_embed.layers):
+            x = lin(x) if i == 2 else F.relu(lin(x))
+        return logits, x.sigmoid()
+
+    def transform(self, images: Tensor, mask: Tensor) -> dict:
+        """Backbone and transformer: ``hs`` (layers, B, Q, d) normalised decoder outputs, ``memory``
+        (B, d, h, w) as the original's Transformer returns it, ``src_proj`` (B, d, h, w), ``mask``
+        (B, h, w) and ``features``: every map the body returns, in its order."""
+        feats = list(self.backbone[0].body(images).values())
+        feat = feats[-1]
         m = F.interpolate(mask[None].float(), size=feat.shape[-2:]).bool()[0]
         pos = self.backbone[1](m).flatten(2).permute(2, 0, 1)
-        src = self.input_proj(feat).flatten(2).permute(2, 0, 1)
+        src_proj = self.input_proj(feat)
+        src = src_proj.flatten(2).permute(2, 0, 1)
         pad = m.flatten(1)
         for layer in self.transformer.encoder.layers:
             src = layer(src, pad, pos)
@@ -168,11 +181,9 @@ class OriginalDETR(nn.Module):
             tgt = layer(tgt, src, pad, pos, qpos)
             hs.append(self.transformer.decoder.norm(tgt))
         hs = torch.stack(hs).transpose(1, 2)
-        logits = self.class_embed(hs)
-        x = hs
-        for i, lin in enumerate(self.bbox_embed.layers):
-            x = lin(x) if i == 2 else F.relu(lin(x))
-        return logits, x.sigmoid()
+        B, d, h, w = src_proj.shape
+        memory = src.permute(1, 2, 0).view(B, d, h, w)
+        return {"hs": hs, "memory": memory, "src_proj": src_proj, "mask": m, "features": feats}
 
     def outputs(self, images: Tensor, mask: Tensor) -> dict:
         """The original ``DETR.forward`` result with ``aux_loss`` on."""

@@ -146,7 +146,7 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="num_classes=5.*6 entries"):
         SetCriterion(5)(outputs, targets)
     with pytest.raises(ValueError, match="unknown losses"):
-        SetCriterion(2, losses=("labels", "masks"))
+        SetCriterion(2, losses=("labels", "keypoints"))  # "masks" is DETR's mask losses
 
 
 def test_random_batch_matches_original_formulas():

@@ -26,6 +26,7 @@ from visiontf.models.contract import (
     Tokenizer,
     VisionModel,
 )
+from visiontf.models.mask_options import MaskOptions
 from visiontf.models.postprocess_options import PostprocessOptions
 
 #: every family module: where each registered name's function is defined
@@ -53,6 +54,7 @@ def _check_kind(model: VisionModel) -> None:
         assert model.attention_picture in ATTENTION_PICTURES
         assert isinstance(model.postprocess_options, PostprocessOptions)
         assert isinstance(model.forward_takes_targets, bool) and model.num_classes >= 1
+        assert model.mask_options is None or isinstance(model.mask_options, MaskOptions)
         cfg = model.pretrained_cfg
         assert cfg.min_size and cfg.max_size and cfg.mean and cfg.std
     if isinstance(model, Segmenter):

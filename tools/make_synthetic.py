@@ -6,6 +6,7 @@
     python tools/make_synthetic.py --task detection --preset demo --out data/demo_det   # make demo's set
     python tools/make_synthetic.py --task segmentation --out data/synthetic_seg
     python tools/make_synthetic.py --task depth --out data/synthetic_depth
+    python tools/make_synthetic.py --task panoptic --out data/panoptic_shapes   # shapes on sky and ground (COCO panoptic)
     python tools/make_synthetic.py --task photos --out data/photos   # scikit-image's photographs
 
 Each task's writer is named by its row of the task table (visiontf/adapters/task_table.py,
@@ -25,13 +26,15 @@ from visiontf.cli.errors import run_tool  # noqa: E402
 DETECTION_DEMO = {"image_size": (128, 160), "object_size": (0.12, 0.35), "max_objects": 3, "colour_by_class": True}
 
 
-
 def generators() -> dict[str, str]:
     """``--task`` -> the ``module:function`` writing its set: each task's from the task table (which imports
-    nothing), and the photographs by their own name (real photos scikit-image ships: the IPT and VQGAN recipes)."""
+    nothing); by their own names, the photographs (real photos scikit-image ships: the IPT and VQGAN recipes) and
+    the panoptic set (things and stuff in COCO's panoptic format, the things also as instances with RLE masks:
+    DETR's masks)."""
     from visiontf.adapters.task_table import TASK_TABLE
 
-    return {**{task: row.synthetic for task, row in TASK_TABLE.items()}, "photos": "visiontf.data.synthetic.photos:make_photos_dataset"}
+    return {**{task: row.synthetic for task, row in TASK_TABLE.items()}, "photos": "visiontf.data.synthetic.photos:make_photos_dataset",
+            "panoptic": "visiontf.data.synthetic.panoptic:make_panoptic_dataset"}
 
 
 def main(argv=None) -> int:

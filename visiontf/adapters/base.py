@@ -179,6 +179,10 @@ class TaskAdapter:
         by default ``images -> normalize_outputs(model(images))``."""
         return ImagesToTensorGraph(model, self)
 
+    def onnx_output_names(self, model: nn.Module) -> tuple[str, ...]:
+        """The graph's output names for ``model`` (:attr:`output_names` unless a model adds outputs)."""
+        return self.output_names
+
     def dynamic_axes(self, model: nn.Module | None = None) -> dict[str, dict[int, str]]:
         """The graph's dynamic dimensions (``model``: the one exported, for adapters whose answer depends on it)."""
         return {name: {0: "batch"} for name in (*self.input_names, *self.output_names)}

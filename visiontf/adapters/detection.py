@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from visiontf.adapters import attention, deformable_attention, drawing
+from visiontf.adapters import attention, deformable_attention, drawing, masks
 from visiontf.adapters.base import PredictionWriter, PreprocessModule, TaskAdapter, pretrained_cfg
 from visiontf.adapters.settings import EvalSettings, PredictOption, at_least, boolean
 from visiontf.data.batching import PaddedBatch, pad_images, size_buckets
@@ -122,7 +122,7 @@ class DetectionAdapter(TaskAdapter):
     def _predict_batch(self, model: nn.Module, preprocess: nn.Module, images: Sequence[Tensor],
                        score_threshold: float | None, top_k: int | None, class_name: Callable[[int], str]
                        ) -> list[dict[str, Any]]:
-        batch, _ = preprocess(images)
+        batch, resized = preprocess(images)
         # no mask when nothing is padded: the model then takes its fused attention path
         outputs = model(batch.images, batch.mask if batch.padded else None)
         # boxes are relative to each image's unpadded extent, so the original (h, w) maps them straight
@@ -130,6 +130,8 @@ class DetectionAdapter(TaskAdapter):
         orig = torch.tensor([tuple(im.shape[-2:]) for im in images], device=batch.images.device)
         preds = build_postprocess(model)(outputs, orig, score_threshold=score_threshold,
                                          top_k=None if top_k is None else int(top_k))
+        if model.mask_options is not None:  # instance masks (and panoptic segments) at the original sizes
+            masks.add_mask_results(model, preds, outputs, resized, orig)
         results, dropped = [], 0
         for p, (h, w) in zip(preds, orig.tolist()):
             # a diverged model's NaN/infinite outputs are no detections (they would be invalid JSON)
@@ -141,6 +143,10 @@ class DetectionAdapter(TaskAdapter):
             labels = p["labels"][finite].cpu()
             results.append({"boxes": p["boxes"][finite].cpu(), "scores": p["scores"][finite].cpu(), "labels": labels,
                             "class_names": [class_name(int(i)) for i in labels]})
+            if "masks" in p:
+                results[-1]["masks"] = p["masks"][finite].cpu()
+            if "panoptic" in p:
+                results[-1]["panoptic"] = p["panoptic"]
         if dropped:
             log.warning("dropped %d detection(s) with NaN or infinite boxes or scores in a batch of %d image(s): the model's "
                         "outputs are not finite (a diverged run?)", dropped, len(images))
@@ -151,7 +157,8 @@ class DetectionAdapter(TaskAdapter):
         set_postprocess(model, **options)
 
     def draw(self, image: Tensor, result: dict[str, Any], num_classes: int | None = None) -> Tensor:
-        return drawing.draw_detections(image, result)
+        """Boxes, over the instance masks as a coloured overlay when the result has them."""
+        return drawing.draw_detections(masks.draw_masks(image, result), result)
 
     filters_by_score = True
 
@@ -159,7 +166,10 @@ class DetectionAdapter(TaskAdapter):
              num_classes: int | None = None) -> Tensor:
         """Boxes above ``score_threshold`` on the image, enlarged to a shorter side of 384 pixels when it is
         smaller (so that labels stay legible on small images)."""
-        big, scale = drawing.upscale(image, min_side=384)
+        if result.get("masks") is not None and score_threshold is not None:
+            keep = result["scores"] > score_threshold
+            result = {**result, **{k: result[k][keep] for k in ("boxes", "scores", "labels", "masks")}}
+        big, scale = drawing.upscale(masks.draw_masks(image, result), min_side=384)
         return drawing.draw_detections(big, {**result, "boxes": result["boxes"] * scale}, score_threshold=score_threshold)
 
     def record(self, result: dict[str, Any], score_threshold: float | None = None,
@@ -191,11 +201,13 @@ class DetectionAdapter(TaskAdapter):
         # boxes on the augmented (unpadded) image that is drawn, not on the original file
         sizes = torch.stack([t["size"] for t in targets]).to(images.device)
         preds = build_postprocess(model)(outputs, sizes, score_threshold=score_threshold)
+        if model.mask_options is not None:
+            masks.add_instance_masks(preds, outputs, sizes, sizes, model.mask_options.mask_threshold)
         out = []
         for img, p, t in zip(images, preds, targets):
             h, w = (int(v) for v in t["size"])
-            out.append(drawing.draw_detections(drawing.denormalize(img[:, :h, :w], settings.mean, settings.std), p,
-                                               class_names))
+            picture = masks.draw_masks(drawing.denormalize(img[:, :h, :w], settings.mean, settings.std), p)
+            out.append(drawing.draw_detections(picture, p, class_names))
         return out
 
     def annotation_class_names(self, annotations: str | Path) -> list[str] | None:
@@ -233,11 +245,18 @@ class DetectionAdapter(TaskAdapter):
     def onnx_wrapper(self, model: nn.Module) -> nn.Module:
         return _DetectorGraph(model)
 
+    def onnx_output_names(self, model: nn.Module) -> tuple[str, ...]:
+        """``pred_logits``, ``pred_boxes``, and ``pred_masks`` for a model with a mask head."""
+        return self.output_names + (("pred_masks",) if model.mask_options is not None else ())
+
     def dynamic_axes(self, model: nn.Module | None = None) -> dict[str, dict[int, str]]:
         """Batch, height and width dynamic, for every detector (Deformable DETR's and DINO's level shapes,
         valid ratios, reference points and proposals are computed in the graph from the input's size)."""
-        return {"images": {0: "batch", 2: "height", 3: "width"}, "mask": {0: "batch", 1: "height", 2: "width"},
+        axes = {"images": {0: "batch", 2: "height", 3: "width"}, "mask": {0: "batch", 1: "height", 2: "width"},
                 "pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}}
+        if model is not None and model.mask_options is not None:
+            axes["pred_masks"] = {0: "batch", 2: "mask_height", 3: "mask_width"}
+        return axes
 
     def onnx_disagreements(self, model: nn.Module, inputs: dict[str, Tensor], ref: Sequence[Tensor],
                            got: Sequence[Tensor], tolerance: Any) -> list[str]:
@@ -247,7 +266,7 @@ class DetectionAdapter(TaskAdapter):
         valid = ~inputs["mask"].bool()
         sizes = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], 1)
         post = build_postprocess(model)
-        names = self.output_names
+        names = self.onnx_output_names(model)
         dets_ref, dets_got = (post(dict(zip(names, outs)), sizes) for outs in (ref, got))
         problems = []
         for i, (r, g, hw) in enumerate(zip(dets_ref, dets_got, sizes.tolist())):
@@ -284,12 +303,20 @@ class _DetectionWriter(PredictionWriter):
         self.position = 0
         self.missing: list[str | None] = []
         self.images: list[dict[str, Any]] = []  # without annotations: which file each image id is
+        options = predictor.model.mask_options
+        # a panoptic model's PNG per image and panoptic.json (COCO panoptic results), besides predictions.json
+        self.panoptic = None if options is None or not options.panoptic else masks.PanopticFiles(
+            self.out, predictor.label_to_cat_id or ann_l2c, predictor.class_name,
+            lambda label: label in set(options.thing_classes))
 
     def add(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str]) -> None:
         ids = self.ids[self.position : self.position + len(images)]
         self.position += len(images)
         for im, r, stem, i in zip(images, results, stems, ids):
             drawing.save_image(self.adapter.draw(im.uint8(), r), self.out / f"{stem}.png")
+            if self.panoptic is not None and "panoptic" in r:
+                self.panoptic.add(r["panoptic"], stem, None if i is None else int(i))
+                drawing.save_image(masks.panoptic_picture(im.uint8(), r["panoptic"]), self.out / f"{stem}_segments.png")
             if i is None:
                 self.missing.append(im.source)
             else:
@@ -308,18 +335,23 @@ class _DetectionWriter(PredictionWriter):
         if not self.annotations:
             # the image ids of predictions.json were numbered here: images.json says which file each is
             (self.out / "images.json").write_text(json.dumps(self.images, indent=1) + "\n")
+        if self.panoptic is not None:
+            self.panoptic.finish()
         return self.records
 
 
 class _DetectorGraph(nn.Module):
-    """ONNX: ``images`` (B, 3, H, W) normalised, ``mask`` (B, H, W) bool -> ``pred_logits``, ``pred_boxes``."""
+    """ONNX: ``images`` (B, 3, H, W) normalised, ``mask`` (B, H, W) bool -> ``pred_logits``, ``pred_boxes``
+    (and ``pred_masks`` (B, Q, H/4, W/4) mask logits for a model with a mask head)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
         out = self.model(images, mask)
+        if "pred_masks" in out:
+            return out["pred_logits"], out["pred_boxes"], out["pred_masks"]
         return out["pred_logits"], out["pred_boxes"]
 
 
@@ -347,14 +379,18 @@ def image_ids(files: Sequence[str | None], annotations: str | Path | None) -> tu
 
 def coco_results(results: Sequence[dict[str, Any]], image_ids: Sequence[int | None],
                  label_to_cat_id: dict[int, int] | None) -> list[dict[str, Any]]:
-    """COCO results-format detections ``{"image_id", "category_id", "bbox" [x, y, w, h], "score"}``."""
+    """COCO results-format detections ``{"image_id", "category_id", "bbox" [x, y, w, h], "score"}``, with
+    ``"segmentation"`` (compressed RLE at the original size) where the result has ``masks``."""
     out = []
     for r, image_id in zip(results, image_ids):
         if image_id is None:
             continue
-        for box, score, label in zip(r["boxes"].tolist(), r["scores"].tolist(), r["labels"].tolist()):
+        rles = masks.mask_records(r) if "masks" in r else None
+        for k, (box, score, label) in enumerate(zip(r["boxes"].tolist(), r["scores"].tolist(), r["labels"].tolist())):
             x0, y0, x1, y1 = box
             cat = label_to_cat_id.get(int(label), int(label)) if label_to_cat_id else int(label)
             out.append({"image_id": int(image_id), "category_id": int(cat),
                         "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)], "score": round(float(score), 5)})
+            if rles is not None:
+                out[-1]["segmentation"] = rles[k]
     return out

@@ -59,6 +59,10 @@ class CocoDataModule(DetectionDataModule):
     largest id + 1: 91 for COCO), as the original DETR, Deformable DETR and DINO train: their published
     checkpoints then evaluate and fine-tune with their class heads. The default numbers the categories
     0..K-1 (``label_to_cat_id`` maps them back in results files).
+
+    ``masks: true`` also reads each annotation's instance mask (polygons or RLE, with pycocotools), which
+    follows the image through every augmentation: what a model with a mask head (``detr_tiny_masks``,
+    ``detr_resnet50_panoptic``) trains on, and what lets validation score mask AP (``segm``) besides boxes.
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class CocoDataModule(DetectionDataModule):
         aspect_ratio_groups: int = 0,
         label_space: Literal["contiguous", "category_id"] = "contiguous",
         mosaic: float = 0.0,
+        masks: bool = False,
     ):
         check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
                      val_batch_size=(val_batch_size, optional(positive_int)),
@@ -115,6 +120,7 @@ class CocoDataModule(DetectionDataModule):
         self.seed = seed
         self.scale_per_batch, self.aspect_ratio_groups = bool(scale_per_batch), int(aspect_ratio_groups)
         self.mosaic = float(mosaic)
+        self.masks = bool(masks)
 
         # Categories only (the full train file can be large): the smaller val file normally has them.
         cat_file = self.val_ann_file if self.val_ann_file.is_file() else self.train_ann_file
@@ -137,7 +143,7 @@ class CocoDataModule(DetectionDataModule):
 
     def _dataset(self, img_dir: Path, ann_file: Path, train: bool) -> CocoDetection:
         mosaic = self.mosaic if train else 0.0
-        ds = CocoDetection(img_dir, ann_file, seed=self.seed, label_space=self.label_space, mosaic=mosaic > 0)
+        ds = CocoDetection(img_dir, ann_file, seed=self.seed, label_space=self.label_space, mosaic=mosaic > 0, masks=self.masks)
         if train:  # after parsing: the mosaic cell is sized from the split's images
             ds.transform = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size,
                                                      seed=self.seed, scale_per_batch=self.scale_per_batch, mosaic=mosaic,

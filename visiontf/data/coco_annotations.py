@@ -98,6 +98,10 @@ class CocoIndex:
     raw_boxes: list[np.ndarray] = field(default_factory=list)
     raw_labels: list[np.ndarray] = field(default_factory=list)
     label_space: str = "contiguous"
+    #: each trainable box's annotation ``segmentation`` as in the file (None where it has none), and those
+    #: of ``raw_boxes``: decoded only by a dataset that trains masks (:mod:`visiontf.data.coco_masks`)
+    segmentations: list[list[Any]] = field(default_factory=list)
+    raw_segmentations: list[list[Any]] = field(default_factory=list)
 
     @cached_property
     def _label_maps(self) -> tuple[dict[int, int], list[str]]:
@@ -219,6 +223,8 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
     _refuse_bad_annotation_ids(data["annotations"], ann_file)
     per_image: dict[int, list[tuple[list[float], int, int]]] = defaultdict(list)
     raw: dict[int, list[tuple[list[float], int]]] = defaultdict(list)
+    segs: dict[int, list[Any]] = defaultdict(list)
+    raw_segs: dict[int, list[Any]] = defaultdict(list)
     unknown_image, degenerate, outside, clipped, crowd = [], [], [], [], []
     for i, ann in enumerate(data["annotations"]):
         if not isinstance(ann, dict):
@@ -256,6 +262,7 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
             degenerate.append(aid)
             continue
         raw[pos].append(([x, y, w, h], cat_to_label[ann["category_id"]]))
+        raw_segs[pos].append(ann.get("segmentation"))
         img = images[pos]
         iw, ih = img.get("width"), img.get("height")
         if iw is not None and ih is not None:
@@ -268,6 +275,7 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
                 clipped.append(aid)
                 x, y, w, h = x0, y0, x1 - x0, y1 - y0
         per_image[pos].append(([x, y, w, h], cat_to_label[ann["category_id"]], ann.get("id", -1)))
+        segs[pos].append(ann.get("segmentation"))
 
     _log_dropped(ann_file, "an image_id not in 'images'", unknown_image, "dropped")
     _log_dropped(ann_file, "a degenerate bbox (width or height <= 0, or not finite)", degenerate, "dropped")
@@ -284,6 +292,8 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
         index.ann_ids.append(np.array([e[2] for e in entries], dtype=np.int64))
         index.raw_boxes.append(np.array([e[0] for e in raw.get(pos, [])], dtype=np.float32).reshape(-1, 4))
         index.raw_labels.append(np.array([e[1] for e in raw.get(pos, [])], dtype=np.int64))
+        index.segmentations.append(segs.get(pos, []))
+        index.raw_segmentations.append(raw_segs.get(pos, []))
     index.counts = {
         "unknown_image": len(unknown_image),
         "degenerate": len(degenerate),

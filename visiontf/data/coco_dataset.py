@@ -21,6 +21,7 @@ from torchvision.ops import box_convert
 from visiontf.data import detection_transforms as DT
 from visiontf.data.batching import pad_images
 from visiontf.data.coco_annotations import SHOW, AnnotationError, load_coco_json, parse_coco
+from visiontf.data.coco_masks import check_segmentation, decode_segmentation
 from visiontf.data.io import ImageReadError, read_image
 from visiontf.data.loading import AugmentedDataset, EpochIndex
 
@@ -49,11 +50,15 @@ class CocoDetection(AugmentedDataset):
         mosaic: ``transforms`` begins with a mosaic (:func:`~visiontf.data.detection_transforms.build_train_transforms`):
             every item also reads three other images, drawn with the pipeline's seeded generator, as its
             ``mosaic_metadata`` (the pipeline decides whether to use them). ``image_id`` stays the first image's.
+        masks: also each box's instance mask, decoded from its ``segmentation`` (polygons or RLE) with
+            pycocotools (:mod:`visiontf.data.coco_masks`), transformed with the image (flips, resizes,
+            crops) and dropped with its box. Every trainable annotation needs one (checked here).
 
     Item: ``(image, target)`` with ``image`` a normalised float CHW tensor and ``target`` holding
     ``boxes`` (N, 4) normalised ``cxcywh`` relative to the transformed unpadded image, ``labels``
     int64 class indices (contiguous, or the category ids themselves: ``label_space``), ``image_id``
-    int, ``orig_size`` and ``size`` tensors ``(h, w)``.
+    int, ``orig_size`` and ``size`` tensors ``(h, w)``; with ``masks`` also ``masks`` (N, h, w) uint8 {0, 1}
+    at the transformed (unpadded) size.
     """
 
     def __init__(
@@ -64,13 +69,24 @@ class CocoDetection(AugmentedDataset):
         seed: int = 0,
         label_space: str = "contiguous",
         mosaic: bool = False,
+        masks: bool = False,
     ):
         self.img_dir = Path(img_dir)
         self.ann_file = Path(ann_file)
         self.mosaic = mosaic
+        self.masks = masks
+        if mosaic and masks:
+            raise ValueError(f"{self.ann_file}: mosaic does not carry instance masks (albumentations' Mosaic takes one mask "
+                             "per image); set data.init_args.mosaic: 0 to train masks")
         if not self.img_dir.is_dir():
             raise FileNotFoundError(f"{self.img_dir}: image folder not found (check the dataset root and *_images)")
-        self.index = parse_coco(load_coco_json(self.ann_file), self.ann_file, label_space)
+        data = load_coco_json(self.ann_file)
+        self.index = parse_coco(data, self.ann_file, label_space)
+        if masks:
+            known = {im["id"] for im in self.index.images}
+            for i, ann in enumerate(data["annotations"]):
+                if ann["image_id"] in known and not ann.get("iscrowd", 0):
+                    check_segmentation(ann.get("segmentation"), self.ann_file, ann.get("id", f"#{i}"))
         if not self.index.images:
             raise AnnotationError(
                 f"{self.ann_file}: 'images' is empty, so this split has nothing to train or evaluate on; "
@@ -150,7 +166,7 @@ class CocoDetection(AugmentedDataset):
 
     def __getitem__(self, key: int | EpochIndex) -> tuple[torch.Tensor, dict[str, Any]]:
         idx = self.sample_index(key)
-        image, boxes, labels = self._load(idx)
+        image, boxes, labels, segmentations = self._load(idx)
         h, w = image.shape[:2]
         shared = self.batch_draw(key)
         extra: dict[str, Any] = {} if shared is None else {"batch_draw": shared}
@@ -159,12 +175,14 @@ class CocoDetection(AugmentedDataset):
             # the partners come from the pipeline's generator, seeded for this sample: the same on resume
             others, offset = [], len(boxes)
             for j in self.transform.random_generator.integers(len(self), size=MOSAIC_PARTNERS).tolist():
-                o_image, o_boxes, o_labels = self._load(j)
+                o_image, o_boxes, o_labels, _ = self._load(j)
                 others.append({"image": o_image, "bboxes": o_boxes, "labels": o_labels,
                                "ann_index": offset + np.arange(len(o_boxes))})
                 offset += len(o_boxes)
             all_labels = np.concatenate([labels, *(o["labels"] for o in others)])
             extra["mosaic_metadata"] = others
+        if self.masks:
+            extra["masks"] = self._decode_masks(idx, segmentations, h, w)
         out = self.transform(image=image, bboxes=boxes, labels=labels, ann_index=np.arange(len(boxes)), **extra)
         img_t = out["image"]
         th, tw = int(img_t.shape[-2]), int(img_t.shape[-1])
@@ -179,10 +197,22 @@ class CocoDetection(AugmentedDataset):
             "orig_size": torch.tensor([h, w]),
             "size": torch.tensor([th, tw]),
         }
+        if self.masks:
+            kept_masks = [torch.as_tensor(out["masks"][i]) for i in kept.tolist()]
+            target["masks"] = (torch.stack(kept_masks).to(torch.uint8) if kept_masks
+                               else torch.zeros((0, th, tw), dtype=torch.uint8))
         return img_t, target
 
-    def _load(self, idx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Image ``idx`` (HWC uint8) with its COCO ``xywh`` boxes and labels, clipped to its real size."""
+    def _decode_masks(self, idx: int, segmentations: list, h: int, w: int) -> list[np.ndarray]:
+        try:
+            return [decode_segmentation(seg, h, w) for seg in segmentations]
+        except ValueError as e:  # an RLE of another size than the image
+            info = self.index.images[idx]
+            raise AnnotationError(f"{self.ann_file}: image id {info['id']} ({info['file_name']}, {w}x{h} px): {e}; an "
+                                  "RLE mask must have its image's size (fix the file's width/height or the masks)") from e
+
+    def _load(self, idx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+        """Image ``idx`` (HWC uint8) with its COCO ``xywh`` boxes, labels and segmentations, clipped to its real size."""
         info = self.index.images[idx]
         path = self.img_dir / info["file_name"]
         if not path.is_file() and not path.is_symlink():  # a broken link gets its own message from read_image
@@ -193,11 +223,15 @@ class CocoDetection(AugmentedDataset):
         annotated = (info.get("width"), info.get("height"))
         if annotated == (w, h):
             boxes, labels = self.index.boxes[idx], self.index.labels[idx]
+            segmentations = self.index.segmentations[idx] if self.masks else []
         else:  # no size in the file, or another one: the real image decides
             if annotated != (None, None):
                 self._note_size_mismatch(idx, path, (w, h), annotated)
-            boxes, labels = clip_boxes(self.index.raw_boxes[idx], self.index.raw_labels[idx], w, h)
-        return image, boxes, labels
+            raw = self.index.raw_boxes[idx]
+            boxes, kept = clip_boxes(raw, np.arange(len(raw)), w, h)
+            labels = self.index.raw_labels[idx][kept]
+            segmentations = [self.index.raw_segmentations[idx][i] for i in kept.tolist()] if self.masks else []
+        return image, boxes, labels, segmentations
 
 
 def clip_boxes(boxes: np.ndarray, labels: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from torchvision.ops import box_convert, box_iou, generalized_box_iou, sigmoid_focal_loss
 
 from visiontf.detection.losses import ia_bce_loss, matchability_aware_loss, varifocal_loss
+from visiontf.detection.mask_losses import loss_masks
 from visiontf.detection.matcher import HungarianMatcher, Indices
 from visiontf.models.denoising import denoising_match_indices
 
@@ -47,6 +48,9 @@ DEFAULT_WEIGHTS: dict[str, float] = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_gio
 #: Deformable DETR's defaults (``main.py``: cls_loss_coef 2, bbox 5, giou 2)
 FOCAL_DEFAULT_WEIGHTS: dict[str, float] = {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 SUPPORTED_LOSSES = ("labels", "boxes", "cardinality")
+#: terms a criterion computes only when asked (``losses``) and only on outputs that have them: DETR's mask
+#: losses on ``pred_masks`` (the final layer's; auxiliary and other outputs have none)
+OPTIONAL_LOSSES = ("masks",)
 CLASS_LOSSES = ("ce", "focal", "vfl", "ia_bce", "mal")
 #: IoU-aware sigmoid class losses: the matched class's target is the box's IoU
 _IOU_AWARE = {"vfl": varifocal_loss, "ia_bce": ia_bce_loss, "mal": matchability_aware_loss}
@@ -84,7 +88,9 @@ class SetCriterion(nn.Module):
         weight_dict: weight of each loss term in ``loss``; defaults to ce 1, bbox 5, giou 2. The
             same weight applies to the auxiliary ``_i`` versions of a term.
         eos_coef: class weight of "no object" in the cross-entropy (``"ce"`` only).
-        losses: which of ``"labels"``, ``"boxes"``, ``"cardinality"`` to compute.
+        losses: which of ``"labels"``, ``"boxes"``, ``"cardinality"`` and ``"masks"`` (DETR's focal and dice
+            mask losses ``loss_mask``, ``loss_dice`` on ``pred_masks``: :mod:`visiontf.detection.mask_losses`) to
+            compute; ``"masks"`` applies to the outputs that have ``pred_masks`` (the final layer's).
         class_loss: ``"ce"`` (DETR: softmax cross-entropy over K + 1 logits) or ``"focal"``
             (Deformable DETR: sigmoid focal loss over K logits; its default weights and matcher
             are class 2 / L1 5 / GIoU 2 with the focal matching cost), or an IoU-aware sigmoid
@@ -115,10 +121,10 @@ class SetCriterion(nn.Module):
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"SetCriterion: num_classes must be >= 1, got {num_classes}")
-        unknown = [name for name in losses if name not in SUPPORTED_LOSSES]
+        unknown = [name for name in losses if name not in SUPPORTED_LOSSES + OPTIONAL_LOSSES]
         if unknown:
             raise ValueError(
-                f"SetCriterion: unknown losses {unknown}; choose from {list(SUPPORTED_LOSSES)}"
+                f"SetCriterion: unknown losses {unknown}; choose from {list(SUPPORTED_LOSSES + OPTIONAL_LOSSES)}"
             )
         if class_loss not in CLASS_LOSSES:
             raise ValueError(f"SetCriterion: class_loss must be one of {CLASS_LOSSES}, got {class_loss!r}")
@@ -238,6 +244,7 @@ class SetCriterion(nn.Module):
             "labels": self.loss_labels,
             "boxes": self.loss_boxes,
             "cardinality": self.loss_cardinality,
+            "masks": loss_masks,
         }[name]
         return fn(outputs, targets, indices, num_boxes, **kwargs)
 
@@ -291,9 +298,13 @@ class SetCriterion(nn.Module):
             ))
         return indices
 
+    def _losses_for(self, outputs: Mapping[str, object]) -> list[str]:
+        """The terms of ``self.losses`` that ``outputs`` can give (mask losses need ``pred_masks``)."""
+        return [name for name in self.losses if name != "masks" or "pred_masks" in outputs]
+
     def _add_denoising(self, dn_outputs, meta, targets, num_boxes: float, add, terms: dict[str, Tensor]) -> None:
         """Denoising terms: fixed assignment of the positive queries, ``num_boxes * dn_groups`` normaliser."""
-        losses = [name for name in self.losses if name != "cardinality"]  # a count of noised copies means nothing
+        losses = [name for name in self._losses_for(dn_outputs) if name != "cardinality"]  # a count of noised copies means nothing
         if meta.pad_size == 0:
             zero = dn_outputs["pred_logits"].float().sum() * 0.0
             add({name: zero for name in _DN_TERMS}, "")
@@ -335,13 +346,13 @@ class SetCriterion(nn.Module):
         groups = int(outputs.get("num_query_groups", 1) or 1)
         group_boxes = num_boxes * groups
         indices = self.match_groups(main, targets, groups)
-        for name in self.losses:
+        for name in self._losses_for(main):
             add(self.get_loss(name, main, targets, indices, group_boxes), "")
 
         for i, aux in enumerate(outputs.get("aux_outputs", ()) or ()):
             self._check(aux, targets)
             indices = self.match_groups(aux, targets, groups)
-            for name in self.losses:
+            for name in self._losses_for(aux):
                 # The original logs class_error for the last layer only.
                 kwargs = {"log": False} if name == "labels" else {}
                 add(self.get_loss(name, aux, targets, indices, group_boxes, **kwargs), f"_{i}")
@@ -351,7 +362,7 @@ class SetCriterion(nn.Module):
             # DINO's mixed query selection: the selected proposals, matched with their classes
             self._check(interm, targets)
             indices = self.matcher(interm, targets)
-            for name in self.losses:
+            for name in self._losses_for(interm):
                 kwargs = {"log": False} if name == "labels" else {}
                 add(self.get_loss(name, interm, targets, indices, num_boxes, **kwargs), "_interm")
 
@@ -364,7 +375,7 @@ class SetCriterion(nn.Module):
             agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]
             self._check(enc, agnostic)
             indices = self.matcher(enc, agnostic)
-            for name in self.losses:
+            for name in self._losses_for(enc):
                 kwargs = {"log": False} if name == "labels" else {}
                 add(self.get_loss(name, enc, agnostic, indices, num_boxes, **kwargs), "_enc")
 

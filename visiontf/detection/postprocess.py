@@ -49,16 +49,17 @@ class _DetectionPostProcess(nn.Module):
         img_h, img_w = sizes.float().unbind(1)
         return box_convert(boxes.float(), "cxcywh", "xyxy") * torch.stack([img_w, img_h, img_w, img_h], dim=1)[:, None, :]
 
-    def _suppress(self, s: Tensor, l: Tensor, b: Tensor, score_threshold: float | None) -> dict[str, Tensor]:
+    def _suppress(self, s: Tensor, l: Tensor, b: Tensor, score_threshold: float | None, q: Tensor) -> dict[str, Tensor]:
         if self.options.nms_iou_threshold is not None:
             # both return the kept indices sorted by decreasing score
             keep = (nms(b, s, self.options.nms_iou_threshold) if self.options.nms_class_agnostic
                     else batched_nms(b, s, l, self.options.nms_iou_threshold))
-            s, l, b = s[keep], l[keep], b[keep]
+            s, l, b, q = s[keep], l[keep], b[keep], q[keep]
         if score_threshold is not None:
             keep = s > score_threshold
-            s, l, b = s[keep], l[keep], b[keep]
-        return {"scores": s, "labels": l, "boxes": b}
+            s, l, b, q = s[keep], l[keep], b[keep], q[keep]
+        # queries: which query each detection is, to pick its mask (visiontf.detection.mask_postprocess)
+        return {"scores": s, "labels": l, "boxes": b, "queries": q}
 
 
 class PostProcess(_DetectionPostProcess):
@@ -89,7 +90,7 @@ class PostProcess(_DetectionPostProcess):
         Returns:
             One dict per image with ``scores`` (float32), ``labels`` (int64) and ``boxes`` (float32
             absolute xyxy), sorted by score; with no option and no threshold, all Q queries in query
-            order, as the original.
+            order, as the original. ``queries`` (int64) says which query each detection is.
         """
         logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
         sizes = self._checked_sizes(logits, target_sizes, top_k)
@@ -101,10 +102,11 @@ class PostProcess(_DetectionPostProcess):
         sort = top_k is not None or self.options.nms_iou_threshold is not None or score_threshold is not None
         results = []
         for s, l, b in zip(scores, labels, xyxy):
+            q = torch.arange(len(s), device=s.device)
             if sort:
                 order = s.argsort(descending=True, stable=True)[:top_k]
-                s, l, b = s[order], l[order], b[order]
-            results.append(self._suppress(s, l, b, score_threshold))
+                s, l, b, q = s[order], l[order], b[order], q[order]
+            results.append(self._suppress(s, l, b, score_threshold, q))
         return results
 
 
@@ -153,8 +155,8 @@ class DeformablePostProcess(_DetectionPostProcess):
             top_k: keep this many pairs instead of ``num_top``.
 
         Returns:
-            One dict per image with ``scores`` (float32), ``labels`` (int64) and ``boxes`` (float32
-            absolute xyxy), sorted by score. With NMS, the pairs it keeps.
+            One dict per image with ``scores`` (float32), ``labels`` (int64), ``boxes`` (float32
+            absolute xyxy) and ``queries`` (the query of each pair), sorted by score. With NMS, the pairs it keeps.
         """
         logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
         sizes = self._checked_sizes(logits, target_sizes, top_k)
@@ -165,7 +167,7 @@ class DeformablePostProcess(_DetectionPostProcess):
         query = torch.div(index, K, rounding_mode="floor")
         labels = index % K
         xyxy = torch.gather(self._absolute_xyxy(boxes, sizes), 1, query.unsqueeze(-1).expand(-1, -1, 4))
-        return [self._suppress(s, l, b, score_threshold) for s, l, b in zip(scores, labels, xyxy)]
+        return [self._suppress(s, l, b, score_threshold, q) for s, l, b, q in zip(scores, labels, xyxy, query)]
 
 
 #: post-processing by class-head convention (a model's ``class_head`` attribute)

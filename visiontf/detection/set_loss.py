@@ -15,7 +15,8 @@ from typing import Any
 
 from torch import nn
 
-from visiontf.detection.criterion import SetCriterion
+from visiontf.detection.criterion import SUPPORTED_LOSSES, SetCriterion
+from visiontf.detection.mask_losses import MASK_LOSS_WEIGHTS
 from visiontf.detection.matcher import HungarianMatcher
 
 
@@ -72,7 +73,8 @@ def build_criterion(
     """The :class:`SetCriterion` (with its :class:`HungarianMatcher`) for ``model``'s class head.
 
     Args:
-        model: a detector with a ``class_head`` attribute.
+        model: a detector with a ``class_head`` attribute; one with a mask head (``mask_options``) also gets
+            DETR's mask losses (``loss_mask`` focal and ``loss_dice``, weights 1 and 1 as the original).
         num_classes: object classes K (without "no object").
         matcher_kwargs: over the family's matcher settings (``cost_class``, ``cost_bbox``, ...).
         criterion_kwargs: over the family's criterion settings, passed to :class:`SetCriterion`
@@ -80,7 +82,9 @@ def build_criterion(
             into the family's weights term by term rather than replacing them.
     """
     defaults = set_loss_defaults(model)
-    criterion = {**defaults.criterion, **(criterion_kwargs or {})}
-    criterion["weight_dict"] = {**defaults.weight_dict, **(criterion.get("weight_dict") or {})}
+    masks = model.mask_options is not None
+    criterion = {**defaults.criterion, **({"losses": SUPPORTED_LOSSES + ("masks",)} if masks else {}), **(criterion_kwargs or {})}
+    weights = {**defaults.weight_dict, **(MASK_LOSS_WEIGHTS if masks else {})}
+    criterion["weight_dict"] = {**weights, **(criterion.get("weight_dict") or {})}
     matcher = HungarianMatcher(**{**defaults.matcher, **(matcher_kwargs or {})})
     return SetCriterion(num_classes, matcher, **criterion)

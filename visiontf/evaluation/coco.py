@@ -318,7 +318,8 @@ def evaluate_coco(
             original pixels, ``score``): a list of dicts or a path to a results JSON file.
             An empty list evaluates to COCOeval's values for no detections.
         backend: ``auto`` (faster-coco-eval when installed), ``pycocotools`` or ``faster_coco_eval``.
-        iou_type: ``bbox`` or ``segm``.
+        iou_type: ``bbox`` or ``segm`` (masks: a result's ``bbox``, if any, is left out so that the mask's
+            own area decides its size range).
         img_ids: evaluate only these images (default: every image in ``annotations``).
 
     Returns:
@@ -335,6 +336,10 @@ def evaluate_coco(
     gt, gt_name = _gt_dataset(annotations)
     dets, det_name, owned = _detections(detections)
     _validate(dets, gt, det_name, gt_name, iou_type)
+    if iou_type == "segm" and any("bbox" in d for d in dets):
+        # with a bbox, pycocotools' loadRes takes the box's area as the mask's (other small/medium/large
+        # ranges than the masks'): dropped, as detectron2 does
+        dets, owned = [{k: v for k, v in d.items() if k != "bbox"} for d in dets], True
     if not owned:
         # loadRes writes id/area/segmentation into each result; keep the caller's dicts intact.
         dets = [dict(d) for d in dets]

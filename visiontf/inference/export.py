@@ -86,7 +86,7 @@ def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | 
     # the exporter restores the wrapper's mode afterwards, recursively: keep it eval so the model stays eval
     wrapper = adapter.onnx_wrapper(model).eval()
     inputs = adapter.example_inputs(model, image_size, batch_size=adapter.trace_batch_size, pad=True)
-    in_names, out_names = list(adapter.input_names), list(adapter.output_names)
+    in_names, out_names = list(adapter.input_names), list(adapter.onnx_output_names(model))
     with warnings.catch_warnings(), exportable_attention(model):
         warnings.simplefilter("ignore")  # tracer warnings about Python ints in shape checks
         torch.onnx.export(

@@ -82,7 +82,7 @@ def check_onnx(model: nn.Module, path: str | Path, inputs: dict[str, Tensor], ta
     """
     adapter = get_adapter(model, task)
     ref, got = onnx_and_torch_outputs(model, path, inputs, adapter.task)
-    names = adapter.output_names
+    names = adapter.onnx_output_names(model)
     problems = [f"{n}: shape {tuple(g.shape)}, PyTorch {tuple(r.shape)}" for n, r, g in zip(names, ref, got) if g.shape != r.shape]
     if problems:
         raise RuntimeError(f"{path}: onnxruntime differs from PyTorch: " + "; ".join(problems))

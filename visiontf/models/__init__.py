@@ -3,7 +3,9 @@ registers its model names with :func:`register_model` as it loads (the table is
 :mod:`visiontf.models._registry`; family modules import it from there, everyone else from here)."""
 from visiontf.models import (  # noqa: F401  (registration happens on import)
     deformable_detr,
+    deformable_segm,
     detr,
+    detr_segm,
     dino,
     ipt,
     setr,

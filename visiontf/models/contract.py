@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
+from visiontf.models.mask_options import MaskOptions
 from visiontf.models.postprocess_options import PostprocessOptions
 
 
@@ -167,6 +168,8 @@ class Detector(VisionModel):
     attention_picture: str = "maps"
     #: post-processing settings (replaced at evaluation by visiontf.detection.set_postprocess)
     postprocess_options: PostprocessOptions = PostprocessOptions()
+    #: a mask head's post-processing settings; None: the detector predicts no masks (``pred_masks``)
+    mask_options: MaskOptions | None = None
 
 
 class Segmenter(VisionModel):

@@ -126,6 +126,8 @@ class DETR(Detector):
     weights_settings = staticmethod(detr_settings)
     #: K + 1 logits per query, the last meaning "no object" (see visiontf.detection.build_postprocess)
     class_head = "softmax"
+    #: the backbone stages :meth:`encode` returns (None: the last only); the mask head adds layer1..layer3
+    backbone_stages: tuple[int, ...] | None = None
 
     def __init__(
         self,
@@ -159,7 +161,8 @@ class DETR(Detector):
         self.aux_loss = aux_loss
         # every query a detection, as the original; replaceable at evaluation: visiontf.detection.set_postprocess
         self.postprocess_options = PostprocessOptions()
-        self.backbone = DetrBackbone(backbone, dilation, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem)
+        self.backbone = DetrBackbone(backbone, dilation, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem,
+                                     out_indices=self.backbone_stages)
         if position_embedding in ("sine", "v2"):
             self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True)
         elif position_embedding in ("learned", "v3"):
@@ -198,6 +201,31 @@ class DETR(Detector):
             cross-attention averaged over heads), ``enc_attn`` (B, h*w, h*w, the last encoder
             layer's self-attention) and ``feature_size`` (h, w).
         """
+        return self.box_outputs(self.encode(images, mask, need_weights), need_weights)
+
+    def box_outputs(self, parts: dict, need_weights: bool = False) -> dict:
+        """The class and box heads on :meth:`encode`'s decoder outputs (the dict :meth:`forward` returns)."""
+        hs = parts["hs"]
+        logits = self.class_embed(hs)
+        # sigmoid in float32: bf16 rounds boxes near 0/1 too coarsely for the L1/GIoU losses
+        boxes = self.bbox_embed(hs).float().sigmoid()
+        result: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if self.aux_loss:
+            result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+        if need_weights:
+            result["dec_attn"] = parts["dec_attn"]
+            result["enc_attn"] = parts["enc_attn"]
+            result["feature_size"] = parts["feature_size"]
+        return result
+
+    def encode(self, images: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> dict:
+        """Backbone, projection and transformer: what the heads read.
+
+        Returns ``hs`` (L, B, Q, C) decoder outputs (every layer with ``aux_loss``, else the last),
+        ``memory`` (B, h*w, C) encoder output, ``src`` (B, C, h, w) projected last backbone map,
+        ``feat_mask`` (B, h, w) True on padding, ``maps`` the backbone maps of :attr:`backbone_stages`
+        (finest first), ``feature_size`` (h, w), and the attention of ``need_weights``.
+        """
         if images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"DETR expects images of shape (B, 3, H, W), got {tuple(images.shape)}")
         B, _, H, W = images.shape
@@ -207,9 +235,15 @@ class DETR(Detector):
             raise ValueError(f"mask must have shape (B, H, W) = {(B, H, W)} matching the images, got {tuple(mask.shape)}")
         else:
             pad_mask = mask.bool()
-        features, feat_mask = self.backbone(images, pad_mask)
+        if self.backbone_stages is None:
+            features, feat_mask = self.backbone(images, pad_mask)
+            maps = [features]
+        else:
+            maps, masks = self.backbone.forward_features(images, pad_mask)
+            features, feat_mask = maps[-1], masks[-1]
         h, w = features.shape[-2:]
-        src = self.input_proj(features).flatten(2).transpose(1, 2)
+        src_map = self.input_proj(features)
+        src = src_map.flatten(2).transpose(1, 2)
         pos = self.position_embedding(feat_mask).flatten(2).transpose(1, 2).to(src.dtype)
         # without padding, no key mask lets SDPA take its fused kernels
         key_padding_mask = None if mask is None else feat_mask.flatten(1)
@@ -217,18 +251,8 @@ class DETR(Detector):
             src, key_padding_mask, self.query_embed.weight, pos,
             return_intermediate=self.aux_loss, need_weights=need_weights,
         )
-        hs = out["hs"]
-        logits = self.class_embed(hs)
-        # sigmoid in float32: bf16 rounds boxes near 0/1 too coarsely for the L1/GIoU losses
-        boxes = self.bbox_embed(hs).float().sigmoid()
-        result: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
-        if self.aux_loss:
-            result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
-        if need_weights:
-            result["dec_attn"] = out["dec_attn"]
-            result["enc_attn"] = out["enc_attn"]
-            result["feature_size"] = (int(h), int(w))
-        return result
+        return {"hs": out["hs"], "memory": out["memory"], "src": src_map, "feat_mask": feat_mask, "maps": maps,
+                "feature_size": (int(h), int(w)), "enc_attn": out["enc_attn"], "dec_attn": out["dec_attn"]}
 
 
 # channels-last: about 20 % faster convolutions on CPU (oneDNN) and on tensor cores; docs/benchmarks.md

@@ -3,12 +3,14 @@
 Recognised layouts (detected from the keys):
 
 * the original facebookresearch/detr checkpoint (``backbone.0.body.*``, ``transformer.*`` with
-  ``nn.MultiheadAttention``'s ``in_proj_weight``), also inside a panoptic checkpoint
-  (``detr.`` prefix, whose mask head is dropped);
+  ``nn.MultiheadAttention``'s ``in_proj_weight``), also inside a panoptic checkpoint (``detr.``
+  prefix; its mask head ``bbox_attention.*``, ``mask_head.*`` loads into a model with one,
+  :mod:`visiontf.models.detr_segm`, and is dropped with a warning for a detector without);
 * HuggingFace ``DetrForObjectDetection`` with transformers v4 names (``model.backbone.conv_encoder.model.*``,
   separate ``q_proj/k_proj/v_proj``, ``out_proj``, ``fc1``) and the v5 run-time renames
   (``model.backbone.model.*``, ``o_proj``, ``mlp.fc1``, ``model.position_embedding``), with a timm
-  or an HF ``ResNetBackbone`` (``embedder``/``encoder.stages``) backbone;
+  or an HF ``ResNetBackbone`` (``embedder``/``encoder.stages``) backbone; ``DetrForSegmentation``'s mask
+  head in either version's names (v4 keeps the original's, v5 renames them: :data:`_HF_V5_MASK_HEAD_RULES`);
 * visiontf's own names, passed through.
 
 BatchNorm ``num_batches_tracked`` counters are dropped (frozen BatchNorm has none).
@@ -88,6 +90,47 @@ _HF_RULES: Rules = [
 #: heads of the segmentation variants (original panoptic, HF DetrForSegmentation), not part of DETR
 _SEGMENTATION_PREFIXES = ("bbox_attention.", "mask_head.")
 
+# transformers v5 renames the mask head at run time (its conversion_mapping "DetrForSegmentation"); the
+# original's names, which Hub checkpoints keep, are visiontf's
+_HF_V5_MASK_HEAD_RULES: Rules = [
+    (r"^bbox_attention\.([qk])_proj\.(.*)$", r"bbox_attention.\1_linear.\2"),
+    (r"^mask_head\.conv([12])\.conv\.(.*)$", r"mask_head.lay\1.\2"),
+    (r"^mask_head\.conv([12])\.norm\.(.*)$", r"mask_head.gn\1.\2"),
+    (r"^mask_head\.fpn_stages\.(\d)\.fpn_adapter\.(.*)$", lambda m: f"mask_head.adapter{int(m.group(1)) + 1}.{m.group(2)}"),
+    (r"^mask_head\.fpn_stages\.(\d)\.refine\.conv\.(.*)$", lambda m: f"mask_head.lay{int(m.group(1)) + 3}.{m.group(2)}"),
+    (r"^mask_head\.fpn_stages\.(\d)\.refine\.norm\.(.*)$", lambda m: f"mask_head.gn{int(m.group(1)) + 3}.{m.group(2)}"),
+    (r"^mask_head\.output_conv\.(.*)$", r"mask_head.out_lay.\1"),
+    (r"^(bbox_attention|mask_head)\.(.*)$", r"\1.\2"),  # the original's names
+]
+
+
+def _mask_head_state(seg: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """The mask head's tensors for ``model``: the weights' (renamed to the original's names) when the
+    model has a head; none, with a warning, when it has not; the model's own initial ones, logged, when
+    the weights have none (a detector's weights under a new head: train it with ``freeze_detector``)."""
+    own = [k for k in model.state_dict() if k.startswith(_SEGMENTATION_PREFIXES)]
+    if not own:
+        if seg:
+            log.warning("dropped %d tensors of the segmentation head (%s...): %s has no mask head (detection only; "
+                        "a *_panoptic or *_masks model keeps them)", len(seg), next(iter(seg)), type(model).__name__)
+        return {}
+    if not seg:
+        log.warning("the weights have no mask head: %d tensors of %s's mask head (bbox_attention, mask_head) start "
+                    "from their initialisation (train them, e.g. on the frozen detector: freeze_detector=True)",
+                    len(own), type(model).__name__)
+        state = model.state_dict()
+        return {k: state[k] for k in own}
+    out, unmatched = {}, []
+    for key, value in seg.items():
+        new = _rename(key, _HF_V5_MASK_HEAD_RULES)
+        if new is None:
+            unmatched.append(key)
+        else:
+            out[new] = value
+    if unmatched:
+        raise ValueError(f"DETR mask head: {len(unmatched)} tensors have no counterpart in visiontf's, e.g. {unmatched[:8]}")
+    return out
+
 
 def detect_format(state: dict[str, Tensor]) -> str:
     """``"original"``, ``"hf"`` or ``"visiontf"`` (may be unrecognised; checked by the caller)."""
@@ -109,6 +152,7 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
     counters = [k for k in state if k.endswith("num_batches_tracked")]
     for k in counters:
         del state[k]
+    seg = {k: state.pop(k) for k in [k for k in state if k.startswith(_SEGMENTATION_PREFIXES)]}
     fmt = detect_format(state)
     own = model.state_dict()
     if fmt == "visiontf":
@@ -118,7 +162,7 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
                 f"unrecognised DETR checkpoint layout: {len(unmatched)} of {len(state)} keys match neither the original "
                 f"facebookresearch/detr names, HuggingFace DetrForObjectDetection names nor visiontf's, e.g. {unmatched[:8]}"
             )
-        return state
+        return {**state, **_mask_head_state(seg, model)}
     rules = _ORIGINAL_RULES if fmt == "original" else _HF_RULES
     out: dict[str, Tensor] = {}
     unmatched = []
@@ -134,19 +178,18 @@ def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, 
         )
     if fmt == "hf":
         out = _fuse_qkv(out)
+    out.update(_mask_head_state(seg, model))
     log.info("converted %d tensors from the %s DETR layout (%d BatchNorm counters dropped)", len(out), fmt, len(counters))
     return out
 
 
 def _strip_wrappers(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Without DDP's ``module.`` and the segmentation wrapper's ``detr.`` (its heads keep their names)."""
     for prefix in ("module.", "detr."):
         if state and all(k.startswith(prefix) or k.startswith(_SEGMENTATION_PREFIXES) for k in state) and any(
             k.startswith(prefix) for k in state
         ):
-            seg = [k for k in state if k.startswith(_SEGMENTATION_PREFIXES)]
-            if seg:
-                log.warning("dropped %d tensors of the segmentation head (%s...): DETR detection only", len(seg), seg[0])
-            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
     return state
 
 

@@ -18,9 +18,11 @@ from visiontf.config_checks import (
 )
 from visiontf.data.base import DetectionDataModule, trainer_datamodule
 from visiontf.detection import build_criterion, build_postprocess
+from visiontf.detection.mask_postprocess import add_instance_masks
 from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.models.contract import Detector
 from visiontf.tasks.base import BaseTask
+from visiontf.tasks.mask_eval import MaskEvaluation, sync_thing_classes
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
 
 if TYPE_CHECKING:
@@ -160,6 +162,13 @@ class DetectionTask(BaseTask):
         self.criterion = build_criterion(self.model, num_classes, matcher, criterion)
         self.metrics: dict[str, Any] = {}
         self._last_report: dict | None = None
+        # a model with a mask head is also scored on its masks (mask AP, PQ): visiontf.tasks.mask_eval
+        self.mask_eval = MaskEvaluation(eval_backend) if self.model.mask_options is not None else None
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if self.mask_eval is not None and dm is not None:
+            sync_thing_classes(self.model, dm, self.hparams)
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -228,6 +237,10 @@ class DetectionTask(BaseTask):
         preds = self.postprocess(outputs, sizes)
         ids = torch.as_tensor([int(t["image_id"]) for t in targets], device=self.device)
         self._metric(stage).update(preds, ids)
+        if self.mask_eval is not None:
+            dm = self.trainer.datamodule
+            gaps = self.hparams.num_classes if getattr(dm, "label_space", "contiguous") == "category_id" else None
+            self.mask_eval.update(stage, self.model, dm, outputs, preds, targets, gaps)
 
     def _eval_end(self, stage: str) -> None:
         metric = self._metric(stage)
@@ -251,12 +264,21 @@ class DetectionTask(BaseTask):
             self._last_report["dup_rate"] = duplicates["dup_rate"]
             self.log(f"{stage}/dup_rate", float(duplicates["dup_rate"]), sync_dist=False)
         metric.reset()
+        if self.mask_eval is not None:
+            values, tables = self.mask_eval.compute(stage)
+            self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, sync_dist=False)
+            self._last_report.update({k: float(v) for k, v in values.items()})
+            if tables:
+                self._last_report["table"] = "\n\n".join([self._last_report.get("table", ""), *tables.values()]).strip()
 
     def predict_step(self, batch, batch_idx):
         images, mask, targets = batch
         outputs = self.model(images, mask)
         sizes = torch.stack([t["orig_size"] for t in targets]).to(images.device)
         preds = self.postprocess(outputs, sizes)
+        if self.model.mask_options is not None:  # instance masks (n, H, W) bool at the original sizes
+            add_instance_masks(preds, outputs, torch.stack([t["size"] for t in targets]), sizes,
+                               self.model.mask_options.mask_threshold)
         for p, t in zip(preds, targets):
             p["image_id"] = int(t["image_id"])
         return preds

@@ -3,6 +3,12 @@
 Real JPEG files plus ``instances_{train,val}2017.json``, laid out like COCO so the real loading
 code runs on it. Category ids are deliberately non-contiguous (1, 2, 3, 5) to exercise the
 category-id <-> label mapping. Deterministic for a seed.
+
+Each annotation's ``segmentation`` is the shape's exact mask: the pixels it was painted on (PIL's
+rasterisation of its polygon and outline) less those a later shape covers, as COCO's compressed RLE.
+``bbox`` and ``area`` are the whole shape's (its polygon's extent and area), as sets written before masks
+were exact had them, so those sets' detection numbers stand; earlier sets carry the polygon itself as
+``segmentation`` (occlusion ignored) and still load, with masks too.
 """
 from __future__ import annotations
 
@@ -53,6 +59,25 @@ def _shoelace(points: list[tuple[float, float]]) -> float:
     return float(0.5 * abs(np.dot(xs, np.roll(ys, -1)) - np.dot(ys, np.roll(xs, -1))))
 
 
+def _painted_pixels(poly: list[tuple[float, float]], h: int, w: int) -> np.ndarray:
+    """(h, w) bool: the pixels ``ImageDraw.polygon(poly, fill, outline)`` paints."""
+    canvas = Image.new("L", (w, h), 0)
+    ImageDraw.Draw(canvas).polygon(poly, fill=1, outline=1)
+    return np.asarray(canvas, dtype=bool)
+
+
+def _exact_masks(annotations: list[dict], painted: list[np.ndarray]) -> None:
+    """Each annotation's ``segmentation``: its shape's visible pixels (later shapes paint over earlier ones), as RLE."""
+    from pycocotools import mask as mask_utils
+
+    covered = np.zeros_like(painted[0]) if painted else None
+    for ann, pixels in zip(reversed(annotations), reversed(painted)):
+        visible = pixels & ~covered
+        covered |= pixels
+        rle = mask_utils.encode(np.asfortranarray(visible.astype(np.uint8)))
+        ann["segmentation"] = {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
+
 def _make_split(
     rng: np.random.Generator,
     img_dir: Path,
@@ -67,6 +92,7 @@ def _make_split(
 ) -> tuple[dict, int]:
     img_dir.mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
+    painted: list[np.ndarray] = []  # each annotated shape's pixels, in painting order
     base_h, base_w = image_size
     for i in range(num_images):
         image_id = first_image_id + i
@@ -93,6 +119,7 @@ def _make_split(
             else:
                 colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
             draw.polygon(poly, fill=colour, outline=(0, 0, 0))
+            painted.append(_painted_pixels(poly, h, w))
             xs, ys = [p[0] for p in poly], [p[1] for p in poly]
             x0, y0, x1, y1 = max(min(xs), 0.0), max(min(ys), 0.0), min(max(xs), w), min(max(ys), h)
             annotations.append(
@@ -107,6 +134,7 @@ def _make_split(
                 }
             )
             ann_id += 1
+        _exact_masks(annotations[len(annotations) - num_objects:], painted[len(painted) - num_objects:])
         file_name = f"{image_id:012d}.jpg"
         img.save(img_dir / file_name, quality=92)
         images.append({"id": image_id, "file_name": file_name, "width": w, "height": h})

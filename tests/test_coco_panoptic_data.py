@@ -1,0 +1,80 @@
+"""The COCO panoptic format: the synthetic writer, the checked file, the Dataset's segments as targets with masks,
+and the data module (its derived instances file for box and mask AP)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from pycocotools import mask as mask_utils
+
+from visiontf.data.coco_annotations import AnnotationError
+from visiontf.data.coco_panoptic import CocoPanopticDataModule
+from visiontf.data.coco_panoptic_dataset import CocoPanoptic
+from visiontf.data.synthetic.panoptic import make_panoptic_dataset
+from visiontf.panoptic_ids import read_panoptic_png
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return make_panoptic_dataset(tmp_path_factory.mktemp("panoptic"), num_train=10, num_val=6, seed=1)
+
+
+def test_writer_labels_every_pixel_once(shapes):
+    data = json.loads(shapes["val_panoptic"].read_text())
+    assert {c["name"]: c["isthing"] for c in data["categories"]} == {"circle": 1, "square": 1, "triangle": 1, "star": 1,
+                                                                      "sky": 0, "ground": 0}
+    for ann in data["annotations"]:
+        ids = read_panoptic_png(shapes["val_segments"] / ann["file_name"])
+        segs = {s["id"]: s for s in ann["segments_info"]}
+        assert set(np.unique(ids).tolist()) == set(segs)  # no unlabelled pixel, no segment without pixels
+        for seg_id, s in segs.items():
+            assert s["area"] == int((ids == seg_id).sum())
+
+
+def test_dataset_gives_each_segment_as_a_target(shapes):
+    ds = CocoPanoptic(shapes["val_images"], shapes["val_panoptic"])
+    assert ds.index.thing_classes == (0, 1, 2, 3) and ds.class_names == ["circle", "square", "triangle", "star", "sky", "ground"]
+    for i in range(len(ds)):
+        image, t = ds[i]
+        assert t["masks"].shape == (len(t["labels"]), *image.shape[-2:])
+        assert torch.equal(t["masks"].sum(0), torch.ones(image.shape[-2:], dtype=torch.int64))  # a partition of the image
+        assert {4, 5} & set(t["labels"].tolist())  # stuff is a target too
+
+
+def test_derived_instances_equal_the_writers(shapes):
+    dm = CocoPanopticDataModule(shapes["root"], num_workers=0, scales=(96,), max_size=160, crop_scales=(80,),
+                                crop_size=(64, 80), val_size=96)
+    assert dm.thing_classes == (0, 1, 2, 3) and dm.num_classes == 6
+    dm.setup("validate")
+    derived = json.loads(dm.val_ann_file.read_text())
+    written = json.loads(shapes["val_ann"].read_text())
+    assert len(derived["annotations"]) == len(written["annotations"]) > 0
+    for a, b in zip(derived["annotations"], written["annotations"]):
+        assert (a["image_id"], a["category_id"], a["area"], a["iscrowd"]) == (b["image_id"], b["category_id"], b["area"], 0)
+        assert np.array_equal(mask_utils.decode(a["segmentation"]), mask_utils.decode(b["segmentation"]))
+    assert dm.val_panoptic_file == shapes["val_panoptic"] and dm.val_segments_dir == shapes["val_segments"]
+
+
+def test_data_module_batches(shapes):
+    dm = CocoPanopticDataModule(shapes["root"], batch_size=3, num_workers=0, scales=(96, 112), max_size=160,
+                                crop_scales=(80,), crop_size=(64, 80), val_size=96)
+    dm.setup("fit")
+    images, mask, targets = next(iter(dm.train_dataloader()))
+    for t in targets:
+        assert t["masks"].shape == (len(t["boxes"]), *t["size"].tolist())
+        assert (t["boxes"][:, 2:] > 0).all()
+
+
+def test_inconsistent_files_are_named(tmp_path, shapes):
+    data = json.loads(shapes["val_panoptic"].read_text())
+    broken = dict(data, annotations=data["annotations"][1:])
+    path = tmp_path / "panoptic.json"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(AnnotationError, match=r"image id \d+ .* has no entry in 'annotations'"):
+        CocoPanoptic(shapes["val_images"], path, shapes["val_segments"])
+    no_isthing = dict(data, categories=[{k: v for k, v in c.items() if k != "isthing"} for c in data["categories"]])
+    path.write_text(json.dumps(no_isthing))
+    with pytest.raises(AnnotationError, match="no 'isthing'"):
+        CocoPanoptic(shapes["val_images"], path, shapes["val_segments"])

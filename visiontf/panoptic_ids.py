@@ -1,0 +1,41 @@
+"""COCO panoptic PNGs: each pixel's segment id stored as a colour, ``id = R + 256 G + 256^2 B``.
+
+panopticapi's ``id2rgb``/``rgb2id`` (cocodataset/panopticapi ``panopticapi/utils.py``), and reading and
+writing such PNGs. numpy and Pillow only, so that data, evaluation and post-processing share them.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["id2rgb", "png_bytes", "read_panoptic_png", "rgb2id"]
+
+
+def id2rgb(ids: np.ndarray) -> np.ndarray:
+    """(H, W) integer ids -> (H, W, 3) uint8 colours."""
+    ids = np.asarray(ids).astype(np.int64)
+    return np.stack([(ids >> (8 * c)) & 255 for c in range(3)], axis=-1).astype(np.uint8)
+
+
+def rgb2id(rgb: np.ndarray) -> np.ndarray:
+    """(H, W, 3) colours -> (H, W) int64 ids (panopticapi returns int32 for uint8 input: the same values)."""
+    rgb = np.asarray(rgb).astype(np.int64)
+    return rgb[..., 0] + 256 * rgb[..., 1] + 256 * 256 * rgb[..., 2]
+
+
+def read_panoptic_png(path: str | Path) -> np.ndarray:
+    """The (H, W) int64 segment ids of a panoptic PNG (RGB)."""
+    with Image.open(path) as img:
+        if img.mode != "RGB":
+            raise ValueError(f"{path}: a panoptic PNG is RGB (id = R + 256 G + 256^2 B), this one is {img.mode}")
+        return rgb2id(np.asarray(img))
+
+
+def png_bytes(ids: np.ndarray) -> bytes:
+    """The PNG file of (H, W) segment ids."""
+    with io.BytesIO() as buf:
+        Image.fromarray(id2rgb(ids)).save(buf, format="PNG")
+        return buf.getvalue()
