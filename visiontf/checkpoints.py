@@ -19,8 +19,6 @@ from torch import nn
 
 from visiontf.errors import UserError
 from visiontf.weights import (
-    LEGACY_LIGHTNING_CALLBACKS,
-    SAFE_GLOBALS,
     WeightsError,
     check_tensor_values,
     corrupt_file_error,
@@ -277,8 +275,7 @@ def check_file_classes(path: Any, trusted: tuple[str | None, ...] = ()) -> None:
         return
     path = Path(path)
     try:
-        with torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS]):
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+        ckpt = safe_torch_load(path, mmap=True)
     except Exception:  # noqa: BLE001 - not readable as plain data: the caller's own load reports it
         return
     check_checkpoint_classes(ckpt, path, trusted)
