@@ -27,7 +27,7 @@ from visiontf.models.contract import (
 )
 from visiontf.models.postprocess_options import PostprocessOptions
 
-FAMILIES = ("vit", "detr", "deformable_detr", "dino", "setr", "ipt", "vqgan", "vqgan_transformer")
+FAMILIES = ("vit", "detr", "deformable_detr", "dino", "dino_backbones", "setr", "ipt", "vqgan", "vqgan_transformer")
 
 
 def _meta(name: str) -> VisionModel:

@@ -5,6 +5,7 @@ from visiontf.models import (  # noqa: F401  (registration happens on import)
     deformable_detr,
     detr,
     dino,
+    dino_backbones,
     ipt,
     setr,
     vit,

@@ -1,0 +1,147 @@
+"""timm models as detection backbones: ``timm.create_model(name, features_only=True, ...)`` with what a
+detector needs on top (used by :class:`~visiontf.models.detr_backbone.DetrBackbone`).
+
+* Any input size: ViTs are built with ``dynamic_img_size`` and ``dynamic_img_pad`` (position table
+  resampled per input, image padded to a patch multiple), Swin with ``strict_img_size=False`` (its
+  image padded here to a patch multiple, its windows padded by timm).
+* Channels-last (NHWC) maps (Swin: the wrapper's ``output_fmt``) are returned as NCHW.
+* The features are chosen by index of the model's own ``feature_info`` (checked, one-line error
+  listing each index's stride), or by stride (:func:`~visiontf.models.backbone.select_levels`).
+* Pretrained weights load through timm's own code: a file is read with visiontf's safe loader and
+  handed to timm as ``pretrained_cfg_overlay=dict(state_dict=...)`` (timm's key filter, position
+  resampling and classifier handling apply); ``True`` is timm's hub download.
+"""
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from visiontf.models.backbone import check_indices, select_levels
+
+#: what lets each kind of timm model take any image size, tried in this order (the first that the
+#: model's constructor accepts is kept): ViT-like, Swin-like, fixed-size-free CNNs
+_SIZE_KWARGS: tuple[dict[str, Any], ...] = (
+    {"dynamic_img_size": True, "dynamic_img_pad": True},
+    {"strict_img_size": False},
+    {},
+)
+
+
+def _create(name: str, **kwargs: Any) -> nn.Module:
+    import timm
+
+    return timm.create_model(name, features_only=True, **kwargs)
+
+
+def _probe(name: str, kwargs: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+    """The features model on the meta device (cheap) and the size keywords its constructor took."""
+    import timm
+
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+        hint = f" Did you mean: {', '.join('timm:' + c for c in close)}?" if close else ""
+        raise ValueError(f"unknown timm model {name!r}.{hint} timm.list_models('pattern*') lists the names")
+    last: Exception | None = None
+    for size_kwargs in _SIZE_KWARGS:
+        try:
+            with torch.device("meta"):
+                # the last feature only: enough to read the whole feature_info, and valid at any depth
+                return _create(name, pretrained=False, out_indices=(-1,), **size_kwargs, **kwargs), size_kwargs
+        except TypeError as e:  # the constructor does not take these keywords: try the next kind
+            if "unexpected keyword argument" not in str(e):
+                raise
+            last = e
+        except RuntimeError as e:
+            if "features_only not implemented" in str(e) or "feature" in str(e).lower():
+                raise ValueError(f"timm model {name!r} has no features_only form ({e}); pick a CNN, Swin or ViT") from e
+            raise
+    raise ValueError(f"timm model {name!r} does not take the keywords given: {last}")
+
+
+def timm_features(
+    name: str, out_indices: Sequence[int] | None, num_levels: int, pretrained: bool | str | Path | None = None,
+    dilation: bool = False, **kwargs: Any,
+) -> tuple[nn.Module, int]:
+    """``timm.create_model(name, features_only=True, ...)`` for a detector, and the multiple the image
+    must be padded to (1: none)."""
+    if dilation:
+        kwargs["output_stride"] = 16
+    meta, size_kwargs = _probe(name, kwargs)
+    info = meta.feature_info.info  # every feature of the model, not only the default selection
+    reductions = [int(i["reduction"]) for i in info]
+    indices = select_levels(reductions, num_levels) if out_indices is None else check_indices(out_indices, reductions, f"timm:{name}")
+    kwargs = {**size_kwargs, **kwargs, "out_indices": tuple(indices)}
+    if pretrained:
+        from visiontf.downloads import network_problem
+
+        kwargs["pretrained"] = True
+        if pretrained is not True:
+            from visiontf.weights import load_state_dict_file
+
+            kwargs["pretrained_cfg_overlay"] = dict(state_dict=load_state_dict_file(pretrained))
+        source = f"timm:{name} weights from {pretrained}" if pretrained is not True else f"timm:{name} ImageNet weights"
+        problem = network_problem("https://huggingface.co") if pretrained is True else None
+        try:
+            from visiontf.downloads import hf_hub_offline
+
+            with hf_hub_offline() if problem else contextlib.nullcontext():
+                body = _create(name, **kwargs)
+        except Exception as e:
+            fix = (f"Without network, save timm.create_model('{name}', pretrained=True).state_dict() elsewhere and pass its path"
+                   if pretrained is True else "pass the weights of this architecture (timm's or the original release's names)")
+            raise RuntimeError(f"could not load {source} ({type(e).__name__}: {str(e)[:300]}). {fix}") from e
+    else:
+        body = _create(name, pretrained=False, **kwargs)
+    pad = 1
+    if "strict_img_size" in size_kwargs and isinstance(getattr(body, "patch_embed", None), nn.Module):
+        pad = max(body.patch_embed.patch_size)
+    return body, pad
+
+
+def is_nhwc(body: nn.Module) -> bool:
+    """Whether timm's feature wrapper returns channels-last maps (Swin and other NHWC models)."""
+    return str(getattr(body, "output_fmt", "NCHW")).endswith("NHWC")
+
+
+def to_nchw(maps: Sequence[Tensor], nhwc: bool) -> list[Tensor]:
+    return [m.permute(0, 3, 1, 2) for m in maps] if nhwc else list(maps)
+
+
+def pad_to_multiple(images: Tensor, multiple: int) -> Tensor:
+    """Zero-pad bottom/right to a multiple of ``multiple`` (the padded pixels are the mask's padding)."""
+    if multiple <= 1:
+        return images
+    H, W = images.shape[-2:]
+    return F.pad(images, (0, -W % multiple, 0, -H % multiple))
+
+
+def parameter_root(body: nn.Module) -> tuple[nn.Module, str]:
+    """The module whose names timm's ``feature_info`` uses, and its prefix in ``body`` (ViT wrappers: ``model.``)."""
+    from timm.models._features import FeatureGetterNet
+
+    return (body.model, "model.") if isinstance(body, FeatureGetterNet) else (body, "")
+
+
+def first_trained_module(body: nn.Module, min_stride: int = 8) -> str | None:
+    """The module of the first feature at ``min_stride`` or coarser: what freeze_stem trains from (the
+    stem and first stage before it stay frozen); a ViT's first block."""
+    _, prefix = parameter_root(body)
+    for info in body.feature_info.info:
+        if info["reduction"] >= min_stride:
+            return prefix + info["module"]
+    return None
+
+
+def module_after_feature(body: nn.Module, index: int) -> str | None:
+    """The module of feature ``index + 1``: everything before it is frozen by ``frozen_stages=index``
+    (None: past the last feature, freeze all)."""
+    _, prefix = parameter_root(body)
+    info = body.feature_info.info
+    return prefix + info[index + 1]["module"] if index + 1 < len(info) else None
