@@ -167,7 +167,7 @@ def test_refusals_list_what_fits():
 
 
 def test_the_issue_calls():
-    """The four calls of issue 41, full size, built on the meta device (the small forwards are the matrix's)."""
+    """The four calls of docs/backbones.md, full size, built on the meta device (the small forwards are the matrix's)."""
     with torch.device("meta"):
         cnx = visiontf.create_model("dino_resnet50_4scale", backbone="timm:convnext_tiny", num_classes=3)
         swin = visiontf.create_model("dino_resnet50_4scale", backbone="timm:swin_tiny_patch4_window7_224", num_classes=3)
@@ -178,3 +178,9 @@ def test_the_issue_calls():
     assert vit.backbone.strides == [8, 16, 32, 64] and len(vit.backbone.net.blocks) == 12
     assert vit.backbone.window_size == 14 and vit.backbone.global_blocks == (2, 5, 8, 11)
     assert feats.feature_info.channels() == [768] * 3 and feats.feature_info.out_indices == (3, 7, 11)
+
+
+def test_a_model_with_an_injected_backbone_is_not_saved_with_a_config(tmp_path):
+    model = visiontf.create_model("detr_tiny", num_classes=2, backbone=_Constant())
+    with pytest.raises(ValueError, match=r"\['backbone'\] hold module instances \(_Constant\)"):
+        visiontf.save_model(model, tmp_path / "m.safetensors")

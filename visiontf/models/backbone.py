@@ -25,7 +25,8 @@ a :class:`Backbone` instance                    used as given (injected)
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +84,52 @@ class Backbone(nn.Module):
         return None
 
 
-def select_levels(reductions: Sequence[int], num_levels: int) -> list[int]:
+def _resizable_vits(model: nn.Module) -> list[nn.Module]:
+    """The ViTs in ``model`` whose position table is resampled per input (visiontf's, timm's with dynamic_img_size)."""
+    from visiontf.models.vit_timm_api import TimmViTApi
+
+    found = []
+    for m in model.modules():
+        ours = isinstance(m, TimmViTApi) and m.dynamic_img_size
+        timm_vit = not isinstance(m, TimmViTApi) and getattr(m, "dynamic_img_size", False) and hasattr(m, "set_input_size")
+        if (ours or timm_vit) and isinstance(getattr(m, "pos_embed", None), nn.Parameter):
+            found.append(m)
+    return found
+
+
+@contextmanager
+def fixed_position_tables(model: nn.Module, image_size: Sequence[int]) -> Iterator[nn.Module]:
+    """Every resizable ViT in ``model`` with its position table resampled, in eager mode, to the grid of
+    ``image_size`` (padded to the patch), restored afterwards.
+
+    Traced for ONNX, a table resampled per input would be timm's antialiased bicubic interpolation,
+    which has no ONNX operator; resampled beforehand, the graph holds the table for that grid, so a
+    graph with a ViT backbone takes images of the export size (another size fails in onnxruntime).
+    """
+    saved = []
+    for vit in _resizable_vits(model):
+        p = vit.patch_embed.patch_size
+        ph, pw = (p, p) if isinstance(p, int) else p
+        size = (-(-int(image_size[0]) // ph) * ph, -(-int(image_size[1]) // pw) * pw)
+        saved.append((vit, vit.pos_embed, tuple(vit.patch_embed.img_size), vit.pretrained_cfg))
+        vit.set_input_size(img_size=size)
+    try:
+        yield model
+    finally:
+        for vit, table, img_size, cfg in saved:
+            vit.patch_embed.set_input_size(img_size=img_size)
+            vit.pos_embed = table
+            vit.pretrained_cfg = cfg
+
+
+def select_levels(reductions: Sequence[int], num_levels: int, min_stride: int = 8) -> list[int]:
     """Feature indices for ``num_levels`` maps by default: the last feature of each distinct stride,
-    strides of 8 and more, the coarsest ``num_levels`` of them (ResNet: layer2-4 = strides 8/16/32;
-    ConvNeXt, Swin: stages 1-3; a plain ViT, all stride 16: its last block)."""
+    strides of ``min_stride`` (8) and more, the coarsest ``num_levels`` of them (ResNet: layer2-4 =
+    strides 8/16/32; ConvNeXt, Swin: stages 1-3; a plain ViT, all stride 16: its last block)."""
     last_of_stride: dict[int, int] = {}
     for i, r in enumerate(reductions):
         last_of_stride[int(r)] = i
-    candidates = [i for r, i in sorted(last_of_stride.items()) if r >= 8] or [len(reductions) - 1]
+    candidates = [i for r, i in sorted(last_of_stride.items()) if r >= min_stride] or [len(reductions) - 1]
     return candidates[-num_levels:]
 
 
@@ -109,6 +148,7 @@ def build_backbone(
     *,
     out_indices: Sequence[int] | None = None,
     num_levels: int = 1,
+    min_stride: int = 8,
     pretrained: bool | str | Path | None = None,
     train_backbone: bool = True,
     freeze_stem: bool = True,
@@ -123,7 +163,7 @@ def build_backbone(
     Args:
         out_indices: the maps to return, as feature indices of that backbone (timm's numbering of its
             ``feature_info``; torchvision ResNets: 1..4 = layer1..layer4; a ViT: its blocks). None:
-            :func:`select_levels` with ``num_levels``.
+            :func:`select_levels` with ``num_levels`` and ``min_stride``.
         pretrained: a local file (read with visiontf's safe loader, then loaded through timm's own
             code for ``timm:`` models: its key filters, position-table resampling, classifier
             dropped), or True for the published weights (torchvision, timm's hub download).
@@ -139,7 +179,7 @@ def build_backbone(
         return name
     if not isinstance(name, str):
         raise TypeError(f"backbone must be a name or a visiontf.models.backbone.Backbone, got {type(name).__name__}")
-    common = dict(out_indices=out_indices, num_levels=num_levels, pretrained=pretrained, train_backbone=train_backbone,
+    common = dict(out_indices=out_indices, num_levels=num_levels, min_stride=min_stride, pretrained=pretrained, train_backbone=train_backbone,
                   freeze_stem=freeze_stem, frozen_stages=frozen_stages)
     if name.startswith(SIMPLEFPN_PREFIX):
         from visiontf.models.vitdet import SimpleFeaturePyramidBackbone

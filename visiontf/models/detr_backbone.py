@@ -58,7 +58,7 @@ class DetrBackbone(Backbone):
         out_indices: the features returned by :meth:`forward_features`, timm's numbering of the
             model's ``feature_info`` (ResNet ``layer{i}`` is feature i: 2, 3, 4 have strides 8, 16,
             32; a ViT's features are its blocks). None: :func:`~visiontf.models.backbone.select_levels`
-            with ``num_levels`` (1: the last stage).
+            with ``num_levels`` (1: the last stage) and ``min_stride``.
         frozen_stages: freeze the stem and the features up to this index (overrides ``freeze_stem``).
         timm_kwargs: more keywords for ``timm.create_model`` / the visiontf ViT (``drop_path_rate``, ...).
 
@@ -78,6 +78,7 @@ class DetrBackbone(Backbone):
         out_indices: Sequence[int] | None = None,
         *,
         num_levels: int = 1,
+        min_stride: int = 8,
         frozen_stages: int | None = None,
         timm_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -87,7 +88,8 @@ class DetrBackbone(Backbone):
         self.nhwc = False
         self.pad_multiple = 1
         if name.startswith(TIMM_PREFIX) or _is_visiontf_vit(name):
-            self.body, self.pad_multiple = _features_body(name, out_indices, num_levels, pretrained, dilation, timm_kwargs or {})
+            self.body, self.pad_multiple = _features_body(name, out_indices, (num_levels, min_stride), pretrained, dilation,
+                                                          timm_kwargs or {})
             if frozen_bn:
                 from timm.layers import freeze_batch_norm_2d
 
@@ -114,7 +116,7 @@ class DetrBackbone(Backbone):
                 # same buffers and state dict; saves the elementwise BN passes (docs/benchmarks.md)
                 fold_frozen_batchnorm(resnet)
             if out_indices is None:
-                stages = tuple(select_levels(_RESNET_STRIDES, num_levels))
+                stages = tuple(select_levels(_RESNET_STRIDES, num_levels, min_stride))
             else:
                 stages = tuple(check_indices(out_indices, _RESNET_STRIDES, f"torchvision {name}"))
                 if 0 in stages:
@@ -151,11 +153,11 @@ def _is_visiontf_vit(name: str) -> bool:
     return name in list_models("vit_*") or name in list_models("deit_*")
 
 
-def _features_body(name: str, out_indices: Sequence[int] | None, num_levels: int, pretrained: bool | str | Path | None,
+def _features_body(name: str, out_indices: Sequence[int] | None, levels: tuple[int, int], pretrained: bool | str | Path | None,
                    dilation: bool, kwargs: dict[str, Any]) -> tuple[nn.Module, int]:
     """A timm model's or a visiontf ViT's features_only form, and the multiple images are padded to."""
     if name.startswith(TIMM_PREFIX):
-        return timm_features.timm_features(name[len(TIMM_PREFIX):], out_indices, num_levels, pretrained, dilation, **kwargs)
+        return timm_features.timm_features(name[len(TIMM_PREFIX):], out_indices, levels, pretrained, dilation, **kwargs)
     from visiontf.models._registry import create_model
 
     if dilation:
@@ -164,7 +166,7 @@ def _features_body(name: str, out_indices: Sequence[int] | None, num_levels: int
     full = create_model(name, pretrained=pretrained or None, **vit_kwargs)
     depth = len(full.blocks)
     reductions = [max(full.patch_embed.patch_size)] * depth
-    indices = select_levels(reductions, num_levels) if out_indices is None else check_indices(out_indices, reductions, name)
+    indices = select_levels(reductions, *levels) if out_indices is None else check_indices(out_indices, reductions, name)
     from visiontf.models.features import features_only
 
     return features_only(full, out_indices=indices, name=name), 1

@@ -8,6 +8,8 @@ only ``backbone`` and what it implies differ.
   (``backbone_freeze_keywords`` None), drop path 0.2 (its Swin's default). DINO's README: 56.8 COCO AP
   at 12 epochs, 58.0 at 36. Its checkpoints (``backbone.0.*`` for the Swin) load through
   :mod:`~visiontf.models.dino_convert`.
+* ``dino_swin_tiny_4scale``: the same with DINO's Swin-T/7 (``swin_T_224_1k``, which DINO's code builds;
+  it publishes no result for it).
 * ``dino_vit_small_simplefpn``: visiontf's ViT-S/16 (timm's augreg weights with ``pretrained=True``
   on the backbone) and ViTDet's simple feature pyramid at strides 8/16/32/64
   (:mod:`~visiontf.models.vitdet`): windows of 14 tokens, global attention in blocks 2, 5, 8, 11, drop
@@ -32,6 +34,7 @@ VITDET_PYRAMID = dict(window_size=14, global_blocks=(2, 5, 8, 11), drop_path_rat
 
 DEFAULT_CFGS: dict[str, ModelCfg] = {
     "dino_swin_large_4scale": ModelCfg(dict(backbone="swin_L_384_22k", freeze_stem=False, **_DINO_4SCALE, **ORIGINAL_CODE)),
+    "dino_swin_tiny_4scale": ModelCfg(dict(backbone="swin_T_224_1k", freeze_stem=False, **_DINO_4SCALE, **ORIGINAL_CODE)),
     "dino_vit_small_simplefpn": ModelCfg(dict(
         backbone="simplefpn:vit_small_patch16_224", freeze_stem=False, backbone_kwargs=VITDET_PYRAMID, **_DINO_4SCALE,
     )),
@@ -51,6 +54,12 @@ def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
 def dino_swin_large_4scale(**kwargs) -> DeformableDETR:
     """DINO-4scale with IDEA-Research/DINO's Swin-L (``DINO_4scale_swin.py``; 56.8 COCO AP at 12 epochs, 58.0 at 36)."""
     return _create(DEFAULT_CFGS["dino_swin_large_4scale"], **kwargs)
+
+
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+def dino_swin_tiny_4scale(**kwargs) -> DeformableDETR:
+    """DINO-4scale with IDEA-Research/DINO's Swin-T (``swin_T_224_1k``; DINO publishes no Swin-T result)."""
+    return _create(DEFAULT_CFGS["dino_swin_tiny_4scale"], **kwargs)
 
 
 @register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)

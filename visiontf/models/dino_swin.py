@@ -230,14 +230,14 @@ class DinoSwinBackbone(Backbone):
     embedding and stages 0..k. ``pretrained``: a Swin ImageNet release (``{"model": ...}``, its
     classifier and final norm dropped, as DINO's ``backbone_dir`` loading) or True to download it."""
 
-    def __init__(self, name: str, out_indices: Sequence[int] | None = None, num_levels: int = 3,
+    def __init__(self, name: str, out_indices: Sequence[int] | None = None, num_levels: int = 3, min_stride: int = 8,
                  pretrained: bool | str | Path | None = None, train_backbone: bool = True, freeze_stem: bool = True,
                  frozen_stages: int | None = None, drop_path_rate: float = 0.2, **sizes: int | Sequence[int]) -> None:
         super().__init__()
         embed_dim, depths, heads, window = DINO_SWIN_NAMES[name]
         spec = {**dict(embed_dim=embed_dim, depths=depths, num_heads=heads, window_size=window), **sizes}
         strides = [4 * 2 ** i for i in range(len(spec["depths"]))]
-        indices = select_levels(strides, num_levels) if out_indices is None else check_indices(out_indices, strides, name)
+        indices = select_levels(strides, num_levels, min_stride) if out_indices is None else check_indices(out_indices, strides, name)
         self.body = SwinTransformer(**spec, out_indices=indices, drop_path_rate=drop_path_rate)
         self.channels = [self.body.num_features[i] for i in indices]
         self.strides = [strides[i] for i in indices]

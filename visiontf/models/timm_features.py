@@ -66,17 +66,17 @@ def _probe(name: str, kwargs: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]
 
 
 def timm_features(
-    name: str, out_indices: Sequence[int] | None, num_levels: int, pretrained: bool | str | Path | None = None,
+    name: str, out_indices: Sequence[int] | None, levels: tuple[int, int], pretrained: bool | str | Path | None = None,
     dilation: bool = False, **kwargs: Any,
 ) -> tuple[nn.Module, int]:
     """``timm.create_model(name, features_only=True, ...)`` for a detector, and the multiple the image
-    must be padded to (1: none)."""
+    must be padded to (1: none). ``levels``: (num_levels, min_stride) of the default choice."""
     if dilation:
         kwargs["output_stride"] = 16
     meta, size_kwargs = _probe(name, kwargs)
     info = meta.feature_info.info  # every feature of the model, not only the default selection
     reductions = [int(i["reduction"]) for i in info]
-    indices = select_levels(reductions, num_levels) if out_indices is None else check_indices(out_indices, reductions, f"timm:{name}")
+    indices = select_levels(reductions, *levels) if out_indices is None else check_indices(out_indices, reductions, f"timm:{name}")
     kwargs = {**size_kwargs, **kwargs, "out_indices": tuple(indices)}
     if pretrained:
         from visiontf.downloads import network_problem
