@@ -184,3 +184,21 @@ def test_a_model_with_an_injected_backbone_is_not_saved_with_a_config(tmp_path):
     model = visiontf.create_model("detr_tiny", num_classes=2, backbone=_Constant())
     with pytest.raises(ValueError, match=r"\['backbone'\] hold module instances \(_Constant\)"):
         visiontf.save_model(model, tmp_path / "m.safetensors")
+
+
+def test_images_padded_to_a_multiple_have_their_padding_masked():
+    """A backbone that pads its images (a window grid) pads the mask alike: the padded area is padding."""
+    from visiontf.models.backbone import pad_to_multiple
+
+    class Padded(_Constant):
+        pad_multiple = 32
+
+        def forward_maps(self, images):
+            return super().forward_maps(pad_to_multiple(images, self.pad_multiple))
+
+    maps, masks = Padded().forward_features(torch.randn(1, 3, 40, 50), torch.zeros(1, 40, 50, dtype=torch.bool))
+    assert maps[0].shape[-2:] == (8, 8) and masks[0].shape == (1, 8, 8)
+    assert masks[0][0, :5, :6].logical_not().all() and masks[0][0, 5:].all() and masks[0][0, :, 7:].all()
+    assert build_backbone("timm:swin_tiny_patch4_window7_224", **TIMM_CASES["swin_tiny_patch4_window7_224"]).pad_multiple == 4
+    with pytest.raises(ValueError, match="takes no image size but its own"):
+        build_backbone("timm:hiera_tiny_224")

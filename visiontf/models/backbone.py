@@ -45,6 +45,14 @@ def resize_mask(mask: Tensor, size: Sequence[int]) -> Tensor:
     return F.interpolate(mask[None].float(), size=tuple(size)).to(torch.bool)[0]
 
 
+def pad_to_multiple(x: Tensor, multiple: int, value: float | bool = 0) -> Tensor:
+    """``x`` (..., H, W) padded bottom/right to a multiple of ``multiple`` with ``value``."""
+    if multiple <= 1:
+        return x
+    H, W = x.shape[-2:]
+    return F.pad(x, (0, -W % multiple, 0, -H % multiple), value=value)
+
+
 class Backbone(nn.Module):
     """Images -> feature maps, with the channels and strides of each declared (see the module doc).
 
@@ -54,6 +62,9 @@ class Backbone(nn.Module):
 
     channels: list[int]
     strides: list[int]
+    #: images are zero-padded bottom/right to a multiple of this before the maps are computed (a patch,
+    #: a window grid); the padding mask is padded alike (True), so the padded pixels are padding
+    pad_multiple: int = 1
 
     @property
     def num_channels(self) -> int:
@@ -67,6 +78,7 @@ class Backbone(nn.Module):
     def forward_features(self, images: Tensor, mask: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Every map, and the padding mask (B, H, W, True on padding) resized to each."""
         maps = self.forward_maps(images)
+        mask = pad_to_multiple(mask, self.pad_multiple, value=True)
         return maps, [resize_mask(mask, x.shape[-2:]) for x in maps]
 
     def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

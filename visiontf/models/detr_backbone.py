@@ -22,7 +22,7 @@ from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.ops import FrozenBatchNorm2d
 
 from visiontf.models import timm_features
-from visiontf.models.backbone import TIMM_PREFIX, Backbone, check_indices, select_levels
+from visiontf.models.backbone import TIMM_PREFIX, Backbone, check_indices, pad_to_multiple, select_levels
 from visiontf.models.frozen_bn import fold_frozen_batchnorm
 from visiontf.weights import load_state_dict_file
 
@@ -86,7 +86,6 @@ class DetrBackbone(Backbone):
         self.name = name
         self.channels_last = channels_last
         self.nhwc = False
-        self.pad_multiple = 1
         if name.startswith(TIMM_PREFIX) or _is_visiontf_vit(name):
             self.body, self.pad_multiple = _features_body(name, out_indices, (num_levels, min_stride), pretrained, dilation,
                                                           timm_kwargs or {})
@@ -142,7 +141,7 @@ class DetrBackbone(Backbone):
         """Every requested map (B, C_i, h_i, w_i), finest first."""
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        features = self.body(timm_features.pad_to_multiple(images, self.pad_multiple))
+        features = self.body(pad_to_multiple(images, self.pad_multiple))
         maps = list(features.values()) if isinstance(features, dict) else list(features)
         return timm_features.to_nchw(maps, self.nhwc)
 
@@ -169,7 +168,7 @@ def _features_body(name: str, out_indices: Sequence[int] | None, levels: tuple[i
     indices = select_levels(reductions, *levels) if out_indices is None else check_indices(out_indices, reductions, name)
     from visiontf.models.features import features_only
 
-    return features_only(full, out_indices=indices, name=name), 1
+    return features_only(full, out_indices=indices, name=name), max(full.patch_embed.patch_size)
 
 
 def _freeze(body: nn.Module, first_trained: str | None, absent_means_all: bool = False) -> None:

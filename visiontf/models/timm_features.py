@@ -3,7 +3,9 @@ detector needs on top (used by :class:`~visiontf.models.detr_backbone.DetrBackbo
 
 * Any input size: ViTs are built with ``dynamic_img_size`` and ``dynamic_img_pad`` (position table
   resampled per input, image padded to a patch multiple), Swin with ``strict_img_size=False`` (its
-  image padded here to a patch multiple, its windows padded by timm).
+  windows padded by timm). Images are zero-padded bottom/right to the smallest multiple the model
+  needs (:func:`size_multiple`, found by running it on the meta device: Swin's patch, HRNet's 32,
+  MaxViT's 256); the padded pixels are part of the padding mask.
 * Channels-last (NHWC) maps (Swin: the wrapper's ``output_fmt``) are returned as NCHW.
 * The features are chosen by index of the model's own ``feature_info`` (checked, one-line error
   listing each index's stride), or by stride (:func:`~visiontf.models.backbone.select_levels`).
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models.backbone import check_indices, select_levels
@@ -99,10 +100,37 @@ def timm_features(
             raise RuntimeError(f"could not load {source} ({type(e).__name__}: {str(e)[:300]}). {fix}") from e
     else:
         body = _create(name, pretrained=False, **kwargs)
-    pad = 1
-    if "strict_img_size" in size_kwargs and isinstance(getattr(body, "patch_embed", None), nn.Module):
-        pad = max(body.patch_embed.patch_size)
-    return body, pad
+    if "dynamic_img_pad" in size_kwargs:  # a ViT: padded here to its patch (timm would pad it alike), with the mask
+        return body, max(body.model.patch_embed.patch_size)
+    return body, size_multiple(meta, name)
+
+
+#: odd image sizes a detector's batches have; the multiples images may be padded to, smallest first
+_ODD_SIZES = ((97, 130), (161, 200))
+_MULTIPLES = (1, 2, 4, 8, 14, 16, 32, 64, 128, 256)
+
+
+def size_multiple(meta: nn.Module, name: str) -> int:
+    """The smallest multiple images must be padded to for ``meta`` (the model on the meta device, where a
+    forward only checks shapes) to take odd sizes: 1 for CNNs and ViTs with ``dynamic_img_pad``, the
+    patch for Swin, 32 for HRNet's fusions, 256 for MaxViT's grids. A model that takes no size but its
+    own (Hiera) is refused: a detector's images vary in size."""
+    def runs(multiple: int) -> bool:
+        for h, w in _ODD_SIZES:
+            try:
+                with torch.no_grad():
+                    meta(torch.empty(1, 3, -(-h // multiple) * multiple, -(-w // multiple) * multiple, device="meta"))
+            except NotImplementedError:  # an operator without a meta kernel: nothing learnt, take the size as it is
+                return True
+            except (RuntimeError, AssertionError, ValueError):
+                return False
+        return True
+
+    for multiple in _MULTIPLES:
+        if runs(multiple):
+            return multiple
+    raise ValueError(f"timm:{name} takes no image size but its own (padding to a multiple of up to {_MULTIPLES[-1]} does not help); "
+                     "a detector's images vary in size: pick a CNN, Swin or ViT")
 
 
 def is_nhwc(body: nn.Module) -> bool:
@@ -112,14 +140,6 @@ def is_nhwc(body: nn.Module) -> bool:
 
 def to_nchw(maps: Sequence[Tensor], nhwc: bool) -> list[Tensor]:
     return [m.permute(0, 3, 1, 2) for m in maps] if nhwc else list(maps)
-
-
-def pad_to_multiple(images: Tensor, multiple: int) -> Tensor:
-    """Zero-pad bottom/right to a multiple of ``multiple`` (the padded pixels are the mask's padding)."""
-    if multiple <= 1:
-        return images
-    H, W = images.shape[-2:]
-    return F.pad(images, (0, -W % multiple, 0, -H % multiple))
 
 
 def parameter_root(body: nn.Module) -> tuple[nn.Module, str]:

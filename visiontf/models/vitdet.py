@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.models.backbone import TIMM_PREFIX, Backbone
+from visiontf.models.backbone import TIMM_PREFIX, Backbone, pad_to_multiple
 
 #: what a ViT's embedding holds besides its blocks: layer 0 of layer-wise decay
 _STEM = ("patch_embed.", "pos_embed", "cls_token", "dist_token", "reg_token")
@@ -135,6 +135,7 @@ class SimpleFeaturePyramidBackbone(Backbone):
         self.global_blocks = tuple(int(i) for i in global_blocks)
         patch = self.net.patch_embed.patch_size
         patch = max(patch) if isinstance(patch, (tuple, list)) else int(patch)
+        self.pad_multiple = patch  # images (and their mask) padded to the patch here, as the ViT would pad them
         dim = self.net.embed_dim
         self.scale_factors = tuple(float(s) for s in scale_factors)
         if list(self.scale_factors) != sorted(set(self.scale_factors), reverse=True) or not self.scale_factors:
@@ -214,7 +215,7 @@ class SimpleFeaturePyramidBackbone(Backbone):
         return x[:, prefix:].transpose(1, 2).reshape(B, C, *grid)
 
     def forward_maps(self, images: Tensor) -> list[Tensor]:
-        x = self.forward_vit(images)
+        x = self.forward_vit(pad_to_multiple(images, self.pad_multiple))
         maps = [level(x) for level in self.pyramid]
         if self.top_block:
             maps.append(F.max_pool2d(maps[-1], kernel_size=1, stride=2))
