@@ -202,3 +202,21 @@ def test_images_padded_to_a_multiple_have_their_padding_masked():
     assert build_backbone("timm:swin_tiny_patch4_window7_224", **TIMM_CASES["swin_tiny_patch4_window7_224"]).pad_multiple == 4
     with pytest.raises(ValueError, match="takes no image size but its own"):
         build_backbone("timm:hiera_tiny_224")
+
+
+def test_deformable_detr_masks_the_padding_its_backbone_adds():
+    from visiontf.models.backbone import pad_to_multiple
+
+    class Padded(_Constant):
+        pad_multiple = 32
+
+        def forward_maps(self, images):
+            return super().forward_maps(pad_to_multiple(images, self.pad_multiple))
+
+    model = visiontf.create_model("dino_tiny", num_classes=2, backbone=Padded(), num_feature_levels=3, num_queries=20).eval()
+    with torch.no_grad():
+        odd = model.encode(torch.randn(1, 3, 40, 50))  # padded to 64 x 64 inside the backbone, no mask given
+        even = model.encode(torch.randn(1, 3, 64, 64))
+    assert odd.spatial_shapes == [(8, 8), (4, 4), (2, 2)] and odd.padding_mask is not None
+    assert odd.padding_mask[0, :64].view(8, 8)[5:].all() and not odd.padding_mask[0, :64].view(8, 8)[:5, :6].any()
+    assert even.padding_mask is None  # nothing padded: the fast path without masking

@@ -40,6 +40,13 @@ TIMM_PREFIX = "timm:"
 SIMPLEFPN_PREFIX = "simplefpn:"
 
 
+def visiontf_vits() -> list[str]:
+    """The registered visiontf ViT / DeiT names (what ``backbone="vit_..."`` and ``"simplefpn:vit_..."`` take)."""
+    from visiontf.models._registry import list_models
+
+    return list_models("vit_*") + list_models("deit_*")
+
+
 def resize_mask(mask: Tensor, size: Sequence[int]) -> Tensor:
     """The (B, H, W) padding mask at a map's ``size``: nearest, exactly as the original DETR (no align)."""
     return F.interpolate(mask[None].float(), size=tuple(size)).to(torch.bool)[0]

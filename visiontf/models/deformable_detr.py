@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from visiontf.models import query_groups
 from visiontf.models._registry import register_model
-from visiontf.models.backbone import Backbone, build_backbone
+from visiontf.models.backbone import Backbone, build_backbone, pad_to_multiple
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
 from visiontf.models.deformable_arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr_convert import convert_state_dict
@@ -260,6 +260,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         image_mask = torch.zeros((B, H, W), dtype=torch.bool, device=images.device) if mask is None else mask.bool()
         maps, masks = self.backbone.forward_features(images, image_mask)
         srcs = [proj(x) for proj, x in zip(self.input_proj, maps)]
+        # the image's mask as the backbone padded it (the extra levels cover its padded extent); ResNets pad nothing
+        image_mask = pad_to_multiple(image_mask, self.backbone.pad_multiple, value=True)
         for level in range(len(srcs), self.arch_options.num_feature_levels):
             srcs.append(self.input_proj[level](maps[-1] if level == len(maps) else srcs[-1]))
             masks.append(F.interpolate(image_mask[None].float(), size=srcs[-1].shape[-2:]).to(torch.bool)[0])
@@ -268,8 +270,11 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         src = torch.cat([s.flatten(2).transpose(1, 2) for s in srcs], 1)
         pos = torch.cat([self.position_embedding(m).flatten(2).transpose(1, 2) for m in masks], 1)
         pos = (pos + self.transformer.level_embed[layout.level]).to(src.dtype)
-        # without padding the value masking and valid-ratio arithmetic are skipped (ratios are 1)
-        padding_mask = None if mask is None else torch.cat([m.flatten(1) for m in masks], 1)
+        # without padding the value masking and valid-ratio arithmetic are skipped (ratios are 1); a backbone that
+        # pads the images to a multiple (a patch, a window grid) makes padding of its own
+        multiple = self.backbone.pad_multiple
+        padded = mask is not None or (multiple > 1 and bool(H % multiple or W % multiple))
+        padding_mask = torch.cat([m.flatten(1) for m in masks], 1) if padded else None
         counts = valid_counts(padding_mask, layout, B)
         ratios = counts / layout.size
         reference = encoder_reference_points(layout, ratios)

@@ -22,7 +22,7 @@ from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.ops import FrozenBatchNorm2d
 
 from visiontf.models import timm_features
-from visiontf.models.backbone import TIMM_PREFIX, Backbone, check_indices, pad_to_multiple, select_levels
+from visiontf.models.backbone import TIMM_PREFIX, Backbone, check_indices, pad_to_multiple, select_levels, visiontf_vits
 from visiontf.models.frozen_bn import fold_frozen_batchnorm
 from visiontf.weights import load_state_dict_file
 
@@ -86,7 +86,7 @@ class DetrBackbone(Backbone):
         self.name = name
         self.channels_last = channels_last
         self.nhwc = False
-        if name.startswith(TIMM_PREFIX) or _is_visiontf_vit(name):
+        if name.startswith(TIMM_PREFIX) or name in visiontf_vits():
             self.body, self.pad_multiple = _features_body(name, out_indices, (num_levels, min_stride), pretrained, dilation,
                                                           timm_kwargs or {})
             if frozen_bn:
@@ -144,12 +144,6 @@ class DetrBackbone(Backbone):
         features = self.body(pad_to_multiple(images, self.pad_multiple))
         maps = list(features.values()) if isinstance(features, dict) else list(features)
         return timm_features.to_nchw(maps, self.nhwc)
-
-
-def _is_visiontf_vit(name: str) -> bool:
-    from visiontf.models._registry import list_models
-
-    return name in list_models("vit_*") or name in list_models("deit_*")
 
 
 def _features_body(name: str, out_indices: Sequence[int] | None, levels: tuple[int, int], pretrained: bool | str | Path | None,

@@ -16,14 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from visiontf.models.backbone import Backbone, build_backbone
+from visiontf.models.backbone import Backbone, build_backbone, visiontf_vits
 
 
 def is_setr_vit(encoder: str | Backbone) -> bool:
     """Whether ``encoder`` is a visiontf ViT name: SETR's own (mmseg-exact) encoder path."""
-    from visiontf.models._registry import list_models
-
-    return isinstance(encoder, str) and encoder in list_models("vit_*") + list_models("deit_*")
+    return isinstance(encoder, str) and encoder in visiontf_vits()
 
 
 def setr_backbone(encoder: str | Backbone, out_indices: Sequence[int] | None, decoder: str,

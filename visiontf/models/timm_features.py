@@ -41,6 +41,18 @@ def _create(name: str, **kwargs: Any) -> nn.Module:
     return timm.create_model(name, features_only=True, **kwargs)
 
 
+def _create_small(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """The features model without weights: on the meta device, or on the CPU for a model whose
+    constructor reads tensor values (which meta tensors do not have)."""
+    try:
+        with torch.device("meta"):
+            return _create(name, pretrained=False, **kwargs)
+    except (NotImplementedError, RuntimeError) as e:
+        if "meta" not in str(e).lower():
+            raise
+    return _create(name, pretrained=False, **kwargs)
+
+
 def _probe(name: str, kwargs: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
     """The features model on the meta device (cheap) and the size keywords its constructor took."""
     import timm
@@ -52,15 +64,14 @@ def _probe(name: str, kwargs: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]
     last: Exception | None = None
     for size_kwargs in _SIZE_KWARGS:
         try:
-            with torch.device("meta"):
-                # the last feature only: enough to read the whole feature_info, and valid at any depth
-                return _create(name, pretrained=False, out_indices=(-1,), **size_kwargs, **kwargs), size_kwargs
+            # the last feature only: enough to read the whole feature_info, and valid at any depth
+            return _create_small(name, dict(kwargs, **size_kwargs, out_indices=(-1,))), size_kwargs
         except TypeError as e:  # the constructor does not take these keywords: try the next kind
             if "unexpected keyword argument" not in str(e):
                 raise
             last = e
         except RuntimeError as e:
-            if "features_only not implemented" in str(e) or "feature" in str(e).lower():
+            if "features_only not implemented" in str(e):
                 raise ValueError(f"timm model {name!r} has no features_only form ({e}); pick a CNN, Swin or ViT") from e
             raise
     raise ValueError(f"timm model {name!r} does not take the keywords given: {last}")
@@ -115,11 +126,13 @@ def size_multiple(meta: nn.Module, name: str) -> int:
     forward only checks shapes) to take odd sizes: 1 for CNNs and ViTs with ``dynamic_img_pad``, the
     patch for Swin, 32 for HRNet's fusions, 256 for MaxViT's grids. A model that takes no size but its
     own (Hiera) is refused: a detector's images vary in size."""
+    device = next(iter(meta.parameters())).device  # the CPU where the constructor needed values
+
     def runs(multiple: int) -> bool:
         for h, w in _ODD_SIZES:
             try:
                 with torch.no_grad():
-                    meta(torch.empty(1, 3, -(-h // multiple) * multiple, -(-w // multiple) * multiple, device="meta"))
+                    meta.eval()(torch.zeros(1, 3, -(-h // multiple) * multiple, -(-w // multiple) * multiple, device=device))
             except NotImplementedError:  # an operator without a meta kernel: nothing learnt, take the size as it is
                 return True
             except (RuntimeError, AssertionError, ValueError):

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.models.backbone import TIMM_PREFIX, Backbone, pad_to_multiple
+from visiontf.models.backbone import TIMM_PREFIX, Backbone, pad_to_multiple, visiontf_vits
 
 #: what a ViT's embedding holds besides its blocks: layer 0 of layer-wise decay
 _STEM = ("patch_embed.", "pos_embed", "cls_token", "dist_token", "reg_token")
@@ -92,9 +92,9 @@ def _build_vit(name: str, pretrained: bool | str | Path | None, kwargs: dict[str
         if not hasattr(vit, "blocks") or not hasattr(vit, "_pos_embed"):
             raise ValueError(f"timm model {timm_name!r} is not a plain ViT with blocks (ViT, DeiT, DINOv2, EVA)")
         return vit
-    from visiontf.models._registry import create_model, list_models
+    from visiontf.models._registry import create_model
 
-    vits = list_models("vit_*") + list_models("deit_*")
+    vits = visiontf_vits()
     if name not in vits:
         raise ValueError(f"simplefpn:{name}: not a ViT; use a visiontf ViT ({', '.join(vits[:4])}, ...) or 'timm:<ViT name>'")
     return create_model(name, pretrained=pretrained or None, **size, **kwargs)
