@@ -101,3 +101,13 @@ def test_refusals_name_the_fix():
         visiontf.create_model("vit_tiny_patch16_224", **SMALL)(torch.randn(1, 3, 50, 64))
     with pytest.raises(ValueError, match="'NCHW' maps or 'NLC'"):
         visiontf.create_model("vit_tiny_patch16_224", **SMALL).forward_intermediates(torch.randn(1, 3, 64, 64), output_fmt="NHWC")
+
+
+def test_features_only_model_saves_and_loads(tmp_path):
+    m = visiontf.create_model("vit_tiny_patch16_224", features_only=True, out_indices=(1, 2), **SMALL).eval()
+    again = visiontf.load_model(visiontf.save_model(m, tmp_path / "f.safetensors")).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        for a, b in zip(m(x), again(x), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert again.feature_info.out_indices == (1, 2)

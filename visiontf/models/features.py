@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from timm.models._features import FeatureGetterNet
 from torch import nn
 
+from visiontf.models.contract import VisionModel
 from visiontf.models.vit_timm_api import TimmViTApi, take_indices
 
 #: timm's default for its ViTs (``feature_cfg=dict(out_indices=3)``): the last three blocks
@@ -22,18 +24,21 @@ DEFAULT_OUT_INDICES = 3
 FEATURE_KWARGS = ("out_indices", "output_fmt")
 
 
+class ViTFeatures(FeatureGetterNet, VisionModel):
+    """timm's feature wrapper, declaring what visiontf's loaders read of a model (``save_model`` /
+    ``load_model`` round trips: the config records ``features_only`` and ``out_indices``)."""
+
+
 def features_only(model: nn.Module, out_indices: int | Sequence[int] | None = None, output_fmt: str = "NCHW",
                   name: str = "") -> nn.Module:
     """``model`` as timm's ``FeatureGetterNet`` over ``out_indices`` (timm's meaning: an int n is the
     last n blocks, negative indices count from the end)."""
-    from timm.models._features import FeatureGetterNet
-
     if not isinstance(model, TimmViTApi):
         raise ValueError(f"{name or type(model).__name__} has no features_only form (only the ViTs and DeiTs have); "
                          "for a detector backbone use visiontf.models.backbones.build_backbone")
     indices = DEFAULT_OUT_INDICES if out_indices is None else out_indices
     indices = indices if isinstance(indices, int) else [int(i) for i in indices]
     take_indices(len(model.blocks), indices)  # one line naming the valid indices, before timm's assert
-    features = FeatureGetterNet(model, out_indices=indices, output_fmt=output_fmt)
+    features = ViTFeatures(model, out_indices=indices, output_fmt=output_fmt)
     features.pretrained_cfg = model.pretrained_cfg
     return features
