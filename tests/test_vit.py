@@ -51,7 +51,7 @@ def test_forward_intermediates_matches_timm():
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        feats = ours.forward_intermediates(x, [2, 5, 11])
+        feats = ours.forward_intermediates(x, [2, 5, 11], intermediates_only=True)
         ref_feats = ref.forward_intermediates(x, indices=[2, 5, 11], intermediates_only=True)
     assert [f.shape for f in feats] == [(2, 192, 4, 4)] * 3
     for a, b in zip(feats, ref_feats):

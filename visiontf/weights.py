@@ -259,6 +259,12 @@ def save_model(model: torch.nn.Module, path: str | Path, model_name: str | None 
         raise ValueError("model_name is needed: the model was not built by visiontf.create_model")
     kwargs = dict(model.model_kwargs)
     kwargs.update(model_kwargs)
+    modules = [k for k, v in kwargs.items() if isinstance(v, torch.nn.Module)]
+    if modules:  # an injected part (backbone=MyBackbone()): no config can rebuild it
+        raise ValueError(
+            f"model_kwargs {modules} hold module instances ({type(kwargs[modules[0]]).__name__}), which a saved config cannot "
+            "rebuild; save model.state_dict() with safetensors.torch.save_file and build the model in Python to load it"
+        )
     config = {"model_name": model_name, "model_kwargs": kwargs}
     # safetensors refuses shared storage; clone keeps tied weights correct on reload
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}

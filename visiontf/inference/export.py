@@ -15,6 +15,10 @@ adapter gives the graph's wrapper and signature (``visiontf.adapters``):
   core (:func:`exportable_attention`). Every option of the family exports: the training-only ones
   (denoising queries, Group DETR's extra groups) are not part of the inference graph. A two-stage
   graph needs at least ``num_queries`` feature positions (onnxruntime fails on its TopK otherwise).
+  A ViT backbone (plain or with the simple feature pyramid) or a Swin one fixes the height and width
+  to the export size: its position table is resampled for that grid before tracing
+  (:func:`visiontf.models.backbone.fixed_position_tables`; the antialiased bicubic resampling has no
+  ONNX operator) and its window and patch paddings are traced as constants.
 * segmentation: ``images`` (B, 3, H, W) -> ``logits`` (B, K, H, W); batch dynamic.
 
 The check after an export (:func:`visiontf.inference.onnx_check.check_onnx`) compares what users
@@ -29,7 +33,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from torch import Tensor, nn
 from visiontf.adapters.base import Task, get_adapter
 from visiontf.adapters.settings import EvalSettings
 from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, ExportTolerance, check_onnx, onnx_and_torch_outputs
+from visiontf.models.backbone import fixed_position_tables
 from visiontf.nn.ms_deform_attn import MSDeformAttn
 
 log = logging.getLogger(__name__)
@@ -87,7 +92,8 @@ def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | 
     wrapper = adapter.onnx_wrapper(model).eval()
     inputs = adapter.example_inputs(model, image_size, batch_size=adapter.trace_batch_size, pad=True)
     in_names, out_names = list(adapter.input_names), list(adapter.onnx_output_names(model))
-    with warnings.catch_warnings(), exportable_attention(model):
+    size = tuple(inputs["images"].shape[-2:]) if "images" in inputs else None
+    with warnings.catch_warnings(), exportable_attention(model), fixed_position_tables(model, size) if size else nullcontext():
         warnings.simplefilter("ignore")  # tracer warnings about Python ints in shape checks
         torch.onnx.export(
             wrapper, tuple(inputs[n] for n in in_names), str(path), dynamo=False, opset_version=opset,

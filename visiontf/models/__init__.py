@@ -7,6 +7,7 @@ from visiontf.models import (  # noqa: F401  (registration happens on import)
     detr,
     detr_segm,
     dino,
+    dino_backbones,
     ipt,
     setr,
     vit,

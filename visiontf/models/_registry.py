@@ -95,10 +95,21 @@ def create_model(
     pretrained: bool | str | Path | None = None,
     num_classes: int | None = None,
     strict: bool = True,
+    features_only: bool = False,
     **kwargs: Any,
 ) -> nn.Module:
-    """Build a registered model; optionally load weights from a file or the published source."""
+    """Build a registered model; optionally load weights from a file or the published source.
+
+    ``features_only=True`` (ViTs and DeiTs) returns the model as timm's feature wrapper over
+    ``out_indices`` (default the last 3 blocks; ``output_fmt`` "NCHW" or "NLC"), after the weights are
+    loaded: :func:`visiontf.models.features.features_only`.
+    """
     entry = get_entry(name)
+    feature_kwargs = {}
+    if features_only:
+        from visiontf.models.features import FEATURE_KWARGS
+
+        feature_kwargs = {k: kwargs.pop(k) for k in FEATURE_KWARGS if k in kwargs}
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     try:
@@ -122,6 +133,12 @@ def create_model(
         else:
             state = load_state_dict_file(pretrained)
         load_pretrained(model, state, entry, strict=strict, source=str(pretrained))
+    if features_only:
+        from visiontf.models.features import features_only as as_features
+
+        model = as_features(model, name=name, **feature_kwargs)
+        model.model_name = name
+        model.model_kwargs = dict(kwargs, features_only=True, **feature_kwargs)
     return model
 
 

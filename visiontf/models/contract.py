@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
+from visiontf.models.backbone import Backbone
 from visiontf.models.mask_options import MaskOptions
 from visiontf.models.postprocess_options import PostprocessOptions
 
@@ -143,6 +144,11 @@ class VisionModel(nn.Module):
         """The learning-rate group of a parameter; the tasks map group names to learning rates."""
         return "default"
 
+    def layer_depth(self, name: str) -> tuple[int, int] | None:
+        """(layer id, number of layers) of a parameter for layer-wise learning-rate decay (ViTDet's
+        ``lr * decay ** (layers + 1 - id)``); None (the default): no decay for it."""
+        return None
+
 
 class Classifier(VisionModel):
     """Images (B, 3, H, W) -> logits (B, K)."""
@@ -170,6 +176,14 @@ class Detector(VisionModel):
     postprocess_options: PostprocessOptions = PostprocessOptions()
     #: a mask head's post-processing settings; None: the detector predicts no masks (``pred_masks``)
     mask_options: MaskOptions | None = None
+
+    def layer_depth(self, name: str) -> tuple[int, int] | None:
+        """The depth its :class:`~visiontf.models.backbone.Backbone` gives a ``backbone.*`` parameter (a
+        ViT's blocks); None for the rest (the detection head trains without decay, as ViTDet's)."""
+        backbone = self._modules.get("backbone")
+        if isinstance(backbone, Backbone) and name.startswith("backbone."):
+            return backbone.layer_depth(name[len("backbone."):])
+        return None
 
 
 class Segmenter(VisionModel):

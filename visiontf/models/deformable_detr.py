@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from visiontf.models import query_groups
 from visiontf.models._registry import register_model
+from visiontf.models.backbone import Backbone, build_backbone, pad_to_multiple
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
 from visiontf.models.deformable_arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr_convert import convert_state_dict
@@ -43,7 +44,6 @@ from visiontf.models.deformable_transformer import (
 from visiontf.models.denoising import build_contrastive_denoising
 from visiontf.models.detector_settings import DeformableWeightsSettings
 from visiontf.models.detr import DETECTION_CFG, MLP
-from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.dino_options import DinoOptions
 from visiontf.models.distinct_queries import DistinctQueriesBetweenLayers
 from visiontf.models.feature_levels import feature_levels
@@ -59,14 +59,18 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
     Args:
         num_classes: object classes; the class head has ``num_classes`` sigmoid outputs (COCO: 91,
             the original's max category id + 1).
-        backbone: ``"resnet18|34|50|101"`` or ``"timm:<name>"`` (see :class:`DetrBackbone`).
+        backbone: ``"resnet18|34|50|101"``, ``"timm:<name>"``, a visiontf ViT, ``"simplefpn:<ViT>"``, a DINO
+            Swin name, or a :class:`~visiontf.models.backbone.Backbone` (see :func:`~visiontf.models.backbone.build_backbone`).
+        backbone_kwargs: more options of the backbone (``frozen_stages``, timm's ``create_model`` keywords,
+            the simple feature pyramid's); see ``build_backbone``.
         attn_method: ``"gather"`` (fast: fused Triton kernels on CUDA), ``"triton"`` or
             ``"grid_sample"`` (exportable), see :func:`visiontf.nn.ms_deform_core.ms_deform_attn_core`.
         backbone_pretrained, train_backbone, channels_last, frozen_bn, freeze_stem: see
-            :class:`DetrBackbone`.
-        backbone_stages: the backbone stages that give the first levels (timm numbering: stage
-            i has stride 2^(i+1)); default the last ``min(L, 3)`` of C3-C5. ``(1, 2, 3)`` gives
-            strides 4/8/16 from a ResNet truncated after ``layer3`` (small objects, cheap trunk).
+            :func:`~visiontf.models.backbone.build_backbone`.
+        backbone_stages: the backbone features that give the first levels (timm's numbering of the
+            backbone's ``feature_info``; ResNets: feature i = ``layer{i}``, stride 2^(i+1)); default the
+            coarsest ``min(L, 3)`` of distinct strides >= 8 (C3-C5). ``(1, 2, 3)`` gives strides 4/8/16
+            from a ResNet truncated after ``layer3`` (small objects, cheap trunk).
 
     The architecture, the fields of :class:`~visiontf.models.deformable_arch_options.DeformableArchOptions` (their
     meaning and checks), kept as ``self.arch_options``: ``hidden_dim``, ``nheads``, ``enc_layers``, ``dec_layers``,
@@ -101,7 +105,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
     def __init__(
         self,
         num_classes: int = 91,
-        backbone: str = "resnet50",
+        backbone: str | Backbone = "resnet50",
         num_feature_levels: int = 4,
         hidden_dim: int = 256,
         nheads: int = 8,
@@ -139,6 +143,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         nms_class_agnostic: bool = True,
         pos_offset: float = 0.5, inverse_sigmoid_eps: float = 1e-5, select_padded_proposals: bool = False,
         pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
+        backbone_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -157,15 +162,17 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         self.num_classes = num_classes
         # replaceable at evaluation and prediction: visiontf.detection.set_postprocess
         self.postprocess_options = PostprocessOptions(num_select, nms_iou_threshold, nms_class_agnostic)
-        if backbone_stages is None:
-            stages = (4,) if num_feature_levels == 1 else (2, 3, 4)[-min(num_feature_levels, 3):]
-        else:
-            stages = tuple(int(i) for i in backbone_stages)
-            if not 1 <= len(stages) <= num_feature_levels:
-                raise ValueError(f"backbone_stages={stages} must name between 1 and num_feature_levels={num_feature_levels} stages")
-        self.backbone = DetrBackbone(
-            backbone, False, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem, out_indices=stages
+        stages = None if backbone_stages is None else tuple(int(i) for i in backbone_stages)
+        if stages is not None and not 1 <= len(stages) <= num_feature_levels:
+            raise ValueError(f"backbone_stages={stages} must name between 1 and num_feature_levels={num_feature_levels} stages")
+        self.backbone = build_backbone(
+            backbone, out_indices=stages, num_levels=min(num_feature_levels, 3), pretrained=backbone_pretrained,
+            train_backbone=train_backbone, channels_last=channels_last, frozen_bn=frozen_bn, freeze_stem=freeze_stem,
+            **(backbone_kwargs or {}),
         )
+        if len(self.backbone.channels) > num_feature_levels:
+            raise ValueError(f"the backbone gives {len(self.backbone.channels)} maps (strides {self.backbone.strides}), more than "
+                             f"num_feature_levels={num_feature_levels}; build with num_feature_levels={len(self.backbone.channels)}")
         self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, pos_temperature, normalize=True, offset=pos_offset)
         projections = [nn.Sequential(nn.Conv2d(c, hidden_dim, kernel_size=1), nn.GroupNorm(32, hidden_dim)) for c in self.backbone.channels]
         in_channels = self.backbone.channels[-1]
@@ -223,7 +230,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
     def param_group(self, name: str) -> str:
         """``"backbone"`` | ``"offsets"`` (sampling offsets and reference points, 0.1x lr) | ``"default"``."""
         if name.startswith("backbone."):
-            return "backbone"
+            return self.backbone.param_group(name[len("backbone."):])
         if "sampling_offsets" in name or "reference_points" in name:
             return "offsets"
         return "default"
@@ -253,6 +260,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         image_mask = torch.zeros((B, H, W), dtype=torch.bool, device=images.device) if mask is None else mask.bool()
         maps, masks = self.backbone.forward_features(images, image_mask)
         srcs = [proj(x) for proj, x in zip(self.input_proj, maps)]
+        # the image's mask as the backbone padded it (the extra levels cover its padded extent); ResNets pad nothing
+        image_mask = pad_to_multiple(image_mask, self.backbone.pad_multiple, value=True)
         for level in range(len(srcs), self.arch_options.num_feature_levels):
             srcs.append(self.input_proj[level](maps[-1] if level == len(maps) else srcs[-1]))
             masks.append(F.interpolate(image_mask[None].float(), size=srcs[-1].shape[-2:]).to(torch.bool)[0])
@@ -261,8 +270,11 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         src = torch.cat([s.flatten(2).transpose(1, 2) for s in srcs], 1)
         pos = torch.cat([self.position_embedding(m).flatten(2).transpose(1, 2) for m in masks], 1)
         pos = (pos + self.transformer.level_embed[layout.level]).to(src.dtype)
-        # without padding the value masking and valid-ratio arithmetic are skipped (ratios are 1)
-        padding_mask = None if mask is None else torch.cat([m.flatten(1) for m in masks], 1)
+        # without padding the value masking and valid-ratio arithmetic are skipped (ratios are 1); a backbone that
+        # pads the images to a multiple (a patch, a window grid) makes padding of its own
+        multiple = self.backbone.pad_multiple
+        padded = mask is not None or (multiple > 1 and bool(H % multiple or W % multiple))
+        padding_mask = torch.cat([m.flatten(1) for m in masks], 1) if padded else None
         counts = valid_counts(padding_mask, layout, B)
         ratios = counts / layout.size
         reference = encoder_reference_points(layout, ratios)

@@ -17,9 +17,9 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model, torch_hub_state_dict
+from visiontf.models.backbone import Backbone, build_backbone
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
 from visiontf.models.detector_settings import detr_settings
-from visiontf.models.detr_backbone import DetrBackbone
 from visiontf.models.detr_convert import convert_state_dict
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import (
@@ -109,14 +109,18 @@ class DETR(Detector):
         num_classes: object classes; the class head has ``num_classes + 1`` outputs, the last
             being "no object" (the original's convention: COCO uses 91 = max category id + 1;
             visiontf's tasks pass the number of dataset categories with contiguous labels).
-        backbone: ``"resnet18|34|50|101"`` or ``"timm:<name>"``; see :class:`DetrBackbone`.
+        backbone: ``"resnet18|34|50|101"``, ``"timm:<name>"``, a visiontf ViT, ``"simplefpn:<ViT>"``, a
+            DINO Swin name, or a :class:`~visiontf.models.backbone.Backbone` (see
+            :func:`~visiontf.models.backbone.build_backbone`); DETR reads its last map.
+        backbone_kwargs: more options of the backbone (``out_indices``, ``frozen_stages``, timm's
+            ``create_model`` keywords, the simple feature pyramid's); see ``build_backbone``.
         dilation: DC5 (dilated last stage).
         position_embedding: ``"sine"`` (the default of the published models) or ``"learned"``.
         aux_loss: return the predictions of every decoder layer but the last in ``aux_outputs``.
         backbone_pretrained: None, a local ImageNet checkpoint, or True (torchvision download).
         train_backbone: False freezes the whole backbone.
         channels_last: run the backbone in channels-last memory format.
-        frozen_bn, freeze_stem: see :class:`DetrBackbone`; both True (the paper) by default.
+        frozen_bn, freeze_stem: see :func:`~visiontf.models.backbone.build_backbone`; both True (the paper) by default.
         pretrained_cfg: eval settings over :data:`DETECTION_CFG`.
     """
 
@@ -132,7 +136,7 @@ class DETR(Detector):
     def __init__(
         self,
         num_classes: int = 91,
-        backbone: str = "resnet50",
+        backbone: str | Backbone = "resnet50",
         dilation: bool = False,
         hidden_dim: int = 256,
         nheads: int = 8,
@@ -149,6 +153,7 @@ class DETR(Detector):
         frozen_bn: bool = True,
         freeze_stem: bool = True,
         pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
+        backbone_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -161,8 +166,11 @@ class DETR(Detector):
         self.aux_loss = aux_loss
         # every query a detection, as the original; replaceable at evaluation: visiontf.detection.set_postprocess
         self.postprocess_options = PostprocessOptions()
-        self.backbone = DetrBackbone(backbone, dilation, train_backbone, backbone_pretrained, channels_last, frozen_bn, freeze_stem,
-                                     out_indices=self.backbone_stages)
+        options = dict(backbone_kwargs or {})
+        if self.backbone_stages is not None:  # a mask head's FPN reads the finer stages too
+            options.setdefault("out_indices", self.backbone_stages)
+        self.backbone = build_backbone(backbone, dilation=dilation, train_backbone=train_backbone, pretrained=backbone_pretrained,
+                                       channels_last=channels_last, frozen_bn=frozen_bn, freeze_stem=freeze_stem, **options)
         if position_embedding in ("sine", "v2"):
             self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True)
         elif position_embedding in ("learned", "v3"):
@@ -183,7 +191,7 @@ class DETR(Detector):
 
     def param_group(self, name: str) -> str:
         """The learning-rate group of a parameter: ``"backbone"`` (the CNN) or ``"default"``."""
-        return "backbone" if name.startswith("backbone.") else "default"
+        return self.backbone.param_group(name[len("backbone."):]) if name.startswith("backbone.") else "default"
 
     def forward(self, images: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> dict:
         """Predict ``num_queries`` boxes per image.

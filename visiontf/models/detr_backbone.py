@@ -1,57 +1,66 @@
-"""DETR's convolutional backbone: a torchvision ResNet with frozen BatchNorm, or any timm CNN.
+"""DETR's backbone: a torchvision ResNet with frozen BatchNorm, any timm model with ``features_only``,
+or a visiontf ViT; a :class:`~visiontf.models.backbone.Backbone`.
 
 The ResNet keeps torchvision's module names under ``body.``, so the original DETR checkpoint's
 ``backbone.0.body.<name>`` maps onto ``backbone.body.<name>`` with a prefix rename and ImageNet
 weights from torchvision load unchanged. As in the paper, the stem and the first stage (conv1,
-bn1, layer1) are never trained and BatchNorm statistics and affine parameters are frozen.
+bn1, layer1) are never trained and BatchNorm statistics and affine parameters are frozen. timm
+models (:mod:`~visiontf.models.timm_features`: CNNs, Swin's NHWC maps, ViTs at any size) and
+visiontf's ViTs (their ``features_only`` form) sit under ``body.`` too.
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.ops import FrozenBatchNorm2d
 
+from visiontf.models import timm_features
+from visiontf.models.backbone import TIMM_PREFIX, Backbone, check_indices, pad_to_multiple, select_levels, visiontf_vits
 from visiontf.models.frozen_bn import fold_frozen_batchnorm
 from visiontf.weights import load_state_dict_file
 
 log = logging.getLogger(__name__)
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101")
-#: prefix selecting a timm model as backbone, e.g. ``"timm:resnet18"``
-TIMM_PREFIX = "timm:"
 #: classifier tensors of ImageNet checkpoints, unused by a feature extractor
 _CLASSIFIER_PREFIXES = ("fc.", "head.", "classifier.", "head_dist.")
+#: a torchvision ResNet's features in timm's numbering: the stem (stride 2), then layer1..layer4
+_RESNET_STRIDES = (2, 4, 8, 16, 32)
 
 
-class DetrBackbone(nn.Module):
-    """Feature extractor returning the last feature map and the padding mask resized to it.
-
-    With ``out_indices`` it also serves multi-scale detectors (Deformable DETR: ``(2, 3, 4)``,
-    strides 8/16/32): :meth:`forward_features` returns every requested map with its mask.
+class DetrBackbone(Backbone):
+    """A torchvision ResNet, a timm ``features_only`` model or a visiontf ViT as a :class:`Backbone`.
 
     Args:
-        name: ``"resnet18" | "resnet34" | "resnet50" | "resnet101"`` (torchvision) or
-            ``"timm:<model name>"`` for any timm CNN that supports ``features_only``.
+        name: ``"resnet18" | "resnet34" | "resnet50" | "resnet101"`` (torchvision),
+            ``"timm:<model name>"`` (any timm model that supports ``features_only``: CNNs, Swin,
+            ViTs), or a registered visiontf ViT / DeiT (``"vit_small_patch16_224"``).
         dilation: DC5, replace the stride of the last stage by dilation (ResNets; for timm
             models ``output_stride=16`` is requested instead).
         train_backbone: False freezes every parameter (the original's ``lr_backbone == 0``);
             True trains everything but the stem and first stage, as the paper.
-        pretrained: None, a local ImageNet checkpoint (torchvision / timm names), or True to
-            download torchvision's ``IMAGENET1K_V1`` weights (ResNets only).
+        pretrained: None, a local ImageNet checkpoint (torchvision / timm / the original release's
+            names), or True to download the published weights (torchvision's ``IMAGENET1K_V1``,
+            timm's hub).
         channels_last: run the backbone in channels-last memory format (faster convolutions on
             CPUs and tensor cores).
         frozen_bn: FrozenBatchNorm2d (the paper; right for a pretrained backbone). False gives
             ordinary BatchNorm2d, for training a backbone from scratch (small CPU models).
-        freeze_stem: keep the stem and first stage frozen, as the paper does for pretrained
-            weights; a from-scratch backbone should train them.
-        out_indices: stages returned by :meth:`forward_features`, timm's numbering (ResNet
-            ``layer{i}`` is stage i: 2, 3, 4 have strides 8, 16, 32). None: the last stage only.
+        freeze_stem: keep the stem and first stage (everything before the first stride-8 feature)
+            frozen, as the paper does for pretrained weights; a from-scratch backbone should train them.
+        out_indices: the features returned by :meth:`forward_features`, timm's numbering of the
+            model's ``feature_info`` (ResNet ``layer{i}`` is feature i: 2, 3, 4 have strides 8, 16,
+            32; a ViT's features are its blocks). None: :func:`~visiontf.models.backbone.select_levels`
+            with ``num_levels`` (1: the last stage) and ``min_stride``.
+        frozen_stages: freeze the stem and the features up to this index (overrides ``freeze_stem``).
+        timm_kwargs: more keywords for ``timm.create_model`` / the visiontf ViT (``drop_path_rate``, ...).
 
     Attributes:
         num_channels: channels of the last returned map; ``channels`` / ``strides``: of each.
@@ -66,17 +75,33 @@ class DetrBackbone(nn.Module):
         channels_last: bool = False,
         frozen_bn: bool = True,
         freeze_stem: bool = True,
-        out_indices: tuple[int, ...] | None = None,
+        out_indices: Sequence[int] | None = None,
+        *,
+        num_levels: int = 1,
+        min_stride: int = 8,
+        frozen_stages: int | None = None,
+        timm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
         self.channels_last = channels_last
-        if name.startswith(TIMM_PREFIX):
-            self.body = _timm_body(name[len(TIMM_PREFIX):], dilation, pretrained, frozen_bn, out_indices)
+        self.nhwc = False
+        if name.startswith(TIMM_PREFIX) or name in visiontf_vits():
+            self.body, self.pad_multiple = _features_body(name, out_indices, (num_levels, min_stride), pretrained, dilation,
+                                                          timm_kwargs or {})
+            if frozen_bn:
+                from timm.layers import freeze_batch_norm_2d
+
+                self.body = freeze_batch_norm_2d(self.body)
+            self.nhwc = timm_features.is_nhwc(self.body)
             self.channels = list(self.body.feature_info.channels())
             self.strides = list(self.body.feature_info.reduction())
-            first_trained = _timm_first_trained_module(self.body)
+            first_trained = timm_features.first_trained_module(self.body)
+            if frozen_stages is not None:
+                first_trained = timm_features.module_after_feature(self.body, frozen_stages)
         elif name in RESNETS:
+            if timm_kwargs:
+                raise ValueError(f"backbone {name!r} (torchvision) takes no further keywords, got {sorted(timm_kwargs)}")
             if dilation and name in ("resnet18", "resnet34"):
                 raise ValueError(f"dilation (DC5) needs a bottleneck ResNet (resnet50/resnet101); torchvision's {name} has none")
             resnet = getattr(torchvision.models, name)(
@@ -89,44 +114,61 @@ class DetrBackbone(nn.Module):
             if frozen_bn:
                 # same buffers and state dict; saves the elementwise BN passes (docs/benchmarks.md)
                 fold_frozen_batchnorm(resnet)
-            stages = (4,) if out_indices is None else tuple(out_indices)
-            if not stages or any(i not in (1, 2, 3, 4) for i in stages) or list(stages) != sorted(set(stages)):
-                raise ValueError(f"out_indices must be increasing ResNet stages among 1..4 (layer1..layer4), got {out_indices}")
+            if out_indices is None:
+                stages = tuple(select_levels(_RESNET_STRIDES, num_levels, min_stride))
+            else:
+                stages = tuple(check_indices(out_indices, _RESNET_STRIDES, f"torchvision {name}"))
+                if 0 in stages:
+                    raise ValueError(f"out_indices={tuple(out_indices)}: torchvision {name}'s features are layer1..layer4 (1..4)")
             self.body = IntermediateLayerGetter(resnet, return_layers={f"layer{i}": str(k) for k, i in enumerate(stages)})
             self.channels = [_stage_channels(getattr(resnet, f"layer{i}")) for i in stages]
             # DC5: layer4 keeps layer3's stride
             self.strides = [2 ** (i + 1) // (2 if dilation and i == 4 else 1) for i in stages]
-            first_trained = "layer2"
+            first_trained = "layer2" if frozen_stages is None else (f"layer{frozen_stages + 1}" if frozen_stages < 4 else None)
         else:
             raise ValueError(
-                f"unknown DETR backbone {name!r}: use one of {RESNETS} or '{TIMM_PREFIX}<timm model name>' (e.g. 'timm:resnet18')"
+                f"unknown backbone {name!r}: use one of {RESNETS}, '{TIMM_PREFIX}<timm model name>' (e.g. 'timm:convnext_tiny'), "
+                "a visiontf ViT (e.g. 'vit_small_patch16_224'), 'simplefpn:<ViT>' or a DINO Swin (e.g. 'swin_T_224_1k')"
             )
-        if not train_backbone:
+        if not train_backbone or (frozen_stages is not None and first_trained is None):
             _freeze(self.body, None)
-        elif freeze_stem:
-            _freeze(self.body, first_trained)
-        self.num_channels = self.channels[-1]
+        elif freeze_stem or frozen_stages is not None:
+            _freeze(self.body, first_trained, absent_means_all=frozen_stages is not None)
         if channels_last:
             self.body.to(memory_format=torch.channels_last)
 
-    def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """images (B, 3, H, W), mask (B, H, W) True on padding -> features (B, C, h, w), mask (B, h, w)."""
-        maps, masks = self.forward_features(images, mask)
-        return maps[-1], masks[-1]
-
-    def forward_features(self, images: Tensor, mask: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        """Every requested map (B, C_i, h_i, w_i), finest first, and the padding mask resized to each."""
+    def forward_maps(self, images: Tensor) -> list[Tensor]:
+        """Every requested map (B, C_i, h_i, w_i), finest first."""
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        features = self.body(images)
+        features = self.body(pad_to_multiple(images, self.pad_multiple))
         maps = list(features.values()) if isinstance(features, dict) else list(features)
-        # nearest resize of the padding mask, exactly as the original (default mode, no align)
-        masks = [F.interpolate(mask[None].float(), size=x.shape[-2:]).to(torch.bool)[0] for x in maps]
-        return maps, masks
+        return timm_features.to_nchw(maps, self.nhwc)
 
 
-def _freeze(body: nn.Module, first_trained: str | None) -> None:
-    """Freeze parameters registered before module ``first_trained`` (all of them if None)."""
+def _features_body(name: str, out_indices: Sequence[int] | None, levels: tuple[int, int], pretrained: bool | str | Path | None,
+                   dilation: bool, kwargs: dict[str, Any]) -> tuple[nn.Module, int]:
+    """A timm model's or a visiontf ViT's features_only form, and the multiple images are padded to."""
+    if name.startswith(TIMM_PREFIX):
+        return timm_features.timm_features(name[len(TIMM_PREFIX):], out_indices, levels, pretrained, dilation, **kwargs)
+    from visiontf.models._registry import create_model
+
+    if dilation:
+        raise ValueError(f"dilation (DC5) is for CNNs; {name} is a ViT (stride = its patch)")
+    vit_kwargs = {"dynamic_img_size": True, "dynamic_img_pad": True, **kwargs}
+    full = create_model(name, pretrained=pretrained or None, **vit_kwargs)
+    depth = len(full.blocks)
+    reductions = [max(full.patch_embed.patch_size)] * depth
+    indices = select_levels(reductions, *levels) if out_indices is None else check_indices(out_indices, reductions, name)
+    from visiontf.models.features import features_only
+
+    return features_only(full, out_indices=indices, name=name), max(full.patch_embed.patch_size)
+
+
+def _freeze(body: nn.Module, first_trained: str | None, absent_means_all: bool = False) -> None:
+    """Freeze parameters registered before module ``first_trained`` (all of them if None). A module not
+    there (pruned with the features after the last one kept) freezes all with ``absent_means_all``,
+    else nothing (with a warning)."""
     names = [n for n, _ in body.named_parameters()]
     if first_trained is not None:
         # timm's feature wrappers flatten nested stages ("stages.1" -> "stages_1")
@@ -135,8 +177,11 @@ def _freeze(body: nn.Module, first_trained: str | None) -> None:
                 first_trained = candidate
                 break
         else:
-            log.warning("backbone: stage %r not found, no backbone parameter frozen", first_trained)
-            return
+            if not absent_means_all:
+                log.warning("backbone: stage %r not found, no backbone parameter frozen", first_trained)
+                return
+            log.info("backbone: %r is after the last feature kept; every backbone parameter frozen", first_trained)
+            first_trained = None
     trained = False
     for pname, p in body.named_parameters():
         if first_trained is not None and pname.startswith(first_trained + "."):
@@ -185,32 +230,3 @@ def _stage_channels(stage: nn.Sequential) -> int:
     """Output channels of a torchvision ResNet stage (its last block's last BN)."""
     block = stage[-1]
     return (block.bn3 if hasattr(block, "bn3") else block.bn2).weight.numel()
-
-
-def _timm_body(
-    name: str, dilation: bool, pretrained: bool | str | Path | None, frozen_bn: bool = True, out_indices: tuple[int, ...] | None = None
-) -> nn.Module:
-    import timm
-    from timm.layers import freeze_batch_norm_2d
-
-    kwargs = {"output_stride": 16} if dilation else {}
-    if pretrained is True:
-        raise ValueError(
-            f"backbone_pretrained=True is only for torchvision ResNets; for timm:{name} save "
-            f"timm.create_model('{name}', pretrained=True).state_dict() and pass its path"
-        )
-    indices = (-1,) if out_indices is None else tuple(out_indices)
-    body = timm.create_model(name, features_only=True, out_indices=indices, pretrained=False, **kwargs)
-    if pretrained:
-        _load_backbone_state(body, load_state_dict_file(pretrained), str(pretrained))
-    if frozen_bn:
-        body = freeze_batch_norm_2d(body)
-    return body
-
-
-def _timm_first_trained_module(body: nn.Module) -> str | None:
-    """Module of the stride-8 stage: everything before it (stem + first stage) stays frozen."""
-    for info in body.feature_info.info:
-        if info["reduction"] >= 8:
-            return info["module"]
-    return None

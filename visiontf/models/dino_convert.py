@@ -45,6 +45,8 @@ _DINO_RULES: Rules = [
     (r"^transformer\.decoder\.norm\.(.*)$", r"decoder_norm.\1"),
     (r"^label_enc\.(.*)$", r"label_enc.\1"),
     *_ORIGINAL_RULES,
+    # a Swin backbone (DINO_4scale_swin.py) sits directly at backbone.0, without torchvision's body
+    (r"^backbone\.0\.((?:patch_embed|layers|norm\d)\..*)$", r"backbone.body.\1"),
 ]
 #: the heads' second registration inside the decoder (the same tensors as class_embed / bbox_embed)
 _DUPLICATE_HEADS = re.compile(r"^transformer\.decoder\.(bbox_embed|class_embed)\.")

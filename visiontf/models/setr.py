@@ -65,7 +65,9 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import create_model, load_pretrained, register_model
+from visiontf.models.backbone import Backbone
 from visiontf.models.contract import ModelCfg, PretrainedCfg, Segmenter, build_model
+from visiontf.models.setr_backbone import is_setr_vit, setr_backbone
 from visiontf.models.setr_convert import convert_state_dict, encoder_state_from_vit, resize_pos_embed
 from visiontf.models.setr_heads import ClassifierHead, MLAHead, MLANeck, UpHead, norm_layer
 from visiontf.weights import load_state_dict_file
@@ -93,6 +95,9 @@ class SETR(Segmenter):
     :meth:`inference` adds its whole / sliding-window test modes.
 
     Args:
+        encoder: a visiontf ViT name (mmseg's encoder, exact), or any other backbone
+            (``"timm:<name>"``, a DINO Swin, a :class:`~visiontf.models.backbone.Backbone`):
+            :mod:`~visiontf.models.setr_backbone`, ``out_indices`` then being its feature indices.
         decoder: ``"naive"`` | ``"pup"`` (mmseg's ``SETRUPHead``) or ``"mla"`` (``MLANeck`` + ``SETRMLAHead``).
         out_indices: encoder blocks (0-based) whose tokens the heads read (mmseg's ``out_indices``);
             ``None``: :func:`default_out_indices`.
@@ -120,7 +125,7 @@ class SETR(Segmenter):
     def __init__(
         self,
         num_classes: int,
-        encoder: str = "vit_large_patch16_384",
+        encoder: str | Backbone = "vit_large_patch16_384",
         img_size: int | Sequence[int] = 512,
         decoder: Decoder = "naive",
         out_indices: Sequence[int] | None = None,
@@ -157,15 +162,21 @@ class SETR(Segmenter):
         self.new_classifier = new_classifier
         self.pos_embed_interp = pos_embed_interp
         self.with_cls_token = (decoder != "mla") if with_cls_token is None else bool(with_cls_token)
-        self.encoder = create_model(encoder, num_classes=0, img_size=img_size, drop_path_rate=drop_path_rate,
-                                    norm_eps=1e-6, **(encoder_kwargs or {}))
-        if self.encoder.distilled:
-            raise ValueError(f"encoder={encoder!r} has a distillation token; SETR's encoder has the class token only")
-        # the heads normalise their own taps (mmseg's final_norm=False): the encoder's final LN would be unused
-        self.encoder.norm = nn.Identity()
-        dim, depth = self.encoder.embed_dim, len(self.encoder.blocks)
-        taps = default_out_indices(depth, decoder) if out_indices is None else out_indices
-        self.out_indices = tuple(int(i) % depth for i in taps)
+        if not is_setr_vit(encoder):  # any other backbone: visiontf.models.setr_backbone
+            self.encoder = setr_backbone(encoder, out_indices, decoder, encoder_pretrained,
+                                         dict(encoder_kwargs or {}, **({"drop_path_rate": drop_path_rate} if drop_path_rate else {})))
+            dims, self.out_indices = list(self.encoder.channels), tuple(range(len(self.encoder.channels)))
+        else:
+            self.encoder = create_model(encoder, num_classes=0, img_size=img_size, drop_path_rate=drop_path_rate,
+                                        norm_eps=1e-6, **(encoder_kwargs or {}))
+            if self.encoder.distilled:
+                raise ValueError(f"encoder={encoder!r} has a distillation token; SETR's encoder has the class token only")
+            # the heads normalise their own taps (mmseg's final_norm=False): the encoder's final LN would be unused
+            self.encoder.norm = nn.Identity()
+            depth = len(self.encoder.blocks)
+            taps = default_out_indices(depth, decoder) if out_indices is None else out_indices
+            self.out_indices = tuple(int(i) % depth for i in taps)
+            dims = [self.encoder.embed_dim] * len(self.out_indices)
         n = len(self.out_indices)
         if aux_in_index is None:
             aux_in_index = tuple(range(n)) if decoder == "mla" else tuple(range(n - 1))
@@ -176,30 +187,31 @@ class SETR(Segmenter):
         if decoder == "mla":
             if n < 2:
                 raise ValueError(f"MLA aggregates several blocks; got out_indices={self.out_indices}")
-            self.neck = MLANeck(dim, channels, n, bn)
+            self.neck = MLANeck(dims[0], channels, n, bn)
             self.decode_head = MLAHead(channels, mla_channels, num_classes, n, up_scale, bn, align_corners)
             self.aux_heads = nn.ModuleList(ClassifierHead(channels, num_classes) for _ in self.aux_in_index)
         else:
-            self.decode_head = UpHead(dim, channels, num_classes, num_convs, up_scale, kernel_size, bn, align_corners)
+            self.decode_head = UpHead(dims[self.in_index], channels, num_classes, num_convs, up_scale, kernel_size, bn, align_corners)
             self.aux_heads = nn.ModuleList(
-                UpHead(dim, channels, num_classes, aux_num_convs, aux_up_scale, aux_kernel_size, bn, align_corners)
-                for _ in self.aux_in_index
+                UpHead(dims[i], channels, num_classes, aux_num_convs, aux_up_scale, aux_kernel_size, bn, align_corners)
+                for i in self.aux_in_index
             )
-        self.patch_size = self.encoder.patch_embed.patch_size
-        crop = self.encoder.patch_embed.img_size
+        vit = not isinstance(self.encoder, Backbone)
+        crop = self.encoder.patch_embed.img_size if vit else ((img_size, img_size) if isinstance(img_size, int) else tuple(img_size))
+        mean, std = (self.encoder.pretrained_cfg.mean, self.encoder.pretrained_cfg.std) if vit else (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
         self.pretrained_cfg = PretrainedCfg(
-            input_size=(3, *crop), crop_size=crop, mean=self.encoder.pretrained_cfg.mean, std=self.encoder.pretrained_cfg.std,
+            input_size=(3, *crop), crop_size=crop, mean=mean, std=std,
             interpolation="bilinear", test_mode="whole",
             # mmseg's SETR configs slide with a stride of 2/3 of the crop (512/341, 768/512)
             stride=tuple(max(1, (2 * c) // 3) for c in crop),
         ).merged(pretrained_cfg)
-        if encoder_pretrained:
+        if encoder_pretrained and vit:
             self.load_encoder(encoder_pretrained)
 
     # ------------------------------------------------------------------ optimiser knowledge
     def no_weight_decay(self) -> set[str]:
         """timm's ViT set on the encoder: ``encoder.pos_embed`` and ``encoder.cls_token``."""
-        return {f"encoder.{n}" for n, _ in self.encoder.named_parameters() if n in ("pos_embed", "cls_token", "dist_token")}
+        return {f"encoder.{n}" for n, _ in self.encoder.named_parameters() if n.split(".")[-1] in ("pos_embed", "cls_token", "dist_token")}
 
     def param_group(self, name: str) -> str:
         """``"encoder"`` (encoder and MLA neck, base learning rate) or ``"head"`` (decode and auxiliary heads)."""
@@ -224,9 +236,12 @@ class SETR(Segmenter):
     def features(self, images: Tensor, taps: Sequence[int] | None = None) -> dict[int, Tensor]:
         """Tokens of the tapped blocks as (B, C, h, w) maps, keyed by position in ``out_indices``."""
         taps = range(len(self.out_indices)) if taps is None else taps
+        if isinstance(self.encoder, Backbone):
+            maps = self.encoder.forward_maps(images)
+            return {t: maps[t] for t in taps}
         wanted = {self.out_indices[t]: t for t in taps}
         enc = self.encoder
-        ph, pw = self.patch_size
+        ph, pw = enc.patch_embed.patch_size
         x = F.pad(images, (0, -images.shape[-1] % pw, 0, -images.shape[-2] % ph))  # mmseg's padding="corner"
         x, grid = enc.patch_embed(x)
         x = torch.cat([enc.cls_token.expand(x.shape[0], -1, -1), x], dim=1)

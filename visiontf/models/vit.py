@@ -6,7 +6,7 @@ made at another image size has its ``pos_embed`` resampled bicubically on load.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -17,11 +17,9 @@ from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
 from visiontf.models.contract import Classifier, ModelCfg, PretrainedCfg, build_model
+from visiontf.models.vit_timm_api import TimmViTApi
 from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
-
-
-def _pair(x: int | Sequence[int]) -> tuple[int, int]:
-    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+from visiontf.nn.patch_embed import PatchEmbed
 
 
 def merge_distilled(out: Tensor | tuple[Tensor, Tensor]) -> Tensor:
@@ -35,32 +33,18 @@ def merge_distilled(out: Tensor | tuple[Tensor, Tensor]) -> Tensor:
     return out
 
 
-class PatchEmbed(nn.Module):
-    """Non-overlapping patches -> tokens, via one strided convolution (timm's ``patch_embed.proj``)."""
-
-    def __init__(self, img_size: int | tuple[int, int], patch_size: int, in_chans: int, embed_dim: int,
-                 bias: bool = True) -> None:
-        super().__init__()
-        self.img_size = _pair(img_size)
-        self.patch_size = _pair(patch_size)
-        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
-
-    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """(B, C, H, W) -> tokens (B, H/p * W/p, D) and the patch grid (H/p, W/p)."""
-        H, W = x.shape[-2:]
-        if H % self.patch_size[0] or W % self.patch_size[1]:
-            raise ValueError(f"input {H}x{W} is not divisible by the patch size {self.patch_size}; resize or pad the image")
-        x = self.proj(x)
-        grid = (x.shape[-2], x.shape[-1])
-        return x.flatten(2).transpose(1, 2), grid
-
-
-class VisionTransformer(Classifier):
+class VisionTransformer(TimmViTApi, Classifier):
     """ViT / DeiT classifier. ``num_classes=0`` gives a feature extractor (identity head).
 
     ``pretrained_cfg``: eval settings over the ViT defaults (Inception mean/std, crop 0.9, bicubic,
     ``input_size`` from ``img_size``); the registry gives each variant's (DeiT: ImageNet mean/std, 0.875).
+
+    ``dynamic_img_size`` (default True here, False in timm): an input of another size gets ``pos_embed``
+    resampled to its grid on the fly (timm's ``dynamic_img_size=True`` arithmetic); False refuses any
+    size but ``img_size``, as timm's default. ``dynamic_img_pad``: pad the image bottom/right to a
+    multiple of the patch instead of refusing it (timm's). The rest of timm's ViT API
+    (``forward_intermediates``, ``set_input_size``, ``features_only``) is
+    :class:`~visiontf.models.vit_timm_api.TimmViTApi`.
     """
 
     head_prefixes = ("head.", "head_dist.")
@@ -83,15 +67,18 @@ class VisionTransformer(Classifier):
         distilled: bool = False,
         norm_eps: float = 1e-6,
         patch_bias: bool = True,
+        dynamic_img_size: bool = True,
+        dynamic_img_pad: bool = False,
         pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
+        self.dynamic_img_size = dynamic_img_size
         self.embed_dim = self.num_features = embed_dim
         self.distilled = distilled
         self.num_prefix_tokens = 2 if distilled else 1
         # mmsegmentation 1.x's ViT has no patch-embedding bias (SETR's layout); timm's has one
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=patch_bias)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=patch_bias, dynamic_img_pad=dynamic_img_pad)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         num_patches = self.patch_embed.grid_size[0] * self.patch_embed.grid_size[1]
@@ -145,6 +132,12 @@ class VisionTransformer(Classifier):
         return self.patch_embed.grid_size
 
     def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        if not self.dynamic_img_size and tuple(x.shape[-2:]) != self.patch_embed.img_size:
+            raise ValueError(
+                f"input {x.shape[-2]}x{x.shape[-1]} differs from img_size {self.patch_embed.img_size} of a ViT built with "
+                "dynamic_img_size=False; build it with dynamic_img_size=True (position table resampled per input) or "
+                "call set_input_size()"
+            )
         x, grid = self.patch_embed(x)
         prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
         if self.dist_token is not None:
@@ -181,26 +174,6 @@ class VisionTransformer(Classifier):
         logits), both (B, K); :func:`merge_distilled` turns that into the inference output.
         """
         return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] = 1, norm: bool = False) -> list[Tensor]:
-        """Patch tokens of the chosen blocks as (B, C, H, W) maps (prefix tokens dropped).
-
-        ``indices``: 0-based block indices (as timm), or an int n for the last n blocks. SETR's
-        "blocks 6, 12, 18, 24" of ViT-L are indices (5, 11, 17, 23). Stops after the last one.
-        """
-        depth = len(self.blocks)
-        wanted = list(range(depth - indices, depth)) if isinstance(indices, int) else [i % depth for i in indices]
-        if not wanted or max(wanted) >= depth:
-            raise ValueError(f"block indices {indices} out of range for depth {depth}")
-        x, (h, w) = self._embed(x)
-        take = set(wanted)
-        feats: dict[int, Tensor] = {}
-        for i, blk in enumerate(self.blocks[: max(wanted) + 1]):
-            x = blk(x)[0]
-            if i in take:
-                y = self.norm(x) if norm else x
-                feats[i] = y[:, self.num_prefix_tokens :].transpose(1, 2).reshape(x.shape[0], -1, h, w)
-        return [feats[i] for i in wanted]
 
     def forward_attention(self, x: Tensor) -> list[Tensor]:
         """Head-averaged self-attention weights (B, N, N) of every block (for attention rollout)."""

@@ -23,7 +23,7 @@ from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.models.contract import Detector
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.mask_eval import MaskEvaluation, sync_thing_classes
-from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
+from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, layer_decay_groups, lr_groups
 
 if TYPE_CHECKING:
     from visiontf.evaluation.readouts import DetectionReport
@@ -108,6 +108,9 @@ class DetectionTask(BaseTask):
     Learning rates follow the model's own parameter groups (``model.param_group(name)``): ``lr``
     for ``"default"``, ``lr_backbone`` for ``"backbone"`` and ``lr * lr_offsets_mult`` for
     ``"offsets"`` (deformable attention's sampling offsets and reference points, where a model has them).
+    ``layer_decay`` (ViTDet: 0.7) scales each parameter's learning rate by ``layer_decay ** (L + 1 - i)``
+    at the depth ``(i, L)`` its model's ``layer_depth`` gives (a ViT backbone's blocks;
+    :func:`~visiontf.tasks.optim.layer_decay_groups`); None: no decay.
     """
 
     task = "detection"
@@ -126,6 +129,7 @@ class DetectionTask(BaseTask):
         schedule: Literal["step", "cosine", "constant"] = "step",
         lr_drop_epochs: int | None = 200,
         warmup_steps: int = 0,
+        layer_decay: float | None = None,
         cost_class: float | None = None,
         cost_bbox: float | None = None,
         cost_giou: float | None = None,
@@ -144,6 +148,7 @@ class DetectionTask(BaseTask):
                      lr_offsets_mult=(lr_offsets_mult, non_negative), weight_decay=(weight_decay, non_negative),
                      schedule=(schedule, one_of("step", "cosine", "constant")),
                      lr_drop_epochs=(lr_drop_epochs, optional(positive_int)), warmup_steps=(warmup_steps, non_negative_int),
+                     layer_decay=(layer_decay, optional(unit_interval_open_left)),
                      cost_class=(cost_class, optional(non_negative)), cost_bbox=(cost_bbox, optional(non_negative)),
                      cost_giou=(cost_giou, optional(non_negative)), loss_ce=(loss_ce, optional(non_negative)),
                      loss_bbox=(loss_bbox, optional(non_negative)), loss_giou=(loss_giou, optional(non_negative)),
@@ -298,7 +303,10 @@ class DetectionTask(BaseTask):
         hp = self.hparams
         lrs = {"default": hp.lr, "backbone": hp.lr_backbone, "offsets": hp.lr * hp.lr_offsets_mult}
         # default and backbone are always there (possibly empty), so DETR's optimizer state keeps its layout
-        groups = lr_groups(group_parameters(self.model), lrs, always=("default", "backbone"))
+        if hp.layer_decay is None:
+            groups = lr_groups(group_parameters(self.model), lrs, always=("default", "backbone"))
+        else:  # ViTDet's layer-wise decay over the depths the model's backbone declares (a ViT's blocks)
+            groups = layer_decay_groups(self.model, lrs, hp.layer_decay, always=("default", "backbone"))
         opt = build_optimizer("adamw", groups, hp.lr, hp.weight_decay)
         sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, step_epochs=hp.lr_drop_epochs)
         return {"optimizer": opt, "lr_scheduler": sched}

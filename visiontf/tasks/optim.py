@@ -39,6 +39,35 @@ def lr_groups(groups: dict[str, list[nn.Parameter]], lrs: dict[str, float], alwa
     return [{"params": groups.get(g, []), "lr": lr} for g, lr in lrs.items() if g in groups or g in always]
 
 
+def layer_decay_groups(model: nn.Module, lrs: dict[str, float], decay: float, always: Sequence[str] = ()) -> list[dict]:
+    """:func:`lr_groups` with layer-wise learning-rate decay (ViTDet's ``get_vit_lr_decay_rate``, BEiT's):
+    a parameter at ``model.layer_depth(name) == (i, L)`` trains at its group's lr times
+    ``decay ** (L + 1 - i)`` (the patch embedding, i = 0, least; the last block, i = L, ``decay`` times;
+    parameters without a depth, None, at the group's lr). One optimizer group per (group, factor), in
+    the order of ``lrs`` and, within one, of decreasing factor; each carries its ``lr_scale``."""
+    if not 0 < decay <= 1:
+        raise ValueError(f"layer_decay={decay}: a factor in (0, 1] (ViTDet: 0.7)")
+    if not isinstance(model, VisionModel):
+        raise TypeError(f"{type(model).__name__} is not a visiontf model, so it has no layer_depth(name)")
+    buckets: dict[tuple[str, float], list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        depth = model.layer_depth(name)
+        scale = 1.0 if depth is None else decay ** (depth[1] + 1 - depth[0])
+        buckets.setdefault((model.param_group(name), scale), []).append(p)
+    unknown = sorted({g for g, _ in buckets} - set(lrs))
+    if unknown:
+        raise ValueError(f"the model names parameter group(s) {unknown}; this task sets learning rates for {sorted(lrs)}")
+    out = []
+    for group, lr in lrs.items():
+        scales = sorted((s for g, s in buckets if g == group), reverse=True)
+        if not scales and group in always:
+            out.append({"params": [], "lr": lr, "lr_scale": 1.0})
+        out += [{"params": buckets[(group, s)], "lr": lr * s, "lr_scale": s} for s in scales]
+    return out
+
+
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """timm's weight-decay split: biases, norms (every parameter with ndim <= 1) and the names in
     ``model.no_weight_decay()`` get none; two groups, decayed first."""

@@ -1,0 +1,87 @@
+"""Every kind of backbone in every detector family: forward, two training steps and an ONNX export that
+gives PyTorch's outputs. Tiny random models (``pretrained=False`` timm models, 2-block ViTs) at 64 x 96 px."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import visiontf
+from visiontf.detection import build_criterion
+from visiontf.inference.export import example_inputs, export_onnx
+from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, onnx_and_torch_outputs
+
+TINY_VIT = dict(depth=2, embed_dim=64, num_heads=2)
+TINY_SWIN = dict(embed_dim=32, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
+#: one of each kind: torchvision ResNet, timm CNN, timm Swin (NHWC), timm ViT, visiontf ViT, the simple
+#: feature pyramid on visiontf's ViT (windows) and on timm's DINOv2 (patch 14), DINO's Swin layout
+BACKBONES = {
+    "resnet18": {},
+    "timm:convnext_atto": dict(depths=(1, 1, 1, 1), dims=(16, 32, 64, 128)),
+    "timm:swin_tiny_patch4_window7_224": TINY_SWIN,
+    "timm:vit_tiny_patch16_224": TINY_VIT,
+    "vit_tiny_patch16_224": TINY_VIT,
+    "simplefpn:vit_tiny_patch16_224": dict(TINY_VIT, window_size=2, global_blocks=(1,), out_channels=32),
+    "simplefpn:timm:vit_small_patch14_dinov2": dict(TINY_VIT, img_size=56, out_channels=32),
+    "swin_T_224_1k": dict(TINY_SWIN, window_size=3),
+}
+#: the families' CPU-sized models, a little smaller still
+FAMILIES = {
+    "detr_tiny": dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=8),
+    "deformable_detr_tiny": dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=8),
+    "dino_tiny": dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=8,
+                      num_denoising=4),
+}
+SIZE = (64, 96)
+
+
+def _model(family: str, backbone: str) -> torch.nn.Module:
+    kwargs = dict(FAMILIES[family], backbone=backbone, backbone_kwargs=BACKBONES[backbone], frozen_bn=False)
+    if backbone.startswith("simplefpn:") and family != "detr_tiny":
+        kwargs["num_feature_levels"] = 4  # the pyramid's four maps
+    torch.manual_seed(0)
+    return visiontf.create_model(family, num_classes=3, **kwargs)
+
+
+def _targets() -> list[dict]:
+    return [{"labels": torch.tensor([0, 2]), "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.7, 0.5, 0.3, 0.4]])},
+            {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])}]
+
+
+@pytest.mark.slow  # 24 tiny models, each trained 2 steps and exported
+@pytest.mark.parametrize("backbone", sorted(BACKBONES))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_backbone_in_family_trains_and_exports(family, backbone, tmp_path):
+    model = _model(family, backbone).train()
+    criterion = build_criterion(model, 3)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    backbone_params = [p for n, p in model.named_parameters() if n.startswith("backbone.") and p.requires_grad]
+    before = [p.detach().clone() for p in backbone_params]
+    opt = torch.optim.AdamW(trained, lr=1e-3)
+    images = torch.randn(2, 3, *SIZE)
+    mask = torch.zeros(2, *SIZE, dtype=torch.bool)
+    mask[1, :, 80:] = True
+    for _ in range(2):
+        out = model(images, mask, targets=_targets()) if model.forward_takes_targets else model(images, mask)
+        loss = criterion(out, _targets(), sync_num_boxes=False)["loss"]
+        assert torch.isfinite(loss), (family, backbone)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert any(not torch.equal(a, p) for a, p in zip(before, backbone_params)), "the backbone trained"
+    model.eval()
+    path = export_onnx(model, tmp_path / "model.onnx", image_size=SIZE)
+    inputs = example_inputs(model, image_size=SIZE, batch_size=1)
+    ref, got = onnx_and_torch_outputs(model, path, inputs)
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g, r, rtol=DEFAULT_TOLERANCE.rtol, atol=DEFAULT_TOLERANCE.atol)
+
+
+def test_every_backbone_forwards_in_every_family():
+    """The quick half of the matrix (no training, no export): shapes through each family."""
+    images = torch.randn(1, 3, *SIZE)
+    for family in FAMILIES:
+        for backbone in BACKBONES:
+            model = _model(family, backbone).eval()
+            with torch.no_grad():
+                out = model(images)
+            assert out["pred_boxes"].shape == (1, 8, 4) and torch.isfinite(out["pred_logits"]).all(), (family, backbone)
