@@ -51,6 +51,7 @@ from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.nn.ms_deform_attn import recording_sampling
 from visiontf.nn.position_relation import PositionRelationEmbedding
+from visiontf.nn.precision import at_least_float32
 
 
 class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
@@ -300,7 +301,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
         return head(hidden).float().sigmoid().amax(-1)
 
     def predict(self, dec: dict) -> tuple[Tensor, Tensor]:
-        """Class logits (layers, B, Q, K) and boxes (layers, B, Q, 4) normalised cxcywh, float32."""
+        """Class logits (layers, B, Q, K) and boxes (layers, B, Q, 4) normalised cxcywh, float32 (float64 in a float64 model)."""
         hidden = dec["hidden"]
         if self.arch_options.with_box_refine:
             deltas = dec["deltas"]
@@ -308,9 +309,9 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
                 # DINO: the heads read normalised outputs; the decoder refined its references without
                 hidden = self.decoder_norm(hidden)
                 if self.dino_options.share_decoder_heads:
-                    deltas = list(self.bbox_embed[0](hidden).float().unbind(0))
+                    deltas = list(at_least_float32(self.bbox_embed[0](hidden)).unbind(0))
                 else:
-                    deltas = [head(h).float() for head, h in zip(self._decoder_heads(self.bbox_embed), hidden)]
+                    deltas = [at_least_float32(head(h)) for head, h in zip(self._decoder_heads(self.bbox_embed), hidden)]
             if self.dino_options.share_decoder_heads:
                 logits = self.class_embed[0](hidden)
             else:
@@ -324,8 +325,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
                 return logits, torch.stack(dec["new_references"])  # the same values, computed once
             return logits, torch.stack([refine_boxes(ref, delta, self.transformer.decoder.inverse_sigmoid_eps) for ref, delta in zip(sources, deltas)])
         # one shared head: all layers at once, offsets from the (fixed) initial reference points
-        delta = self.bbox_embed[0](hidden).float()
-        ref = inverse_sigmoid(dec["references"][0].float())
+        delta = at_least_float32(self.bbox_embed[0](hidden))
+        ref = inverse_sigmoid(at_least_float32(dec["references"][0]))
         boxes = torch.cat([delta[..., :2] + ref, delta[..., 2:]], -1).sigmoid()
         return self.class_embed[0](hidden), boxes
 
@@ -344,7 +345,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, Detector):
                 paper's figure of sampling points).
 
         Returns:
-            ``pred_logits`` (B, Q, num_classes) sigmoid logits, ``pred_boxes`` (B, Q, 4) float32
+            ``pred_logits`` (B, Q, num_classes) sigmoid logits, ``pred_boxes`` (B, Q, 4) float32 (float64 in a float64 model)
             cxcywh relative to each image's unpadded size, ``aux_outputs`` (with ``aux_loss``: one
             dict per decoder layer but the last) and, two-stage, ``enc_outputs`` (the proposals:
             ``pred_logits`` (B, S, num_classes), ``pred_boxes`` (B, S, 4)).

@@ -12,6 +12,7 @@ from torchvision.ops import batched_nms, box_convert
 
 from visiontf.models.deformable_transformer import MultiScaleMemory
 from visiontf.models.denoising import DenoisingQueries
+from visiontf.nn.precision import at_least_float32
 
 __all__ = ["DeformableQueries", "distinct_first"]
 
@@ -76,7 +77,7 @@ class DeformableQueries:
                 f"feature maps of these images have only {S} positions; use larger images or fewer queries"
             )
         features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
-        return self.class_embed[-1](features), self.bbox_embed[-1](features).float() + proposals, proposals
+        return self.class_embed[-1](features), at_least_float32(self.bbox_embed[-1](features)) + proposals, proposals
 
     def _mixed_queries(self, enc: MultiScaleMemory, num_groups: int) -> dict:
         """DINO's mixed query selection: anchors from the top-Q proposals, learned content queries."""
@@ -84,7 +85,7 @@ class DeformableQueries:
         enc_logits, enc_boxes, proposals = self._encoder_proposals(enc, "mixed query selection")
         # best class score per position; padded and border positions (inf proposals) are never chosen,
         # unless the model reproduces DINO's code, which ranks them too (their boxes then sigmoid to 1)
-        scores = enc_logits.detach().float().amax(-1)
+        scores = at_least_float32(enc_logits.detach()).amax(-1)
         if not self.arch_options.select_padded_proposals:
             scores = scores.masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
         if self.dino_options.distinct_query_iou is not None:

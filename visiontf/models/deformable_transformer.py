@@ -30,6 +30,7 @@ from visiontf.nn import MSDeformAttn, MultiheadAttention
 from visiontf.nn.attention import restrict_attn_mask
 from visiontf.nn.packed_tokens import PackedTokens
 from visiontf.nn.pos_embed import sine_embedding
+from visiontf.nn.precision import at_least_float32
 from visiontf.nn.tensor_cache import tensor_cache
 
 
@@ -264,7 +265,7 @@ class DeformableTransformerDecoder(nn.Module):
         Returns:
             ``hidden`` (num_layers, B, Q, C); ``references``: the reference each layer used
             (list, detached between layers); with ``box_heads``, ``new_references``: each layer's
-            refined boxes (B, Q, 4) float32, not detached (= its predicted boxes), and ``deltas``:
+            refined boxes (B, Q, 4) float32 (float64 kept), not detached (= its predicted boxes), and ``deltas``:
             each head's raw output (B, Q, 4) float32, so that "look forward twice" can predict
             layer i's boxes as ``refine_boxes(new_references[i - 1], deltas[i])``; else None.
         """
@@ -286,7 +287,7 @@ class DeformableTransformerDecoder(nn.Module):
             hidden.append(tgt)
             references.append(ref)
             if box_heads is not None:
-                deltas.append(box_heads[i](tgt).float())
+                deltas.append(at_least_float32(box_heads[i](tgt)))
                 new_references.append(refine_boxes(ref, deltas[-1], self.inverse_sigmoid_eps))
                 if self.position_relation is not None and i + 1 < self.num_layers:
                     # Relation-DETR: the relation of this layer's input boxes to its output boxes
@@ -314,15 +315,15 @@ class DeformableTransformerDecoder(nn.Module):
 
 
 def refine_boxes(reference: Tensor, delta: Tensor, eps: float = 1e-5) -> Tensor:
-    """``sigmoid(delta + inverse_sigmoid(reference, eps))`` in float32; a 2-d reference offsets (cx, cy) only.
+    """``sigmoid(delta + inverse_sigmoid(reference, eps))`` in float32 (float64 kept); a 2-d reference offsets (cx, cy) only.
 
     ``eps``: Deformable DETR clamps at 1e-5, DINO's code at 1e-3 (which matters for saturated
     references, such as the (1, 1, 1, 1) boxes of padded proposals).
     """
-    delta = delta.float()
+    delta, reference = at_least_float32(delta), at_least_float32(reference)
     if reference.shape[-1] == 4:
-        return (delta + inverse_sigmoid(reference.float(), eps)).sigmoid()
-    return torch.cat([delta[..., :2] + inverse_sigmoid(reference.float(), eps), delta[..., 2:]], -1).sigmoid()
+        return (delta + inverse_sigmoid(reference, eps)).sigmoid()
+    return torch.cat([delta[..., :2] + inverse_sigmoid(reference, eps), delta[..., 2:]], -1).sigmoid()
 
 
 class DeformableTransformer(nn.Module):

@@ -50,13 +50,9 @@ from visiontf.nn.ms_deform_core import METHODS, fused_kernel_runs, ms_deform_att
 from visiontf.nn.ms_deform_gather import gather_core
 from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes, size_table
 from visiontf.nn.packed_tokens import PackedTokens
+from visiontf.nn.precision import at_least_float32
 
 __all__ = ["MSDeformAttn", "recording_sampling"]
-
-
-def _float(t: Tensor) -> Tensor:
-    """float32, or float64 when given float64 (gradcheck): locations never run in half precision."""
-    return t if t.dtype == torch.float64 else t.float()
 
 
 class MSDeformAttn(nn.Module):
@@ -116,12 +112,12 @@ class MSDeformAttn(nn.Module):
         return self.method != "grid_sample"
 
     def sampling(self, query: Tensor, reference_points: Tensor, spatial_shapes: SpatialShapes) -> tuple[Tensor, Tensor]:
-        """Sampling locations (N, Lq, M, L, P, 2) in float32 and attention weights (N, Lq, M, L, P)."""
+        """Sampling locations (N, Lq, M, L, P, 2) in float32 (float64 kept) and attention weights (N, Lq, M, L, P)."""
         N, Lq, _ = query.shape
         M, L, P = self.n_heads, self.n_levels, self.n_points
-        offsets = _float(self.sampling_offsets(query).view(N, Lq, M, L, P, 2))
-        weights = _float(self.attention_weights(query).view(N, Lq, M, L * P)).softmax(-1).view(N, Lq, M, L, P)
-        ref = _float(reference_points)
+        offsets = at_least_float32(self.sampling_offsets(query).view(N, Lq, M, L, P, 2))
+        weights = at_least_float32(self.attention_weights(query).view(N, Lq, M, L * P)).softmax(-1).view(N, Lq, M, L, P)
+        ref = at_least_float32(reference_points)
         if ref.shape[-1] == 2:
             # offsets are in pixels of each level: divide by (W_l, H_l)
             normalizer = size_table(as_shapes(spatial_shapes), offsets.dtype, query.device)
@@ -205,9 +201,11 @@ class MSDeformAttn(nn.Module):
         w = torch.cat([self.sampling_offsets.weight.view(K, 2, C).transpose(0, 1).reshape(2 * K, C), self.attention_weights.weight])
         b = torch.cat([self.sampling_offsets.bias.view(K, 2).t().reshape(-1), self.attention_weights.bias])
         offsets, logits = F.linear(query, w, b).split([2 * K, K], dim=-1)
-        offsets = _float(offsets).reshape(N, Lq, 2, M, L * P)
-        weights = _float(logits).reshape(N, Lq, M, L * P).softmax(-1)
-        ref = _float(reference_points)
+        offsets = at_least_float32(offsets).reshape(N, Lq, 2, M, L * P)
+        weights = at_least_float32(logits).reshape(N, Lq, M, L * P).softmax(-1)
+        # in the offsets' precision: float32 reference points (the encoder's) would round ref * size
+        # to float32 before the float64 offsets are added, where the original's loc = ref + offset / size does not
+        ref = reference_points.to(offsets.dtype)
         size = torch.tensor([(w_, h_) for h_, w_ in shapes], dtype=ref.dtype, device=ref.device)  # (L, 2)
         # (N, Lq, L, 2) -> (N, Lq, 2, 1, L*P): one value per (image, query, axis, level), repeated per point
         per_point = lambda t: t.transpose(2, 3).repeat_interleave(P, dim=-1).unsqueeze(3)  # noqa: E731

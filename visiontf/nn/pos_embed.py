@@ -7,6 +7,8 @@ import torch
 from timm.layers import resample_abs_pos_embed
 from torch import Tensor, nn
 
+from visiontf.nn.precision import at_least_float32
+
 
 def sinusoidal_1d(positions: Tensor, dim: int, temperature: float = 10000.0) -> Tensor:
     """PE(pos, 2i) = sin(pos / T^(2i/d)), PE(pos, 2i+1) = cos(pos / T^(2i/d)); shape (*positions.shape, dim)."""
@@ -30,7 +32,7 @@ def sine_embedding(coords: Tensor, num_feats: int, temperature: float = 10000.0,
     """
     i = torch.arange(num_feats, dtype=torch.float32, device=coords.device)
     dim_t = temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / num_feats)
-    pos = (coords.float() * scale)[..., None] / dim_t
+    pos = (at_least_float32(coords) * scale)[..., None] / dim_t
     return torch.stack((pos[..., 0::2].sin(), pos[..., 1::2].cos()), dim=-1).flatten(-3)
 
 
