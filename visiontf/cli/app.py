@@ -210,7 +210,7 @@ def _app(argv: Sequence[str]) -> int:
 
     predictor = build_predictor(argparse.Namespace(weights=args.weights, ckpt_path=args.ckpt_path, config=args.config,
                                                    device=args.device, min_size=args.min_size, max_size=args.max_size,
-                                                   batch_size=4, num_workers=0))
+                                                   batch_size=4, num_workers=0, precision=None))
     source = Path(args.ckpt_path or args.weights).name
     page = build_app(AppModel(predictor, args.top_k), args.score_threshold, title=f"visiontf: {source}")
     log.info("serving on http://%s:%d (Ctrl+C stops)", args.host, args.port)
