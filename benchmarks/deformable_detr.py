@@ -42,8 +42,8 @@ from benchmarks.memory import _peak_rss_mib  # noqa: E402
 from benchmarks.reference_deformable_detr import OriginalDeformableDETR, original_match  # noqa: E402
 from visiontf.detection import HungarianMatcher, SetCriterion  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
-from visiontf.models.deformable_detr import DeformableDETR  # noqa: E402
-from visiontf.models.deformable_detr_convert import convert_state_dict  # noqa: E402
+from visiontf.models.deformable_detr.convert import convert_state_dict  # noqa: E402
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR  # noqa: E402
 
 NUM_CLASSES = 91
 MODEL = "deformable_detr_resnet50_box_refine"

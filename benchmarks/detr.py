@@ -35,8 +35,8 @@ from benchmarks.matcher import reference_batchwide_match  # noqa: E402
 from benchmarks.reference_detr import OriginalDETR  # noqa: E402
 from visiontf.detection import HungarianMatcher, SetCriterion  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
-from visiontf.models.detr import DETR  # noqa: E402
-from visiontf.models.detr_convert import convert_state_dict  # noqa: E402
+from visiontf.models.detr.convert import convert_state_dict  # noqa: E402
+from visiontf.models.detr.detr import DETR  # noqa: E402
 
 NUM_CLASSES = 91  # COCO layout, as the published models
 #: (batch, height, width) per mode; "tiny" is the smoke test's size with a small model

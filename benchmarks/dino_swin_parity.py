@@ -4,7 +4,7 @@
 
 Random weights (every tensor N(0, 0.2)) go into DINO's ``SwinTransformer``; the same state dict loads
 into ``benchmarks/reference_dino_swin.py`` (the tests' reference) and into visiontf's
-:mod:`visiontf.models.dino_swin`, and all run the same images at sizes on and off the window grid.
+:mod:`visiontf.models.backbones.dino_swin`, and all run the same images at sizes on and off the window grid.
 Prints the max |difference| of every output map against DINO's (``forward_raw``). ``--timm`` also
 measures timm's Swin on the same weights (renamed into its layout), which is why visiontf does not
 build DINO's Swin from timm's. Without ``--dino`` (or when the path does not hold DINO's code) it says
@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.reference_dino_swin import ReferenceSwin  # noqa: E402
-from visiontf.models.dino_swin import DINO_SWIN_NAMES, SwinTransformer  # noqa: E402
+from visiontf.models.backbones.dino_swin import DINO_SWIN_NAMES, SwinTransformer  # noqa: E402
 
 SIZES = [(224, 224), (97, 130), (200, 333), (35, 61)]
 #: the tiny layout the CI tests use, then DINO's real ones (Swin-L takes a minute per size here)

@@ -59,7 +59,7 @@ from benchmarks.reference_dino import build_dino as build_reference_copy  # noqa
 from benchmarks.reference_dino import dino_args  # noqa: E402
 from benchmarks.reference_dino_layers import NestedTensor as CopyNestedTensor  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
-from visiontf.models.dino_convert import DINO_MODELS, convert_state_dict  # noqa: E402
+from visiontf.models.deformable_detr.dino_convert import DINO_MODELS, convert_state_dict  # noqa: E402
 
 TOL = 1e-4
 FINETUNE_CLASSES = 3

@@ -26,7 +26,7 @@ from benchmarks.detr import NUM_CLASSES, make_batch
 from benchmarks.gpu_common import Budget, free_cuda, gpu_row, time_alternating
 from benchmarks.gpu_train import SIZE, _focal_criteria, _step
 from visiontf.models import create_model
-from visiontf.models.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.tasks.optim import build_optimizer
 
 NAME = "deformable_detr_resnet50_box_refine"

@@ -34,7 +34,7 @@ from benchmarks.gpu_common import Budget, free_cuda, gpu_row, peak_memory_mib, t
 from benchmarks.reference_deformable_detr import OriginalDeformableDETR
 from visiontf.detection import HungarianMatcher, SetCriterion, build_criterion
 from visiontf.models import create_model
-from visiontf.models.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.tasks.optim import build_optimizer
 
 SIZE = {"real": (800, 1216), "tiny": (64, 96)}
@@ -61,7 +61,7 @@ def _deformable(name: str, tiny: bool):
         ours = DeformableDETR(num_classes=NUM_CLASSES, dropout=0.0, **switches, **TINY_OURS)
     else:
         ours = create_model(name, num_classes=NUM_CLASSES, dropout=0.0)
-    from visiontf.models.deformable_detr_convert import convert_state_dict
+    from visiontf.models.deformable_detr.convert import convert_state_dict
 
     ours.load_state_dict(convert_state_dict(ref.state_dict(), ours))
     crit, ref_crit = _focal_criteria()
@@ -71,7 +71,7 @@ def _deformable(name: str, tiny: bool):
 def _dino(tiny: bool):
     from benchmarks.reference_dino import build_dino, dino_args
     from benchmarks.reference_dino_layers import NestedTensor
-    from visiontf.models.dino_convert import convert_state_dict
+    from visiontf.models.deformable_detr.dino_convert import convert_state_dict
 
     torch.manual_seed(0)
     extra = TINY_DINO if tiny else {}

@@ -34,7 +34,7 @@ from visiontf.models import create_model  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ipt_helpers import randomized_reference  # noqa: E402  (non-trivial LayerNorms and biases, as the tests)
 
-from visiontf.models.ipt_convert import convert_state_dict  # noqa: E402
+from visiontf.models.ipt.convert import convert_state_dict  # noqa: E402
 
 #: ipt_tiny's settings in the reference's arguments
 TINY = dict(n_feats=8, patch_dim=4, num_heads=4, num_layers=2)

@@ -51,7 +51,7 @@ def _child(kind: str, size: str, device: str, weights: str) -> dict:
 
     from benchmarks import detr
     from benchmarks.reference_detr import OriginalDETR
-    from visiontf.models.detr_convert import convert_state_dict
+    from visiontf.models.detr.convert import convert_state_dict
 
     torch.set_num_threads(NUM_THREADS)
     dev = torch.device(device)

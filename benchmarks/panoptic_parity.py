@@ -39,7 +39,7 @@ def _flatten(results: dict) -> dict[str, float]:
 
 def _edited_predictions(gt_json: Path, gt_folder: Path, out: Path, seed: int) -> tuple[Path, Path]:
     """Predictions made from the ground truth by random edits (see the module docstring)."""
-    from visiontf.panoptic_ids import id2rgb, read_panoptic_png
+    from visiontf.io.panoptic_ids import id2rgb, read_panoptic_png
 
     rng = np.random.default_rng(seed)
     gt = json.loads(gt_json.read_text())

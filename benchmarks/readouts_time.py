@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.coco_eval import make_data
 from visiontf.evaluation.coco import evaluate_coco
-from visiontf.evaluation.coco_per_class import per_class_rows
-from visiontf.evaluation.confusion import detection_confusion_matrix
-from visiontf.evaluation.readout_plots import plot_confusion, plot_pr_curves, plot_tide
-from visiontf.evaluation.tide import tide_errors
+from visiontf.evaluation.readouts.confusion import detection_confusion_matrix
+from visiontf.evaluation.readouts.per_class import per_class_rows
+from visiontf.evaluation.readouts.plots import plot_confusion, plot_pr_curves, plot_tide
+from visiontf.evaluation.readouts.tide import tide_errors
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,8 @@ so this module re-creates what parity tests and benchmarks need, written from it
 
 * :func:`original_core`: the maths of ``ms_deform_attn_core_pytorch``, the original's pure-PyTorch
   attention core (one ``F.grid_sample`` per level, the samples stacked and weighted);
-* :class:`OriginalDeformableDETR`: the module tree and parameter names of ``models/deformable_detr.py``
-  and ``models/deformable_transformer.py``, with the original's "hacks" kept, so that
+* :class:`OriginalDeformableDETR`: the module tree and parameter names of ``models/deformable_detr/deformable_detr.py``
+  and ``models/deformable_detr/transformer.py``, with the original's "hacks" kept, so that
   ``state_dict()`` has the published checkpoints' key layout: the shared heads of the plain model
   repeated under ``class_embed.{i}`` / ``bbox_embed.{i}``, the refinement heads also registered as
   ``transformer.decoder.bbox_embed``, the two-stage class heads as
@@ -102,7 +102,7 @@ class MSDeformAttn(nn.Module):
 
 # --------------------------------------------------------------------------- backbone
 class _Backbone(nn.Module):
-    """``models/backbone.py`` Backbone (multi-scale): layer2/3/4 of a frozen-BN ResNet, stem and layer1 frozen."""
+    """``models/backbones/backbone.py`` Backbone (multi-scale): layer2/3/4 of a frozen-BN ResNet, stem and layer1 frozen."""
 
     def __init__(self, name: str, num_levels: int) -> None:
         super().__init__()

@@ -23,7 +23,7 @@ from torchvision.models._utils import IntermediateLayerGetter
 
 
 class FrozenBatchNorm2d(nn.Module):
-    """The original's frozen BN (``models/backbone.py``): four buffers, ``x * scale + bias`` elementwise."""
+    """The original's frozen BN (``models/backbones/backbone.py``): four buffers, ``x * scale + bias`` elementwise."""
 
     def __init__(self, n: int) -> None:
         super().__init__()

@@ -2,7 +2,7 @@
 
 Written for the parity tests (``tests/test_dino_swin.py``): the same module tree and parameter names as
 DINO's ``SwinTransformer`` (so one state dict loads into it, DINO's code and
-:mod:`visiontf.models.dino_swin`) and the same arithmetic, step by step, with an explicit softmax:
+:mod:`visiontf.models.backbones.dino_swin`) and the same arithmetic, step by step, with an explicit softmax:
 
 * the image is zero-padded bottom/right to a multiple of the 4-pixel patch; conv 4x4; LayerNorm;
 * a block: LayerNorm, reshape to (B, H, W, C), zero-pad bottom/right to a multiple of the window,

@@ -21,7 +21,7 @@ from torchvision.transforms.v2 import functional as TF
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from visiontf.data.segmentation_transforms import keep_ratio_size  # noqa: E402
+from visiontf.data.transforms.segmentation import keep_ratio_size  # noqa: E402
 
 CASES = [((1024, 1366), (2048, 512), "ADE20K x0.5"), ((800, 1200), (2048, 512), "ADE20K x0.64"),
          ((683, 1024), (2048, 512), "ADE20K x0.75"), ((384, 512), (2048, 512), "ADE20K x1.33"),

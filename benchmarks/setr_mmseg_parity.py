@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.reference_setr_mmseg import build_setr, randomize  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
-from visiontf.models.setr_convert import convert_state_dict  # noqa: E402
+from visiontf.models.setr.convert import convert_state_dict  # noqa: E402
 
 
 def parity(decoder: str, dataset: str, height: int, width: int, mode: str) -> dict:

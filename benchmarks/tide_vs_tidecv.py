@@ -1,4 +1,4 @@
-"""Check: visiontf's TIDE breakdown (``visiontf.evaluation.tide``) against tidecv itself (dbolya/tide on PyPI).
+"""Check: visiontf's TIDE breakdown (``visiontf.evaluation.readouts.tide``) against tidecv itself (dbolya/tide on PyPI).
 
 tidecv 1.0.1 (2020) still runs with numpy 2 (it uses no removed aliases such as ``np.float``), but its
 requirements pull ``opencv-python`` (a second ``cv2`` beside the ``opencv-python-headless`` that
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from visiontf.evaluation.tide import ERROR_TYPES, SPECIAL_TYPES, tide_errors  # noqa: E402
+from visiontf.evaluation.readouts.tide import ERROR_TYPES, SPECIAL_TYPES, tide_errors  # noqa: E402
 
 TOLERANCE = 1e-9
 #: the cases --record stores (with their detections, 2 decimals: about 100 kB)

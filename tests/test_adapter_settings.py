@@ -68,7 +68,7 @@ def test_the_layouts_written_before_still_load(tmp_path, detr, vit):
                 "preprocess": {"min_size": 64, "max_size": 96}}, ckpt)
     p = Predictor.from_checkpoint(ckpt, device="cpu", preprocess={"max_size": 80})
     assert (p.settings.min_size, p.settings.max_size, p.settings.mean) == (64, 80, tuple(detr.pretrained_cfg.mean))
-    from visiontf.weights import labels_path, save_model
+    from visiontf.io.weights import labels_path, save_model
 
     path = save_model(vit, tmp_path / "vit.safetensors")
     labels_path(path).write_text(json.dumps({"preprocess": {"input_size": [3, 32, 32], "crop_pct": 0.9,

@@ -96,7 +96,7 @@ def test_tasks_save_the_data_modules_eval_settings_with_checkpoints(tmp_path):
 
 def test_exports_carry_preprocessing_that_from_file_reads(tmp_path, vit, setr):
     from visiontf.inference.export import export_model
-    from visiontf.weights import read_labels_file
+    from visiontf.io.weights import read_labels_file
 
     report = export_model(vit, tmp_path / "vit.safetensors", preprocess={"crop_pct": 1.0})
     saved = read_labels_file(report["safetensors"])

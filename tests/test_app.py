@@ -116,7 +116,7 @@ def test_command_line_mistakes_are_one_line():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``tools/app.py --weights`` of an exported tiny DETR whose boxes sit near the image centre."""
-    from visiontf.weights import save_model, write_labels_file
+    from visiontf.io.weights import save_model, write_labels_file
 
     tmp = tmp_path_factory.mktemp("app_server")
     torch.manual_seed(0)

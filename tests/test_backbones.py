@@ -1,4 +1,4 @@
-"""One backbone interface (visiontf.models.backbone): timm parity of every kind's feature maps, the choice of
+"""One backbone interface (visiontf.models.backbones.backbone): timm parity of every kind's feature maps, the choice of
 features, frozen stages, pretrained weights through timm's own code, injected backbones and the refusals.
 Every timm model is built at random (``pretrained=False``) and small."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 import visiontf
-from visiontf.models.backbone import Backbone, build_backbone, select_levels
+from visiontf.models.backbones.backbone import Backbone, select_levels
+from visiontf.models.backbones.build import build_backbone
 
 #: timm models of each kind a detector takes, shrunk where timm lets us (``timm_kwargs``)
 TIMM_CASES = {
@@ -188,7 +189,7 @@ def test_a_model_with_an_injected_backbone_is_not_saved_with_a_config(tmp_path):
 
 def test_images_padded_to_a_multiple_have_their_padding_masked():
     """A backbone that pads its images (a window grid) pads the mask alike: the padded area is padding."""
-    from visiontf.models.backbone import pad_to_multiple
+    from visiontf.models.backbones.backbone import pad_to_multiple
 
     class Padded(_Constant):
         pad_multiple = 32
@@ -205,7 +206,7 @@ def test_images_padded_to_a_multiple_have_their_padding_masked():
 
 
 def test_deformable_detr_masks_the_padding_its_backbone_adds():
-    from visiontf.models.backbone import pad_to_multiple
+    from visiontf.models.backbones.backbone import pad_to_multiple
 
     class Padded(_Constant):
         pad_multiple = 32

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from visiontf.data import detection_transforms as DT
+from visiontf.core.errors import UserError
 from visiontf.data.coco import CocoDataModule
 from visiontf.data.loading import EpochIndex
 from visiontf.data.samplers import EpochSampler, aspect_ratio_groups
 from visiontf.data.synthetic.detection import make_detection_dataset
-from visiontf.errors import UserError
+from visiontf.data.transforms import detection as DT
 
 
 class _Items(torch.utils.data.Dataset):

@@ -3,7 +3,7 @@
 LightningCLI merges ``--ckpt_path``'s hyper-parameters into the config, and jsonargparse imports the
 module a ``class_path`` names before checking the class: an ``ipt_tiny`` checkpoint naming
 ``this.Zen`` made ``tools/eval.py`` print the Zen of Python. Every class path of a checkpoint is now
-checked against the task table first (:func:`visiontf.checkpoints.check_checkpoint_classes`).
+checked against the task table first (:func:`visiontf.tasks.checkpoints.check_checkpoint_classes`).
 
 Each foreign class path below (a module with side effects, one planted on the path that writes a
 marker file when imported, real classes outside visiontf, nested at any depth) goes through every
@@ -25,7 +25,7 @@ import pytest
 import torch
 from cli_runner import run_tools
 
-from visiontf.checkpoints import CheckpointError, check_checkpoint_classes, checkpoint_class_paths
+from visiontf.tasks.checkpoints import CheckpointError, check_checkpoint_classes, checkpoint_class_paths
 
 CONFIG = "configs/ipt/ipt_tiny_sr_x2.yaml"
 SMALL = {"scale": 2, "n_feats": 4, "num_layers": 1, "num_heads": 2}
@@ -51,7 +51,7 @@ from visiontf.cli.errors import run_tool
 def main(argv):
     which, ckpt = argv
     if which == "load_checkpoint_model":
-        from visiontf.checkpoints import load_checkpoint_model
+        from visiontf.tasks.checkpoints import load_checkpoint_model
         load_checkpoint_model(ckpt)
     elif which == "Predictor.from_checkpoint":
         from visiontf.inference import Predictor
@@ -149,7 +149,7 @@ def test_the_table_classes_take_only_plain_data():
         cls = import_class(path)
         hints = typing.get_type_hints(cls.__init__)
         bad = {k: v for k, v in hints.items() if k != "return" and not ok(v)}
-        assert not bad, f"{path} takes {bad}: extend visiontf.checkpoints.check_checkpoint_classes first"
+        assert not bad, f"{path} takes {bad}: extend visiontf.tasks.checkpoints.check_checkpoint_classes first"
 
 
 @pytest.mark.slow  # one process: 6 checkpoints x 12 tools and loaders, each refused before building anything (~40 s)

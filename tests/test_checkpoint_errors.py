@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from visiontf.checkpoints import CheckpointError, check_checkpoint_fits, resolve_checkpoint
 from visiontf.cli import eval_main, export_main, predict_main
 from visiontf.cli.train import make_cli
+from visiontf.tasks.checkpoints import CheckpointError, check_checkpoint_fits, resolve_checkpoint
 
 CONFIG = "configs/vit/vit_tiny_synthetic.yaml"
 TINY = "{img_size: 32, patch_size: 8, depth: 1, embed_dim: 48, num_heads: 3}"
@@ -47,7 +47,7 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ckpt_errors")
     data = make_classification_dataset(tmp / "data3", num_train=4, num_val=2, num_classes=3, image_size=32)
     records = _Records()
-    logger = logging.getLogger("visiontf.checkpoints")
+    logger = logging.getLogger("visiontf.tasks.checkpoints")
     logger.addHandler(records)
     level = logger.level
     logger.setLevel(logging.INFO)  # setLevel, not .level =: it also clears the logger's isEnabledFor cache
@@ -108,7 +108,7 @@ def test_truncated_checkpoint_is_corrupt_or_incomplete_naming_the_file(trained, 
     assert re.search(expected, _one_line_error(capsys, export_main, ["--ckpt_path", str(cut), "--output",
                                                                      str(tmp_path / "m.safetensors")]))
     # a damaged middle (the archive's directory intact) fails in torch.load, with the same message
-    from visiontf.weights import WeightsError, safe_torch_load
+    from visiontf.io.weights import WeightsError, safe_torch_load
 
     bad = tmp_path / "bad.ckpt"
     mid = len(data) // 2
@@ -177,7 +177,7 @@ def test_cli_resumes_a_moved_run_folder_onto_its_own_last_checkpoint_atomically(
     """tools/train.py's trainer: LastAndBestCheckpoint and the atomic writer; a copied run folder resumes
     with --ckpt_path last and overwrites its last.ckpt (no last-v1.ckpt), keeping its best checkpoint."""
     from visiontf.callbacks import LastAndBestCheckpoint
-    from visiontf.checkpoint_io import AtomicCheckpointIO
+    from visiontf.callbacks.checkpoint_io import AtomicCheckpointIO
 
     moved = tmp_path / "moved"
     shutil.copytree(trained["tmp"] / "run", moved)
@@ -227,7 +227,7 @@ def test_eval_with_the_dino_config_refuses_a_detr_tiny_checkpoint_unless_asked(t
 def test_the_task_check_reads_what_the_allow_list_takes(tmp_path):
     """A checkpoint whose data-module hyper-parameters hold a pathlib path (Lightning stores them as given)
     is of its task; the task check read it with a plain torch.load, which refused the path."""
-    from visiontf.checkpoints import check_checkpoint_task
+    from visiontf.tasks.checkpoints import check_checkpoint_task
 
     path = tmp_path / "paths.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 3},

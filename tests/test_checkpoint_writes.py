@@ -25,9 +25,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from visiontf.atomic_write import atomic_save
 from visiontf.callbacks import LastAndBestCheckpoint, ModelEMA
-from visiontf.checkpoint_io import AtomicCheckpointIO
+from visiontf.callbacks.checkpoint_io import AtomicCheckpointIO
+from visiontf.io.atomic_write import atomic_save
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 2
@@ -185,7 +185,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_leaves_no_temporary_fi
 _FULL_DISK = r"""
 import json, sys, torch
 sys.path.insert(0, sys.argv[2])
-from visiontf.atomic_write import atomic_save
+from visiontf.io.atomic_write import atomic_save
 folder = sys.argv[1]
 atomic_save({"i": 1, "data": torch.full((262_144,), 1.0)}, folder + "/last.ckpt")       # 1 MB: fits
 try:
@@ -226,7 +226,7 @@ _KILL_LOOP = r"""
 import json, os, random, signal, sys, time
 import torch
 sys.path.insert(0, sys.argv[2])
-from visiontf.atomic_write import atomic_save
+from visiontf.io.atomic_write import atomic_save
 folder, rounds = sys.argv[1], int(sys.argv[3])
 dest = folder + "/last.ckpt"
 rng = random.Random(0)

@@ -21,7 +21,7 @@ from handmade_data import CATEGORIES, make_dataset
 import visiontf
 from visiontf.adapters.task_table import TASKS
 from visiontf.cli.errors import user_message
-from visiontf.errors import UsageError
+from visiontf.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/detr/detr_tiny_shapes.yaml"

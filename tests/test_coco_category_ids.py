@@ -13,10 +13,10 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from test_coco_real import DATA, VAL_ANN, _detections_on_truth, _load
 
-from visiontf.data import detection_transforms as DT
 from visiontf.data.coco import CocoDataModule
-from visiontf.data.coco_annotations import AnnotationError
-from visiontf.data.coco_dataset import CocoDetection
+from visiontf.data.datasets.coco import CocoDetection
+from visiontf.data.files.coco_annotations import AnnotationError
+from visiontf.data.transforms import detection as DT
 from visiontf.evaluation.coco import CocoEvalError
 from visiontf.evaluation.coco_metric import CocoMetric
 

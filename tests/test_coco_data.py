@@ -14,12 +14,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DistributedSampler, SequentialSampler
 
-from visiontf.data import detection_transforms as DT
 from visiontf.data.coco import CocoDataModule
-from visiontf.data.coco_annotations import AnnotationError
-from visiontf.data.coco_dataset import CocoDetection, collate_detection
+from visiontf.data.datasets.coco import CocoDetection, collate_detection
+from visiontf.data.files.coco_annotations import AnnotationError
 from visiontf.data.io import ImageReadError
 from visiontf.data.synthetic.detection import make_detection_dataset
+from visiontf.data.transforms import detection as DT
 
 MEAN = np.array(DT.IMAGENET_MEAN)[:, None, None]
 STD = np.array(DT.IMAGENET_STD)[:, None, None]

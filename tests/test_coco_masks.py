@@ -10,12 +10,12 @@ import torch
 from pycocotools.coco import COCO
 from torchvision.ops import masks_to_boxes
 
-from visiontf.data import detection_transforms as DT
 from visiontf.data.coco import CocoDataModule
-from visiontf.data.coco_annotations import AnnotationError
-from visiontf.data.coco_dataset import CocoDetection
-from visiontf.data.coco_masks import decode_segmentation, encode_mask
+from visiontf.data.datasets.coco import CocoDetection
+from visiontf.data.files.coco_annotations import AnnotationError
+from visiontf.data.files.coco_masks import decode_segmentation, encode_mask
 from visiontf.data.synthetic import make_detection_dataset
+from visiontf.data.transforms import detection as DT
 
 REAL = "tests/data/coco_real"
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from PIL import Image
 
-from visiontf.config_checks import ConfigError
-from visiontf.data import detection_transforms as DT
+from visiontf.core.config_checks import ConfigError
 from visiontf.data.coco import CocoDataModule
-from visiontf.data.coco_annotations import AnnotationError
+from visiontf.data.files.coco_annotations import AnnotationError
 from visiontf.data.loading import EpochIndex
+from visiontf.data.transforms import detection as DT
 
 MEAN = np.array(DT.IMAGENET_MEAN)[:, None, None]
 STD = np.array(DT.IMAGENET_STD)[:, None, None]

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from handmade_data import CATEGORIES, make_dataset
 
+from visiontf.core.errors import UserError
 from visiontf.data.coco import CocoDataModule
-from visiontf.data.coco_annotations import AnnotationError, load_coco_json
-from visiontf.data.layouts import resolve_detection_layout
+from visiontf.data.files.coco_annotations import AnnotationError, load_coco_json
+from visiontf.data.files.detection_layouts import resolve_detection_layout
+from visiontf.data.files.yolo import convert_yolo, label_file, read_data_yaml
 from visiontf.data.loading import DatasetLayoutError
-from visiontf.data.yolo import convert_yolo, label_file, read_data_yaml
-from visiontf.errors import UserError
 
 IDS = sorted(CATEGORIES)
 NAMES = [CATEGORIES[c] for c in IDS]

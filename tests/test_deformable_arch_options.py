@@ -1,4 +1,4 @@
-"""Deformable DETR's architecture as one checked object (visiontf/models/deformable_arch_options.py):
+"""Deformable DETR's architecture as one checked object (visiontf/models/deformable_detr/arch_options.py):
 built from the model's flat keyword arguments, kept as ``model.arch_options``, refusing values that
 cannot build a working model with a message naming the argument.
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from visiontf.models import create_model
-from visiontf.models.deformable_arch_options import DeformableArchOptions
-from visiontf.models.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 
 
 def test_every_option_is_a_keyword_of_the_model_with_the_same_default():
@@ -35,7 +35,7 @@ def test_the_registered_variants_keep_their_architecture_in_one_frozen_object():
         num_feature_levels=3, enc_n_points=2, dec_n_points=4, with_box_refine=True)
     arch = dino.arch_options
     assert (arch.num_queries, arch.dim_feedforward, arch.pos_temperature, arch.decoder_norm, arch.two_stage) == (900, 2048, 20.0, True, True)
-    # DINO's code, not Deformable DETR's, at inference (visiontf.models.dino.ORIGINAL_CODE)
+    # DINO's code, not Deformable DETR's, at inference (visiontf.models.deformable_detr.dino.ORIGINAL_CODE)
     assert (arch.pos_offset, arch.inverse_sigmoid_eps, arch.select_padded_proposals) == (0.0, 1e-3, True)
     assert dino.transformer.decoder.inverse_sigmoid_eps == 1e-3 and isinstance(dino.decoder_norm, torch.nn.LayerNorm)
     with pytest.raises(dataclasses.FrozenInstanceError):

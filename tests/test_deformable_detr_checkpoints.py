@@ -16,7 +16,7 @@ from deformable_helpers import TOY, VARIANTS, inputs, max_diff, original, random
 from safetensors.torch import save_file, save_model
 
 from visiontf.models import create_model
-from visiontf.models.deformable_detr_convert import VARIANT_MODELS, checkpoint_variant, convert_state_dict, detect_format
+from visiontf.models.deformable_detr.convert import VARIANT_MODELS, checkpoint_variant, convert_state_dict, detect_format
 
 TOL = 1e-4
 #: a registered name per variant; the toy arguments override its sizes

@@ -14,7 +14,7 @@ from benchmarks.reference_deformable_detr import OriginalSetCriterion, original_
 from visiontf.detection import DeformablePostProcess, HungarianMatcher, PostProcess, SetCriterion, build_postprocess
 from visiontf.models import create_model
 from visiontf.models.contract import Detector
-from visiontf.models.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 
 K = 6
 

@@ -15,8 +15,8 @@ from deformable_helpers import TOY, VARIANTS, inputs, original, randomize
 from benchmarks.reference_deformable_detr import _Encoder, _Transformer
 from visiontf.detection import SetCriterion
 from visiontf.models import create_model, list_models
-from visiontf.models.deformable_detr import DeformableDETR
-from visiontf.models.deformable_transformer import encoder_reference_points, level_layout, refine_boxes, valid_counts
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.transformer import encoder_reference_points, level_layout, refine_boxes, valid_counts
 from visiontf.nn import PositionEmbeddingSine2d
 
 #: parameters with 91 classes, as the original code builds them (REFERENCE.md: 40.07 M, 40.85 M, 41.18 M)

@@ -1,4 +1,4 @@
-"""Contrastive denoising queries (visiontf.models.denoising): layout, noise, mask, losses' indices."""
+"""Contrastive denoising queries (visiontf.models.deformable_detr.denoising): layout, noise, mask, losses' indices."""
 from __future__ import annotations
 
 import logging
@@ -8,9 +8,9 @@ import torch
 from torch import nn
 from torchvision.ops import box_convert
 
-import visiontf.models.denoising as dn
+import visiontf.models.deformable_detr.denoising as dn
 from visiontf.detection import SetCriterion
-from visiontf.models.denoising import (
+from visiontf.models.deformable_detr.denoising import (
     build_contrastive_denoising,
     denoising_match_indices,
     split_denoising_outputs,
@@ -165,7 +165,7 @@ def test_empty_batch_has_no_denoising_queries():
 def test_more_boxes_than_queries_shrinks_to_one_group_logged_once(caplog, monkeypatch):
     monkeypatch.setattr(dn, "_logged_oversize", False)
     targets = _targets([7, 2])
-    with caplog.at_level(logging.WARNING, logger="visiontf.models.denoising"):
+    with caplog.at_level(logging.WARNING, logger="visiontf.models.deformable_detr.denoising"):
         for seed in range(3):
             q = build_contrastive_denoising(targets, num_classes=4, num_queries=3, num_denoising=5, generator=_gen(seed))
     assert (q.meta.num_groups, q.meta.pad_size) == (1, 14)

@@ -1,4 +1,4 @@
-"""The detection confusion matrix's convention (visiontf.evaluation.confusion), case by hand-made case.
+"""The detection confusion matrix's convention (visiontf.evaluation.readouts.confusion), case by hand-made case.
 
 Rows truth, columns prediction, the last of each "background"; score > threshold; one-to-one matching
 across classes, greedy by score, IoU >= threshold; crowd regions of a detection's class swallow it.
@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from visiontf.evaluation.confusion import BACKGROUND, detection_confusion_matrix
+from visiontf.evaluation.readouts.confusion import BACKGROUND, detection_confusion_matrix
 
 A, B, C = 1, 2, 5  # category ids with a gap: rows and columns follow the sorted ids
 BOX = [10, 10, 40, 40]

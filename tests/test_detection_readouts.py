@@ -71,8 +71,8 @@ def test_eval_per_class_equals_pycocotools_on_the_detections_it_scored(fitted, b
 
 
 def test_readout_files_are_what_the_functions_make(fitted):
-    from visiontf.evaluation.confusion import detection_confusion_matrix
-    from visiontf.evaluation.tide import tide_errors
+    from visiontf.evaluation.readouts.confusion import detection_confusion_matrix
+    from visiontf.evaluation.readouts.tide import tide_errors
 
     _, folder = _eval(fitted, "faster_coco_eval")
     gt = json.loads(Path(fitted["paths"]["val_ann"]).read_text())

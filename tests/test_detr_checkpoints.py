@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from visiontf.models import create_model
-from visiontf.models.detr_convert import convert_state_dict, detect_format
+from visiontf.models.detr.convert import convert_state_dict, detect_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks.reference_detr import OriginalDETR  # noqa: E402

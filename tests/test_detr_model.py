@@ -10,8 +10,8 @@ import torchvision
 from torch import nn
 
 from visiontf.models import create_model
-from visiontf.models.detr import DETR
-from visiontf.models.detr_backbone import DetrBackbone
+from visiontf.models.backbones.detr_backbone import DetrBackbone
+from visiontf.models.detr.detr import DETR
 
 SMALL = dict(num_classes=5, hidden_dim=32, nheads=4, enc_layers=2, dec_layers=3, dim_feedforward=64, num_queries=7)
 

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from visiontf.models import create_model
-from visiontf.models.detr_convert import convert_state_dict
-from visiontf.models.detr_segm import MASK_HEAD_PREFIXES
+from visiontf.models.detr.convert import convert_state_dict
+from visiontf.models.detr.segm import MASK_HEAD_PREFIXES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks.reference_detr_segm import OriginalDETRsegm  # noqa: E402

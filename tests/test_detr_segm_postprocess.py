@@ -12,7 +12,7 @@ from PIL import Image
 
 from visiontf.detection import PostProcess
 from visiontf.detection.mask_postprocess import PostProcessPanoptic, PostProcessSegm, add_instance_masks
-from visiontf.panoptic_ids import id2rgb, rgb2id
+from visiontf.io.panoptic_ids import id2rgb, rgb2id
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import reference_detr_segm as R  # noqa: E402

@@ -30,7 +30,7 @@ from visiontf.detection import build_postprocess
 from visiontf.detection.set_loss import build_criterion
 from visiontf.models import create_model
 from visiontf.models._registry import WeightsLayoutError, load_pretrained
-from visiontf.models.dino_convert import DINO_MODELS, convert_state_dict
+from visiontf.models.deformable_detr.dino_convert import DINO_MODELS, convert_state_dict
 
 TOL = 1e-4
 Q = 20  # queries of the parity models (see the module doc)

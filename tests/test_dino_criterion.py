@@ -10,7 +10,7 @@ from visiontf.detection import HungarianMatcher, SetCriterion
 from visiontf.detection.losses import ia_bce_loss, matchability_aware_loss, varifocal_loss
 from visiontf.detection.set_loss import build_criterion
 from visiontf.models.contract import Detector
-from visiontf.models.denoising import build_contrastive_denoising
+from visiontf.models.deformable_detr.denoising import build_contrastive_denoising
 
 K = 4
 

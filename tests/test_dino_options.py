@@ -13,12 +13,12 @@ import torch
 from dino_helpers import DINO, TOY
 from dino_helpers import toy_batch as _inputs
 
-import visiontf.models.denoising as dn
+import visiontf.models.deformable_detr.denoising as dn
 from visiontf.detection import build_postprocess
 from visiontf.models import create_model, list_models
-from visiontf.models.deformable_detr import DeformableDETR
-from visiontf.models.denoising import build_contrastive_denoising, denoising_attn_mask
-from visiontf.models.query_groups import self_attn_mask
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.denoising import build_contrastive_denoising, denoising_attn_mask
+from visiontf.models.deformable_detr.query_groups import self_attn_mask
 
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
@@ -149,7 +149,7 @@ def test_more_boxes_than_denoising_slots_shrink_to_one_group_logged_once(caplog,
     images, mask, _ = _inputs()
     crowded = [{"labels": torch.arange(5) % 5, "boxes": torch.rand(5, 4) * 0.3 + 0.3}, _empty(1)[0]]
     model = _model(**{**DINO, "num_denoising": 3}).train()
-    with caplog.at_level(logging.WARNING, logger="visiontf.models.denoising"):
+    with caplog.at_level(logging.WARNING, logger="visiontf.models.deformable_detr.denoising"):
         for _ in range(2):
             out = model(images, mask, targets=crowded)
     assert out["dn_meta"].num_groups == 1 and out["dn_meta"].pad_size == 10
@@ -290,7 +290,7 @@ def test_training_after_a_prediction_in_inference_mode(method):
 
 def test_distinct_ranking_keeps_the_order_of_saturated_scores():
     """Scores whose sigmoid is 1.0 in float32 keep their order (an exported graph must pick the same anchors)."""
-    from visiontf.models.deformable_queries import distinct_first
+    from visiontf.models.deformable_detr.queries import distinct_first
 
     scores = torch.tensor([[20.0, 30.0, 25.0, float("-inf"), 29.0]])
     far_apart = torch.tensor([[[-3.0, -3.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [3.0, 3.0, 0.0, 0.0],

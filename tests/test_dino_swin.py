@@ -1,4 +1,4 @@
-"""IDEA-Research/DINO's Swin layout (visiontf.models.dino_swin) against the reference in the original's layout.
+"""IDEA-Research/DINO's Swin layout (visiontf.models.backbones.dino_swin) against the reference in the original's layout.
 
 ``benchmarks/reference_dino_swin.py`` follows DINO's ``models/dino/swin_transformer.py`` step by step (checked
 equal to the original code by ``benchmarks/dino_swin_parity.py``: docs/backbones.md). The full DINO-4scale
@@ -18,8 +18,8 @@ from benchmarks.reference_dino import build_dino, dino_args
 from benchmarks.reference_dino_layers import Joiner, NestedTensor, PositionEmbeddingSineHW
 from benchmarks.reference_dino_swin import ReferenceSwin
 from visiontf.models import create_model
-from visiontf.models.backbone import build_backbone
-from visiontf.models.dino_swin import DINO_SWIN_NAMES, SwinTransformer
+from visiontf.models.backbones.build import build_backbone
+from visiontf.models.backbones.dino_swin import DINO_SWIN_NAMES, SwinTransformer
 
 TINY = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
 SIZES = [(97, 130), (64, 64), (35, 61)]

@@ -14,8 +14,8 @@ from dino_helpers import TOY as TOY_DINO
 from dino_helpers import toy_batch
 from torchvision.ops import box_convert, nms
 
-from visiontf.models.deformable_detr import DeformableDETR
-from visiontf.models.distinct_queries import SUPPRESSED_LOGIT, DistinctQueriesBetweenLayers
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.distinct_queries import SUPPRESSED_LOGIT, DistinctQueriesBetweenLayers
 from visiontf.nn.attention import restrict_attn_mask
 
 TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on

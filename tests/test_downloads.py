@@ -9,9 +9,9 @@ import pytest
 
 import visiontf
 import visiontf.models
-from visiontf import downloads
-from visiontf.downloads import DownloadError, network_problem, reachable
-from visiontf.errors import UserError
+from visiontf.core.errors import UserError
+from visiontf.io import downloads
+from visiontf.io.downloads import DownloadError, network_problem, reachable
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_torch_hub_cache_needs_no_network(no_sockets, monkeypatch):
 
 
 def test_torchvision_backbone_offline_fails_at_once(no_sockets, monkeypatch):
-    from visiontf.models.detr_backbone import _load_imagenet
+    from visiontf.models.backbones.detr_backbone import _load_imagenet
 
     monkeypatch.setattr(downloads, "reachable", lambda *a, **k: False)
     monkeypatch.setattr(downloads, "torch_hub_cached", lambda url: False)

@@ -19,8 +19,8 @@ import torch
 from deformable_helpers import TOY, VARIANTS, original, randomize
 from safetensors.torch import save_file
 
+from visiontf.io.weights import load_state_dict_file
 from visiontf.models import WeightsLayoutError, create_model, deformable_detr_convert, detr_convert
-from visiontf.weights import load_state_dict_file
 
 REGISTRY_LOG = "visiontf.models._registry"
 DEFORMABLE_NAMES = deformable_detr_convert.VARIANT_MODELS

@@ -13,8 +13,8 @@ from ipt_helpers import SMALL, TINY, randomized_reference, save_reference
 
 from benchmarks.reference_ipt import OriginalIPT
 from visiontf.models import WeightsLayoutError, create_model, get_entry, list_models
-from visiontf.models.ipt import IPT, PRETRAIN_TASKS
-from visiontf.models.ipt_convert import convert_state_dict, to_original_state_dict
+from visiontf.models.ipt.convert import convert_state_dict, to_original_state_dict
+from visiontf.models.ipt.ipt import IPT, PRETRAIN_TASKS
 
 TOL = 1e-4
 

@@ -14,8 +14,8 @@ from torch import Tensor, nn
 from benchmarks.reference_ipt import forward_chop as reference_chop
 from benchmarks.reference_ipt import forward_x8 as reference_x8
 from visiontf.models import create_model
-from visiontf.models.ipt_convert import convert_state_dict
-from visiontf.models.ipt_tiling import chop_geometry, forward_chop, forward_x8
+from visiontf.models.ipt.convert import convert_state_dict
+from visiontf.models.ipt.tiling import chop_geometry, forward_chop, forward_x8
 
 
 class WindowNet(nn.Module):

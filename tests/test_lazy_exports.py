@@ -1,4 +1,4 @@
-"""Every name a package exports lazily (visiontf/_lazy.py, a ``_LAZY`` table) resolves to the object its
+"""Every name a package exports lazily (visiontf/core/lazy.py, a ``_LAZY`` table) resolves to the object its
 module defines: a name left behind when a function moves is an AttributeError only on first use.
 
 Cost: imports every package once; a few seconds.

@@ -19,7 +19,7 @@ from visiontf.evaluation.coco import evaluate_coco
 from visiontf.evaluation.coco_mask_metric import CocoMaskMetric, encode_masks
 from visiontf.evaluation.panoptic import pq_compute
 from visiontf.evaluation.panoptic_metric import PanopticMetric
-from visiontf.panoptic_ids import read_panoptic_png
+from visiontf.io.panoptic_ids import read_panoptic_png
 
 REAL = "tests/data/coco_real/annotations"
 

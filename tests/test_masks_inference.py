@@ -16,7 +16,7 @@ from visiontf.inference import Predictor
 from visiontf.inference.export import example_inputs, export_model, export_onnx, onnx_max_abs_diff
 from visiontf.inference.predict_files import predict_to_folder
 from visiontf.models import create_model
-from visiontf.models.deformable_segm import MASK_HEAD_PREFIXES
+from visiontf.models.deformable_detr.segm import MASK_HEAD_PREFIXES
 
 SMALL = dict(enc_layers=1, dec_layers=1, num_queries=8)
 

@@ -18,9 +18,9 @@ from PIL import Image
 from torchvision.ops import box_convert
 
 import visiontf
-from visiontf.data.coco_annotations import AnnotationError
-from visiontf.data.coco_dataset import CocoDetection
-from visiontf.data.image_ids import match_image_ids
+from visiontf.data.datasets.coco import CocoDetection
+from visiontf.data.files.coco_annotations import AnnotationError
+from visiontf.data.files.image_ids import match_image_ids
 from visiontf.data.io import ImageReadError, read_image, read_mask
 from visiontf.evaluation.coco import CocoEvalError, evaluate_coco
 from visiontf.inference.predict_files import predict_to_folder
@@ -177,7 +177,7 @@ def test_jpeg_masks_are_refused_or_read_on_request(tmp_path, caplog):
     assert moved.any()
     np.testing.assert_array_equal(read_mask(tmp_path / "ok.png"), labels)
 
-    from visiontf.data.segmentation_dataset import SegmentationDataset
+    from visiontf.data.datasets.segmentation import SegmentationDataset
 
     Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(tmp_path / "img.png")
     pairs = [(tmp_path / "img.png", tmp_path / "mask.png")]
@@ -197,7 +197,7 @@ def test_annotated_size_disagreeing_with_the_image_uses_the_real_size_and_counts
     (it used to be dropped, with one warning per image per epoch) and inside the real one."""
     from torch.utils.data import DataLoader
 
-    from visiontf.data.coco_dataset import collate_detection
+    from visiontf.data.datasets.coco import collate_detection
 
     for name in ("a.png", "b.png"):
         _image(tmp_path / name, (80, 60))
@@ -252,7 +252,7 @@ def test_broken_symbolic_links_are_named_or_counted(tmp_path, vit, caplog):
 
 def test_config_values_and_one_class_name_the_key(tmp_path):
     from visiontf.cli.train import make_cli
-    from visiontf.config_checks import ConfigError
+    from visiontf.core.config_checks import ConfigError
     from visiontf.data.synthetic.classification import make_classification_dataset
 
     data = make_classification_dataset(tmp_path / "d", num_train=4, num_val=2, num_classes=2, image_size=32)
@@ -281,9 +281,9 @@ def test_weights_of_a_non_float_dtype_or_non_finite_are_refused_naming_the_tenso
     """int64 weights in a safetensors file used to be cast silently (every score then 0.2)."""
     from safetensors.torch import save_file
 
-    from visiontf.checkpoints import load_checkpoint_model
+    from visiontf.io.weights import WeightsError
     from visiontf.models import create_model
-    from visiontf.weights import WeightsError
+    from visiontf.tasks.checkpoints import load_checkpoint_model
 
     kw = {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}
     state = create_model("detr_tiny", num_classes=2, **kw).state_dict()
@@ -327,7 +327,7 @@ def test_duplicate_annotation_ids_are_refused_naming_them(tmp_path):
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from visiontf.data.coco_annotations import parse_coco
+    from visiontf.data.files.coco_annotations import parse_coco
 
     dup = _self_scored_file(tmp_path / "dup.json", same_id=True)
     results = [{"image_id": a["image_id"], "category_id": 1, "bbox": a["bbox"], "score": 1.0}
@@ -364,8 +364,8 @@ def test_an_evaluation_set_smaller_than_the_process_count_is_a_clear_error():
     """1 validation image on 2 processes stopped on a bare AssertionError in Lightning's sampler."""
     from types import SimpleNamespace
 
+    from visiontf.core.errors import UserError
     from visiontf.data.samplers import eval_sampler
-    from visiontf.errors import UserError
 
     with pytest.raises(UserError, match=r"the evaluation set has 1 image\(s\) for 2 processes: .*--trainer.devices 1"):
         eval_sampler([0], SimpleNamespace(world_size=2, global_rank=1))

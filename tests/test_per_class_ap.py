@@ -23,7 +23,7 @@ from pycocotools.cocoeval import COCOeval
 from readout_data import ANN_100, make_detections
 
 from visiontf.evaluation.coco import evaluate_coco
-from visiontf.evaluation.coco_per_class import CocoArrays, format_per_class_table, per_class_json, per_class_rows
+from visiontf.evaluation.readouts.per_class import CocoArrays, format_per_class_table, per_class_json, per_class_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -175,8 +175,8 @@ def test_coco_metric_over_two_ranks_gives_pycocotools_per_class_rows(real, backe
     import torch
 
     import visiontf.evaluation.coco_metric as cm
-    from visiontf.evaluation.confusion import detection_confusion_matrix
-    from visiontf.evaluation.tide import tide_errors
+    from visiontf.evaluation.readouts.confusion import detection_confusion_matrix
+    from visiontf.evaluation.readouts.tide import tide_errors
 
     gt, dets, _ = real
     # quarter pixels survive CocoMetric's float32 xyxy round trip exactly, so IoUs cannot move

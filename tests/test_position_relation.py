@@ -14,7 +14,7 @@ import torch
 from dino_helpers import DINO, toy_batch
 from dino_helpers import TOY as TOY_DINO
 
-from visiontf.models.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.nn.position_relation import PositionRelationEmbedding, box_relation
 
 TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on

@@ -169,7 +169,7 @@ def test_config_trains_two_clipped_steps(fitted, family, precision):
     ckpt = fitted[(family, precision)] / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     if family == "vqgan_gpt":  # its first stage keeps the tokenizer's quantizer options, also when rebuilt
-        from visiontf.checkpoints import load_checkpoint_model
+        from visiontf.tasks.checkpoints import load_checkpoint_model
 
         model, _ = load_checkpoint_model(ckpt)
         assert model.first_stage_model.quantize.l2_norm

@@ -12,7 +12,7 @@ import pytest
 from handmade_data import make_dataset
 
 from visiontf.cli.predict import datamodule_from_config
-from visiontf.errors import UsageError
+from visiontf.core.errors import UsageError
 
 CONFIG = "configs/detr/detr_tiny_shapes.yaml"  # data: visiontf.data.coco.CocoDataModule, root data/demo_det
 PATHS = {"train_images": "images/train", "val_images": "images/val",

@@ -15,9 +15,9 @@ import torch
 from cli_runner import error_line, run_tools
 from PIL import Image
 
+from visiontf.core.errors import UserError
+from visiontf.data.files.restoration import read_rgb8
 from visiontf.data.io import read_image
-from visiontf.data.restoration_files import read_rgb8
-from visiontf.errors import UserError
 from visiontf.inference.predictor import Predictor
 from visiontf.models import ModelArgumentError, WeightsLayoutError, create_model
 

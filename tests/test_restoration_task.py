@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from visiontf.checkpoints import CheckpointError, check_checkpoint_fits
 from visiontf.evaluation.restoration import calc_psnr
 from visiontf.evaluation.restoration_metric import RestorationScores
 from visiontf.models import create_model
-from visiontf.models.ipt import PRETRAIN_TASKS
+from visiontf.models.ipt.task_names import PRETRAIN_TASKS
+from visiontf.tasks.checkpoints import CheckpointError, check_checkpoint_fits
 from visiontf.tasks.restoration import RestorationTask, bicubic_upscale, patch_contrastive_loss
 
 

@@ -26,7 +26,7 @@ import torch
 from ddp_utils import ROOT, run, subprocess_env
 from PIL import Image
 
-from visiontf.weights import safe_torch_load
+from visiontf.io.weights import safe_torch_load
 
 pytestmark = pytest.mark.slow
 

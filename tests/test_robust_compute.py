@@ -18,8 +18,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 import visiontf
-from visiontf.data.detection_transforms import resized_hw
 from visiontf.data.io import ImageReadError, read_image, set_max_image_pixels
+from visiontf.data.transforms.detection import resized_hw
 from visiontf.inference.predict_files import predict_to_folder
 from visiontf.inference.predictor import Predictor
 from visiontf.models.contract import Classifier, PretrainedCfg
@@ -123,8 +123,7 @@ def test_classifier_on_a_10_by_10000_image_crops_before_resizing(tmp_path):
 
 
 def test_training_transforms_take_extreme_aspect_ratios(tmp_path):
-    from visiontf.data import detection_transforms as DT
-
+    from visiontf.data.transforms import detection as DT
     image = np.full((10, 2000, 3), 128, np.uint8)
     boxes = np.array([[100, 2, 50, 5]], np.float32)
     for tf in (DT.build_train_transforms(DT.DETR_SCALES, DT.DETR_MAX_SIZE, DT.DETR_CROP_SCALES, DT.DETR_CROP_SIZE, seed=0),

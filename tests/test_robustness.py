@@ -81,15 +81,15 @@ def test_error_in_dataloader_worker_names_the_file(tmp_path):
 
 
 def test_missing_annotation_file_is_a_clear_error(tmp_path):
-    from visiontf.data.coco_annotations import AnnotationError, load_coco_json
+    from visiontf.data.files.coco_annotations import AnnotationError, load_coco_json
 
     with pytest.raises(AnnotationError, match=r"instances_val\.json: annotation file not found"):
         load_coco_json(tmp_path / "instances_val.json")
 
 
 def test_empty_coco_split_is_reported(tmp_path):
-    from visiontf.data.coco_annotations import AnnotationError
-    from visiontf.data.coco_dataset import CocoDetection
+    from visiontf.data.datasets.coco import CocoDetection
+    from visiontf.data.files.coco_annotations import AnnotationError
 
     ann = tmp_path / "empty.json"
     ann.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}]}))
@@ -118,9 +118,9 @@ def test_every_torch_load_in_the_library_is_weights_only():
 
 
 def test_only_the_allow_list_reads_torch_files_in_the_library():
-    """Inside visiontf every .pth/.ckpt is read by visiontf.weights.safe_torch_load (the one allow-list, the
+    """Inside visiontf every .pth/.ckpt is read by visiontf.io.weights.safe_torch_load (the one allow-list, the
     corrupt-file messages); a plain torch.load elsewhere refuses what the allow-list takes and names nothing."""
     files = sorted((ROOT / "visiontf").rglob("*.py"))
     elsewhere = [f"{p.relative_to(ROOT)}:{c.lineno}" for p in files if p.name != "weights.py" for c in _torch_load_calls(p)]
-    assert not elsewhere, f"torch.load outside visiontf/weights.py (use safe_torch_load): {elsewhere}"
+    assert not elsewhere, f"torch.load outside visiontf/io/weights.py (use safe_torch_load): {elsewhere}"
     assert _torch_load_calls(ROOT / "visiontf" / "weights.py")

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
+from visiontf.data.files.segmentation import ade20k_pairs
 from visiontf.data.segmentation import SegmentationDataModule, segmentation_collate, segmentation_transforms
-from visiontf.data.segmentation_files import ade20k_pairs
 from visiontf.data.synthetic.segmentation import make_segmentation_dataset
 from visiontf.models.contract import Segmenter
 from visiontf.tasks.segmentation import SegmentationTask

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import visiontf.models.setr as setr_module
+import visiontf.models.setr.setr as setr_module
 from visiontf.models import create_model, get_entry, list_models
-from visiontf.models.setr import DEFAULT_CFGS
-from visiontf.models.setr_convert import convert_state_dict, fitting_variants, rename_mmseg_keys
+from visiontf.models.setr.convert import convert_state_dict, fitting_variants, rename_mmseg_keys
+from visiontf.models.setr.setr import DEFAULT_CFGS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package

@@ -3,10 +3,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from visiontf.io.weights import save_model
 from visiontf.models import create_model
-from visiontf.models.setr import SETR, default_out_indices
-from visiontf.models.setr_convert import resize_pos_embed
-from visiontf.weights import save_model
+from visiontf.models.setr.convert import resize_pos_embed
+from visiontf.models.setr.setr import SETR, default_out_indices
 
 NUM_AUX = {"naive": 3, "pup": 4, "mla": 4}  # tiny/base: PUP keeps an auxiliary head on every tap
 

@@ -1,4 +1,4 @@
-"""TIDE's error breakdown (visiontf.evaluation.tide): hand-made cases worked out on paper, and tidecv's own numbers.
+"""TIDE's error breakdown (visiontf.evaluation.readouts.tide): hand-made cases worked out on paper, and tidecv's own numbers.
 
 The last test compares against tidecv 1.0.1 itself, run by ``benchmarks/tide_vs_tidecv.py --record`` on
 the 100 real val2017 annotations and a generated set with crowd regions (``tests/data/tide_reference.json``
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from visiontf.evaluation.tide import ERROR_TYPES, SPECIAL_TYPES, tide_ap, tide_errors
+from visiontf.evaluation.readouts.tide import ERROR_TYPES, SPECIAL_TYPES, tide_ap, tide_errors
 
 REPO = Path(__file__).resolve().parents[1]
 A, B = 1, 2

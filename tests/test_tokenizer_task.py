@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from visiontf.models.vqgan_discriminator import NLayerDiscriminator
-from visiontf.models.vqgan_quantize import VectorQuantizer2
+from visiontf.io.weights import WeightsError
+from visiontf.models.vqgan.discriminator import NLayerDiscriminator
+from visiontf.models.vqgan.quantize import VectorQuantizer2
 from visiontf.tasks.tokenizer import TokenizerTask
 from visiontf.tasks.vqgan_loss import LPIPSWeightsMissing, adaptive_weight, code_usage, hinge_d_loss, load_lpips
-from visiontf.weights import WeightsError
 
 #: a VQGAN small enough for a test step (GroupNorm needs multiples of 32 channels)
 TOY = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "n_embed": 16, "embed_dim": 4,
@@ -158,7 +158,7 @@ def test_lpips_without_vgg_weights_fails_fast_with_the_fix(tmp_path):
 
 
 def test_a_damaged_vgg16_file_is_named_as_corrupt(tmp_path):
-    """The VGG16 trunk is read through visiontf.weights.safe_torch_load: a cut-off file is named."""
+    """The VGG16 trunk is read through visiontf.io.weights.safe_torch_load: a cut-off file is named."""
     pytest.importorskip("lpips")
     torch.save({"features.0.weight": torch.zeros(64, 3, 3, 3)}, tmp_path / "vgg16.pth")
     data = (tmp_path / "vgg16.pth").read_bytes()

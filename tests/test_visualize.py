@@ -199,7 +199,7 @@ def test_plot_logs_from_fake_metrics_csv(tmp_path):
     assert proc.returncode == 0, proc.stderr
     pic = np.asarray(Image.open(out).convert("RGB"))
     assert pic.shape[1] >= 3 * 500 and pic.std() > 0, "three panels: loss, val metrics, lr"
-    from visiontf.training_curves import load_run
+    from visiontf.evaluation.training_curves import load_run
 
     df = load_run(run / "metrics.csv")
     assert set(df.name) == {"train/loss", "val/loss", "val/mAP", "lr-AdamW"}

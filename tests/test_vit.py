@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 import visiontf
-from visiontf.weights import WeightsError
+from visiontf.io.weights import WeightsError
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224"])

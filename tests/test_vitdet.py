@@ -1,4 +1,4 @@
-"""ViTDet's simple feature pyramid on plain ViTs (visiontf.models.vitdet) and layer-wise learning-rate decay."""
+"""ViTDet's simple feature pyramid on plain ViTs (visiontf.models.backbones.vitdet) and layer-wise learning-rate decay."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import timm
 import torch
 
 import visiontf
-from visiontf.models.backbone import build_backbone
+from visiontf.models.backbones.build import build_backbone
 from visiontf.tasks.detection import DetectionTask
 from visiontf.tasks.optim import layer_decay_groups
 

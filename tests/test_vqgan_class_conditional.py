@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
+from visiontf.core.errors import UserError
 from visiontf.data.classification import find_classes
 from visiontf.data.image_folder import TokenizerDataModule
 from visiontf.data.loading import DatasetLayoutError
-from visiontf.errors import UserError
 from visiontf.models import create_model
 from visiontf.tasks.transformer import TransformerTask
 

@@ -62,7 +62,7 @@ def test_fsdp_shards_the_transformer_keeps_the_first_stage_and_resumes_exactly(d
     _fit(data, part, tmp_path / "probe_resume", "--trainer.max_epochs=3", "--ckpt_path=last")
     # block by block (wrap_modules) instead of one unit: the class path form of the strategy
     wrapped = ('--trainer.strategy={"class_path": "visiontf.tasks.fsdp.FSDPStrategy", '
-               '"init_args": {"wrap_modules": ["visiontf.models.vqgan_transformer.Block"]}}')
+               '"init_args": {"wrap_modules": ["visiontf.models.vqgan.transformer.Block"]}}')
     _fit(data, tmp_path / "blocks", tmp_path / "probe_blocks", "--trainer.max_epochs=1", wrapped)
 
     reference = create_model("vqgan_transformer_tiny", first_stage_kwargs=TOY, **GPT)
@@ -105,7 +105,7 @@ def test_fsdp_shards_the_transformer_keeps_the_first_stage_and_resumes_exactly(d
     assert all(torch.allclose(a, b, atol=1e-9, rtol=1e-5) for a, b in zip(moments, resumed_moments))
 
     # the gathered checkpoint samples as any single-process one does
-    from visiontf.checkpoints import load_checkpoint_model
+    from visiontf.tasks.checkpoints import load_checkpoint_model
 
     model, _ = load_checkpoint_model(full / "checkpoints" / "last.ckpt")
     codes = model.eval().sample(2, (4, 4), generator=torch.Generator().manual_seed(0))
@@ -120,9 +120,9 @@ def test_frozen_subtrees_are_the_largest_frozen_modules_and_wrap_modules_are_che
     assert frozen_subtrees(holder) == [net.first_stage_model]
     net.transformer.ln_f.requires_grad_(False)
     assert frozen_subtrees(holder) == [net.first_stage_model, net.transformer.ln_f]
-    strategy = FSDPStrategy(wrap_modules=["visiontf.models.vqgan_transformer.Block"])
-    from visiontf.models.vqgan_transformer import Block
+    strategy = FSDPStrategy(wrap_modules=["visiontf.models.vqgan.transformer.Block"])
+    from visiontf.models.vqgan.transformer import Block
 
     assert strategy.kwargs["auto_wrap_policy"]._module_classes == {Block}  # Lightning turns the set into a policy
     with pytest.raises(ValueError, match="not an importable class"):
-        FSDPStrategy(wrap_modules=["visiontf.models.vqgan_transformer.NoSuchBlock"])
+        FSDPStrategy(wrap_modules=["visiontf.models.vqgan.transformer.NoSuchBlock"])

@@ -18,8 +18,8 @@ from torch import nn
 
 from visiontf.models import create_model, get_entry, list_models
 from visiontf.models._registry import WeightsLayoutError
-from visiontf.models.vqgan import DEFAULT_CFGS, convert_state_dict
-from visiontf.models.vqgan_blocks import AttnBlock
+from visiontf.models.vqgan.blocks import AttnBlock
+from visiontf.models.vqgan.vqgan import DEFAULT_CFGS, convert_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks import reference_vqgan as ref  # noqa: E402
@@ -223,7 +223,7 @@ def test_training_gradients_pass_the_quantiser():
 
 
 def test_lightning_1_0_callback_keys_load_as_inert_stand_ins(tmp_path):
-    from visiontf.weights import WeightsError, safe_torch_load
+    from visiontf.io.weights import WeightsError, safe_torch_load
 
     ckpt = safe_torch_load(_save_ckpt(nn.Conv2d(1, 1, 1), tmp_path / "old.ckpt"))
     (key,) = ckpt["callbacks"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from visiontf.models.vqgan_quantize import VectorQuantizer2
+from visiontf.models.vqgan.quantize import VectorQuantizer2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks import reference_vqgan as ref  # noqa: E402

@@ -9,7 +9,7 @@ import torch
 
 from visiontf.models import create_model
 from visiontf.models._registry import WeightsLayoutError
-from visiontf.models.vqgan_transformer import GPT, convert_state_dict, filter_logits
+from visiontf.models.vqgan.transformer import GPT, convert_state_dict, filter_logits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks import reference_vqgan as ref  # noqa: E402
@@ -131,7 +131,7 @@ def test_seeded_sampling_cached_uncached_and_tamings_agree():
 # --------------------------------------------------------------------------- Net2NetTransformer
 def _taming_net2net_state(n_embd=128, n_head=4, n_layer=4):
     """A taming Net2NetTransformer state dict over vqgan_tiny: first_stage_model.* (with loss.*) and transformer.* (with masks)."""
-    from visiontf.models.vqgan import DEFAULT_CFGS
+    from visiontf.models.vqgan.vqgan import DEFAULT_CFGS
 
     s = DEFAULT_CFGS["vqgan_tiny"].kwargs
     dd = {k: s[k] for k in ("ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution", "z_channels")}

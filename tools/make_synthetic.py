@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from visiontf.arguments import ToolParser, UsageError  # noqa: E402
 from visiontf.cli.errors import run_tool  # noqa: E402
+from visiontf.core.arguments import ToolParser, UsageError  # noqa: E402
 
 #: the set `make demo` trains detr_tiny on: large, class-coloured shapes a CPU DETR learns in minutes
 DETECTION_DEMO = {"image_size": (128, 160), "object_size": (0.12, 0.35), "max_objects": 3, "colour_by_class": True}

@@ -22,6 +22,6 @@ if __name__ == "__main__":
 
         sys.exit(run_tool(convergence_main, [a for a in sys.argv[1:] if a not in ("--vs_minutes", "--vs-minutes")],
                           prog="plot_logs.py"))
-    from visiontf.training_curves import main
+    from visiontf.evaluation.training_curves import main
 
     sys.exit(run_tool(main, prog="plot_logs.py"))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from visiontf.arguments import ToolParser  # noqa: E402
 from visiontf.cli.errors import run_tool  # noqa: E402
+from visiontf.core.arguments import ToolParser  # noqa: E402
 
 
 def check_values(args) -> None:
@@ -20,7 +20,7 @@ def check_values(args) -> None:
 
     from PIL import Image
 
-    from visiontf.errors import UsageError
+    from visiontf.core.errors import UsageError
 
     if args.num < 1:
         raise UsageError(f"--num {args.num}: give the number of images to sample, >= 1")
@@ -58,9 +58,9 @@ def main(argv=None) -> int:
     import torch
     from torchvision.utils import save_image
 
-    from visiontf.checkpoints import CheckpointError, load_checkpoint_model
-    from visiontf.errors import UsageError
+    from visiontf.core.errors import UsageError
     from visiontf.models.contract import Generator
+    from visiontf.tasks.checkpoints import CheckpointError, load_checkpoint_model
 
     model, _ = load_checkpoint_model(args.ckpt_path)
     if not isinstance(model, Generator):

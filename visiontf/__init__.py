@@ -7,7 +7,7 @@ and generation (the VQGAN tokenizer and its GPT), loading the original checkpoin
 The top-level names are resolved lazily so that light entry points (for example evaluating a
 COCO results file) do not pay for importing torch or Lightning.
 """
-from visiontf._lazy import lazy_getattr
+from visiontf.core.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -16,7 +16,7 @@ _LAZY = {
     "list_models": "visiontf.models",
     "register_model": "visiontf.models",
     "load_model": "visiontf.models",
-    "save_model": "visiontf.weights",
+    "save_model": "visiontf.io.weights",
     "Predictor": "visiontf.inference.predictor",
 }
 

@@ -11,7 +11,7 @@ entry's tags name the task); :data:`~visiontf.adapters.task_table.TASK_TABLE` ma
 adapter. Names resolve lazily; each adapter class is in its task's module
 (``visiontf.adapters.<task>``).
 """
-from visiontf._lazy import lazy_getattr
+from visiontf.core.lazy import lazy_getattr
 
 _LAZY = {
     "TASKS": "visiontf.adapters.task_table",

@@ -17,7 +17,7 @@ from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter
 from visiontf.adapters.settings import EvalSettings
 from visiontf.models.contract import AttentionRollout
-from visiontf.models.vit import merge_distilled
+from visiontf.models.vit.vit import merge_distilled
 
 _INTERPOLATION = {"bicubic": InterpolationMode.BICUBIC, "nearest": InterpolationMode.NEAREST}
 

@@ -25,7 +25,7 @@ from visiontf.adapters import attention, deformable_attention, drawing, masks
 from visiontf.adapters.base import PredictionWriter, PreprocessModule, TaskAdapter, pretrained_cfg
 from visiontf.adapters.settings import EvalSettings, PredictOption, at_least, boolean
 from visiontf.data.batching import PaddedBatch, pad_images, size_buckets
-from visiontf.data.detection_transforms import resized_hw
+from visiontf.data.transforms.detection import resized_hw
 from visiontf.detection import build_postprocess, set_postprocess
 from visiontf.detection.agreement import detections_disagreement
 
@@ -211,7 +211,7 @@ class DetectionAdapter(TaskAdapter):
         return out
 
     def annotation_class_names(self, annotations: str | Path) -> list[str] | None:
-        from visiontf.data.coco_annotations import load_coco_json, parse_categories
+        from visiontf.data.files.coco_annotations import load_coco_json, parse_categories
 
         return parse_categories(load_coco_json(annotations), Path(annotations))[1]
 
@@ -357,12 +357,12 @@ class _DetectorGraph(nn.Module):
 
 def image_ids(files: Sequence[str | None], annotations: str | Path | None) -> tuple[list[int | None], dict[int, int] | None]:
     """COCO image ids from an annotation file, matched by its relative ``file_name``
-    (:func:`visiontf.data.image_ids.match_image_ids`: an ambiguous match is an error listing the clashes),
+    (:func:`visiontf.data.files.image_ids.match_image_ids`: an ambiguous match is an error listing the clashes),
     else the numeric file names when all are numbers and distinct, else 1..N in input order; with an
     annotation file also its label -> category id table."""
     if annotations:
-        from visiontf.data.coco_annotations import load_coco_json, parse_categories
-        from visiontf.data.image_ids import match_image_ids
+        from visiontf.data.files.coco_annotations import load_coco_json, parse_categories
+        from visiontf.data.files.image_ids import match_image_ids
 
         data = load_coco_json(annotations)
         ids = match_image_ids(files, data.get("images", []), annotations)

@@ -25,7 +25,7 @@ from torchvision.utils import draw_segmentation_masks
 
 from visiontf.adapters.drawing import color_for, to_uint8_chw
 from visiontf.detection.mask_postprocess import add_instance_masks, panoptic_segments
-from visiontf.panoptic_ids import id2rgb
+from visiontf.io.panoptic_ids import id2rgb
 
 __all__ = ["PanopticFiles", "add_mask_results", "draw_masks", "mask_records"]
 

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter
 from visiontf.adapters.settings import EvalSettings, PredictOption
-from visiontf.errors import UsageError
+from visiontf.core.errors import UsageError
 
 
 @dataclass(frozen=True)

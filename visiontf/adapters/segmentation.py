@@ -16,7 +16,7 @@ from torchvision.transforms.v2 import functional as TF
 from visiontf.adapters import drawing
 from visiontf.adapters.base import PreprocessModule, TaskAdapter
 from visiontf.adapters.settings import EvalSettings, PredictOption, SettingsError
-from visiontf.data.segmentation_transforms import keep_ratio_size, resize_image_like_mmcv
+from visiontf.data.transforms.segmentation import keep_ratio_size, resize_image_like_mmcv
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar
 
-from visiontf.errors import UserError
+from visiontf.core.errors import UserError
 
 S = TypeVar("S", bound="EvalSettings")
 

@@ -3,7 +3,7 @@
 Names resolve lazily: ``import visiontf.callbacks`` stays light, and the drawing code behind
 ``LogPredictionImages`` is imported only when that callback is used.
 """
-from visiontf._lazy import lazy_getattr
+from visiontf.core.lazy import lazy_getattr
 
 _LAZY = {
     "BudgetCosine": "visiontf.callbacks.budget_schedule",

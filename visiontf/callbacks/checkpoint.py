@@ -18,7 +18,7 @@ monitored metric does, always under the same name (no ``-vN`` copies); it is wri
 top-k checkpoint of the same step, so its callback state knows that checkpoint. Resuming from a
 moved folder re-bases the best-k paths onto the new folder when their files are there, so the
 best checkpoint keeps being tracked. Atomic writes are the ``CheckpointIO``'s job
-(:mod:`visiontf.checkpoint_io`).
+(:mod:`visiontf.callbacks.checkpoint_io`).
 """
 from __future__ import annotations
 

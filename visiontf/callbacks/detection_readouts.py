@@ -10,7 +10,7 @@ the COCO metric has every rank's detections by then):
   (a run with neither, e.g. ``tools/eval.py --trainer.logger false``, writes none);
 * at a test, a stand-alone ``validate`` (``tools/eval.py``) and every ``pictures_every_n_epochs``-th
   validation of a fit: PR curves at IoU 0.5 and 0.75, the confusion matrix at ``score_threshold``,
-  TIDE's breakdown and the detections (:mod:`visiontf.evaluation.readouts`), as files, as pictures to
+  TIDE's breakdown and the detections (:mod:`visiontf.evaluation.readouts.readouts`), as files, as pictures to
   every logger, and as TensorBoard PR curves.
 
 TensorBoard's PR curves (``add_pr_curve_raw``) show COCO's interpolated precision at its 101 recall
@@ -37,8 +37,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from visiontf.callbacks.logger_sinks import log_files, log_image, log_table
-from visiontf.evaluation.coco_per_class import PER_CLASS_COLUMNS
-from visiontf.evaluation.readouts import PR_IOUS, DetectionReport, write_readouts
+from visiontf.evaluation.readouts.per_class import PER_CLASS_COLUMNS
+from visiontf.evaluation.readouts.readouts import PR_IOUS, DetectionReport, write_readouts
 from visiontf.tasks.detection import DetectionTask
 
 log = logging.getLogger(__name__)

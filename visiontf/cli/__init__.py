@@ -10,7 +10,7 @@
 
 Names resolve lazily, so the predict/export path never imports Lightning's CLI machinery.
 """
-from visiontf._lazy import lazy_getattr
+from visiontf.core.lazy import lazy_getattr
 
 _LAZY = {
     "VisionCLI": "visiontf.cli.train",

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from visiontf.arguments import ToolParser
 from visiontf.cli.checks import checkpoint_file, weights_file
 from visiontf.cli.errors import run_tool
-from visiontf.errors import UsageError
+from visiontf.core.arguments import ToolParser
+from visiontf.core.errors import UsageError
 
 log = logging.getLogger(__name__)
 

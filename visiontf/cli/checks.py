@@ -1,6 +1,6 @@
 """Checks of the files and folders a command line names, before anything heavy is imported.
 
-Each raises :class:`~visiontf.errors.UsageError` naming the option, the path and the fix, so a
+Each raises :class:`~visiontf.core.errors.UsageError` naming the option, the path and the fix, so a
 mistyped path costs a second, not the ten it takes to import torch and Lightning. Standard library only.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from visiontf.errors import UsageError
+from visiontf.core.errors import UsageError
 
 __all__ = ["checkpoint_file", "input_paths", "output_folder", "weights_file"]
 

@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from visiontf.arguments import ToolParser
 from visiontf.cli.errors import run_tool
-from visiontf.errors import UserError
+from visiontf.core.arguments import ToolParser
+from visiontf.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the demo's model and recipe: the one setting that switches `make demo` to another config
@@ -67,7 +67,7 @@ def _config_model(config: str) -> tuple[str, int]:
 
 def _trained_steps(ckpt: Path) -> int:
     """Optimizer steps of a Lightning checkpoint (read with weights_only)."""
-    from visiontf.weights import safe_torch_load
+    from visiontf.io.weights import safe_torch_load
 
     return int(safe_torch_load(ckpt).get("global_step", 0))
 
@@ -79,7 +79,7 @@ def draw_pictures(ckpt: Path, ann_file: Path, images_dir: Path, out: Path, num: 
     import torch
 
     from visiontf.adapters.drawing import compare_detections, save_image, side_by_side
-    from visiontf.data.coco_annotations import load_coco_json, parse_coco
+    from visiontf.data.files.coco_annotations import load_coco_json, parse_coco
     from visiontf.data.io import read_image
     from visiontf.inference.predictor import Predictor
 

@@ -9,7 +9,7 @@ line, or ``VISIONTF_DEBUG=1``, shows the traceback of a user mistake too.
 
 What counts as a mistake, found anywhere in the exception's cause/context chain:
 
-* a :class:`visiontf.errors.UserError` (bad data, annotations, weights, checkpoints, options);
+* a :class:`visiontf.core.errors.UserError` (bad data, annotations, weights, checkpoints, options);
 * a command-line parsing error (argparse's, or jsonargparse's as LightningCLI raises it with
   ``exit_on_error=False``): unknown or abbreviated options, values of the wrong type, missing config
   files. jsonargparse wraps the real cause of a failed class instantiation in "Does not validate
@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from visiontf.errors import UserError
+from visiontf.core.errors import UserError
 
 #: environment variable that shows tracebacks of user mistakes (as ``--debug`` does)
 DEBUG_ENV = "VISIONTF_DEBUG"

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from visiontf.arguments import ToolParser
 from visiontf.cli.checks import checkpoint_file, input_paths, output_folder, weights_file
 from visiontf.cli.errors import run_tool
-from visiontf.errors import UsageError
+from visiontf.core.arguments import ToolParser
+from visiontf.core.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -204,10 +204,10 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     ``--config`` gives class names and category ids only).
     """
     from visiontf.adapters.base import get_adapter
-    from visiontf.checkpoints import load_checkpoint_model
     from visiontf.inference.predictor import Predictor, saved_settings
+    from visiontf.io.weights import labels_path, read_labels_file
     from visiontf.models import load_model
-    from visiontf.weights import labels_path, read_labels_file
+    from visiontf.tasks.checkpoints import load_checkpoint_model
 
     config = getattr(args, "config", None)
     dm, _ = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
@@ -237,7 +237,7 @@ def _resolve_last(ckpt_path: str, config: str | None) -> str:
     never predict or export with random weights); other values pass through."""
     if str(ckpt_path) != "last":
         return ckpt_path
-    from visiontf.checkpoints import config_checkpoint_dir, resolve_checkpoint
+    from visiontf.tasks.checkpoints import config_checkpoint_dir, resolve_checkpoint
 
     return resolve_checkpoint(ckpt_path, config_checkpoint_dir(config))
 
@@ -362,10 +362,10 @@ def _export(argv: Sequence[str]) -> int:
     import torch
 
     from visiontf.adapters.base import get_adapter
-    from visiontf.checkpoints import load_checkpoint_model
     from visiontf.inference.export import export_model
     from visiontf.inference.onnx_check import ExportTolerance
     from visiontf.inference.predictor import saved_settings
+    from visiontf.tasks.checkpoints import load_checkpoint_model
 
     model, info = load_checkpoint_model(ckpt)
     dm, _ = datamodule_from_config(args.config, data_overrides, required=bool(data_overrides))

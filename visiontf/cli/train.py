@@ -8,8 +8,8 @@ printing the usage (``exit_on_error=False``) and refuse abbreviated options (``a
 ``--trainer.max_epoch 3`` is an error, not ``max_epochs``); a ``--ckpt_path`` is checked against the
 config's model before Lightning loads it (:func:`check_ckpt_path`). ``last.ckpt`` is always the latest
 state (:class:`~visiontf.callbacks.LastAndBestCheckpoint`), written atomically
-(:class:`~visiontf.checkpoint_io.AtomicCheckpointIO`), and ``--ckpt_path`` is resolved by
-:func:`~visiontf.checkpoints.resolve_checkpoint` (``last`` with nothing there: fit starts fresh, the
+(:class:`~visiontf.callbacks.checkpoint_io.AtomicCheckpointIO`), and ``--ckpt_path`` is resolved by
+:func:`~visiontf.tasks.checkpoints.resolve_checkpoint` (``last`` with nothing there: fit starts fresh, the
 other subcommands refuse).
 """
 from __future__ import annotations
@@ -30,25 +30,25 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from visiontf.adapters.task_table import data_module_class_paths, import_class, task_class_paths
-from visiontf.arguments import close_options
 from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
+from visiontf.callbacks.checkpoint_io import install_atomic_checkpoint_io
 from visiontf.callbacks.detection_readouts import DetectionReadouts
 from visiontf.callbacks.epoch_lines import EpochLines
 from visiontf.callbacks.validation_schedule import ValidationSchedule
-from visiontf.checkpoint_io import install_atomic_checkpoint_io
-from visiontf.checkpoints import (
+from visiontf.cli.checks import checkpoint_file
+from visiontf.cli.errors import run_tool
+from visiontf.cli.precision import resolve_cpu_precision
+from visiontf.core.arguments import close_options
+from visiontf.core.errors import UsageError, UserError
+from visiontf.data.base import VisionDataModule
+from visiontf.io.weights import allow_listed_globals
+from visiontf.tasks.checkpoints import (
     check_checkpoint_classes,
     check_checkpoint_fits,
     check_checkpoint_task,
     resolve_checkpoint,
     run_checkpoint_dir,
 )
-from visiontf.cli.checks import checkpoint_file
-from visiontf.cli.errors import run_tool
-from visiontf.cli.precision import resolve_cpu_precision
-from visiontf.data.base import VisionDataModule
-from visiontf.errors import UsageError, UserError
-from visiontf.weights import allow_listed_globals
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def check_ckpt_path(ckpt_path: str | Path | None, model: L.LightningModule, ckpt
     path = check_ckpt_file(ckpt_path)
     if path is None:
         return
-    from visiontf.weights import safe_torch_load
+    from visiontf.io.weights import safe_torch_load
 
     ckpt = safe_torch_load(path) if ckpt is None else ckpt
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
@@ -244,8 +244,8 @@ class VisionCLI(LightningCLI):
         # Right after parse_arguments, LightningCLI reads the checkpoint's hyper-parameters into the config
         # before anything is built (so the checkpoint's model settings win over the config's): refuse first
         # what cannot be this config's checkpoint (it is then read with visiontf's allow-list, see __init__)
-        from visiontf.checkpoints import check_config_model
-        from visiontf.weights import safe_torch_load
+        from visiontf.io.weights import safe_torch_load
+        from visiontf.tasks.checkpoints import check_config_model
 
         # Which file "last" means, whether it is complete, and whether it is of this config's task at all
         # (merging another task's hyper-parameters fails far from the cause). "last" with nothing there:
@@ -421,7 +421,7 @@ def _eval(argv: list[str]) -> int:
                 print(report.get("table", ""))
                 rows = report.get("per_class")
                 if per_class and rows is not None:
-                    from visiontf.evaluation.coco_per_class import format_per_class_table, per_class_json
+                    from visiontf.evaluation.readouts.per_class import format_per_class_table, per_class_json
 
                     print(format_per_class_table(rows))
                     stats["per_class"] = per_class_json(rows)

@@ -47,10 +47,26 @@ class DetectionDataModule(VisionDataModule):
     #: ``"contiguous"`` (class index 0..K-1, mapped back by ``label_to_cat_id``) or ``"category_id"`` (the class
     #: index is the category id, as the original DETRs train: the head then has outputs for the ids' gaps)
     label_space: Literal["contiguous", "category_id"] = "contiguous"
+    #: the targets carry instance masks (a mask model is then scored on them: mask AP)
+    masks: bool = False
+    #: panoptic data: the class indices that are things (the rest are stuff); None: not panoptic
+    thing_classes: tuple[int, ...] | None = None
+    #: panoptic data: the COCO panoptic JSON and PNG folder PQ is scored against (test: None -> val's)
+    val_panoptic_file: Path | None = None
+    test_panoptic_file: Path | None = None
+    val_segments_dir: Path | None = None
+    test_segments_dir: Path | None = None
 
     def ann_file(self, stage: str) -> Path:
         """The annotation file ``stage`` ("validate", "test", ...) is scored against."""
         return self.test_ann_file if stage == "test" and self.test_ann_file is not None else self.val_ann_file
+
+    def panoptic_files(self, stage: str) -> tuple[Path, Path] | None:
+        """The panoptic JSON and PNG folder ``stage`` is scored against; None for data without them."""
+        test = stage == "test" and self.test_panoptic_file is not None
+        json_file = self.test_panoptic_file if test else self.val_panoptic_file
+        folder = self.test_segments_dir if test else self.val_segments_dir
+        return None if json_file is None or folder is None else (json_file, folder)
 
 
 def trainer_datamodule(trainer: Any) -> VisionDataModule | None:

@@ -19,7 +19,7 @@ from albumentations.pytorch import ToTensorV2
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
-from visiontf.config_checks import (
+from visiontf.core.config_checks import (
     check_config,
     each,
     fraction,

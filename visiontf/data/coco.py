@@ -1,8 +1,8 @@
 """The COCO detection LightningDataModule (``class_path: visiontf.data.coco.CocoDataModule``).
 
-Built from :mod:`visiontf.data.coco_annotations` (reading and validating annotation files) and
-:mod:`visiontf.data.coco_dataset` (the Dataset and its padding collate); the dataset's files are
-found by :mod:`visiontf.data.layouts`.
+Built from :mod:`visiontf.data.files.coco_annotations` (reading and validating annotation files) and
+:mod:`visiontf.data.datasets.coco` (the Dataset and its padding collate); the dataset's files are
+found by :mod:`visiontf.data.files.detection_layouts`.
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from typing import Any, Literal
 
 from torch.utils.data import DataLoader, Dataset
 
-from visiontf.config_checks import check_config, each, fraction, non_negative_int, optional, positive_int
-from visiontf.data import detection_transforms as DT
+from visiontf.core.config_checks import check_config, each, fraction, non_negative_int, optional, positive_int
 from visiontf.data.base import DetectionDataModule
-from visiontf.data.coco_annotations import AnnotationError, label_maps, load_coco_json, parse_categories
-from visiontf.data.coco_dataset import CocoDetection, collate_detection
-from visiontf.data.layouts import resolve_detection_layout
+from visiontf.data.datasets.coco import CocoDetection, collate_detection
+from visiontf.data.files.coco_annotations import AnnotationError, label_maps, load_coco_json, parse_categories
+from visiontf.data.files.detection_layouts import resolve_detection_layout
 from visiontf.data.loading import BatchSamplerLoader, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import aspect_ratio_groups, eval_batch_sampler, train_sampler
+from visiontf.data.transforms import detection as DT
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class CocoDataModule(DetectionDataModule):
     """COCO-layout detection data (``root/train2017``, ``root/annotations/instances_*.json``, ...).
 
     With the ``*_images`` / ``*_ann`` paths left at their defaults, ``root`` may also hold a
-    Roboflow/CVAT COCO export or a YOLO dataset (``data.yaml``); see :mod:`visiontf.data.layouts`.
+    Roboflow/CVAT COCO export or a YOLO dataset (``data.yaml``); see :mod:`visiontf.data.files.detection_layouts`.
 
     ``num_classes``, ``class_names``, ``label_to_cat_id``, ``cat_id_to_label`` and ``val_ann_file``
     are set in ``__init__`` (from the val annotation file's categories, or the train file's when
@@ -102,7 +102,7 @@ class CocoDataModule(DetectionDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
-        # the standard COCO paths, or a Roboflow/CVAT export or a YOLO set found under root (visiontf.data.layouts)
+        # the standard COCO paths, or a Roboflow/CVAT export or a YOLO set found under root (visiontf.data.files.detection_layouts)
         paths = resolve_detection_layout(self.root, train_images=train_images, val_images=val_images, train_ann=train_ann,
                                          val_ann=val_ann, test_images=test_images, test_ann=test_ann)
         self.layout = paths.layout

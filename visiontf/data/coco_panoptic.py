@@ -1,7 +1,7 @@
 """The COCO panoptic LightningDataModule (``class_path: visiontf.data.coco_panoptic.CocoPanopticDataModule``).
 
 Trains a mask-predicting detector (``detr_tiny_masks``, ``detr_resnet50_panoptic``) on every panoptic
-segment (:class:`~visiontf.data.coco_panoptic_dataset.CocoPanoptic`) with DETR's augmentation, and
+segment (:class:`~visiontf.data.datasets.coco_panoptic.CocoPanoptic`) with DETR's augmentation, and
 gives the evaluation what it scores: the panoptic ground truth for PQ (``val_panoptic_file``,
 ``val_segments_dir``) and, for box and mask AP, a COCO instances file of the thing segments derived
 from it (``val_ann_file`` after ``setup``: RLE masks from the PNGs, ``iscrowd`` and areas as in
@@ -20,11 +20,11 @@ from typing import Any, Literal
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from visiontf.data import detection_transforms as DT
 from visiontf.data.coco import CocoDataModule
-from visiontf.data.coco_annotations import AnnotationError, load_coco_json
-from visiontf.data.coco_panoptic_dataset import CocoPanoptic, PanopticIndex, parse_panoptic
-from visiontf.panoptic_ids import read_panoptic_png
+from visiontf.data.datasets.coco_panoptic import CocoPanoptic, PanopticIndex, parse_panoptic
+from visiontf.data.files.coco_annotations import AnnotationError, load_coco_json
+from visiontf.data.transforms import detection as DT
+from visiontf.io.panoptic_ids import read_panoptic_png
 
 __all__ = ["CocoPanopticDataModule", "panoptic_to_instances"]
 

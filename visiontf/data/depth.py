@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from visiontf.config_checks import check_config, each, non_negative_int, optional, positive, positive_int
+from visiontf.core.config_checks import check_config, each, non_negative_int, optional, positive, positive_int
 from visiontf.data.base import VisionDataModule
 from visiontf.data.io import read_image
 from visiontf.data.loading import (

@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from visiontf.config_checks import check_config, non_negative_int, one_of, positive, positive_int
+from visiontf.core.config_checks import check_config, non_negative_int, one_of, positive, positive_int
 from visiontf.data.base import VisionDataModule
 from visiontf.data.classification import find_classes
 from visiontf.data.io import ImageReadError, read_image

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from visiontf.core.errors import UserError
 from visiontf.data.loading import IMAGE_EXTENSIONS
-from visiontf.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """Image restoration data (IPT): the LightningDataModule for SR benchmark layouts, paired sets and clean folders.
 
 Batches are ``(lq float32 (B, 3, h, w), clean float32 (B, 3, h*s, w*s), task int64 (B,))`` in [0, 1],
-one task per batch. The layouts and the image reading are :mod:`visiontf.data.restoration_files`,
-the crops and degradations :mod:`visiontf.data.restoration_dataset`, MATLAB's bicubic
-:mod:`visiontf.data.imresize`.
+one task per batch. The layouts and the image reading are :mod:`visiontf.data.files.restoration`,
+the crops and degradations :mod:`visiontf.data.datasets.restoration`, MATLAB's bicubic
+:mod:`visiontf.data.transforms.imresize`.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from visiontf.config_checks import check_config, non_negative_int, optional, positive_int
+from visiontf.core.config_checks import check_config, non_negative_int, optional, positive_int
 from visiontf.data.base import VisionDataModule
+from visiontf.data.datasets.restoration import RestorationDataset, check_records, restoration_collate, task_scale
+from visiontf.data.files.restoration import LAYOUTS, find_records
 from visiontf.data.loading import DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
-from visiontf.data.restoration_dataset import RestorationDataset, check_records, restoration_collate, task_scale
-from visiontf.data.restoration_files import LAYOUTS, find_records
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 
@@ -25,7 +25,7 @@ class RestorationDataModule(VisionDataModule):
     ``denoise_sigmaN``, paired tasks such as ``derain``).
 
     Args:
-        root: the training images: a folder of the ``layout`` (see :mod:`visiontf.data.restoration_files`);
+        root: the training images: a folder of the ``layout`` (see :mod:`visiontf.data.files.restoration`);
             when it has a ``train_split`` sub-folder, that one.
         val_root: the validation images (default: ``root``'s ``val_split`` sub-folder).
         tasks: task names, in the model's order (the task index of a batch is the model's head).

@@ -14,9 +14,9 @@ import numpy as np
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import Dataset, DistributedSampler, Sampler, SequentialSampler
 
+from visiontf.core.errors import UserError
 from visiontf.data.batching import SizeBucketBatchSampler
 from visiontf.data.loading import EpochIndex
-from visiontf.errors import UserError
 
 
 class EpochSampler(DistributedSampler):

@@ -2,9 +2,9 @@
 
 Batches are ``(images float32 (B, 3, H, W) normalised, masks int64 (B, H, W))`` with ``ignore_index``
 (255) on unlabeled and padded pixels. The parts live beside this module: label conventions in
-:mod:`~visiontf.data.segmentation_labels`, the mmseg/SETR pipelines in
-:mod:`~visiontf.data.segmentation_transforms`, file finding in :mod:`~visiontf.data.segmentation_files`
-and the Dataset in :mod:`~visiontf.data.segmentation_dataset`; their public names are importable from
+:mod:`~visiontf.data.files.segmentation_labels`, the mmseg/SETR pipelines in
+:mod:`~visiontf.data.transforms.segmentation`, file finding in :mod:`~visiontf.data.files.segmentation`
+and the Dataset in :mod:`~visiontf.data.datasets.segmentation`; their public names are importable from
 here as before.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import albumentations as A
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
-from visiontf.config_checks import (
+from visiontf.core.config_checks import (
     check_config,
     each,
     fraction,
@@ -27,10 +27,8 @@ from visiontf.config_checks import (
     unit_interval_open_left,
 )
 from visiontf.data.base import VisionDataModule
-from visiontf.data.loading import BatchSamplerLoader, DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
-from visiontf.data.samplers import eval_batch_sampler, train_sampler
-from visiontf.data.segmentation_dataset import SegmentationDataset, _Collate, segmentation_collate
-from visiontf.data.segmentation_files import (
+from visiontf.data.datasets.segmentation import SegmentationDataset, _Collate, segmentation_collate
+from visiontf.data.files.segmentation import (
     PAIR_FINDERS,
     ade20k_pairs,
     cityscapes_pairs,
@@ -38,7 +36,7 @@ from visiontf.data.segmentation_files import (
     read_class_names,
     resolve_classes,
 )
-from visiontf.data.segmentation_labels import (
+from visiontf.data.files.segmentation_labels import (
     ADE20K_CLASSES,
     CITYSCAPES_CLASSES,
     EVAL_PROTOCOLS,
@@ -47,7 +45,9 @@ from visiontf.data.segmentation_labels import (
     LabelError,
     reduce_zero_label,
 )
-from visiontf.data.segmentation_transforms import (
+from visiontf.data.loading import BatchSamplerLoader, DatasetLayoutError, TrainLoader, default_num_workers, loader_kwargs
+from visiontf.data.samplers import eval_batch_sampler, train_sampler
+from visiontf.data.transforms.segmentation import (
     CatMaxRatioCrop,
     RandomRescale,
     keep_ratio_size,

@@ -1,4 +1,4 @@
-"""DETR's set prediction loss (facebookresearch/detr ``models/detr.py``, ``SetCriterion``).
+"""DETR's set prediction loss (facebookresearch/detr ``models/detr/detr.py``, ``SetCriterion``).
 
 After Hungarian matching, matched queries are supervised with their target's class and box, and
 every other query with the "no object" class (down-weighted by ``eos_coef``). Box losses are
@@ -40,7 +40,7 @@ from torchvision.ops import box_convert, box_iou, generalized_box_iou, sigmoid_f
 from visiontf.detection.losses import ia_bce_loss, matchability_aware_loss, varifocal_loss
 from visiontf.detection.mask_losses import loss_masks
 from visiontf.detection.matcher import HungarianMatcher, Indices
-from visiontf.models.denoising import denoising_match_indices
+from visiontf.models.deformable_detr.denoising import denoising_match_indices
 
 logger = logging.getLogger(__name__)
 

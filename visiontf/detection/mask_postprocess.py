@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from visiontf.panoptic_ids import id2rgb, png_bytes, rgb2id
+from visiontf.io.panoptic_ids import id2rgb, png_bytes, rgb2id
 
 __all__ = ["PostProcessPanoptic", "PostProcessSegm", "add_instance_masks", "instance_masks", "panoptic_segments"]
 

@@ -4,7 +4,7 @@ TIDE breakdown, mIoU (segmentation), PSNR/SSIM (restoration).
 Names resolve lazily: ``visiontf.evaluation.coco`` must stay importable without torch (fast
 command-line evaluation of results files), while ``CocoMetric`` needs torchmetrics.
 """
-from visiontf._lazy import lazy_getattr
+from visiontf.core.lazy import lazy_getattr
 
 _LAZY = {
     "evaluate_coco": "visiontf.evaluation.coco",
@@ -14,9 +14,9 @@ _LAZY = {
     "METRIC_NAMES": "visiontf.evaluation.coco",
     "COCO_STATS": "visiontf.evaluation.coco",
     "CocoMetric": "visiontf.evaluation.coco_metric",
-    "per_class_rows": "visiontf.evaluation.coco_per_class",
-    "detection_confusion_matrix": "visiontf.evaluation.confusion",
-    "tide_errors": "visiontf.evaluation.tide",
+    "per_class_rows": "visiontf.evaluation.readouts.per_class",
+    "detection_confusion_matrix": "visiontf.evaluation.readouts.confusion",
+    "tide_errors": "visiontf.evaluation.readouts.tide",
     "segmentation_scores": "visiontf.evaluation.segmentation",
     "calc_psnr": "visiontf.evaluation.restoration",
     "calc_ssim": "visiontf.evaluation.restoration",

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from visiontf.errors import UserError
-from visiontf.evaluation.coco_per_class import CocoArrays, per_class_json
+from visiontf.core.errors import UserError
+from visiontf.evaluation.readouts.per_class import CocoArrays, per_class_json
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +324,7 @@ def evaluate_coco(
 
     Returns:
         :class:`CocoStats`: ``{"AP": ..., ..., "AR_large": ...}`` with ``.table``, the 12-line summary,
-        and ``.arrays``, COCOeval's accumulated arrays (:mod:`visiontf.evaluation.coco_per_class`).
+        and ``.arrays``, COCOeval's accumulated arrays (:mod:`visiontf.evaluation.readouts.per_class`).
 
     Raises:
         CocoEvalError: results naming image or category ids that are not in the annotations,
@@ -357,11 +357,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     [--readouts DIR [--score_threshold S]]``.
 
     Prints the 12-line COCO table; writes the named stats as JSON when ``--output`` is given;
-    ``--per_class`` and ``--readouts``: :mod:`visiontf.evaluation.readouts`.
+    ``--per_class`` and ``--readouts``: :mod:`visiontf.evaluation.readouts.readouts`.
     Unusable input raises :class:`CocoEvalError`, which the tools print as one line with exit code 2
     (:func:`visiontf.cli.errors.run_tool`).
     """
-    from visiontf.arguments import ToolParser
+    from visiontf.core.arguments import ToolParser
 
     parser = ToolParser(
         description="Evaluate a COCO results file (bbox) against a COCO annotation file.",
@@ -387,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(stats.table)
     payload = {"backend": stats.backend, "annotations": str(args.annotations), "predictions": str(args.predictions), **stats}
     if args.per_class or args.readouts is not None:
-        from visiontf.evaluation.readouts import readouts_of_files
+        from visiontf.evaluation.readouts.readouts import readouts_of_files
 
         readouts = readouts_of_files(args.annotations, args.predictions, stats, args.readouts, args.score_threshold)
         if args.per_class:

@@ -18,7 +18,7 @@ from pycocotools import mask as mask_utils
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from visiontf.distributed import get_rank
+from visiontf.core.distributed import get_rank
 from visiontf.evaluation.coco import METRIC_NAMES, CocoEvalError, evaluate_coco
 
 __all__ = ["CocoMaskMetric", "encode_masks"]

@@ -20,11 +20,11 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 from torchvision.ops import box_convert
 
-from visiontf.distributed import get_rank as _rank
+from visiontf.core.distributed import get_rank as _rank
 from visiontf.evaluation.coco import METRIC_NAMES, CocoEvalError, CocoStats, evaluate_coco
-from visiontf.evaluation.coco_per_class import per_class_rows
 from visiontf.evaluation.duplicates import duplicate_stats
-from visiontf.evaluation.readouts import DetectionReport, detection_readouts
+from visiontf.evaluation.readouts.per_class import per_class_rows
+from visiontf.evaluation.readouts.readouts import DetectionReport, detection_readouts
 
 __all__ = ["METRIC_NAMES", "CocoMetric"]
 
@@ -61,7 +61,7 @@ class CocoMetric(Metric):
     (COCO's printed summary), ``last_duplicates`` (duplicate pairs per confident detection and
     their counts, :func:`~visiontf.evaluation.duplicates.duplicate_stats`: whether the model needs NMS)
     and ``last_per_class`` (AP, AP50, AP75, AR@100 and instance count per category, slices of COCOeval's
-    own arrays: :func:`~visiontf.evaluation.coco_per_class.per_class_rows`); :meth:`readouts` adds the
+    own arrays: :func:`~visiontf.evaluation.readouts.per_class.per_class_rows`); :meth:`readouts` adds the
     confusion matrix and TIDE's breakdown of the same evaluation.
     """
 

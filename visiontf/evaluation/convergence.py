@@ -94,7 +94,7 @@ def plot_convergence(runs: Sequence[tuple[str, str | Path]], output: str | Path,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from visiontf.arguments import ToolParser
+    from visiontf.core.arguments import ToolParser
 
     p = ToolParser(prog="plot_logs.py --vs_minutes",
                    description="Plot a validation metric against training minutes, one line per run.")

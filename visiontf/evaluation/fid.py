@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from visiontf.errors import UserError
+from visiontf.core.errors import UserError
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + INCEPTION_FILE

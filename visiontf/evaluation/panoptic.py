@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from visiontf.errors import UserError
-from visiontf.panoptic_ids import read_panoptic_png
+from visiontf.core.errors import UserError
+from visiontf.io.panoptic_ids import read_panoptic_png
 
 __all__ = ["OFFSET", "VOID", "PanopticEvalError", "format_pq_table", "pq_average", "pq_compute", "pq_image_stats",
            "pq_summary"]

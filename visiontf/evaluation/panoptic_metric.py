@@ -19,9 +19,9 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from visiontf.distributed import get_rank
+from visiontf.core.distributed import get_rank
 from visiontf.evaluation.panoptic import VOID, PanopticEvalError, format_pq_table, pq_image_stats, pq_summary
-from visiontf.panoptic_ids import read_panoptic_png
+from visiontf.io.panoptic_ids import read_panoptic_png
 
 __all__ = ["PQ_METRIC_NAMES", "PanopticMetric"]
 

@@ -2,7 +2,7 @@
 
 Names resolve lazily so ``import visiontf.inference`` stays light.
 """
-from visiontf._lazy import lazy_getattr
+from visiontf.core.lazy import lazy_getattr
 
 _LAZY = {
     "Predictor": "visiontf.inference.predictor",

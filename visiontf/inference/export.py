@@ -17,7 +17,7 @@ adapter gives the graph's wrapper and signature (``visiontf.adapters``):
   graph needs at least ``num_queries`` feature positions (onnxruntime fails on its TopK otherwise).
   A ViT backbone (plain or with the simple feature pyramid) or a Swin one fixes the height and width
   to the export size: its position table is resampled for that grid before tracing
-  (:func:`visiontf.models.backbone.fixed_position_tables`; the antialiased bicubic resampling has no
+  (:func:`visiontf.models.backbones.backbone.fixed_position_tables`; the antialiased bicubic resampling has no
   ONNX operator) and its window and patch paddings are traced as constants.
 * segmentation: ``images`` (B, 3, H, W) -> ``logits`` (B, K, H, W); batch dynamic.
 
@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from visiontf.adapters.base import Task, get_adapter
 from visiontf.adapters.settings import EvalSettings
 from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, ExportTolerance, check_onnx, onnx_and_torch_outputs
-from visiontf.models.backbone import fixed_position_tables
+from visiontf.models.backbones.backbone import fixed_position_tables
 from visiontf.nn.ms_deform_attn import MSDeformAttn
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def export_model(model: nn.Module, output: str | Path, class_names: Sequence[str
     ``preprocess``: eval settings (keys of the task's settings, or complete ones) over the model's
     ``pretrained_cfg``; the labels file keeps the complete settings (``preprocess``).
     """
-    from visiontf.weights import save_model, write_labels_file
+    from visiontf.io.weights import save_model, write_labels_file
 
     model = model.eval().cpu()
     adapter = get_adapter(model)

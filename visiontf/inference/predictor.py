@@ -23,7 +23,6 @@ from torch import nn
 from visiontf.adapters.base import PreprocessModule, Task, TaskAdapter, get_adapter, infer_task
 from visiontf.adapters.settings import EvalSettings
 from visiontf.adapters.task_table import TASKS
-from visiontf.checkpoints import load_checkpoint_model
 from visiontf.data.inputs import (
     InputError,
     InputFailure,
@@ -33,7 +32,8 @@ from visiontf.data.inputs import (
     list_image_files,
     load_inputs,
 )
-from visiontf.weights import labels_path, read_labels_file, write_labels_file
+from visiontf.io.weights import labels_path, read_labels_file, write_labels_file
+from visiontf.tasks.checkpoints import load_checkpoint_model
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from visiontf.errors import UserError
-from visiontf.weights import WeightsError, check_tensor_values, load_state_dict_file, read_config
+from visiontf.core.errors import UserError
+from visiontf.io.weights import WeightsError, check_tensor_values, load_state_dict_file, read_config
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +55,25 @@ class ModelEntry:
     #: takes a ``strict`` keyword gets the loader's (False: load what fits, leave the rest at init)
     filter_fn: Callable[..., dict] | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
+    #: the model's ``features_only`` form: ``features_fn(model, name=, out_indices=, output_fmt=)`` (timm's
+    #: ``FeatureGetterNet`` for the ViTs); None: the model has none
+    features_fn: Callable[..., nn.Module] | None = None
 
+
+#: the keyword arguments of ``create_model`` that belong to ``features_only`` (timm's spelling)
+FEATURE_KWARGS = ("out_indices", "output_fmt")
 
 _REGISTRY: dict[str, ModelEntry] = {}
 
 
-def register_model(fn=None, *, name: str | None = None, fetch_pretrained=None, filter_fn=None, tags=()):
+def register_model(fn=None, *, name: str | None = None, fetch_pretrained=None, filter_fn=None, tags=(), features_fn=None):
     """Decorator registering a model constructor under its function name (or ``name``)."""
 
     def wrap(f):
         key = name or f.__name__
         if key in _REGISTRY:
             raise ValueError(f"model {key!r} registered twice")
-        _REGISTRY[key] = ModelEntry(key, f, fetch_pretrained, filter_fn, tuple(tags))
+        _REGISTRY[key] = ModelEntry(key, f, fetch_pretrained, filter_fn, tuple(tags), features_fn)
         return f
 
     return wrap(fn) if fn is not None else wrap
@@ -102,13 +108,14 @@ def create_model(
 
     ``features_only=True`` (ViTs and DeiTs) returns the model as timm's feature wrapper over
     ``out_indices`` (default the last 3 blocks; ``output_fmt`` "NCHW" or "NLC"), after the weights are
-    loaded: :func:`visiontf.models.features.features_only`.
+    loaded: the registered ``features_fn`` (the ViTs': :func:`visiontf.models.vit.features.features_only`).
     """
     entry = get_entry(name)
     feature_kwargs = {}
     if features_only:
-        from visiontf.models.features import FEATURE_KWARGS
-
+        if entry.features_fn is None:
+            raise ModelArgumentError(f"{name} has no features_only form (only the ViTs and DeiTs have); for a detector "
+                                     "backbone use visiontf.models.backbones.build.build_backbone")
         feature_kwargs = {k: kwargs.pop(k) for k in FEATURE_KWARGS if k in kwargs}
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
@@ -134,9 +141,7 @@ def create_model(
             state = load_state_dict_file(pretrained)
         load_pretrained(model, state, entry, strict=strict, source=str(pretrained))
     if features_only:
-        from visiontf.models.features import features_only as as_features
-
-        model = as_features(model, name=name, **feature_kwargs)
+        model = entry.features_fn(model, name=name, **feature_kwargs)
         model.model_name = name
         model.model_kwargs = dict(kwargs, features_only=True, **feature_kwargs)
     return model
@@ -302,7 +307,7 @@ def torch_hub_state_dict(url: str, name: str) -> Callable[[], dict]:
     """A fetcher that downloads through torch hub's own code, with a clear error offline."""
 
     def fetch() -> dict:
-        from visiontf.downloads import DownloadError, check_torch_hub_download
+        from visiontf.io.downloads import DownloadError, check_torch_hub_download
 
         fix = f"Without network, download the file elsewhere and pass pretrained='/path/to/{Path(url).name}'."
         check_torch_hub_download(url, f"{name} weights", fix)  # offline: at once, not after the socket's timeout

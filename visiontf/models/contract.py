@@ -26,7 +26,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-from visiontf.models.backbone import Backbone
 from visiontf.models.mask_options import MaskOptions
 from visiontf.models.postprocess_options import PostprocessOptions
 
@@ -176,14 +175,6 @@ class Detector(VisionModel):
     postprocess_options: PostprocessOptions = PostprocessOptions()
     #: a mask head's post-processing settings; None: the detector predicts no masks (``pred_masks``)
     mask_options: MaskOptions | None = None
-
-    def layer_depth(self, name: str) -> tuple[int, int] | None:
-        """The depth its :class:`~visiontf.models.backbone.Backbone` gives a ``backbone.*`` parameter (a
-        ViT's blocks); None for the rest (the detection head trains without decay, as ViTDet's)."""
-        backbone = self._modules.get("backbone")
-        if isinstance(backbone, Backbone) and name.startswith("backbone."):
-            return backbone.layer_depth(name[len("backbone."):])
-        return None
 
 
 class Segmenter(VisionModel):

@@ -12,12 +12,12 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 
 from visiontf.adapters.base import adapter_for_task
-from visiontf.checkpoints import check_checkpoint_fits, check_file_classes
-from visiontf.config_checks import check_config, one_of, optional, positive_int
+from visiontf.core.config_checks import check_config, one_of, optional, positive_int
+from visiontf.core.distributed import get_world_size, is_distributed, sum_over_ranks
 from visiontf.data.base import trainer_datamodule
-from visiontf.distributed import get_world_size, is_distributed, sum_over_ranks
 from visiontf.models import create_model
 from visiontf.models.contract import VisionModel
+from visiontf.tasks.checkpoints import check_checkpoint_fits, check_file_classes
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class BaseTask(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
         """Lightning's ``load_from_checkpoint``, after refusing a file whose hyper-parameters name a class
-        that is not visiontf's (:func:`~visiontf.checkpoints.check_checkpoint_classes`): Lightning hands
+        that is not visiontf's (:func:`~visiontf.tasks.checkpoints.check_checkpoint_classes`): Lightning hands
         them to jsonargparse, which imports what a nested ``class_path`` names."""
         check_file_classes(checkpoint_path, (f"{cls.__module__}.{cls.__qualname__}",))
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)

@@ -10,7 +10,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
-from visiontf.config_checks import (
+from visiontf.core.config_checks import (
     check_config,
     fraction,
     non_negative,

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from visiontf.config_checks import check_config, fraction, non_negative, positive
+from visiontf.core.config_checks import check_config, fraction, non_negative, positive
 from visiontf.models.contract import DepthEstimator
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.optim import build_optimizer, build_scheduler, decay_groups

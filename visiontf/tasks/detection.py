@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from visiontf.config_checks import (
+from visiontf.core.config_checks import (
     check_config,
     non_negative,
     non_negative_int,
@@ -26,7 +26,7 @@ from visiontf.tasks.mask_eval import MaskEvaluation, sync_thing_classes
 from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, layer_decay_groups, lr_groups
 
 if TYPE_CHECKING:
-    from visiontf.evaluation.readouts import DetectionReport
+    from visiontf.evaluation.readouts.readouts import DetectionReport
 
 #: the per-class numbers logged at the end of each evaluation (keys of ``CocoMetric.last_per_class``' rows)
 PER_CLASS_METRICS = ("AP", "AP50", "AP75", "AR100")
@@ -97,7 +97,7 @@ class DetectionTask(BaseTask):
     mean over the images of that image's own loss (independent of batch size and process count).
     With ``log_per_class`` (the default), each category's AP, AP50, AP75 and AR@100 are logged too, as
     ``<stage>/per_class/<AP|AP50|AP75|AR100>/<name>`` (categories without objects are not), slices of
-    COCOeval's own arrays (:mod:`visiontf.evaluation.coco_per_class`); the table, the PR curves, the
+    COCOeval's own arrays (:mod:`visiontf.evaluation.readouts.per_class`); the table, the PR curves, the
     confusion matrix and TIDE's breakdown are the :class:`~visiontf.callbacks.DetectionReadouts` callback's.
 
     ``compile``: ``True`` runs the whole model through ``torch.compile``; ``"transformer"`` only its
@@ -243,8 +243,8 @@ class DetectionTask(BaseTask):
         ids = torch.as_tensor([int(t["image_id"]) for t in targets], device=self.device)
         self._metric(stage).update(preds, ids)
         if self.mask_eval is not None:
-            dm = self.trainer.datamodule
-            gaps = self.hparams.num_classes if getattr(dm, "label_space", "contiguous") == "category_id" else None
+            dm = trainer_datamodule(self.trainer)
+            gaps = self.hparams.num_classes if isinstance(dm, DetectionDataModule) and dm.label_space == "category_id" else None
             self.mask_eval.update(stage, self.model, dm, outputs, preds, targets, gaps)
 
     def _eval_end(self, stage: str) -> None:
@@ -293,7 +293,7 @@ class DetectionTask(BaseTask):
         return self._last_report
 
     def eval_readouts(self, stage: str, full: bool = True, score_threshold: float = 0.5) -> DetectionReport | None:
-        """The last ``stage`` evaluation's :class:`~visiontf.evaluation.readouts.DetectionReport` (per-class
+        """The last ``stage`` evaluation's :class:`~visiontf.evaluation.readouts.readouts.DetectionReport` (per-class
         numbers; with ``full``, the confusion matrix at ``score_threshold`` and TIDE's breakdown), None before one."""
         metric = self.metrics.get(stage)
         return None if metric is None else metric.readouts(full=full, score_threshold=score_threshold)

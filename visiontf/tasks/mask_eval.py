@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from visiontf.data.base import DetectionDataModule
 from visiontf.detection.mask_postprocess import add_instance_masks, panoptic_segments
 from visiontf.evaluation.coco import METRIC_NAMES
 
@@ -29,7 +30,7 @@ def sync_thing_classes(model: Any, dm: Any, hparams: Any) -> None:
     """Give a mask model without thing classes the data module's (recorded in ``model_kwargs``, so that
     checkpoints rebuild it panoptic); refuse two different lists."""
     options = model.mask_options
-    things = getattr(dm, "thing_classes", None)
+    things = dm.thing_classes if isinstance(dm, DetectionDataModule) else None
     if options is None or things is None:
         return
     things = tuple(int(c) for c in things)
@@ -63,25 +64,19 @@ class MaskEvaluation:
         self.backend = backend
         self.metrics: dict[tuple[str, str], Any] = {}
 
-    @staticmethod
-    def _ann(dm: Any, stage: str, name: str) -> Any:
-        value = getattr(dm, f"test_{name}", None) if stage == "test" else None
-        return value or getattr(dm, f"val_{name}", None)
-
     def _get(self, kind: str, stage: str, model: Any, dm: Any, num_classes: int | None, device: torch.device) -> Any:
         key = (kind, stage)
         if key not in self.metrics:
             metric = None
-            if kind == "segm" and getattr(dm, "masks", False):
+            detection = isinstance(dm, DetectionDataModule)
+            if kind == "segm" and detection and dm.masks:
                 from visiontf.evaluation.coco_mask_metric import CocoMaskMetric
 
-                metric = CocoMaskMetric(self._ann(dm, stage, "ann_file"), dm.label_to_cat_id, backend=self.backend,
-                                        num_classes=num_classes)
-            elif kind == "pq" and model.mask_options.panoptic and self._ann(dm, stage, "panoptic_file"):
+                metric = CocoMaskMetric(dm.ann_file(stage), dm.label_to_cat_id, backend=self.backend, num_classes=num_classes)
+            elif kind == "pq" and model.mask_options.panoptic and detection and dm.panoptic_files(stage):
                 from visiontf.evaluation.panoptic_metric import PanopticMetric
 
-                metric = PanopticMetric(self._ann(dm, stage, "panoptic_file"), self._ann(dm, stage, "segments_dir"),
-                                        dm.label_to_cat_id)
+                metric = PanopticMetric(*dm.panoptic_files(stage), dm.label_to_cat_id)
             self.metrics[key] = None if metric is None else metric.to(device)
         return self.metrics[key]
 

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
-from visiontf.data.imresize import imresize
+from visiontf.core.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
+from visiontf.core.errors import UserError
 from visiontf.data.restoration import RestorationDataModule
-from visiontf.errors import UserError
+from visiontf.data.transforms.imresize import imresize
 from visiontf.evaluation.restoration_metric import RestorationScores
 from visiontf.models.contract import Restorer
 from visiontf.tasks.base import BaseTask

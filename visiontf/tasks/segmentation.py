@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from visiontf.config_checks import (
+from visiontf.core.config_checks import (
     check_config,
     non_negative,
     non_negative_int,

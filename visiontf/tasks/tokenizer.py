@@ -29,13 +29,13 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from visiontf.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
+from visiontf.core.config_checks import check_config, non_negative, non_negative_int, one_of, optional, positive, positive_int
+from visiontf.core.distributed import is_distributed, sum_over_ranks
 from visiontf.data.base import trainer_datamodule
-from visiontf.distributed import is_distributed, sum_over_ranks
 from visiontf.evaluation.fid import frechet_inception_distance
 from visiontf.models import create_model
 from visiontf.models.contract import Tokenizer
-from visiontf.models.vqgan_discriminator import NLayerDiscriminator
+from visiontf.models.vqgan.discriminator import NLayerDiscriminator
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.vqgan_loss import adaptive_weight, code_usage, hinge_d_loss, load_lpips, psnr
 

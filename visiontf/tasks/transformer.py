@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visiontf.config_checks import check_config, non_negative, positive
+from visiontf.core.config_checks import check_config, non_negative, positive
+from visiontf.core.distributed import sum_over_ranks
+from visiontf.core.errors import UserError
 from visiontf.data.base import trainer_datamodule
-from visiontf.distributed import sum_over_ranks
-from visiontf.errors import UserError
 from visiontf.models import create_model
 from visiontf.models.contract import Generator, Tokenizer
 from visiontf.tasks.base import BaseTask
@@ -48,7 +48,7 @@ class MissingFirstStageError(UserError, ValueError):
 def _first_stage(path: str) -> Tokenizer:
     """The tokenizer of a TokenizerTask checkpoint, refusing (naming the file and the fix) a missing file and a
     checkpoint of anything else: its weights would build no first stage, or a wrong one."""
-    from visiontf.checkpoints import load_checkpoint_model
+    from visiontf.tasks.checkpoints import load_checkpoint_model
 
     if not Path(path).expanduser().is_file():
         raise _missing_first_stage(path)

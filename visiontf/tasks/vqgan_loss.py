@@ -1,5 +1,5 @@
 """VQGAN's training loss, the parts of taming's ``VQLPIPSWithDiscriminator`` (``taming/modules/losses/
-vqperceptual.py``) that are not the discriminator itself (:mod:`visiontf.models.vqgan_discriminator`).
+vqperceptual.py``) that are not the discriminator itself (:mod:`visiontf.models.vqgan.discriminator`).
 
 * reconstruction: ``mean(|x - x_rec|) + perceptual_weight * mean(LPIPS(x, x_rec))`` (taming adds the
   per-image LPIPS to every pixel's L1 before the mean, which is the same number);
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.errors import UserError
-from visiontf.weights import safe_torch_load
+from visiontf.core.errors import UserError
+from visiontf.io.weights import safe_torch_load
 
 log = logging.getLogger(__name__)
 

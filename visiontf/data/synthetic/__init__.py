@@ -2,7 +2,7 @@
 
 Names resolve lazily so that importing one generator does not import the others.
 """
-from visiontf._lazy import lazy_getattr
+from visiontf.core.lazy import lazy_getattr
 
 _LAZY = {
     "make_detection_dataset": "visiontf.data.synthetic.detection",

@@ -3,7 +3,7 @@
 Every pixel belongs to one segment: a shape's visible pixels (its category, ``isthing`` 1), or the
 sky or the ground around them (stuff, ``isthing`` 0; the horizon between them is a random wave). Laid
 out as COCO panoptic: ``{train,val}2017/*.jpg``, ``annotations/panoptic_{train,val}2017.json`` and the
-PNGs in ``annotations/panoptic_{train,val}2017/`` (segment ids as colours, :mod:`visiontf.panoptic_ids`);
+PNGs in ``annotations/panoptic_{train,val}2017/`` (segment ids as colours, :mod:`visiontf.io.panoptic_ids`);
 plus ``annotations/instances_{train,val}2017.json``, the shapes as a COCO instances file with their
 exact RLE masks, so the same set also trains and scores instance masks with ``CocoDataModule(masks=True)``.
 Deterministic for a seed.
@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw
 from pycocotools import mask as mask_utils
 
 from visiontf.data.synthetic.detection import _CLASS_COLOURS, CATEGORIES, _painted_pixels, _polygon
-from visiontf.panoptic_ids import id2rgb
+from visiontf.io.panoptic_ids import id2rgb
 
 #: the stuff categories (ids after the shapes' 1, 2, 3, 5) and the base colour of each
 STUFF = ((10, "sky", (120, 170, 230)), (11, "ground", (140, 110, 70)))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from visiontf.errors import UserError
+from visiontf.core.errors import UserError
 
 TRAIN = ("astronaut", "rocket", "hubble_deep_field", "immunohistochemistry", "retina", "motorcycle",
          "camera", "brick", "grass", "gravel", "moon")

@@ -1,0 +1,1 @@
+"""The torch Datasets behind the data modules: COCO detection, COCO panoptic, restoration, segmentation."""

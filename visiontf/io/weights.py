@@ -1,0 +1,326 @@
+"""Reading and writing weight files safely.
+
+User files are never unpickled blindly: ``.safetensors`` is read with safetensors and any other
+file with ``torch.load(..., weights_only=True)``, which refuses arbitrary Python objects.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import pathlib
+import pickle
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from visiontf.core.errors import UserError
+
+log = logging.getLogger(__name__)
+
+#: keys under which common training frameworks nest the state dict inside a checkpoint
+_NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_ema")
+
+
+class WeightsError(UserError, RuntimeError):
+    """A weight file could not be read or does not fit the model."""
+
+
+#: the classes beyond tensors and plain data that a checkpoint may hold, all plain attribute data:
+#: the original DETR pickles its argparse Namespace ("args"); Lightning stores data-module
+#: hyper-parameters as given, which may be pathlib paths
+SAFE_GLOBALS = (argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+
+#: Lightning < 1.5 keyed ``checkpoint["callbacks"]`` by the callback's class (taming-transformers' and
+#: latent-diffusion's published ``.ckpt`` files): each name unpickles as an inert stand-in class of
+#: its own, so nothing of Lightning is imported or run and the callback states stay plain data
+LEGACY_LIGHTNING_CALLBACKS = tuple(
+    (type(name.rsplit(".", 1)[1], (), {"__doc__": f"stand-in for {name} as a checkpoint key"}), name)
+    for name in ("pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint",
+                 "pytorch_lightning.callbacks.early_stopping.EarlyStopping")
+)
+
+
+def allow_listed_globals() -> contextlib.AbstractContextManager:
+    """A context in which every ``torch.load(weights_only=True)`` takes the allow-list of :func:`safe_torch_load`
+    (what ``tools/train.py`` wraps its run in, so that the loads Lightning makes itself read what visiontf reads)."""
+    return torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS])
+
+
+def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` allowing only :data:`SAFE_GLOBALS` beyond tensors (and the
+    stand-ins of :data:`LEGACY_LIGHTNING_CALLBACKS`).
+
+    The one reader of ``.pth``/``.pt``/``.ckpt`` files in visiontf (weight files and Lightning
+    checkpoints alike). Refused, truncated and corrupt files raise :class:`WeightsError` naming the
+    file and the fix (:func:`describe_load_failure`). ``mmap``: map a zip archive's tensors instead of
+    reading them, and skip the CRC check that reads the whole file, for a look at a checkpoint's
+    small entries (its task, its hyper-parameters) before the full load.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: file not found" + (" (a broken symbolic link)" if path.is_symlink() else ""))
+    damaged = None if mmap else damaged_record(path)
+    if damaged:
+        raise corrupt_file_error(path, damaged)
+    try:
+        with allow_listed_globals():
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
+    except Exception as e:
+        raise (describe_load_failure(path, e) or e) from e
+
+
+def describe_load_failure(path: Path, error: BaseException) -> WeightsError | None:
+    """The :class:`WeightsError` that explains why ``torch.load`` failed on ``path``, or None when the
+    failure is not about the file (then the original error stands).
+
+    Two cases: the weights-only unpickler refused a Python object (a pickle that is not plain data),
+    or the file is not a complete torch archive: cut off while being written (a killed run, a full
+    disk, an interrupted copy) or damaged. The second message says "corrupt or incomplete (N bytes)".
+    """
+    if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error):
+        first = str(error).strip().splitlines()[-1][:300]
+        return WeightsError(
+            f"{path}: refused to load with weights_only=True ({first}). "
+            "The file holds Python objects beyond tensors; visiontf never unpickles them. "
+            "Re-save it as a plain state dict or convert it to .safetensors (for a checkpoint, export the "
+            "model with tools/export.py from a trusted environment)."
+        )
+    if not path.is_file():
+        return None
+    text = str(error)
+    corrupt = (
+        isinstance(error, (EOFError, pickle.UnpicklingError, zipfile.BadZipFile))
+        or (isinstance(error, RuntimeError) and any(s in text for s in _CORRUPT_MARKERS))
+        or not is_complete_torch_file(path)
+    )
+    if not corrupt:
+        return None
+    return corrupt_file_error(path, text.strip().splitlines()[0][:160] if text.strip() else type(error).__name__)
+
+
+def corrupt_file_error(path: Path, reason: str) -> WeightsError:
+    """The "corrupt or incomplete (N bytes)" error of ``path``."""
+    size = path.stat().st_size if path.is_file() else 0
+    return WeightsError(
+        f"{path}: corrupt or incomplete ({size:,} bytes): not a complete PyTorch file ({reason}). It was probably "
+        "cut off while being written (a killed run, a full disk, an interrupted copy) or damaged; use another "
+        "checkpoint (the run's best one, or an earlier copy) or copy the file again."
+    )
+
+
+def damaged_record(path: Path) -> str | None:
+    """Why the zip archive ``torch.save`` wrote is damaged (a missing directory, a record whose CRC-32
+    does not match), or None. torch.load itself does not check the CRCs, so a flipped block would
+    load as wrong weights; checking reads the file once (about 0.15 s per 400 MB from the page cache).
+    Files in torch's legacy (non-zip) format are not checked here."""
+    if not zipfile.is_zipfile(path):
+        return None if is_complete_torch_file(path) else "the archive ends early or has no directory"
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        return f"unreadable archive: {e}"
+    return f"record {bad!r} does not match its CRC-32" if bad else None
+
+
+#: torch's messages for archives that are cut off or damaged
+_CORRUPT_MARKERS = ("PytorchStreamReader", "central directory", "unexpected EOF", "invalid header", "legacy .tar format",
+                    "file might be corrupted", "Invalid magic number", "invalid load key")
+
+
+def is_complete_torch_file(path: Path) -> bool:
+    """Whether ``path`` is a readable zip archive (what ``torch.save`` writes) or at least a pickle."""
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as z:
+                return bool(z.namelist())
+        except (zipfile.BadZipFile, OSError):
+            return False
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"  # a pickle protocol >= 2 header: the legacy torch.save format
+
+
+def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a ``.safetensors`` file (where :func:`save_model` keeps the config)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except SafetensorError as e:
+        raise not_safetensors_error(Path(path), e) from e
+
+
+def not_safetensors_error(path: Path, error: BaseException) -> WeightsError:
+    """safetensors' own error ("header too large") names neither the file nor what it really is: most
+    often a ``torch.save`` pickle given a ``.safetensors`` name, or a file cut off while copied."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head[:1] == b"\x80" or head == b"PK":
+        return WeightsError(
+            f"{path}: a PyTorch pickle (what torch.save writes), not a safetensors file, although it is named .safetensors; "
+            f"rename it to {path.with_suffix('.pth').name} (visiontf reads .pth files with weights_only=True: tensors "
+            "only, never code) or convert it with safetensors.torch.save_file")
+    return WeightsError(f"{path}: not a readable safetensors file ({error}); it may be cut off or damaged: copy it again, "
+                        "or export the model again with tools/export.py")
+
+
+def check_tensor_values(state: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> None:
+    """Refuse weights that ``load_state_dict`` would take silently but that cannot be a trained model's:
+    an integer or boolean tensor where the model holds floats (cast without a word: every score
+    became the same), or NaN/infinite values (a diverged run). Names the tensor and the file."""
+    own = model.state_dict()
+    for key, value in state.items():
+        mine = own.get(key)
+        if mine is None or not torch.is_tensor(value):
+            continue
+        if mine.is_floating_point() and not value.is_floating_point():
+            raise WeightsError(f"{source}: tensor {key!r} is {value.dtype} where the model holds {mine.dtype}; these are not "
+                               "a model's trained weights (re-export them from the training checkpoint)")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            raise WeightsError(f"{source}: tensor {key!r} has {bad} NaN/infinite value(s) of {value.numel()}; the run that "
+                               "wrote it diverged (take an earlier checkpoint)")
+
+
+def load_state_dict_file(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Load a state dict from ``.safetensors`` or a ``.pth/.pt/.bin/.ckpt`` file.
+
+    Nested checkpoints (``{"model": ...}`` as saved by the original DETR, ``{"state_dict": ...}``
+    as saved by Lightning) are unwrapped. From a Lightning ``.ckpt``, the tensors under ``model.``
+    (a visiontf task's network) are kept, without the prefix.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(str(path), device=str(map_location))
+        except SafetensorError as e:
+            raise not_safetensors_error(path, e) from e
+    else:
+        state = safe_torch_load(path, map_location)
+    state = _unwrap(state, path)
+    return state
+
+
+def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:
+    for _ in range(3):
+        if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            break
+        if isinstance(obj, Mapping):
+            for key in _NESTED_KEYS:
+                if key in obj and isinstance(obj[key], Mapping):
+                    obj = obj[key]
+                    break
+            else:
+                raise WeightsError(
+                    f"{path}: no state dict found; top-level keys are {sorted(map(str, obj))[:10]}. "
+                    f"Expected tensors, or one of {_NESTED_KEYS} holding them."
+                )
+        else:
+            raise WeightsError(f"{path}: expected a mapping of tensors, got {type(obj).__name__}")
+    state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if state and _looks_lightning(path):
+        # a visiontf task checkpoint: the network is under "model.", beside the task's own tensors
+        # (the criterion's class weights, ...), which are not the network's
+        network = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+        if network:
+            state = network
+    return state
+
+
+def _looks_lightning(path: Path) -> bool:
+    return path.suffix == ".ckpt"
+
+
+def save_model(model: torch.nn.Module, path: str | Path, model_name: str | None = None, **model_kwargs: Any) -> Path:
+    """Write ``model``'s weights to ``.safetensors`` with the config ``create_model`` needs.
+
+    The file's metadata holds ``model_name`` and ``model_kwargs`` (JSON), so
+    ``visiontf.load_model(path)`` rebuilds the model and ``create_model(name, pretrained=path)``
+    loads it. A ``<path>.json`` copy of the config is written beside it for humans.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        path = path.with_suffix(".safetensors")
+    model_name = model_name or model.model_name
+    if model_name is None:
+        raise ValueError("model_name is needed: the model was not built by visiontf.create_model")
+    kwargs = dict(model.model_kwargs)
+    kwargs.update(model_kwargs)
+    modules = [k for k, v in kwargs.items() if isinstance(v, torch.nn.Module)]
+    if modules:  # an injected part (backbone=MyBackbone()): no config can rebuild it
+        raise ValueError(
+            f"model_kwargs {modules} hold module instances ({type(kwargs[modules[0]]).__name__}), which a saved config cannot "
+            "rebuild; save model.state_dict() with safetensors.torch.save_file and build the model in Python to load it"
+        )
+    config = {"model_name": model_name, "model_kwargs": kwargs}
+    # safetensors refuses shared storage; clone keeps tied weights correct on reload
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata={"visiontf_config": json.dumps(config)})
+    path.with_suffix(".json").write_text(json.dumps(config, indent=2) + "\n")
+    log.info("saved %d tensors to %s", len(state), path)
+    return path
+
+
+def read_config(path: str | Path) -> dict[str, Any] | None:
+    """The visiontf config stored in a ``.safetensors`` file, or in a ``.json`` beside it."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        meta = read_safetensors_metadata(path)
+        if "visiontf_config" in meta:
+            return json.loads(meta["visiontf_config"])
+    side = path.with_suffix(".json")
+    if side.is_file():
+        return json.loads(side.read_text())
+    return None
+
+
+# ---------------------------------------------------------------------------------------- labels files
+def labels_path(weights_path: str | Path) -> Path:
+    """Where :func:`write_labels_file` keeps class names and preprocessing beside exported weights."""
+    p = Path(weights_path)
+    return p.with_name(p.stem + ".labels.json")
+
+
+def write_labels_file(weights_path: str | Path, class_names: Sequence[str] | None = None,
+                      label_to_cat_id: Mapping[int, int] | None = None,
+                      preprocess: Mapping[str, Any] | None = None) -> Path | None:
+    """Write ``<stem>.labels.json`` beside exported weights: class names, category ids and the eval
+    preprocessing (``preprocess``: complete, ``pretrained_cfg`` keys)."""
+    plain = lambda d: {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}  # noqa: E731
+    data: dict[str, Any] = {}
+    if class_names:
+        data["class_names"] = list(class_names)
+    if label_to_cat_id:
+        data["label_to_cat_id"] = {str(k): int(v) for k, v in label_to_cat_id.items()}
+    if preprocess:
+        data["preprocess"] = plain(preprocess)
+    if not data:
+        return None
+    out = labels_path(weights_path)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    return out
+
+
+def read_labels_file(weights_path: str | Path) -> dict[str, Any]:
+    """What :func:`write_labels_file` wrote (``{}`` when there is no labels file)."""
+    p = labels_path(weights_path)
+    if not p.is_file():
+        return {}
+    data = json.loads(p.read_text())
+    if "label_to_cat_id" in data:
+        data["label_to_cat_id"] = {int(k): int(v) for k, v in data["label_to_cat_id"].items()}
+    return data

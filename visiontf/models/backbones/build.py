@@ -1,0 +1,76 @@
+"""Backbones from a name: :func:`build_backbone`, the way the detectors' ``backbone=`` argument is read:
+
+==============================================  ============================================================
+``backbone=``                                   what is built
+==============================================  ============================================================
+``"resnet18" | "resnet34" | "resnet50" | ...``  torchvision ResNet, FrozenBN (:class:`~visiontf.models.backbones.detr_backbone.DetrBackbone`: the original checkpoints' layout)
+``"timm:<name>"``                               any timm model with ``features_only``: CNNs, Swin (NHWC -> NCHW), ViTs (DINOv2 too)
+``"vit_small_patch16_224"`` (a visiontf ViT)    visiontf's ViT / DeiT through its ``features_only`` form (stride = the patch)
+``"simplefpn:<ViT>"``                           ViTDet's simple feature pyramid on a visiontf or ``timm:`` ViT (:mod:`~visiontf.models.backbones.vitdet`)
+``"swin_T_224_1k" | "swin_B_384_22k" | ...``    IDEA-Research/DINO's Swin layout (:mod:`~visiontf.models.backbones.dino_swin`)
+a :class:`Backbone` instance                    used as given (injected)
+==============================================  ============================================================
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from visiontf.models.backbones.backbone import SIMPLEFPN_PREFIX, Backbone
+
+
+def build_backbone(
+    name: str | Backbone,
+    *,
+    out_indices: Sequence[int] | None = None,
+    num_levels: int = 1,
+    min_stride: int = 8,
+    pretrained: bool | str | Path | None = None,
+    train_backbone: bool = True,
+    freeze_stem: bool = True,
+    frozen_stages: int | None = None,
+    frozen_bn: bool = True,
+    channels_last: bool = False,
+    dilation: bool = False,
+    **kwargs: Any,
+) -> Backbone:
+    """The :class:`Backbone` a name stands for (table in the module doc); an instance passes through.
+
+    Args:
+        out_indices: the maps to return, as feature indices of that backbone (timm's numbering of its
+            ``feature_info``; torchvision ResNets: 1..4 = layer1..layer4; a ViT: its blocks). None:
+            :func:`select_levels` with ``num_levels`` and ``min_stride``.
+        pretrained: a local file (read with visiontf's safe loader, then loaded through timm's own
+            code for ``timm:`` models: its key filters, position-table resampling, classifier
+            dropped), or True for the published weights (torchvision, timm's hub download).
+        train_backbone: False freezes every parameter. freeze_stem: the stem and the first stage
+            stay frozen (the DETR papers'). frozen_stages: freeze the stem and the features up to
+            this index (ResNet: 1 = conv1 + layer1), overriding ``freeze_stem``.
+        frozen_bn: BatchNorm frozen (FrozenBatchNorm2d). channels_last: run in channels-last memory format.
+        dilation: DC5 (ResNets; ``output_stride=16`` for timm CNNs).
+        kwargs: to the backbone's maker (timm's ``create_model`` kwargs such as ``drop_path_rate``;
+            the simple feature pyramid's ``window_size``, ``global_blocks``, ``out_channels``, ...).
+    """
+    if isinstance(name, Backbone):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"backbone must be a name or a visiontf.models.backbones.backbone.Backbone, got {type(name).__name__}")
+    common = dict(out_indices=out_indices, num_levels=num_levels, min_stride=min_stride, pretrained=pretrained, train_backbone=train_backbone,
+                  freeze_stem=freeze_stem, frozen_stages=frozen_stages)
+    if name.startswith(SIMPLEFPN_PREFIX):
+        from visiontf.models.backbones.vitdet import SimpleFeaturePyramidBackbone
+
+        return SimpleFeaturePyramidBackbone(name[len(SIMPLEFPN_PREFIX):], pretrained=pretrained, train_backbone=train_backbone,
+                                            frozen_stages=frozen_stages, **kwargs)
+    from visiontf.models.backbones.dino_swin import DINO_SWIN_NAMES
+
+    if name in DINO_SWIN_NAMES:
+        from visiontf.models.backbones.dino_swin import DinoSwinBackbone
+
+        if dilation:
+            raise ValueError(f"dilation (DC5) is not built for DINO's Swin ({name}); use its stages 1-3 (strides 8-32)")
+        return DinoSwinBackbone(name, **common, **kwargs)
+    from visiontf.models.backbones.detr_backbone import DetrBackbone
+
+    return DetrBackbone(name, dilation=dilation, channels_last=channels_last, frozen_bn=frozen_bn, timm_kwargs=kwargs, **common)

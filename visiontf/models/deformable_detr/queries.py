@@ -1,0 +1,112 @@
+"""The decoder's initial queries of :class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR`.
+
+One step of the model's forward (after :meth:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR.encode`,
+before the decoder): learned queries, the original two-stage's encoder proposals, DINO's mixed
+query selection (anchors from the top proposals, learned content queries), each repeated for
+Group DETR's groups, and DINO's denoising queries placed before them.
+"""
+from __future__ import annotations
+
+import torch
+from torchvision.ops import batched_nms, box_convert
+
+from visiontf.models.deformable_detr.denoising import DenoisingQueries
+from visiontf.models.deformable_detr.transformer import MultiScaleMemory
+from visiontf.nn.precision import at_least_float32
+
+__all__ = ["DeformableQueries", "distinct_first"]
+
+
+def distinct_first(scores: torch.Tensor, boxes_unact: torch.Tensor, iou: float) -> torch.Tensor:
+    """``scores`` (B, S) ranked so that the proposals a class-agnostic NMS at ``iou`` keeps come first.
+
+    DDQ DETR's distinct query selection. The ranking is the score itself (float64), plus 1e4 for the
+    kept proposals: every kept one comes before every suppressed one, and each keeps its exact order
+    within its set (no sigmoid, which ties the highest scores at 1.0 in float32 and would let an
+    exported graph order them otherwise), so a top-K over the result picks distinct anchors while
+    there are enough. Positions at -inf (padding, borders) stay there. No gradient flows through it.
+    """
+    B, S = scores.shape
+    valid = torch.isfinite(scores)
+    boxes = box_convert(boxes_unact.float().sigmoid().reshape(-1, 4), "cxcywh", "xyxy")
+    flat = scores.reshape(-1)
+    keep = batched_nms(boxes, flat.masked_fill(~valid.reshape(-1), -1e9), torch.arange(B, device=scores.device).repeat_interleave(S), iou)
+    kept = torch.zeros_like(flat).scatter(0, keep, torch.ones_like(flat[keep])).reshape(B, S)
+    return scores.double() + 1e4 * kept.double()
+
+
+class DeformableQueries:
+    """The query steps of :class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR`, which mixes this in.
+
+    They read the model's ``arch_options`` (``num_queries``, ``two_stage``, ``select_padded_proposals``), ``dino_options``, ``transformer``,
+    ``class_embed`` and ``bbox_embed`` (the last of each: the proposal heads), and, as the options
+    make them, ``query_embed`` (learned queries), ``tgt_embed`` (mixed query selection) and
+    ``label_enc`` (denoising).
+    """
+
+    def initial_queries(self, enc: MultiScaleMemory, num_groups: int = 1) -> dict:
+        """Decoder inputs: ``tgt``, ``query_pos`` (B, G*Q, C), ``reference`` (B, G*Q, 2 or 4).
+
+        Two-stage adds ``enc_outputs``; mixed query selection adds ``interm_outputs`` and leaves
+        ``query_pos`` None (the decoder computes it from the anchors). ``num_groups`` G > 1 is
+        Group DETR's training (the first Q queries are the inference set).
+        """
+        B, _, C = enc.memory.shape
+        n = self.arch_options.num_queries * num_groups
+        if self.dino_options.mixed_query_selection:
+            return self._mixed_queries(enc, num_groups)
+        if not self.arch_options.two_stage:
+            query_pos, tgt = self.query_embed.weight[:n].split(C, dim=1)
+            query_pos = query_pos.unsqueeze(0).expand(B, -1, -1)
+            return {"tgt": tgt.unsqueeze(0).expand(B, -1, -1), "query_pos": query_pos, "reference": self.transformer.reference_points(query_pos).sigmoid()}
+        enc_logits, enc_boxes, _ = self._encoder_proposals(enc, "two-stage")
+        top = torch.topk(enc_logits[..., 0], self.arch_options.num_queries, dim=1)[1]
+        reference = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4)).detach().sigmoid()
+        query_pos, tgt = self.transformer.proposal_queries(reference)
+        return {
+            "tgt": tgt, "query_pos": query_pos, "reference": reference,
+            "enc_outputs": {"pred_logits": enc_logits, "pred_boxes": enc_boxes.sigmoid()},
+        }
+
+    def _encoder_proposals(self, enc: MultiScaleMemory, selection: str) -> tuple:
+        """The proposal heads on every encoder position: logits, unactivated boxes and the proposals."""
+        S = enc.memory.shape[1]
+        if S < self.arch_options.num_queries:
+            raise ValueError(
+                f"{selection} selects num_queries={self.arch_options.num_queries} proposals, but the {enc.spatial_shapes} "
+                f"feature maps of these images have only {S} positions; use larger images or fewer queries"
+            )
+        features, proposals = self.transformer.proposals(enc.memory, enc.padding_mask, enc.layout, enc.valid_counts)
+        return self.class_embed[-1](features), at_least_float32(self.bbox_embed[-1](features)) + proposals, proposals
+
+    def _mixed_queries(self, enc: MultiScaleMemory, num_groups: int) -> dict:
+        """DINO's mixed query selection: anchors from the top-Q proposals, learned content queries."""
+        B = enc.memory.shape[0]
+        enc_logits, enc_boxes, proposals = self._encoder_proposals(enc, "mixed query selection")
+        # best class score per position; padded and border positions (inf proposals) are never chosen,
+        # unless the model reproduces DINO's code, which ranks them too (their boxes then sigmoid to 1)
+        scores = at_least_float32(enc_logits.detach()).amax(-1)
+        if not self.arch_options.select_padded_proposals:
+            scores = scores.masked_fill(torch.isinf(proposals).any(-1), float("-inf"))
+        if self.dino_options.distinct_query_iou is not None:
+            scores = distinct_first(scores, enc_boxes.detach(), self.dino_options.distinct_query_iou)
+        top = torch.topk(scores, self.arch_options.num_queries, dim=1)[1]
+        boxes = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4))
+        logits = torch.gather(enc_logits, 1, top.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
+        reference = boxes.detach().sigmoid()
+        tgt = self.tgt_embed.weight[: self.arch_options.num_queries * num_groups].unsqueeze(0).expand(B, -1, -1)
+        return {
+            "tgt": tgt, "query_pos": None, "reference": reference.repeat(1, num_groups, 1),
+            "interm_outputs": {"pred_logits": logits, "pred_boxes": boxes.sigmoid()},
+        }
+
+    def _with_denoising(self, queries: dict, dn: DenoisingQueries) -> dict:
+        """Denoising queries (label embeddings at noised boxes) placed before the matching queries."""
+        reference = dn.boxes_unact.sigmoid()
+        tgt = self.label_enc(dn.labels).to(queries["tgt"].dtype)
+        out = dict(queries)
+        out["tgt"] = torch.cat([tgt, queries["tgt"]], 1)
+        out["reference"] = torch.cat([reference.to(queries["reference"].dtype), queries["reference"]], 1)
+        if queries["query_pos"] is not None:  # pure two-stage: positions from the boxes, as its proposals'
+            out["query_pos"] = torch.cat([self.transformer.proposal_queries(reference)[0], queries["query_pos"]], 1)
+        return out

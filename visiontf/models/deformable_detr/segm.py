@@ -1,0 +1,141 @@
+"""DETR's mask head on the Deformable DETR / DINO family: instance and panoptic masks from the decoder's queries
+and the multi-scale encoder memory. Not a published model: no checkpoint has this layout.
+
+As in DETR (:mod:`visiontf.models.detr.segm`), each query of the last decoder layer (after DINO's decoder
+norm, what the class and box heads read) gets a multi-head attention map over the coarsest backbone level
+of the memory (stride 32), and :class:`~visiontf.models.detr.mask_head.MaskHeadSmallConv` refines it through
+finer maps: here the encoder memory's stride-16 and stride-8 levels, which already mix every level, then a
+small stride-4 convolutional stem on the image (the detector's backbone gives no stride-4 map). Denoising
+queries get no masks. The detector is unchanged, so a detector checkpoint loads and the head starts from
+its initialisation (``freeze_detector`` trains it alone).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from visiontf.models._registry import register_model
+from visiontf.models.contract import ModelCfg, build_model
+from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr.dino import DEFAULT_CFGS as DINO_CFGS
+from visiontf.models.deformable_detr.dino_convert import convert_state_dict as dino_convert
+from visiontf.models.detr.mask_head import MaskHeadSmallConv, MHAttentionMap
+from visiontf.models.mask_options import MaskOptions
+
+#: the mask head's tensors (everything else is the detector's)
+MASK_HEAD_PREFIXES = ("bbox_attention.", "mask_head.", "mask_stem.")
+
+
+class DeformableDETRSegm(DeformableDETR):
+    """Deformable DETR / DINO plus DETR's mask head: ``forward`` adds ``pred_masks`` (B, Q, H/4, W/4).
+
+    Args:
+        mask_heads: attention heads of the query-to-memory maps (GroupNorm needs ``hidden_dim + mask_heads``
+            divisible by 8).
+        stem_channels: channels of the stride-4 stem.
+        freeze_detector, mask_threshold, panoptic_threshold, thing_classes, min_area: as
+            :class:`~visiontf.models.detr.segm.DETRSegm`.
+        **kwargs: :class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR`'s (three or more feature levels
+            from the backbone, strides 8, 16, 32; no query groups).
+    """
+
+    def __init__(self, *args, mask_heads: int = 8, stem_channels: int = 32, freeze_detector: bool = False,
+                 mask_threshold: float = 0.5, panoptic_threshold: float = 0.85, thing_classes: Sequence[int] | None = None,
+                 min_area: int = 4, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        strides = list(self.backbone.strides)
+        if strides[-3:] != [8, 16, 32]:
+            raise ValueError(f"the mask head reads the backbone levels of strides 8, 16, 32; this backbone gives {strides}")
+        if self.dino_options.num_query_groups > 1:
+            raise ValueError("the mask head does not support query groups (num_query_groups > 1)")
+        self.freeze_detector = freeze_detector
+        if freeze_detector:
+            for p in self.parameters():
+                p.requires_grad_(False)
+        hidden = self.transformer.level_embed.shape[1]
+        # the levels of strides 32, 16, 8 in the memory (finest first)
+        self._mask_levels = [len(strides) - 1, len(strides) - 2, len(strides) - 3]
+        self.mask_stem = nn.Sequential(
+            nn.Conv2d(3, stem_channels, 3, stride=2, padding=1), nn.GroupNorm(8, stem_channels), nn.ReLU(),
+            nn.Conv2d(stem_channels, stem_channels, 3, stride=2, padding=1), nn.GroupNorm(8, stem_channels), nn.ReLU(),
+        )
+        self.bbox_attention = MHAttentionMap(hidden, hidden, mask_heads, dropout=0.0)
+        self.mask_head = MaskHeadSmallConv(hidden + mask_heads, [hidden, hidden, stem_channels], hidden)
+        self.mask_options = MaskOptions(mask_threshold, panoptic_threshold,
+                                        None if thing_classes is None else tuple(thing_classes), min_area)
+        self._seen: dict = {}
+
+    def train(self, mode: bool = True) -> DeformableDETRSegm:
+        super().train(mode)
+        if self.freeze_detector and mode:
+            for name, m in self.named_modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm) and not name.startswith(MASK_HEAD_PREFIXES):
+                    m.eval()
+        return self
+
+    # the forward's encoder memory and decoder outputs, kept for the mask head (the detector is unchanged)
+    def encode(self, images: Tensor, mask: Tensor | None = None):
+        enc = super().encode(images, mask)
+        self._seen["enc"] = enc
+        return enc
+
+    def decode(self, queries: dict, enc, *args, **kwargs) -> dict:
+        dec = super().decode(queries, enc, *args, **kwargs)
+        self._seen["dec"] = dec
+        return dec
+
+    def forward(self, images: Tensor, mask: Tensor | None = None, targets: Sequence[dict] | None = None,
+                need_weights: bool = False) -> dict:
+        """The detector's outputs (:meth:`DeformableDETR.forward`) plus ``pred_masks`` (B, Q, H/4, W/4)
+        mask logits of its matching queries (not the denoising ones)."""
+        self._seen = {}
+        out = super().forward(images, mask, targets, need_weights)
+        enc, dec = self._seen.pop("enc"), self._seen.pop("dec")
+        pad = out["dn_meta"].pad_size if out.get("dn_meta") is not None else 0
+        hidden = dec["hidden"][-1][:, pad:]
+        if self.decoder_norm is not None:
+            hidden = self.decoder_norm(hidden)
+        out["pred_masks"] = self.mask_logits(images, enc, hidden)
+        return out
+
+    def mask_logits(self, images: Tensor, enc, queries: Tensor) -> Tensor:
+        """(B, Q, H/4, W/4) mask logits of ``queries`` (B, Q, C) over ``enc``'s memory."""
+        B, _, C = enc.memory.shape
+        sizes = [h * w for h, w in enc.spatial_shapes]
+        levels = torch.split(enc.memory, sizes, dim=1)
+        pads = torch.split(enc.padding_mask, sizes, dim=1) if enc.padding_mask is not None else None
+        maps = [levels[i].transpose(1, 2).reshape(B, C, *enc.spatial_shapes[i]) for i in self._mask_levels]
+        coarse = self._mask_levels[0]
+        pad = None if pads is None else pads[coarse].reshape(B, *enc.spatial_shapes[coarse])
+        bbox_mask = self.bbox_attention(queries, maps[0], mask=pad)
+        seg = self.mask_head(maps[0], bbox_mask, [maps[1], maps[2], self.mask_stem(images)])
+        return seg.view(B, queries.shape[1], seg.shape[-2], seg.shape[-1])
+
+
+def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """The detector's tensors as DINO's converter takes them, and the mask head's: the weights' own, or the
+    model's initial ones when the weights are a detector's (logged)."""
+    from visiontf.models.detr.convert import log
+
+    head = {k: v for k, v in state.items() if k.startswith(MASK_HEAD_PREFIXES)}
+    out = dino_convert({k: v for k, v in state.items() if k not in head}, model)
+    if not head:
+        own = {k: v for k, v in model.state_dict().items() if k.startswith(MASK_HEAD_PREFIXES)}
+        log.warning("the weights have no mask head: %d tensors of %s's mask head start from their initialisation",
+                    len(own), type(model).__name__)
+        head = own
+    return {**out, **head}
+
+
+DEFAULT_CFGS: dict[str, ModelCfg] = {
+    # dino_tiny (the CPU recipe's detector) with the mask head
+    "dino_tiny_masks": ModelCfg(dict(DINO_CFGS["dino_tiny"].kwargs)),
+}
+
+
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+def dino_tiny_masks(**kwargs) -> DeformableDETRSegm:
+    """``dino_tiny`` with DETR's mask head over its multi-scale memory (instance masks; panoptic with ``thing_classes``)."""
+    return build_model(DeformableDETRSegm, DEFAULT_CFGS["dino_tiny_masks"], **kwargs)

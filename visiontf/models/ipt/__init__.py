@@ -1,0 +1,1 @@
+"""IPT (huawei-noah/Pretrained-IPT): the model, its weights' conversion, tiled inference."""
