@@ -41,7 +41,7 @@ def panoptic_set(tmp_path_factory):
 @pytest.mark.slow
 def test_predictor_returns_masks_and_panoptic_segments(panoptic_set):
     model = _confident(create_model("detr_tiny_masks", num_classes=4, thing_classes=[0, 1], panoptic_threshold=0.3, **SMALL))
-    predictor = Predictor(model, class_names=["circle", "square", "sky", "ground"], min_size=96, max_size=160)
+    predictor = Predictor(model, class_names=["circle", "square", "sky", "ground"], preprocess={"min_size": 96, "max_size": 160})
     results = predictor(sorted(panoptic_set["val_images"].iterdir()), score_threshold=0.3)
     for r in results:
         h, w = r["image_size"]
@@ -63,7 +63,7 @@ def test_predict_files_score_as_pycocotools_and_panopticapi(panoptic_set, tmp_pa
 
     model = _confident(create_model("detr_tiny_masks", num_classes=4, thing_classes=[0, 1], panoptic_threshold=0.3, **SMALL))
     l2c = {0: 1, 1: 2, 2: 10, 3: 11}
-    predictor = Predictor(model, label_to_cat_id=l2c, min_size=96, max_size=160)
+    predictor = Predictor(model, label_to_cat_id=l2c, preprocess={"min_size": 96, "max_size": 160})
     summary = predict_to_folder(predictor, [panoptic_set["val_images"]], tmp_path, annotations=panoptic_set["val_ann"],
                                 score_threshold=0.0)
     assert summary["predicted"] == 4
