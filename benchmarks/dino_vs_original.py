@@ -29,7 +29,7 @@ Why: DINO gives its 900 learned content queries to the top-900 proposals *in ran
 random weights two proposal scores a few 1e-7 apart are common. float32 rounding of the encoder (about
 6e-6 between two correct implementations: a folded FrozenBN, channels-last convolutions, another
 attention kernel) then swaps two ranks, the two queries trade content, and through self-attention every
-query of every decoder layer moves (the 0.45 of issue 44). The original does the same against itself:
+query of every decoder layer moves (the 0.45 first reported). The original does the same against itself:
 the ``f32`` rows compare its float32 run with its own float64 run. ``f64`` resolves those ties and shows
 whether the models compute the same function; ``f32=`` shows the float32 path with the ranking's
 tie-break taken out; the ranking columns say where two rankings differ and by how little the swapped
@@ -126,7 +126,7 @@ def perturb_weights(model: torch.nn.Module, seed: int = 1) -> None:
 def inputs(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``one``: one 320x416 image; ``pad``: that and a 256x320 one padded to 320x416 (zeros, mask True).
 
-    Drawn from the global generator right after ``build_dino`` at seed 0, as in issue 44's setup.
+    Drawn from the global generator right after ``build_dino`` at seed 0, as in the setup first reported.
     """
     first = torch.randn(1, 3, 320, 416)
     if kind == "one":

@@ -187,7 +187,7 @@ def test_dino_4scale_float64_parity_without_separated_scores(tmp_path):
 
     In float32 two of the selected proposal scores are often a few 1e-7 apart with random weights; rounding
     (ours, or DINO's own code against itself in float64: benchmarks/dino_vs_original.py) can swap their ranks,
-    the two queries trade their learned content, and every output moves (issue 44's 0.45 at 900 queries).
+    the two queries trade their learned content, and every output moves (the 0.45 first reported at 900 queries).
     float64 resolves those ties, so the whole model, ranking included, must equal the reference to float64
     rounding: no float32 step may remain (the encoder's sampling base, the proposal scores and the boxes
     once were float32, 1e-6 off).
