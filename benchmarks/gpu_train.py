@@ -35,6 +35,7 @@ from benchmarks.reference_deformable_detr import OriginalDeformableDETR
 from visiontf.detection import HungarianMatcher, SetCriterion, build_criterion
 from visiontf.models import create_model
 from visiontf.models.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr_build import build_deformable_detr
 from visiontf.tasks.optim import build_optimizer
 
 SIZE = {"real": (800, 1216), "tiny": (64, 96)}
@@ -58,7 +59,7 @@ def _deformable(name: str, tiny: bool):
     ref = OriginalDeformableDETR(num_classes=NUM_CLASSES, dropout=0.0, **switches, **(TINY_REF if tiny else {}))
     _randomize(ref)
     if tiny:
-        ours = DeformableDETR(num_classes=NUM_CLASSES, dropout=0.0, **switches, **TINY_OURS)
+        ours = build_deformable_detr(DeformableDETR, num_classes=NUM_CLASSES, dropout=0.0, **switches, **TINY_OURS)
     else:
         ours = create_model(name, num_classes=NUM_CLASSES, dropout=0.0)
     from visiontf.models.deformable_detr_convert import convert_state_dict

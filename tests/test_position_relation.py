@@ -15,6 +15,7 @@ from dino_helpers import DINO, toy_batch
 from dino_helpers import TOY as TOY_DINO
 
 from visiontf.models.deformable_detr import DeformableDETR
+from visiontf.models.deformable_detr_build import build_deformable_detr
 from visiontf.nn.position_relation import PositionRelationEmbedding, box_relation
 
 TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on
@@ -22,7 +23,7 @@ TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option ac
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
     torch.manual_seed(seed)
-    return DeformableDETR(**{**TOY, **kw})
+    return build_deformable_detr(DeformableDETR, **{**TOY, **kw})
 
 
 
