@@ -42,6 +42,7 @@ from benchmarks.memory import _peak_rss_mib  # noqa: E402
 from benchmarks.reference_deformable_detr import OriginalDeformableDETR, original_match  # noqa: E402
 from visiontf.detection import HungarianMatcher, SetCriterion  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
+from visiontf.models.deformable_detr.build import build_deformable_detr  # noqa: E402
 from visiontf.models.deformable_detr.convert import convert_state_dict  # noqa: E402
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR  # noqa: E402
 
@@ -67,7 +68,7 @@ def _reference(tiny: bool) -> OriginalDeformableDETR:
 def _ours(tiny: bool) -> DeformableDETR:
     """The registered model (channels-last, folded frozen BN, gather attention), dropout off."""
     if tiny:
-        return DeformableDETR(num_classes=NUM_CLASSES, with_box_refine=True, dropout=0.0, **TINY_OURS)
+        return build_deformable_detr(DeformableDETR, num_classes=NUM_CLASSES, with_box_refine=True, dropout=0.0, **TINY_OURS)
     return create_model(MODEL, num_classes=NUM_CLASSES, dropout=0.0)
 
 

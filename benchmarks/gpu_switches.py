@@ -26,6 +26,7 @@ from benchmarks.detr import NUM_CLASSES, make_batch
 from benchmarks.gpu_common import Budget, free_cuda, gpu_row, time_alternating
 from benchmarks.gpu_train import SIZE, _focal_criteria, _step
 from visiontf.models import create_model
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.tasks.optim import build_optimizer
 
@@ -35,7 +36,7 @@ NAME = "deformable_detr_resnet50_box_refine"
 def _model(tiny: bool, **kwargs):
     torch.manual_seed(0)
     if tiny:
-        return DeformableDETR(num_classes=NUM_CLASSES, dropout=0.0, with_box_refine=True, **TINY_OURS, **kwargs)
+        return build_deformable_detr(DeformableDETR, num_classes=NUM_CLASSES, dropout=0.0, with_box_refine=True, **TINY_OURS, **kwargs)
     return create_model(NAME, num_classes=NUM_CLASSES, dropout=0.0, **kwargs)
 
 

@@ -34,6 +34,7 @@ from benchmarks.gpu_common import Budget, free_cuda, gpu_row, peak_memory_mib, t
 from benchmarks.reference_deformable_detr import OriginalDeformableDETR
 from visiontf.detection import HungarianMatcher, SetCriterion, build_criterion
 from visiontf.models import create_model
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.tasks.optim import build_optimizer
 
@@ -58,7 +59,7 @@ def _deformable(name: str, tiny: bool):
     ref = OriginalDeformableDETR(num_classes=NUM_CLASSES, dropout=0.0, **switches, **(TINY_REF if tiny else {}))
     _randomize(ref)
     if tiny:
-        ours = DeformableDETR(num_classes=NUM_CLASSES, dropout=0.0, **switches, **TINY_OURS)
+        ours = build_deformable_detr(DeformableDETR, num_classes=NUM_CLASSES, dropout=0.0, **switches, **TINY_OURS)
     else:
         ours = create_model(name, num_classes=NUM_CLASSES, dropout=0.0)
     from visiontf.models.deformable_detr.convert import convert_state_dict

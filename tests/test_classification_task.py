@@ -20,7 +20,7 @@ def cls_root(tmp_path_factory):
 def test_short_training_loss_falls_and_accuracy_above_chance(cls_root, tmp_path):
     L.seed_everything(0)
     dm = ClassificationDataModule(cls_root, image_size=32, batch_size=16, num_workers=0, scale=(0.6, 1.0), color_jitter=0.0, crop_pct=1.0)
-    task = ClassificationTask(num_classes=dm.num_classes, model_kwargs=TINY, lr=2e-3, warmup_epochs=0, label_smoothing=0.0)
+    task = ClassificationTask(num_classes=dm.num_classes, model_kwargs=TINY, lr=2e-3, warmup_steps=0, label_smoothing=0.0)
     trainer = L.Trainer(max_epochs=8, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         default_root_dir=tmp_path, enable_model_summary=False)
     before = trainer.validate(task, datamodule=dm, verbose=False)[0]

@@ -15,12 +15,13 @@ import torch
 
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 
 
-def test_every_option_is_a_keyword_of_the_model_with_the_same_default():
-    """Configs' model_kwargs and checkpoints' hyper-parameters stay flat: LightningCLI sees each option."""
-    params = inspect.signature(DeformableDETR).parameters
+def test_every_option_is_a_keyword_of_the_builder_with_the_same_default():
+    """Configs' model_kwargs and checkpoints' hyper-parameters stay flat: the registered names' builder takes each option."""
+    params = inspect.signature(build_deformable_detr).parameters
     for field in dataclasses.fields(DeformableArchOptions):
         assert field.name in params, field.name
         assert params[field.name].default == field.default, field.name
@@ -62,7 +63,7 @@ def test_impossible_architectures_are_refused_naming_the_argument(kwargs, error,
     assert str(raised.value).startswith(message), str(raised.value)
     # the model refuses them the same way, before it builds anything
     with pytest.raises(error, match=re.escape(message)):
-        DeformableDETR(**kwargs)
+        build_deformable_detr(DeformableDETR, **kwargs)
 
 
 def test_encoder_free_and_integral_floats_are_allowed():

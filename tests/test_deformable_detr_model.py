@@ -15,6 +15,7 @@ from deformable_helpers import TOY, VARIANTS, inputs, original, randomize
 from benchmarks.reference_deformable_detr import _Encoder, _Transformer
 from visiontf.detection import SetCriterion
 from visiontf.models import create_model, list_models
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.transformer import encoder_reference_points, level_layout, refine_boxes, valid_counts
 from visiontf.nn import PositionEmbeddingSine2d
@@ -29,7 +30,7 @@ R50_PARAMETERS = {
 
 def _toy(variant: str = "plain", **kw) -> DeformableDETR:
     torch.manual_seed(0)
-    return DeformableDETR(**{**TOY, **VARIANTS[variant], **kw})
+    return build_deformable_detr(DeformableDETR, **{**TOY, **VARIANTS[variant], **kw})
 
 
 def test_registered_models_and_exact_r50_parameter_counts():
@@ -233,9 +234,9 @@ def test_non_finite_offsets_are_reported_not_hidden():
 
 def test_invalid_configurations():
     with pytest.raises(ValueError, match="two_stage=True needs with_box_refine=True"):
-        DeformableDETR(**{**TOY, "two_stage": True})
+        build_deformable_detr(DeformableDETR, **{**TOY, "two_stage": True})
     with pytest.raises(ValueError, match="multiple of 32"):
-        DeformableDETR(**{**TOY, "hidden_dim": 48})
+        build_deformable_detr(DeformableDETR, **{**TOY, "hidden_dim": 48})
     # 2 and 3 levels take the last stages of the backbone
     assert [s for s in _toy(num_feature_levels=2).backbone.strides] == [16, 32]
     assert _toy(num_feature_levels=3).backbone.channels == [128, 256, 512]

@@ -16,14 +16,15 @@ from dino_helpers import toy_batch as _inputs
 import visiontf.models.deformable_detr.denoising as dn
 from visiontf.detection import build_postprocess
 from visiontf.models import create_model, list_models
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.denoising import build_contrastive_denoising, denoising_attn_mask
-from visiontf.models.deformable_detr.query_groups import self_attn_mask
+from visiontf.models.deformable_detr.queries import self_attn_mask
 
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
     torch.manual_seed(seed)
-    return DeformableDETR(**{**TOY, **kw})
+    return build_deformable_detr(DeformableDETR, **{**TOY, **kw})
 
 
 def _empty(n: int = 2):

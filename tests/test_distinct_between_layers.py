@@ -14,6 +14,7 @@ from dino_helpers import TOY as TOY_DINO
 from dino_helpers import toy_batch
 from torchvision.ops import box_convert, nms
 
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.distinct_queries import SUPPRESSED_LOGIT, DistinctQueriesBetweenLayers
 from visiontf.nn.attention import restrict_attn_mask
@@ -26,7 +27,7 @@ DDQ = {**DINO, "distinct_query_iou": 0.5, "distinct_between_layers": True}
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
     torch.manual_seed(seed)
-    model = DeformableDETR(**{**TOY, **kw})
+    model = build_deformable_detr(DeformableDETR, **{**TOY, **kw})
     with torch.no_grad():  # the decoder's boxes grow to nearly the whole image: many overlap
         list(model.bbox_embed[0].parameters())[-1][2:] = 6.0
     return model

@@ -23,6 +23,7 @@ from visiontf.io.weights import load_state_dict_file
 from visiontf.models import WeightsLayoutError, create_model
 from visiontf.models.deformable_detr import convert as deformable_detr_convert
 from visiontf.models.detr import convert as detr_convert
+
 REGISTRY_LOG = "visiontf.models._registry"
 DEFORMABLE_NAMES = deformable_detr_convert.VARIANT_MODELS
 #: a toy DETR in the original layout (ResNet-18, d 64, 1+1 layers, 10 queries, 7 classes) and in visiontf's arguments

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from visiontf.detection import HungarianMatcher, SetCriterion
-from visiontf.models.deformable_detr.query_groups import self_attn_mask
+from visiontf.models.deformable_detr.queries import self_attn_mask
 from visiontf.tasks.detection import DetectionTask
 
 TINY = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=32, num_queries=5)

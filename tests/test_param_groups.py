@@ -55,7 +55,7 @@ def _assert_same_groups(task, expected):
 @pytest.mark.parametrize("model_name", ["vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224"])
 def test_classification_groups_unchanged(model_name):
     task = ClassificationTask(model_name, num_classes=3, model_kwargs={"img_size": 32, "depth": 1},
-                              lr=3e-4, weight_decay=0.05, warmup_epochs=0)
+                              lr=3e-4, weight_decay=0.05, warmup_steps=0)
     assert task.model.no_weight_decay() >= {"pos_embed", "cls_token"}
     _assert_same_groups(task, _old_classification(task.model, task.hparams))
 

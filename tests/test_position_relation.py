@@ -14,6 +14,7 @@ import torch
 from dino_helpers import DINO, toy_batch
 from dino_helpers import TOY as TOY_DINO
 
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.nn.position_relation import PositionRelationEmbedding, box_relation
 
@@ -22,7 +23,7 @@ TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option ac
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
     torch.manual_seed(seed)
-    return DeformableDETR(**{**TOY, **kw})
+    return build_deformable_detr(DeformableDETR, **{**TOY, **kw})
 
 
 

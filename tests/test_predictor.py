@@ -198,7 +198,7 @@ def test_from_lightning_checkpoint(tmp_path):
 
     from visiontf.tasks.classification import ClassificationTask
 
-    task = ClassificationTask("vit_tiny_patch16_224", num_classes=4, model_kwargs={"img_size": 32, "depth": 1}, warmup_epochs=0)
+    task = ClassificationTask("vit_tiny_patch16_224", num_classes=4, model_kwargs={"img_size": 32, "depth": 1}, warmup_steps=0)
     data = DataLoader(TensorDataset(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])), batch_size=2)
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", limit_val_batches=0)

@@ -45,7 +45,7 @@ def _fit_args(data: Path, out: Path) -> list[str]:
             f"--data.init_args.root={data}", "--data.init_args.image_size=32", "--data.init_args.num_workers=1",
             "--data.init_args.batch_size=4",
             "--model.init_args.model_kwargs={img_size: 32, patch_size: 8, depth: 1, embed_dim: 48, num_heads: 3}",
-            "--model.init_args.mixup_alpha=0.8", "--model.init_args.warmup_epochs=1",
+            "--model.init_args.mixup_alpha=0.8", "--model.init_args.warmup_steps=2",
             f"--trainer.max_epochs={EPOCHS}", "--trainer.devices=1",
             "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
             "--checkpoint.monitor=null", "--checkpoint.every_n_train_steps=2", f"--trainer.default_root_dir={out}"]

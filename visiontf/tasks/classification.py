@@ -14,14 +14,19 @@ from visiontf.core.config_checks import (
     check_config,
     fraction,
     non_negative,
+    non_negative_int,
     one_of,
+    optional,
     positive,
     unit_interval_open_right,
 )
 from visiontf.models import create_model
 from visiontf.models.contract import Classifier
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, build_scheduler, decay_groups
+from visiontf.tasks.optim import OptimArgs, OptimArgsMixin, build_optimizer, build_scheduler, decay_groups
+
+#: DeiT's warm-up (its ``--warmup-epochs 5``), the classification task's when ``warmup_steps`` is None
+DEIT_WARMUP_EPOCHS = 5
 
 
 def at_least_two_classes(n: object) -> str | None:
@@ -31,8 +36,11 @@ def at_least_two_classes(n: object) -> str | None:
                             "the training split's class folders with images: add a folder for another class)")
 
 
-class ClassificationTask(BaseTask):
+class ClassificationTask(OptimArgsMixin, BaseTask):
     """Cross-entropy with label smoothing, optional mixup/cutmix, AdamW + warm-up cosine, top-1/top-5.
+
+    ``warmup_steps``: linear warm-up over this many optimizer steps, as every task spells it; None (the
+    default) warms up over DeiT's 5 epochs of steps (:data:`DEIT_WARMUP_EPOCHS`).
 
     DeiT hard distillation: give ``teacher_name`` (and ``teacher_pretrained``) and a distilled
     student (``deit_*_distilled_*``); the distillation head learns the teacher's argmax and the loss
@@ -51,7 +59,7 @@ class ClassificationTask(BaseTask):
         optimizer: Literal["adamw", "sgd"] = "adamw",
         lr: float = 5e-4,
         weight_decay: float = 0.05,
-        warmup_epochs: float = 5.0,
+        warmup_steps: int | None = None,
         schedule: Literal["cosine", "constant"] = "cosine",
         label_smoothing: float = 0.1,
         mixup_alpha: float = 0.0,
@@ -63,7 +71,7 @@ class ClassificationTask(BaseTask):
         on_nonfinite: Literal["raise", "skip"] = "raise",
     ) -> None:
         check_config(type(self).__name__, "model", num_classes=(num_classes, at_least_two_classes), lr=(lr, positive),
-                     weight_decay=(weight_decay, non_negative), warmup_epochs=(warmup_epochs, non_negative),
+                     weight_decay=(weight_decay, non_negative), warmup_steps=(warmup_steps, optional(non_negative_int)),
                      label_smoothing=(label_smoothing, unit_interval_open_right),
                      mixup_alpha=(mixup_alpha, non_negative), cutmix_alpha=(cutmix_alpha, non_negative),
                      distill_alpha=(distill_alpha, fraction), optimizer=(optimizer, one_of("adamw", "sgd")),
@@ -136,5 +144,6 @@ class ClassificationTask(BaseTask):
         hp = self.hparams
         # timm's rule: no weight decay on biases, norms and what the model names (tokens, position embeddings)
         opt = build_optimizer(hp.optimizer, decay_groups(self.model, hp.weight_decay), hp.lr, hp.weight_decay)
-        warmup = int(hp.warmup_epochs * self.steps_per_epoch())
-        return {"optimizer": opt, "lr_scheduler": build_scheduler(opt, hp.schedule, self.total_steps(), warmup)}
+        warmup = hp.warmup_steps if hp.warmup_steps is not None else int(DEIT_WARMUP_EPOCHS * self.steps_per_epoch())
+        args = OptimArgs.from_hparams(hp, warmup_steps=warmup)
+        return {"optimizer": opt, "lr_scheduler": build_scheduler(opt, args.schedule, self.total_steps(), args.warmup_steps)}

@@ -16,7 +16,7 @@ from torch import Tensor
 from visiontf.core.config_checks import check_config, fraction, non_negative, positive
 from visiontf.models.contract import DepthEstimator
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, build_scheduler, decay_groups
+from visiontf.tasks.optim import OptimArgsMixin, build_optimizer, build_scheduler, decay_groups
 
 
 def depth_terms(predicted: Tensor, true: Tensor, variance_focus: float = 0.85) -> dict[str, Tensor]:
@@ -36,7 +36,7 @@ def depth_terms(predicted: Tensor, true: Tensor, variance_focus: float = 0.85) -
     }
 
 
-class DepthTask(BaseTask):
+class DepthTask(OptimArgsMixin, BaseTask):
     """A :class:`~visiontf.models.contract.DepthEstimator` trained with the scale-invariant log loss (AdamW,
     warm-up then cosine)."""
 
@@ -73,10 +73,10 @@ class DepthTask(BaseTask):
         """Every metric is a mean over images (:meth:`log_eval_mean`), logged by the base class."""
 
     def configure_optimizers(self):
-        hp = self.hparams
-        optimizer = build_optimizer("adamw", decay_groups(self.model, hp.weight_decay), hp.lr, hp.weight_decay)
+        args = self.optim_args
+        optimizer = build_optimizer("adamw", decay_groups(self.model, args.weight_decay), args.lr, args.weight_decay)
         return {"optimizer": optimizer,
-                "lr_scheduler": build_scheduler(optimizer, hp.schedule, self.total_steps(), int(hp.warmup_steps))}
+                "lr_scheduler": build_scheduler(optimizer, args.schedule, self.total_steps(), args.warmup_steps)}
 
 
 __all__ = ["DepthTask", "depth_terms"]

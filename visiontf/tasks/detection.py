@@ -23,7 +23,7 @@ from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.models.contract import Detector
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.mask_eval import MaskEvaluation, sync_thing_classes
-from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, layer_decay_groups, lr_groups
+from visiontf.tasks.optim import OptimArgsMixin, build_optimizer, build_scheduler, group_parameters, layer_decay_groups, lr_groups
 
 if TYPE_CHECKING:
     from visiontf.evaluation.readouts.readouts import DetectionReport
@@ -69,7 +69,7 @@ def one_image(outputs: Any, i: int, batch_size: int) -> Any:
     return outputs
 
 
-class DetectionTask(BaseTask):
+class DetectionTask(OptimArgsMixin, BaseTask):
     """Training and COCO evaluation of any detector of the DETR family (DETR, Deformable DETR, ...).
 
     Batches are ``(images (B,3,H,W), mask (B,H,W) True on padding, targets)`` from
@@ -307,6 +307,7 @@ class DetectionTask(BaseTask):
             groups = lr_groups(group_parameters(self.model), lrs, always=("default", "backbone"))
         else:  # ViTDet's layer-wise decay over the depths the model's backbone declares (a ViT's blocks)
             groups = layer_decay_groups(self.model, lrs, hp.layer_decay, always=("default", "backbone"))
-        opt = build_optimizer("adamw", groups, hp.lr, hp.weight_decay)
-        sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, step_epochs=hp.lr_drop_epochs)
+        args = self.optim_args
+        opt = build_optimizer("adamw", groups, args.lr, args.weight_decay)
+        sched = build_scheduler(opt, args.schedule, self.total_steps(), args.warmup_steps, step_epochs=hp.lr_drop_epochs)
         return {"optimizer": opt, "lr_scheduler": sched}

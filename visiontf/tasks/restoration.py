@@ -17,6 +17,7 @@ from visiontf.data.transforms.imresize import imresize
 from visiontf.evaluation.restoration_metric import RestorationScores
 from visiontf.models.contract import Restorer
 from visiontf.tasks.base import BaseTask
+from visiontf.tasks.optim import OptimArgsMixin
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def patch_contrastive_loss(features: Tensor, patch: int, temperature: float = 0.
     return -(log_prob.masked_fill(~positive_mask, 0).sum(1) / positive_mask.sum(1).clamp(min=1)).mean()
 
 
-class RestorationTask(BaseTask):
+class RestorationTask(OptimArgsMixin, BaseTask):
     """Trains an IPT (or any model ``model(x, task=i) -> restored``) on ``(lq, clean, task)`` batches.
 
     * loss: L1 between the output and the clean image, plus ``contrastive_weight`` x IPT's contrastive
@@ -206,16 +207,16 @@ class RestorationTask(BaseTask):
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
-        hp = self.hparams
+        hp, args = self.hparams, self.optim_args
         params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+        opt = torch.optim.Adam(params, lr=args.lr, betas=tuple(hp.betas), weight_decay=args.weight_decay)
         total = max(1, self.total_steps())
 
         def factor(step: int) -> float:
-            warm = min(1.0, (step + 1) / hp.warmup_steps) if hp.warmup_steps else 1.0
-            if hp.schedule == "step":
+            warm = min(1.0, (step + 1) / args.warmup_steps) if args.warmup_steps else 1.0
+            if args.schedule == "step":
                 return warm * hp.gamma ** (step // hp.lr_step)
-            if hp.schedule == "cosine":
+            if args.schedule == "cosine":
                 return warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total)))
             return warm
 

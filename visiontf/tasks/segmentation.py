@@ -23,13 +23,13 @@ from visiontf.data.base import trainer_datamodule
 from visiontf.evaluation.segmentation import format_table, segmentation_scores
 from visiontf.models.contract import Segmenter
 from visiontf.tasks.base import BaseTask
-from visiontf.tasks.optim import build_optimizer, build_scheduler, group_parameters, lr_groups
+from visiontf.tasks.optim import OptimArgsMixin, build_optimizer, build_scheduler, group_parameters, lr_groups
 from visiontf.tasks.segmentation_loss import labelled_cross_entropy
 
 log = logging.getLogger(__name__)
 
 
-class SegmentationTask(BaseTask):
+class SegmentationTask(OptimArgsMixin, BaseTask):
     """Cross-entropy (ignore 255) on the main logits plus ``aux_weight`` x CE per auxiliary head.
 
     SGD (or AdamW) with the encoder at ``lr`` and decoder / auxiliary heads at ``lr * head_lr_mult``,
@@ -248,8 +248,9 @@ class SegmentationTask(BaseTask):
         hp = self.hparams
         groups = lr_groups(group_parameters(self.model),
                            {"encoder": hp.lr, "head": hp.lr * hp.head_lr_mult})
-        opt = build_optimizer(hp.optimizer, groups, hp.lr, hp.weight_decay, hp.momentum)
-        sched = build_scheduler(opt, hp.schedule, self.total_steps(), hp.warmup_steps, hp.power, min_lr=hp.min_lr)
+        args = self.optim_args
+        opt = build_optimizer(args.optimizer, groups, args.lr, args.weight_decay, args.momentum)
+        sched = build_scheduler(opt, args.schedule, self.total_steps(), args.warmup_steps, hp.power, min_lr=hp.min_lr)
         return {"optimizer": opt, "lr_scheduler": sched}
 
 

@@ -12,14 +12,14 @@ The forward's steps, reused or replaced by the DINO-style options: :meth:`Deform
 Training options of the DINO line, off by default so that the published models stay exact (sources:
 :class:`~visiontf.models.deformable_detr.dino_options.DinoOptions`): denoising (``num_denoising``; the model then takes the batch's
 ``targets`` in training), mixed query selection, look forward twice, Group DETR (``num_query_groups``, masked by
-:mod:`~visiontf.models.deformable_detr.query_groups`), shared decoder heads, position temperature.
+:func:`~visiontf.models.deformable_detr.queries.self_attn_mask`), shared decoder heads, position temperature.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,16 +28,15 @@ from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
 from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth, pad_to_multiple
-from visiontf.models.backbones.build import build_backbone
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
-from visiontf.models.deformable_detr import query_groups
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.convert import convert_state_dict
-from visiontf.models.deformable_detr.denoising import build_contrastive_denoising
+from visiontf.models.deformable_detr.denoising import ContrastiveDenoising
 from visiontf.models.deformable_detr.dino_options import DinoOptions
 from visiontf.models.deformable_detr.distinct_queries import DistinctQueriesBetweenLayers
 from visiontf.models.deformable_detr.feature_levels import feature_levels
-from visiontf.models.deformable_detr.queries import DeformableQueries
+from visiontf.models.deformable_detr.queries import DeformableQueries, self_attn_mask
 from visiontf.models.deformable_detr.transformer import (
     DeformableTransformer,
     MultiScaleMemory,
@@ -49,50 +48,62 @@ from visiontf.models.deformable_detr.transformer import (
 from visiontf.models.detr.detr import DETECTION_CFG, MLP
 from visiontf.models.detr.settings import DeformableWeightsSettings
 from visiontf.models.postprocess_options import PostprocessOptions
-from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.nn.ms_deform_attn import recording_sampling
-from visiontf.nn.position_relation import PositionRelationEmbedding
 from visiontf.nn.precision import at_least_float32
+
+#: the published Deformable DETR's: no DINO-line option; 100 detections per image, no NMS
+NO_DINO_OPTIONS = DinoOptions()
+DEFORMABLE_POSTPROCESS = PostprocessOptions(num_top=100)
+
+
+def _check_parts(backbone: Backbone, neck: nn.ModuleList, transformer: DeformableTransformer, arch: DeformableArchOptions,
+                 dino: DinoOptions, denoising: ContrastiveDenoising | None) -> None:
+    """Injected parts that disagree with the options are refused here, naming both, not as a shape error later."""
+    if not isinstance(backbone, Backbone):
+        raise TypeError(f"backbone must be a visiontf.models.backbones.backbone.Backbone, got {type(backbone).__name__} "
+                        "(a name such as 'resnet50' goes to build_deformable_detr or create_model)")
+    levels = arch.num_feature_levels
+    if len(backbone.channels) > levels:
+        raise ValueError(f"the backbone gives {len(backbone.channels)} maps (strides {backbone.strides}), more than "
+                         f"num_feature_levels={levels}; build with num_feature_levels={len(backbone.channels)}")
+    if len(neck) != levels:
+        raise ValueError(f"the neck has {len(neck)} level projections, arch_options.num_feature_levels is {levels}")
+    built = (tuple(transformer.level_embed.shape), len(transformer.encoder.layers), len(transformer.decoder.layers))
+    wanted = ((levels, arch.hidden_dim), arch.enc_layers, arch.dec_layers)
+    if built != wanted:
+        raise ValueError(f"the transformer has (level_embed shape, encoder layers, decoder layers) {built}, arch_options say {wanted}")
+    if (denoising.num_denoising if denoising is not None else 0) != dino.num_denoising:
+        raise ValueError(f"denoising={denoising} disagrees with dino_options.num_denoising={dino.num_denoising}; "
+                         "pass ContrastiveDenoising(num_denoising) with the same number, or None with 0")
 
 
 class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayerDepth, Detector):
     """Deformable DETR: multi-scale CNN features, deformable encoder-decoder, sigmoid set prediction.
 
+    Built from its parts, as the original DETR (``DETR(backbone, transformer, num_classes, ...)``) and
+    detrex's DINO; :func:`~visiontf.models.deformable_detr.build.build_deformable_detr` makes them from the flat
+    keyword arguments of ``DEFAULT_CFGS``, configs and checkpoints (``create_model(name, **kwargs)``).
+
     Args:
+        backbone: a :class:`~visiontf.models.backbones.backbone.Backbone` (its maps give the first levels).
+        position_embedding: the sine embedding of each level's padding mask (``hidden_dim // 2`` features per axis).
+        neck: one projection to ``hidden_dim`` per level (``input_proj``): the backbone's maps, then the extra
+            levels, each applied to the previous one
+            (:func:`~visiontf.models.deformable_detr.build.level_projections`).
+        transformer: the deformable encoder-decoder, built for ``arch_options``
+            (:func:`~visiontf.models.deformable_detr.build.build_deformable_transformer`).
         num_classes: object classes; the class head has ``num_classes`` sigmoid outputs (COCO: 91,
             the original's max category id + 1).
-        backbone: ``"resnet18|34|50|101"``, ``"timm:<name>"``, a visiontf ViT, ``"simplefpn:<ViT>"``, a DINO
-            Swin name, or a :class:`~visiontf.models.backbones.backbone.Backbone` (see :func:`~visiontf.models.backbones.build.build_backbone`).
-        backbone_kwargs: more options of the backbone (``frozen_stages``, timm's ``create_model`` keywords,
-            the simple feature pyramid's); see ``build_backbone``.
-        attn_method: ``"gather"`` (fast: fused Triton kernels on CUDA), ``"triton"`` or
-            ``"grid_sample"`` (exportable), see :func:`visiontf.nn.ms_deform_core.ms_deform_attn_core`.
-        backbone_pretrained, train_backbone, channels_last, frozen_bn, freeze_stem: see
-            :func:`~visiontf.models.backbones.build.build_backbone`.
-        backbone_stages: the backbone features that give the first levels (timm's numbering of the
-            backbone's ``feature_info``; ResNets: feature i = ``layer{i}``, stride 2^(i+1)); default the
-            coarsest ``min(L, 3)`` of distinct strides >= 8 (C3-C5). ``(1, 2, 3)`` gives strides 4/8/16
-            from a ResNet truncated after ``layer3`` (small objects, cheap trunk).
-
-    The architecture, the fields of :class:`~visiontf.models.deformable_detr.arch_options.DeformableArchOptions` (their
-    meaning and checks), kept as ``self.arch_options``: ``hidden_dim``, ``nheads``, ``enc_layers``, ``dec_layers``,
-    ``dim_feedforward``, ``dropout``, ``num_queries``, ``num_feature_levels``, ``enc_n_points``, ``dec_n_points``,
-    ``with_box_refine``, ``two_stage``, ``aux_loss``, ``decoder_norm``, ``pos_temperature``, ``pos_offset``,
-    ``inverse_sigmoid_eps``, ``select_padded_proposals``.
-
-    Training options of the DINO line (all off by default, as in the published Deformable DETR), the fields of
-    :class:`~visiontf.models.deformable_detr.dino_options.DinoOptions` (their meaning and sources), kept as ``self.dino_options``:
-    ``mixed_query_selection``, ``look_forward_twice``, ``num_denoising``, ``dn_label_noise_ratio``,
-    ``dn_box_noise_scale``, ``num_query_groups``, ``share_decoder_heads``, ``distinct_query_iou``, ``position_relation``, ``distinct_between_layers``; and:
-
-    Args:
-        num_select: detections kept per image by the post-processing (Deformable DETR 100,
-            DINO 300). This and the two NMS settings make ``postprocess_options``, which
+        arch_options: the architecture (:class:`~visiontf.models.deformable_detr.arch_options.DeformableArchOptions`),
+            kept as ``self.arch_options``; the class and box heads and the queries are built from it.
+        dino_options: the DINO line's training options (:class:`~visiontf.models.deformable_detr.dino_options.DinoOptions`, all
+            off by default as in the published Deformable DETR), kept as ``self.dino_options``.
+        denoising: the denoising query generator (:class:`~visiontf.models.deformable_detr.denoising.ContrastiveDenoising`),
+            called in training with the batch's targets; None: no denoising. It must agree with
+            ``dino_options.num_denoising``.
+        postprocess_options: detections kept per image and NMS
+            (:class:`~visiontf.models.postprocess_options.PostprocessOptions`; Deformable DETR keeps 100), which
             :func:`visiontf.detection.build_postprocess` reads and ``set_postprocess`` replaces.
-        nms_iou_threshold: NMS on the kept detections at this IoU (DINO's post-processing option,
-            off there and here by default: None); see
-            :class:`~visiontf.detection.DeformablePostProcess`.
-        nms_class_agnostic: NMS over all labels, as DINO (True), or within each label (False).
         pretrained_cfg: eval settings over :data:`~visiontf.models.detr.detr.DETECTION_CFG`.
     """
 
@@ -106,102 +117,46 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
 
     def __init__(
         self,
-        num_classes: int = 91,
-        backbone: str | Backbone = "resnet50",
-        num_feature_levels: int = 4,
-        hidden_dim: int = 256,
-        nheads: int = 8,
-        enc_layers: int = 6,
-        dec_layers: int = 6,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.1,
-        num_queries: int = 300,
-        enc_n_points: int = 4,
-        dec_n_points: int = 4,
-        with_box_refine: bool = False,
-        two_stage: bool = False,
-        aux_loss: bool = True,
-        attn_method: str = "gather",
-        backbone_pretrained: bool | str | Path | None = None,
-        train_backbone: bool = True,
-        channels_last: bool = False,
-        frozen_bn: bool = True,
-        freeze_stem: bool = True,
-        backbone_stages: Sequence[int] | None = None,
-        mixed_query_selection: bool = False,
-        look_forward_twice: bool = False,
-        num_denoising: int = 0,
-        dn_label_noise_ratio: float = 0.5,
-        dn_box_noise_scale: float = 0.4,
-        num_query_groups: int = 1,
-        share_decoder_heads: bool = False,
-        distinct_query_iou: float | None = None,
-        position_relation: bool = False,
-        distinct_between_layers: bool = False,
-        pos_temperature: float = 10000.0,
-        num_select: int = 100,
-        decoder_norm: bool = False,
-        nms_iou_threshold: float | None = None,
-        nms_class_agnostic: bool = True,
-        pos_offset: float = 0.5, inverse_sigmoid_eps: float = 1e-5, select_padded_proposals: bool = False,
+        backbone: Backbone,
+        position_embedding: nn.Module,
+        neck: nn.ModuleList,
+        transformer: DeformableTransformer,
+        num_classes: int,
+        arch_options: DeformableArchOptions,
+        dino_options: DinoOptions = NO_DINO_OPTIONS,
+        denoising: ContrastiveDenoising | None = None,
+        postprocess_options: PostprocessOptions = DEFORMABLE_POSTPROCESS,
         pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
-        backbone_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-        # the architecture and the DINO line's training options, each together and checked (refusals name the fix)
-        self.arch_options = DeformableArchOptions(
-            hidden_dim=hidden_dim, nheads=nheads, enc_layers=enc_layers, dec_layers=dec_layers, dim_feedforward=dim_feedforward,
-            dropout=dropout, num_queries=num_queries, num_feature_levels=num_feature_levels, enc_n_points=enc_n_points,
-            dec_n_points=dec_n_points, with_box_refine=with_box_refine, two_stage=two_stage, aux_loss=aux_loss,
-            decoder_norm=decoder_norm, pos_temperature=pos_temperature, pos_offset=pos_offset,
-            inverse_sigmoid_eps=inverse_sigmoid_eps, select_padded_proposals=select_padded_proposals)
-        self.dino_options = DinoOptions(mixed_query_selection, look_forward_twice, num_denoising, dn_label_noise_ratio,
-                                        dn_box_noise_scale, num_query_groups, share_decoder_heads, distinct_query_iou,
-                                        position_relation, distinct_between_layers)
-        self.dino_options.check(num_queries, with_box_refine, two_stage)
+        arch = self.arch_options = arch_options
+        dino_options.check(arch.num_queries, arch.with_box_refine, arch.two_stage)
+        self.dino_options = dino_options
+        _check_parts(backbone, neck, transformer, arch, dino_options, denoising)
         self.num_classes = num_classes
         # replaceable at evaluation and prediction: visiontf.detection.set_postprocess
-        self.postprocess_options = PostprocessOptions(num_select, nms_iou_threshold, nms_class_agnostic)
-        stages = None if backbone_stages is None else tuple(int(i) for i in backbone_stages)
-        if stages is not None and not 1 <= len(stages) <= num_feature_levels:
-            raise ValueError(f"backbone_stages={stages} must name between 1 and num_feature_levels={num_feature_levels} stages")
-        self.backbone = build_backbone(
-            backbone, out_indices=stages, num_levels=min(num_feature_levels, 3), pretrained=backbone_pretrained,
-            train_backbone=train_backbone, channels_last=channels_last, frozen_bn=frozen_bn, freeze_stem=freeze_stem,
-            **(backbone_kwargs or {}),
-        )
-        if len(self.backbone.channels) > num_feature_levels:
-            raise ValueError(f"the backbone gives {len(self.backbone.channels)} maps (strides {self.backbone.strides}), more than "
-                             f"num_feature_levels={num_feature_levels}; build with num_feature_levels={len(self.backbone.channels)}")
-        self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, pos_temperature, normalize=True, offset=pos_offset)
-        projections = [nn.Sequential(nn.Conv2d(c, hidden_dim, kernel_size=1), nn.GroupNorm(32, hidden_dim)) for c in self.backbone.channels]
-        in_channels = self.backbone.channels[-1]
-        for _ in range(num_feature_levels - len(projections)):
-            projections.append(nn.Sequential(nn.Conv2d(in_channels, hidden_dim, kernel_size=3, stride=2, padding=1), nn.GroupNorm(32, hidden_dim)))
-            in_channels = hidden_dim
-        self.input_proj = nn.ModuleList(projections)
-        self.transformer = DeformableTransformer(
-            hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout, num_feature_levels, enc_n_points, dec_n_points,
-            two_stage, attn_method, proposal_queries=not mixed_query_selection,
-        )
-        self.transformer.decoder.inverse_sigmoid_eps = inverse_sigmoid_eps
-        if position_relation:
-            self.transformer.decoder.position_relation = PositionRelationEmbedding(nheads)
-        if not two_stage:
+        self.postprocess_options = postprocess_options
+        self.denoising = denoising
+        self.backbone = backbone
+        self.position_embedding = position_embedding
+        self.input_proj = neck
+        self.transformer = transformer
+        hidden_dim, groups = arch.hidden_dim, dino_options.num_query_groups
+        if not arch.two_stage:
             # Group DETR: one set of learned queries per group (the first is the inference set)
-            self.query_embed = nn.Embedding(num_queries * num_query_groups, 2 * hidden_dim)
-        if mixed_query_selection:
-            self.tgt_embed = nn.Embedding(num_queries * num_query_groups, hidden_dim)
+            self.query_embed = nn.Embedding(arch.num_queries * groups, 2 * hidden_dim)
+        if dino_options.mixed_query_selection:
+            self.tgt_embed = nn.Embedding(arch.num_queries * groups, hidden_dim)
             self.ref_point_head = MLP(2 * hidden_dim, hidden_dim, hidden_dim, 2)
         # denoising label embedding; the last row is the zero "padding" query DINO feeds
-        self.label_enc = nn.Embedding(num_classes + 1, hidden_dim, padding_idx=num_classes) if num_denoising > 0 else None
-        self.decoder_norm = nn.LayerNorm(hidden_dim) if decoder_norm else None
+        self.label_enc = nn.Embedding(num_classes + 1, hidden_dim, padding_idx=num_classes) if denoising is not None else None
+        self.decoder_norm = nn.LayerNorm(hidden_dim) if arch.decoder_norm else None
         # one head shared by all layers, or (refinement) one per layer (or one shared: DINO) plus,
         # two-stage, one for the proposals
-        dec_heads = 1 if share_decoder_heads else dec_layers
-        num_heads = (dec_heads + int(two_stage)) if with_box_refine else 1
+        dec_heads = 1 if dino_options.share_decoder_heads else arch.dec_layers
+        num_heads = (dec_heads + int(arch.two_stage)) if arch.with_box_refine else 1
         self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_heads))
         self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_heads))
         self._reset_heads()
@@ -369,10 +324,8 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
         queries = self.initial_queries(enc, groups)
         num_matching = queries["tgt"].shape[1]
         dn = None
-        if self.training and options.num_denoising > 0 and targets is not None:
-            dn = build_contrastive_denoising(
-                targets, self.num_classes, num_matching, options.num_denoising, options.dn_label_noise_ratio, options.dn_box_noise_scale
-            )
+        if self.training and self.denoising is not None and targets is not None:
+            dn = self.denoising(targets, self.num_classes, num_matching)
         P = dn.meta.pad_size if dn is not None else 0
         sampled: list[tuple[Tensor, Tensor]] = []
         # the last decoder layer's cross-attention: where it looked (the paper's figure)
@@ -383,7 +336,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
         with recording_sampling(last_cross_attn, sampled) if need_weights else contextlib.nullcontext():
             if P:
                 queries = self._with_denoising(queries, dn)
-                attn_mask = query_groups.self_attn_mask(P, dn.meta.group_size, num_matching, groups, images.device)
+                attn_mask = self_attn_mask(P, dn.meta.group_size, num_matching, groups, images.device)
                 dec = self.decode(queries, enc, attn_mask, after_layer=distinct)
             else:
                 # without denoising queries the groups are folded into the batch: no mask needed
@@ -438,7 +391,8 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 
 
 def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
-    return build_model(DeformableDETR, cfg, **kwargs)
+    # the flat keyword arguments become the model's parts here, and only here
+    return build_model(partial(build_deformable_detr, DeformableDETR), cfg, **kwargs)
 
 
 @register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)

@@ -286,6 +286,30 @@ def build_contrastive_denoising(
     return DenoisingQueries(out_labels, out_boxes, attn_mask, meta)
 
 
+@dataclass(frozen=True)
+class ContrastiveDenoising:
+    """DINO's denoising query generator, a part injected into
+    :class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR` (``denoising=``): called in training with the
+    batch's targets, it gives the queries of :func:`build_contrastive_denoising` at these settings.
+
+    Args:
+        num_denoising: positive slots per batch (DINO's ``dn_number``, > 0).
+        label_noise_ratio, box_noise_scale: DINO's 0.5 and 0.4.
+    """
+
+    num_denoising: int = 100
+    label_noise_ratio: float = 0.5
+    box_noise_scale: float = 0.4
+
+    def __post_init__(self) -> None:
+        if self.num_denoising < 1:
+            raise ValueError(f"ContrastiveDenoising: num_denoising must be >= 1 (no denoising: pass denoising=None), got {self.num_denoising}")
+
+    def __call__(self, targets: Sequence[Mapping[str, Tensor]], num_classes: int, num_queries: int) -> DenoisingQueries:
+        return build_contrastive_denoising(targets, num_classes, num_queries, self.num_denoising, self.label_noise_ratio,
+                                           self.box_noise_scale)
+
+
 def denoising_match_indices(meta: DenoisingMeta) -> list[tuple[Tensor, Tensor]]:
     """The fixed assignment of the denoising loss, in a Hungarian matcher's form.
 
@@ -336,6 +360,7 @@ def split_denoising_outputs(outputs: Mapping[str, object], meta: DenoisingMeta) 
 
 
 __all__ = [
+    "ContrastiveDenoising",
     "DenoisingMeta",
     "DenoisingQueries",
     "build_contrastive_denoising",

@@ -24,8 +24,11 @@ Parameter counts with 91 classes equal the original's: 46,893,182 (4-scale) and 
 """
 from __future__ import annotations
 
+from functools import partial
+
 from visiontf.models._registry import register_model
 from visiontf.models.contract import ModelCfg, build_model
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict
 
@@ -67,7 +70,7 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 
 
 def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
-    return build_model(DeformableDETR, cfg, **kwargs)
+    return build_model(partial(build_deformable_detr, DeformableDETR), cfg, **kwargs)
 
 
 @register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)

@@ -19,9 +19,11 @@ only ``backbone`` and what it implies differ.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 from visiontf.models._registry import register_model
 from visiontf.models.contract import ModelCfg, build_model
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.dino import DINO_OPTIONS, ORIGINAL_CODE
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict
@@ -47,7 +49,7 @@ def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
     if variant is not None and kwargs.get("backbone", base["backbone"]) == base["backbone"]:
         # the variant's backbone settings, a config's backbone_kwargs on top (another backbone: none of them)
         base["backbone_kwargs"] = {**variant, **(kwargs.pop("backbone_kwargs", None) or {})}
-    return build_model(DeformableDETR, dataclasses.replace(cfg, kwargs=base), **kwargs)
+    return build_model(partial(build_deformable_detr, DeformableDETR), dataclasses.replace(cfg, kwargs=base), **kwargs)
 
 
 @register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)

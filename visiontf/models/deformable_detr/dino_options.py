@@ -35,7 +35,7 @@ class DinoOptions:
         num_query_groups: Group DETR (Chen et al., 2023): in training, G groups of
             ``num_queries`` queries, each matched one-to-one to the targets on its own and
             attending only to itself (the groups are folded into the batch for self-attention,
-            or masked: :mod:`visiontf.models.deformable_detr.query_groups`); inference uses the first group only.
+            or masked: :func:`visiontf.models.deformable_detr.queries.self_attn_mask`); inference uses the first group only.
             Learned queries get G sets of embeddings; with mixed query selection every group
             starts from the same selected anchors and has its own content queries. RF-DETR trains
             with 13 groups.

@@ -4,10 +4,16 @@ One step of the model's forward (after :meth:`~visiontf.models.deformable_detr.d
 before the decoder): learned queries, the original two-stage's encoder proposals, DINO's mixed
 query selection (anchors from the top proposals, learned content queries), each repeated for
 Group DETR's groups, and DINO's denoising queries placed before them.
+
+Which queries may attend to which (:func:`self_attn_mask`): the decoder's self-attention input is the
+denoising queries (DINO's contrastive denoising, in groups of ``dn_group_size``) followed by the matching
+queries (Group DETR: ``num_groups`` groups of equal size, the first the inference set). Without denoising
+the decoder folds the matching groups into the batch instead, and needs no mask.
 """
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 from torchvision.ops import batched_nms, box_convert
 
 from visiontf.models.deformable_detr.denoising import DenoisingQueries
@@ -110,3 +116,20 @@ class DeformableQueries:
         if queries["query_pos"] is not None:  # pure two-stage: positions from the boxes, as its proposals'
             out["query_pos"] = torch.cat([self.transformer.proposal_queries(reference)[0], queries["query_pos"]], 1)
         return out
+
+
+def self_attn_mask(num_denoising_queries: int, dn_group_size: int, num_matching: int, num_groups: int, device=None) -> Tensor:
+    """Bool (N, N) decoder self-attention mask, True = may attend, N = denoising + matching queries.
+
+    Each denoising group sees itself and the matching queries; matching queries see only their
+    own Group DETR group, never a denoising query (they would read the answer; DINO's mask).
+    """
+    P = num_denoising_queries
+    dn_group = torch.arange(P, device=device) // max(dn_group_size, 1)
+    # the denoising groups' count from the sizes, not from dn_group (reading a CUDA tensor waits for the GPU)
+    dn_groups = (P - 1) // max(dn_group_size, 1) + 1 if P else 0
+    match_group = torch.arange(num_matching, device=device) // (num_matching // num_groups) + dn_groups
+    group = torch.cat([dn_group, match_group])
+    allowed = group[:, None] == group[None, :]
+    allowed[:P, P:] = True
+    return allowed

@@ -12,12 +12,14 @@ its initialisation (``freeze_detector`` trains it alone).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
 from visiontf.models.contract import ModelCfg, build_model
+from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.dino import DEFAULT_CFGS as DINO_CFGS
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict as dino_convert
@@ -37,7 +39,7 @@ class DeformableDETRSegm(DeformableDETR):
         stem_channels: channels of the stride-4 stem.
         freeze_detector, mask_threshold, panoptic_threshold, thing_classes, min_area: as
             :class:`~visiontf.models.detr.segm.DETRSegm`.
-        **kwargs: :class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR`'s (three or more feature levels
+        *args, **kwargs: :class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR`'s parts and options (three or more feature levels
             from the backbone, strides 8, 16, 32; no query groups).
     """
 
@@ -138,4 +140,4 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 @register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
 def dino_tiny_masks(**kwargs) -> DeformableDETRSegm:
     """``dino_tiny`` with DETR's mask head over its multi-scale memory (instance masks; panoptic with ``thing_classes``)."""
-    return build_model(DeformableDETRSegm, DEFAULT_CFGS["dino_tiny_masks"], **kwargs)
+    return build_model(partial(build_deformable_detr, DeformableDETRSegm), DEFAULT_CFGS["dino_tiny_masks"], **kwargs)
