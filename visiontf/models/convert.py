@@ -4,7 +4,7 @@
 * :func:`strip_prefix`: a wrapper's prefix (DDP's ``module.``) off every key, when every key has it;
 * :func:`drop_batchnorm_counters`: BatchNorm's ``num_batches_tracked`` (frozen BatchNorm has none);
 * :func:`fuse_qkv`: HF's separate ``q_proj``/``k_proj``/``v_proj`` into the fused ``qkv`` of visiontf's attention;
-* :func:`hf_resnet_name`: HF ``ResNetModel`` names to torchvision's;
+* :func:`hf_resnet_name`, :func:`hf_backbone_rules`: HF ``ResNetModel`` names to torchvision's;
 * :func:`detr_family_format`: which of the DETR family's layouts (original, HF, visiontf) a state dict is in.
 """
 from __future__ import annotations
@@ -87,6 +87,21 @@ def hf_resnet_name(m: re.Match, prefix: str = "backbone.body.") -> str:
     rest = re.sub(r"^layer\.(\d+)\.convolution\.", lambda k: f"conv{int(k.group(1)) + 1}.", rest)
     rest = re.sub(r"^layer\.(\d+)\.normalization\.", lambda k: f"bn{int(k.group(1)) + 1}.", rest)
     return f"{prefix}layer{stage + 1}.{block}.{rest}"
+
+
+#: an HF DETR-family checkpoint's backbone (``model.backbone.[conv_encoder.]model.``)
+HF_BACKBONE = r"^model\.backbone\.(?:conv_encoder\.)?model\."
+
+
+def hf_backbone_rules() -> Rules:
+    """HF DETR-family backbone names -> visiontf's ``backbone.body.*``: an HF ``ResNetBackbone`` (``embedder``,
+    ``encoder.stages``) or a timm ResNet (torchvision's names already)."""
+    return [
+        (HF_BACKBONE + r"embedder\.embedder\.convolution\.(.*)$", r"backbone.body.conv1.\1"),
+        (HF_BACKBONE + r"embedder\.embedder\.normalization\.(.*)$", r"backbone.body.bn1.\1"),
+        (HF_BACKBONE + r"encoder\.stages\.(\d+)\.layers\.(\d+)\.(.*)$", hf_resnet_name),
+        (HF_BACKBONE + r"(.*)$", r"backbone.body.\1"),
+    ]
 
 
 def detr_family_format(state: dict[str, Tensor], hf_prefixes: tuple[str, ...]) -> str:

@@ -29,7 +29,7 @@ from visiontf.models.convert import (
     detr_family_format,
     drop_batchnorm_counters,
     fuse_qkv,
-    hf_resnet_name,
+    hf_backbone_rules,
     rename,
     strip_prefix,
 )
@@ -61,14 +61,10 @@ ORIGINAL_RULES: Rules = [
     (r"^(input_proj|query_embed|class_embed|bbox_embed)\.(.*)$", r"\1.\2"),
 ]
 
-_HF_BACKBONE = r"^model\.backbone\.(?:conv_encoder\.)?model\."
 _HF_ENC = r"^model\.encoder\.layers\.(\d+)\."
 _HF_DEC = r"^model\.decoder\.layers\.(\d+)\."
 _HF_RULES: Rules = [
-    (_HF_BACKBONE + r"embedder\.embedder\.convolution\.(.*)$", r"backbone.body.conv1.\1"),
-    (_HF_BACKBONE + r"embedder\.embedder\.normalization\.(.*)$", r"backbone.body.bn1.\1"),
-    (_HF_BACKBONE + r"encoder\.stages\.(\d+)\.layers\.(\d+)\.(.*)$", hf_resnet_name),
-    (_HF_BACKBONE + r"(.*)$", r"backbone.body.\1"),  # timm ResNet: torchvision's names
+    *hf_backbone_rules(),
     (r"^model\.input_proj\.(.*)$", r"input_proj.\1"),
     (r"^model\.query_position_embeddings\.(.*)$", r"query_embed.\1"),
     (r"^model\.(level_embed|reference_points\..*|enc_output\..*|enc_output_norm\..*|pos_trans\..*|pos_trans_norm\..*)$", r"transformer.\1"),

@@ -26,7 +26,7 @@ from visiontf.models.convert import (
     detr_family_format,
     drop_batchnorm_counters,
     fuse_qkv,
-    hf_resnet_name,
+    hf_backbone_rules,
     rename,
     rename_state,
     strip_prefix,
@@ -54,14 +54,10 @@ _ORIGINAL_RULES: Rules = [
 ]
 
 
-_HF_BACKBONE = r"^model\.backbone\.(?:conv_encoder\.)?model\."
 _HF_LAYER = r"^model\.(encoder|decoder)\.layers\.(\d+)\."
 
 _HF_RULES: Rules = [
-    (_HF_BACKBONE + r"embedder\.embedder\.convolution\.(.*)$", r"backbone.body.conv1.\1"),
-    (_HF_BACKBONE + r"embedder\.embedder\.normalization\.(.*)$", r"backbone.body.bn1.\1"),
-    (_HF_BACKBONE + r"encoder\.stages\.(\d+)\.layers\.(\d+)\.(.*)$", hf_resnet_name),
-    (_HF_BACKBONE + r"(.*)$", r"backbone.body.\1"),  # timm ResNet: torchvision's names
+    *hf_backbone_rules(),
     (r"^model\.(?:backbone\.)?position_embedding\.row_embeddings\.(.*)$", r"position_embedding.row_embed.\1"),
     (r"^model\.(?:backbone\.)?position_embedding\.column_embeddings\.(.*)$", r"position_embedding.col_embed.\1"),
     (r"^model\.input_projection\.(.*)$", r"input_proj.\1"),
