@@ -13,7 +13,7 @@ import torch
 
 import visiontf
 from visiontf.models import create_model
-from visiontf.models.backbones.backbone import build_backbone
+from visiontf.models.backbones.build import build_backbone
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr.build import build_deformable_detr, build_deformable_transformer, level_projections
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
