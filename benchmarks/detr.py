@@ -36,7 +36,7 @@ from benchmarks.reference_detr import OriginalDETR  # noqa: E402
 from visiontf.detection import HungarianMatcher, SetCriterion  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
 from visiontf.models.detr.convert import convert_state_dict  # noqa: E402
-from visiontf.models.detr.detr import DETR  # noqa: E402
+from visiontf.models.detr.detr import DETR, build_detr  # noqa: E402
 
 NUM_CLASSES = 91  # COCO layout, as the published models
 #: (batch, height, width) per mode; "tiny" is the smoke test's size with a small model
@@ -93,8 +93,8 @@ def _ours(tiny: bool, channels_last: bool | None) -> DETR:
     """``detr_resnet50`` as the registry builds it (channels-last, folded frozen BN), dropout off."""
     kw = {} if channels_last is None else {"channels_last": channels_last}
     if tiny:
-        return DETR(num_classes=NUM_CLASSES, dropout=0.0, backbone="resnet18", hidden_dim=64, nheads=4, enc_layers=1,
-                    dec_layers=1, dim_feedforward=96, num_queries=10, **kw)
+        return build_detr(DETR, num_classes=NUM_CLASSES, dropout=0.0, backbone="resnet18", hidden_dim=64, nheads=4, enc_layers=1,
+                          dec_layers=1, dim_feedforward=96, num_queries=10, **kw)
     return create_model("detr_resnet50", num_classes=NUM_CLASSES, dropout=0.0, **kw)
 
 

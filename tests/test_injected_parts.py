@@ -1,4 +1,4 @@
-"""Detectors built from injected parts (issue 40 item 5): ``DeformableDETR`` takes a backbone, a position
+"""Detectors built from injected parts: ``DeformableDETR`` takes a backbone, a position
 embedding, a neck, the transformer and the denoising generator; the registered names' builder makes them
 from the flat keyword arguments of ``DEFAULT_CFGS``, configs and checkpoints.
 
@@ -105,3 +105,36 @@ def test_a_config_swaps_the_backbone_and_neck_with_flat_keywords(tmp_path):
     images = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(model(images)["pred_boxes"], again(images)["pred_boxes"])
+
+
+def test_detr_takes_its_parts_and_its_builder_the_flat_keywords():
+    from visiontf.models.detr.detr import DETR, DetrTransformer, build_detr
+    from visiontf.models.detr.segm import DETRSegm
+
+    params = inspect.signature(DETR.__init__).parameters
+    assert len(params) <= 12 and list(params)[1:5] == ["backbone", "position_embedding", "input_proj", "transformer"], list(params)
+    flat = dict(num_classes=3, backbone="resnet18", hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=48,
+                num_queries=6, dropout=0.0)
+    torch.manual_seed(0)
+    by_name = build_detr(DETR, **flat)
+    torch.manual_seed(0)
+    backbone = build_backbone("resnet18")
+    parts = DETR(backbone, PositionEmbeddingSine2d(16, normalize=True), torch.nn.Conv2d(backbone.num_channels, 32, 1),
+                 DetrTransformer(32, 2, 1, 2, 48, 0.0), num_classes=3, num_queries=6)
+    a, b = by_name.state_dict(), parts.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)  # the original's order of construction
+    images = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(by_name.eval()(images)["pred_boxes"], parts.eval()(images)["pred_boxes"])
+    # the registered names go through the builder: create_model's keywords are the flat ones
+    model = create_model("detr_tiny", num_classes=3, backbone="resnet18", num_queries=7)
+    assert model.num_queries == 7 and model.model_kwargs == {"num_classes": 3, "backbone": "resnet18", "num_queries": 7}
+    with pytest.raises(ValueError, match="input_proj maps"):
+        DETR(backbone, PositionEmbeddingSine2d(16, normalize=True), torch.nn.Conv2d(64, 32, 1), DetrTransformer(32, 2, 1, 1, 48, 0.0))
+    with pytest.raises(TypeError, match="build_detr or create_model"):
+        DETR("resnet18", None, None, DetrTransformer(32, 2, 1, 1, 48, 0.0))
+    # the mask model needs the backbone's four stages; the builder asks for them
+    with pytest.raises(ValueError, match="out_indices"):
+        DETRSegm(backbone, PositionEmbeddingSine2d(16, normalize=True), torch.nn.Conv2d(backbone.num_channels, 32, 1),
+                 DetrTransformer(32, 2, 1, 1, 48, 0.0), num_classes=3, num_queries=6)
+    assert len(build_detr(DETRSegm, **{**flat, "hidden_dim": 128}, mask_heads=8).backbone.channels) == 4

@@ -8,8 +8,9 @@ HuggingFace ``DetrForObjectDetection`` weights load through :mod:`visiontf.model
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -106,22 +107,22 @@ DETECTION_CFG = PretrainedCfg(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_S
 class DETR(BackboneLayerDepth, Detector):
     """DEtection TRansformer: CNN backbone, transformer encoder-decoder, set-prediction heads.
 
+    Built from its parts, as the original's ``DETR(backbone, transformer, num_classes, num_queries,
+    aux_loss)``; :func:`build_detr` makes them from the flat keyword arguments of ``DEFAULT_CFGS``,
+    configs and checkpoints (what ``create_model`` calls).
+
     Args:
+        backbone: a :class:`~visiontf.models.backbones.backbone.Backbone` returning the maps of
+            :attr:`backbone_stages` (DETR reads the last).
+        position_embedding: the 2D position embedding of the feature map (padding mask (B, h, w) ->
+            (B, hidden_dim, h, w)): sine or learned.
+        input_proj: the 1x1 convolution from the backbone's last map to the transformer's width.
+        transformer: a :class:`DetrTransformer`; its ``d_model`` is the model's ``hidden_dim``.
         num_classes: object classes; the class head has ``num_classes + 1`` outputs, the last
             being "no object" (the original's convention: COCO uses 91 = max category id + 1;
             visiontf's tasks pass the number of dataset categories with contiguous labels).
-        backbone: ``"resnet18|34|50|101"``, ``"timm:<name>"``, a visiontf ViT, ``"simplefpn:<ViT>"``, a
-            DINO Swin name, or a :class:`~visiontf.models.backbones.backbone.Backbone` (see
-            :func:`~visiontf.models.backbones.build.build_backbone`); DETR reads its last map.
-        backbone_kwargs: more options of the backbone (``out_indices``, ``frozen_stages``, timm's
-            ``create_model`` keywords, the simple feature pyramid's); see ``build_backbone``.
-        dilation: DC5 (dilated last stage).
-        position_embedding: ``"sine"`` (the default of the published models) or ``"learned"``.
+        num_queries: object queries (detections per image).
         aux_loss: return the predictions of every decoder layer but the last in ``aux_outputs``.
-        backbone_pretrained: None, a local ImageNet checkpoint, or True (torchvision download).
-        train_backbone: False freezes the whole backbone.
-        channels_last: run the backbone in channels-last memory format.
-        frozen_bn, freeze_stem: see :func:`~visiontf.models.backbones.build.build_backbone`; both True (the paper) by default.
         pretrained_cfg: eval settings over :data:`DETECTION_CFG`.
     """
 
@@ -136,50 +137,38 @@ class DETR(BackboneLayerDepth, Detector):
 
     def __init__(
         self,
+        backbone: Backbone,
+        position_embedding: nn.Module,
+        input_proj: nn.Conv2d,
+        transformer: DetrTransformer,
         num_classes: int = 91,
-        backbone: str | Backbone = "resnet50",
-        dilation: bool = False,
-        hidden_dim: int = 256,
-        nheads: int = 8,
-        enc_layers: int = 6,
-        dec_layers: int = 6,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
         num_queries: int = 100,
-        position_embedding: str = "sine",
         aux_loss: bool = True,
-        backbone_pretrained: bool | str | Path | None = None,
-        train_backbone: bool = True,
-        channels_last: bool = False,
-        frozen_bn: bool = True,
-        freeze_stem: bool = True,
         pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
-        backbone_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        if not isinstance(backbone, Backbone):
+            raise TypeError(f"backbone must be a visiontf.models.backbones.backbone.Backbone, got {type(backbone).__name__} "
+                            "(a name such as 'resnet50' goes to build_detr or create_model)")
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1 (object classes, without 'no object'), got {num_classes}")
-        if hidden_dim % 2:
-            raise ValueError(f"hidden_dim must be even for the 2D position embedding, got {hidden_dim}")
+        hidden_dim = transformer.d_model
+        if input_proj.in_channels != backbone.num_channels or input_proj.out_channels != hidden_dim:
+            raise ValueError(f"input_proj maps {input_proj.in_channels} -> {input_proj.out_channels} channels, but the backbone's "
+                             f"last map has {backbone.num_channels} and the transformer is {hidden_dim} wide")
+        if self.backbone_stages is not None and len(backbone.channels) != len(self.backbone_stages):
+            raise ValueError(f"{type(self).__name__} reads the backbone stages {self.backbone_stages}, but the backbone returns "
+                             f"{len(backbone.channels)} maps (build it with out_indices={self.backbone_stages})")
         self.num_classes = num_classes
         self.num_queries = num_queries
         self.hidden_dim = hidden_dim
         self.aux_loss = aux_loss
         # every query a detection, as the original; replaceable at evaluation: visiontf.detection.set_postprocess
         self.postprocess_options = PostprocessOptions()
-        options = dict(backbone_kwargs or {})
-        if self.backbone_stages is not None:  # a mask head's FPN reads the finer stages too
-            options.setdefault("out_indices", self.backbone_stages)
-        self.backbone = build_backbone(backbone, dilation=dilation, train_backbone=train_backbone, pretrained=backbone_pretrained,
-                                       channels_last=channels_last, frozen_bn=frozen_bn, freeze_stem=freeze_stem, **options)
-        if position_embedding in ("sine", "v2"):
-            self.position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True)
-        elif position_embedding in ("learned", "v3"):
-            self.position_embedding = PositionEmbeddingLearned2d(hidden_dim // 2)
-        else:
-            raise ValueError(f"position_embedding must be 'sine' or 'learned', got {position_embedding!r}")
-        self.input_proj = nn.Conv2d(self.backbone.num_channels, hidden_dim, kernel_size=1)
-        self.transformer = DetrTransformer(hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout)
+        self.backbone = backbone
+        self.position_embedding = position_embedding
+        self.input_proj = input_proj
+        self.transformer = transformer
         self.query_embed = nn.Embedding(num_queries, hidden_dim)
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
         self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
@@ -264,6 +253,72 @@ class DETR(BackboneLayerDepth, Detector):
                 "feature_size": (int(h), int(w)), "enc_attn": out["enc_attn"], "dec_attn": out["dec_attn"]}
 
 
+M = TypeVar("M", bound=DETR)
+
+
+def build_detr(
+    model_cls: type[M],
+    num_classes: int = 91,
+    backbone: str | Backbone = "resnet50",
+    dilation: bool = False,
+    hidden_dim: int = 256,
+    nheads: int = 8,
+    enc_layers: int = 6,
+    dec_layers: int = 6,
+    dim_feedforward: int = 2048,
+    dropout: float = 0.1,
+    num_queries: int = 100,
+    position_embedding: str = "sine",
+    aux_loss: bool = True,
+    backbone_pretrained: bool | str | Path | None = None,
+    train_backbone: bool = True,
+    channels_last: bool = False,
+    frozen_bn: bool = True,
+    freeze_stem: bool = True,
+    pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
+    backbone_kwargs: Mapping[str, Any] | None = None,
+    **model_kwargs: Any,
+) -> M:
+    """``model_cls`` (:class:`DETR` or a subclass) from flat keyword arguments: the one reader of them.
+
+    Args:
+        backbone: ``"resnet18|34|50|101"``, ``"timm:<name>"``, a visiontf ViT, ``"simplefpn:<ViT>"``, a
+            DINO Swin name, or a :class:`~visiontf.models.backbones.backbone.Backbone` (see
+            :func:`~visiontf.models.backbones.build.build_backbone`).
+        backbone_kwargs: more options of the backbone (``out_indices``, ``frozen_stages``, timm's
+            ``create_model`` keywords, the simple feature pyramid's); see ``build_backbone``.
+        dilation: DC5 (dilated last stage).
+        hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout: the transformer's.
+        position_embedding: ``"sine"`` (the default of the published models) or ``"learned"``.
+        backbone_pretrained: None, a local ImageNet checkpoint, or True (torchvision download).
+        train_backbone: False freezes the whole backbone.
+        channels_last: run the backbone in channels-last memory format.
+        frozen_bn, freeze_stem: see :func:`~visiontf.models.backbones.build.build_backbone`; both True (the paper) by default.
+        num_classes, num_queries, aux_loss, pretrained_cfg, model_kwargs: to ``model_cls``.
+
+    The parts are made in the order the original makes them (backbone, position embedding,
+    projection, transformer; the model then its queries and heads), so a seed gives the same weights.
+    """
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1 (object classes, without 'no object'), got {num_classes}")
+    if hidden_dim % 2:
+        raise ValueError(f"hidden_dim must be even for the 2D position embedding, got {hidden_dim}")
+    options = dict(backbone_kwargs or {})
+    if model_cls.backbone_stages is not None:  # a mask head's FPN reads the finer stages too
+        options.setdefault("out_indices", model_cls.backbone_stages)
+    body = build_backbone(backbone, dilation=dilation, train_backbone=train_backbone, pretrained=backbone_pretrained,
+                          channels_last=channels_last, frozen_bn=frozen_bn, freeze_stem=freeze_stem, **options)
+    if position_embedding in ("sine", "v2"):
+        pos: nn.Module = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True)
+    elif position_embedding in ("learned", "v3"):
+        pos = PositionEmbeddingLearned2d(hidden_dim // 2)
+    else:
+        raise ValueError(f"position_embedding must be 'sine' or 'learned', got {position_embedding!r}")
+    input_proj = nn.Conv2d(body.num_channels, hidden_dim, kernel_size=1)
+    transformer = DetrTransformer(hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout)
+    return model_cls(body, pos, input_proj, transformer, num_classes, num_queries, aux_loss, pretrained_cfg, **model_kwargs)
+
+
 # channels-last: about 20 % faster convolutions on CPU (oneDNN) and on tensor cores; docs/benchmarks.md
 _CL = dict(channels_last=True)
 _TAGS = ("detection", "detr")
@@ -283,7 +338,7 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 
 
 def _create(name: str, **kwargs) -> DETR:
-    return build_model(DETR, DEFAULT_CFGS[name], **kwargs)
+    return build_model(partial(build_detr, DETR), DEFAULT_CFGS[name], **kwargs)
 
 
 def _original(name: str):

@@ -10,13 +10,14 @@ trains alone on the frozen detector (``freeze_detector=True``, its ``--frozen_we
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model, torch_hub_state_dict
 from visiontf.models.contract import ModelCfg, PretrainedCfg, build_model
 from visiontf.models.detr.convert import convert_state_dict
-from visiontf.models.detr.detr import DETR
+from visiontf.models.detr.detr import DETR, build_detr
 from visiontf.models.detr.mask_head import MaskHeadSmallConv, MHAttentionMap
 from visiontf.models.mask_options import MaskOptions
 
@@ -36,7 +37,8 @@ class DETRSegm(DETR):
         mask_threshold, panoptic_threshold, thing_classes, min_area: post-processing settings
             (:class:`~visiontf.models.mask_options.MaskOptions`); ``thing_classes`` None makes
             instance masks only, a list of class indices also panoptic segments.
-        **kwargs: :class:`~visiontf.models.detr.detr.DETR`'s arguments.
+        *args, **kwargs: :class:`~visiontf.models.detr.detr.DETR`'s parts and arguments (:func:`~visiontf.models.detr.detr.build_detr`
+            makes them from flat keyword arguments).
     """
 
     #: layer1..layer4: the mask head's FPN reads layer3, layer2, layer1
@@ -113,7 +115,7 @@ _TAGS = ("detection", "detr")
 
 
 def _create(name: str, **kwargs) -> DETRSegm:
-    return build_model(DETRSegm, DEFAULT_CFGS[name], **kwargs)
+    return build_model(partial(build_detr, DETRSegm), DEFAULT_CFGS[name], **kwargs)
 
 
 def _original(name: str):
