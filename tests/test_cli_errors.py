@@ -93,7 +93,7 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
             f"--out {tmp_path}: the folder is not empty; remove it or give a new folder",
         ("make_synthetic.py", "--task", "detector", "--out", tmp_path / "d"):
             "argument --task: invalid choice: 'detector' (choose from "
-            f"{', '.join(repr(t) for t in sorted([*TASKS, 'photos']))}) (see make_synthetic.py --help)",
+            f"{', '.join(repr(t) for t in sorted([*TASKS, 'panoptic', 'photos']))}) (see make_synthetic.py --help)",
         ("make_synthetic.py", "--task", "photos", "--out", tmp_path / "d", "--num_classes", "3"):
             "--num_classes: the photos set has no such setting",
         ("plot_logs.py", tmp_path / "no_run"): f"{tmp_path / 'no_run'}: neither a metrics.csv nor a run folder",
