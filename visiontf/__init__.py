@@ -1,7 +1,7 @@
 """visiontf: vision transformers as plain nn.Modules and Lightning tasks.
 
-Classification (ViT, DeiT), detection (DETR; Deformable DETR and the DINO line; DETR's mask head for
-panoptic and instance segmentation is being added), semantic segmentation (SETR), restoration (IPT)
+Classification (ViT, DeiT), detection (DETR; Deformable DETR and the DINO line), panoptic and instance
+segmentation (DETR's mask head), semantic segmentation (SETR), restoration (IPT)
 and generation (the VQGAN tokenizer and its GPT), loading the original checkpoints.
 
 The top-level names are resolved lazily so that light entry points (for example evaluating a
