@@ -107,15 +107,15 @@ def test_results_with_nan_or_negative_scores_or_boxes_are_refused_naming_the_ent
 
 
 def test_nan_scores_scored_silently_wrong_before(gt):
-    """What the refusal prevents: pycocotools sorts a NaN score last, so a false positive with a NaN
+    """What the refusal prevents (the first of the 12 stats, AP): pycocotools sorts a NaN score last, so a false positive with a NaN
     score stops costing precision (the tester's AP 1.000, 0.500 with the real score)."""
     from visiontf.evaluation.coco import _run_pycocotools
 
     dets = [{"image_id": 1, "category_id": 1, "bbox": [10, 10, 30, 30], "score": 0.5},
             {"image_id": 1, "category_id": 1, "bbox": [60, 60, 30, 30], "score": float("nan")}]
-    assert _run_pycocotools(gt, [dict(d) for d in dets], "bbox", None)[0] == pytest.approx(1.0)
+    assert _run_pycocotools(gt, [dict(d) for d in dets], "bbox", None)[0][0] == pytest.approx(1.0)
     dets[1]["score"] = 0.9
-    assert _run_pycocotools(gt, [dict(d) for d in dets], "bbox", None)[0] == pytest.approx(0.5, abs=0.01)
+    assert _run_pycocotools(gt, [dict(d) for d in dets], "bbox", None)[0][0] == pytest.approx(0.5, abs=0.01)
 
 
 def test_results_cli_names_the_entry_and_exits_2(gt, tmp_path, capsys):
