@@ -41,7 +41,7 @@ VQGAN = ["--config", "configs/vqgan/vqgan_tiny.yaml", "--data.init_args.crop_siz
          "--model.init_args.model_kwargs={ch: 32, ch_mult: [1, 2], num_res_blocks: 1, attn_resolutions: [], n_embed: 16, "
          "embed_dim: 4, z_channels: 32, resolution: 16, quantizer_kwargs: {kmeans_init: true, restart_dead_codes: true, "
          "dead_code_threshold: 0.03}}",
-         "--model.init_args.disc_ndf=8", "--model.init_args.disc_layers=2", "--model.init_args.disc_start=3",
+         "--model.init_args.disc_ndf=8", "--model.init_args.disc_layers=2", "--model.init_args.disc_start=1",  # the discriminator trains (its optimiser has moments) across the kill
          "--trainer.precision=32-true", "--trainer.check_val_every_n_epoch=1", "--trainer.callbacks=[]"]
 
 
@@ -108,8 +108,8 @@ def _assert_same_state(full: dict, resumed: dict) -> None:
 def test_kill_during_a_checkpoint_write_then_resume_is_bitwise_exact(task, photos, tmp_path):
     run(_args(task, photos, tmp_path / "full"), timeout=900)  # a loaded shared machine: minutes
     full = safe_torch_load(tmp_path / "full" / "checkpoints" / "last.ckpt")
-    steps_per_epoch = full["global_step"] // EPOCHS
-    assert steps_per_epoch >= 1 and full["global_step"] == EPOCHS * steps_per_epoch
+    # the tokenizer's global step counts both optimizers' steps (the discriminator's from disc_start): count epochs
+    assert full["epoch"] == EPOCHS - 1 and full["global_step"] >= EPOCHS
 
     killed = tmp_path / "killed"
     folder = killed / "checkpoints"
@@ -126,7 +126,7 @@ def test_kill_during_a_checkpoint_write_then_resume_is_bitwise_exact(task, photo
     assert all(n.endswith(".ckpt") for n in names if n not in temporaries), names
     # every file under a checkpoint's name is complete (safe_torch_load checks every record), never a partial one
     states = {n: safe_torch_load(folder / n) for n in names if n not in temporaries}
-    assert states["last.ckpt"]["global_step"] in (steps_per_epoch, 2 * steps_per_epoch)
+    assert states["last.ckpt"]["epoch"] in (0, 1)  # written after the first or the second epoch, before the last
 
     run([*_args(task, photos, killed), "--ckpt_path=last"], timeout=900)
     assert not [n for n in os.listdir(folder) if _TEMPORARY.fullmatch(n)], "the killed write's temporary file is left"
