@@ -43,7 +43,7 @@ TASK_TABLE: dict[str, TaskRow] = {
     "detection": TaskRow(
         adapter="visiontf.adapters.detection:DetectionAdapter",
         modules=("visiontf.tasks.detection.DetectionTask",),
-        data_modules=("visiontf.data.coco.CocoDataModule",),
+        data_modules=("visiontf.data.coco.CocoDataModule", "visiontf.data.coco_panoptic.CocoPanopticDataModule"),
         model_kinds=("visiontf.models.contract.Detector",),
         synthetic="visiontf.data.synthetic.detection:make_detection_dataset"),
     "segmentation": TaskRow(
