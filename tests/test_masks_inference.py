@@ -124,7 +124,8 @@ def test_dino_mask_model_trains_with_denoising_and_sigmoid_panoptic():
     assert all(n.startswith(MASK_HEAD_PREFIXES) for n, p in model.named_parameters() if p.requires_grad)
     images, targets = _shapes_batch()
     out = model(images, targets=targets)
-    assert out["pred_masks"].shape[1] == 10 and "dn_outputs" in out  # masks of the matching queries only
+    # masks of the matching queries only (a training forward leaves them to the loss: the matched ones)
+    assert out["mask_logits_of"].num_queries == 10 and "dn_outputs" in out and "pred_masks" not in out
     terms = build_criterion(model, 2)(out, targets)
     assert terms["loss_mask"] > 0 and terms["loss_dice"] > 0
     terms["loss"].backward()

@@ -41,6 +41,7 @@ from visiontf.detection.losses import ia_bce_loss, matchability_aware_loss, vari
 from visiontf.detection.mask_losses import loss_masks
 from visiontf.detection.matcher import HungarianMatcher, Indices
 from visiontf.models.deformable_detr.denoising import denoising_match_indices
+from visiontf.models.matched_masks import MASK_LOGITS_OF
 
 logger = logging.getLogger(__name__)
 
@@ -299,8 +300,9 @@ class SetCriterion(nn.Module):
         return indices
 
     def _losses_for(self, outputs: Mapping[str, object]) -> list[str]:
-        """The terms of ``self.losses`` that ``outputs`` can give (mask losses need ``pred_masks``)."""
-        return [name for name in self.losses if name != "masks" or "pred_masks" in outputs]
+        """The terms of ``self.losses`` that ``outputs`` can give (mask losses need ``pred_masks`` or a
+        training forward's ``mask_logits_of``)."""
+        return [name for name in self.losses if name != "masks" or "pred_masks" in outputs or MASK_LOGITS_OF in outputs]
 
     def _add_denoising(self, dn_outputs, meta, targets, num_boxes: float, add, terms: dict[str, Tensor]) -> None:
         """Denoising terms: fixed assignment of the positive queries, ``num_boxes * dn_groups`` normaliser."""

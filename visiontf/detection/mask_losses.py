@@ -16,6 +16,7 @@ from torch import Tensor
 from torchvision.ops import sigmoid_focal_loss
 
 from visiontf.detection.matcher import Indices
+from visiontf.models.matched_masks import MASK_LOGITS_OF
 
 __all__ = ["MASK_LOSS_WEIGHTS", "dice_loss", "loss_masks", "mask_focal_loss"]
 
@@ -55,14 +56,20 @@ def _target_masks(targets: Sequence[Mapping[str, Tensor]], indices: Indices, dev
 
 def loss_masks(outputs: Mapping[str, Tensor], targets: Sequence[Mapping[str, Tensor]], indices: Indices,
                num_boxes: float) -> dict[str, Tensor]:
-    """``loss_mask`` (focal) and ``loss_dice`` of the matched queries' ``pred_masks`` (B, Q, h, w).
+    """``loss_mask`` (focal) and ``loss_dice`` of the matched queries' ``pred_masks`` (B, Q, h, w), or of
+    the masks a training forward's ``mask_logits_of`` makes for them
+    (:class:`~visiontf.models.matched_masks.MatchedMaskLogits`: the same values).
 
     Targets hold ``masks`` (n_i, h_i, w_i) in {0, 1} at their image's size (before padding)."""
-    pred = outputs["pred_masks"]
-    batch = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)]).to(pred.device)
-    queries = torch.cat([src for src, _ in indices]).to(pred.device)
-    target = _target_masks(targets, indices, pred.device)
-    src = pred[batch, queries].float()
+    batch = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)])
+    queries = torch.cat([src for src, _ in indices])
+    if "pred_masks" in outputs:
+        pred = outputs["pred_masks"]
+        src = pred[batch.to(pred.device), queries.to(pred.device)]
+    else:
+        src = outputs[MASK_LOGITS_OF](batch, queries)
+    target = _target_masks(targets, indices, src.device)
+    src = src.float()
     src = F.interpolate(src[:, None], size=target.shape[-2:], mode="bilinear", align_corners=False)[:, 0].flatten(1)
     target = target.flatten(1)
     return {"loss_mask": mask_focal_loss(src, target, num_boxes), "loss_dice": dice_loss(src, target, num_boxes)}

@@ -30,14 +30,23 @@ class MHAttentionMap(nn.Module):
     """Attention weights of each query over a 2D map, per head: ``(B, Q, heads, h, w)``.
 
     The key projection is applied as a 1x1 convolution on the (B, C, h, w) map; the scores are
-    scaled by ``head_dim ** -0.5``, padded positions get ``-inf``, and the softmax runs over every
-    position of a head's map.
+    scaled by ``head_dim ** -0.5``, padded positions get ``-inf``, and (the original's) one softmax
+    runs over every head and position of a query's maps together.
+
+    Args:
+        peak_normalised: each head's map is its own softmax divided by its maximum (``exp(s - max s)``),
+            so that every map peaks at 1 instead of summing to 1 with the other heads'. Not the
+            original's: its maps are of order ``1 / (heads * h * w)`` beside features of order 1, so a
+            head trained from scratch on a fresh detector hardly sees which query it draws and
+            predicts the same mask for all (measured in ``docs/segmentation.md``).
     """
 
-    def __init__(self, query_dim: int, hidden_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(self, query_dim: int, hidden_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 peak_normalised: bool = False) -> None:
         super().__init__()
         if hidden_dim % num_heads:
             raise ValueError(f"MHAttentionMap: hidden_dim {hidden_dim} is not divisible by num_heads {num_heads}")
+        self.peak_normalised = peak_normalised
         self.num_heads = num_heads
         self.hidden_dim = hidden_dim
         self.dropout = nn.Dropout(dropout)
@@ -49,16 +58,21 @@ class MHAttentionMap(nn.Module):
         nn.init.xavier_uniform_(self.q_linear.weight)
         self.normalize_fact = float(hidden_dim / num_heads) ** -0.5
 
-    def forward(self, q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
-        """q (B, Q, query_dim), k (B, query_dim, h, w), mask (B, h, w) True on padding -> (B, Q, heads, h, w)."""
+    def forward(self, q: Tensor, k: Tensor, mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        """q (B, Q, query_dim), k (B, query_dim, h, w), mask (B, h, w) True on padding, bias (B, Q, h, w)
+        added to every head's scores -> (B, Q, heads, h, w)."""
         heads, head_dim = self.num_heads, self.hidden_dim // self.num_heads
         q = self.q_linear(q)
         k = F.conv2d(k, self.k_linear.weight[:, :, None, None], self.k_linear.bias)
         qh = q.view(q.shape[0], q.shape[1], heads, head_dim)
         kh = k.view(k.shape[0], heads, head_dim, k.shape[-2], k.shape[-1])
         weights = torch.einsum("bqnc,bnchw->bqnhw", qh * self.normalize_fact, kh)
+        if bias is not None:
+            weights = weights + bias[:, :, None]
         if mask is not None:
             weights = weights.masked_fill(mask[:, None, None], float("-inf"))
+        if self.peak_normalised:
+            return self.dropout((weights - weights.flatten(3).amax(-1)[..., None, None]).exp())
         weights = F.softmax(weights.flatten(2), dim=-1).view(weights.size())
         return self.dropout(weights)
 

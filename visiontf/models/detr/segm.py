@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import Literal
 
 from torch import Tensor, nn
 
@@ -20,6 +21,7 @@ from visiontf.models.detr.convert import convert_state_dict
 from visiontf.models.detr.detr import DETR, build_detr
 from visiontf.models.detr.mask_head import MaskHeadSmallConv, MHAttentionMap
 from visiontf.models.mask_options import MaskOptions
+from visiontf.models.matched_masks import MASK_LOGITS_OF, MatchedMaskLogits, take_images
 
 #: the prefixes of the mask head's tensors (everything else is the detector)
 MASK_HEAD_PREFIXES = ("bbox_attention.", "mask_head.")
@@ -34,6 +36,9 @@ class DETRSegm(DETR):
             ``DETRsegm(detr, freeze_detr=True)``.
         mask_heads: attention heads of the query-to-memory attention maps (default: ``nheads``, the
             original's). The head's GroupNorm needs ``hidden_dim + mask_heads`` divisible by 8.
+        train_masks: ``"matched"``: a training forward leaves ``mask_logits_of`` for the set loss, which runs
+            the head on the matched queries alone (:mod:`visiontf.models.matched_masks`: the original's loss
+            and gradients at a fraction of its cost); ``"all"``: ``pred_masks`` of every query, as the original.
         mask_threshold, panoptic_threshold, thing_classes, min_area: post-processing settings
             (:class:`~visiontf.models.mask_options.MaskOptions`); ``thing_classes`` None makes
             instance masks only, a list of class indices also panoptic segments.
@@ -49,6 +54,7 @@ class DETRSegm(DETR):
         *args,
         freeze_detector: bool = False,
         mask_heads: int | None = None,
+        train_masks: Literal["matched", "all"] = "matched",
         mask_threshold: float = 0.5,
         panoptic_threshold: float = 0.85,
         thing_classes: Sequence[int] | None = None,
@@ -56,6 +62,9 @@ class DETRSegm(DETR):
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if train_masks not in ("matched", "all"):
+            raise ValueError(f"train_masks must be 'matched' or 'all', got {train_masks!r}")
+        self.train_masks = train_masks
         self.freeze_detector = freeze_detector
         if freeze_detector:  # before the heads exist, as the original: only they train
             for p in self.parameters():
@@ -79,22 +88,43 @@ class DETRSegm(DETR):
 
     def forward(self, images: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> dict:
         """DETR's outputs (:meth:`DETR.forward <visiontf.models.detr.detr.DETR.forward>`) plus ``pred_masks``
-        (B, Q, H/4, W/4): mask logits of each query of the last decoder layer, on the padded image's grid."""
+        (B, Q, H/4, W/4): mask logits of each query of the last decoder layer, on the padded image's grid. A
+        training forward with ``train_masks="matched"`` gives ``mask_logits_of`` instead
+        (:mod:`visiontf.models.matched_masks`)."""
         parts = self.encode(images, mask, need_weights)
         out = self.box_outputs(parts, need_weights)
-        out["pred_masks"] = self.mask_logits(parts, mask is not None)
+        inputs = self.mask_inputs(parts, mask is not None)
+        if self.training and self.train_masks == "matched":
+            out[MASK_LOGITS_OF] = MatchedMaskLogits(partial(self._masks_of_pairs, inputs), inputs["queries"].shape[1])
+        else:
+            out["pred_masks"] = self.masks_from(inputs)
         return out
 
-    def mask_logits(self, parts: dict, padded: bool = True) -> Tensor:
-        """(B, Q, H/4, W/4) mask logits from :meth:`encode`'s outputs."""
+    def mask_inputs(self, parts: dict, padded: bool = True) -> dict:
+        """What the head reads, per image, from :meth:`encode`'s outputs: the last decoder layer's ``queries``
+        (B, Q, C), the projected features ``src`` and the ``memory`` (B, C, h, w), the padding mask ``pad``,
+        and the ``fpns`` (layer3, layer2, layer1)."""
         src = parts["src"]
         B, C, h, w = src.shape
-        memory = parts["memory"].transpose(1, 2).reshape(B, C, h, w)
-        # the last decoder layer's queries over the encoder memory; padded positions get no attention
-        bbox_mask = self.bbox_attention(parts["hs"][-1], memory, mask=parts["feat_mask"] if padded else None)
         maps = parts["maps"]
-        seg = self.mask_head(src, bbox_mask, [maps[2], maps[1], maps[0]])
-        return seg.view(B, bbox_mask.shape[1], seg.shape[-2], seg.shape[-1])
+        return {"queries": parts["hs"][-1], "src": src, "memory": parts["memory"].transpose(1, 2).reshape(B, C, h, w),
+                "pad": parts["feat_mask"] if padded else None, "fpns": [maps[2], maps[1], maps[0]]}
+
+    def masks_from(self, inputs: dict) -> Tensor:
+        """(B, Q, H/4, W/4) mask logits of every query of :meth:`mask_inputs`."""
+        # the queries over the encoder memory; padded positions get no attention
+        bbox_mask = self.bbox_attention(inputs["queries"], inputs["memory"], mask=inputs["pad"])
+        seg = self.mask_head(inputs["src"], bbox_mask, inputs["fpns"])
+        return seg.view(bbox_mask.shape[0], bbox_mask.shape[1], seg.shape[-2], seg.shape[-1])
+
+    def _masks_of_pairs(self, inputs: dict, batch: Tensor, queries: Tensor) -> Tensor:
+        """(M, H/4, W/4) mask logits of M (image, query) pairs: each pair runs as a one-query image."""
+        device = inputs["queries"].device
+        batch, queries = batch.to(device), queries.to(device)
+        pairs = {"queries": inputs["queries"][batch, queries][:, None], "src": take_images(inputs["src"], batch),
+                 "memory": take_images(inputs["memory"], batch), "pad": None if inputs["pad"] is None else inputs["pad"][batch],
+                 "fpns": [take_images(f, batch) for f in inputs["fpns"]]}
+        return self.masks_from(pairs)[:, 0]
 
 
 #: the original's panoptic checkpoints: 250 classes (COCO panoptic's ids reach 200), things are ids <= 90
