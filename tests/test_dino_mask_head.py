@@ -132,3 +132,17 @@ def test_the_pairs_maps_keep_the_channels_last_layout_of_the_full_heads():
     assert torch.equal(got, x[[2, 0, 2]]) and got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
     plain = torch.randn(3, 8, 5, 6)
     assert take_images(plain, torch.tensor([1])).is_contiguous()
+
+
+@pytest.mark.slow
+def test_the_box_map_head_exports_to_onnx_with_dynamic_size(tmp_path):
+    import onnx
+
+    from visiontf.inference.export import example_inputs, export_onnx, onnx_max_abs_diff
+
+    model = _model(attention_maps="box").eval()
+    path = export_onnx(model, tmp_path / "dino_masks.onnx", image_size=(128, 128))
+    assert [o.name for o in onnx.load(str(path)).graph.output] == ["pred_logits", "pred_boxes", "pred_masks"]
+    # another size and batch than the export's, the second image padded: the box prior follows the valid ratios
+    inputs = example_inputs(model, image_size=(160, 224), batch_size=2, pad=True)
+    assert onnx_max_abs_diff(model, path, inputs) < 1e-4

@@ -163,11 +163,16 @@ class DeformableDETRSegm(DeformableDETR):
 
     def mask_inputs(self, images: Tensor, enc, queries: Tensor, boxes: Tensor) -> dict:
         """What the head reads, per image: ``queries`` (B, Q, C); ``maps``: the memory's levels of strides
-        32, 16, 8 and the stem's stride-4 map; the stride-32 padding mask ``pad``; and ``prior``, the box
+        32, 16, 8 (zero on padding) and the stem's stride-4 map; the stride-32 padding mask ``pad``; and ``prior``, the box
         prior of ``boxes`` (B, Q, 4) when ``attention_maps="box"``."""
         B, _, C = enc.memory.shape
         sizes = [h * w for h, w in enc.spatial_shapes]
-        levels = torch.split(enc.memory, sizes, dim=1)
+        memory = enc.memory
+        if enc.padding_mask is not None:
+            # the memory's padded positions hold whatever the attention core left there (a packed core skips them,
+            # the exported graph computes them); the head's convolutions read them beside the image's edge
+            memory = memory.masked_fill(enc.padding_mask[..., None], 0.0)
+        levels = torch.split(memory, sizes, dim=1)
         maps = [levels[i].transpose(1, 2).reshape(B, C, *enc.spatial_shapes[i]) for i in self._mask_levels]
         coarse = self._mask_levels[0]
         pad = None
