@@ -33,13 +33,12 @@ from visiontf.models.deformable_detr.dino import DEFAULT_CFGS as DINO_CFGS
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict as dino_convert
 from visiontf.models.detr.mask_head import MaskHeadSmallConv, MHAttentionMap
 from visiontf.models.mask_options import MaskOptions
-from visiontf.models.matched_masks import MASK_LOGITS_OF, MatchedMaskLogits, take_images
+from visiontf.models.matched_masks import MASK_LOGITS_OF, MatchedMaskLogits, TrainMasks, check_train_masks
 
 #: the mask head's tensors (everything else is the detector's)
 MASK_HEAD_PREFIXES = ("bbox_attention.", "mask_head.", "mask_stem.")
 
 AttentionMaps = Literal["detr", "peak", "box"]
-TrainMasks = Literal["matched", "all"]
 
 
 def box_log_prior(boxes: Tensor, size: tuple[int, int], valid_ratios: Tensor) -> Tensor:
@@ -102,10 +101,8 @@ class DeformableDETRSegm(DeformableDETR):
             raise ValueError("the mask head does not support query groups (num_query_groups > 1)")
         if attention_maps not in ("detr", "peak", "box"):
             raise ValueError(f"attention_maps must be 'detr', 'peak' or 'box', got {attention_maps!r}")
-        if train_masks not in ("matched", "all"):
-            raise ValueError(f"train_masks must be 'matched' or 'all', got {train_masks!r}")
         self.attention_maps = attention_maps
-        self.train_masks = train_masks
+        self.train_masks = check_train_masks(train_masks)
         self.freeze_detector = freeze_detector
         if freeze_detector:
             for p in self.parameters():
@@ -156,7 +153,7 @@ class DeformableDETRSegm(DeformableDETR):
             hidden = self.decoder_norm(hidden)
         inputs = self.mask_inputs(images, enc, hidden, out["pred_boxes"])
         if self.training and self.train_masks == "matched":
-            out[MASK_LOGITS_OF] = MatchedMaskLogits(partial(self._masks_of_pairs, inputs), hidden.shape[1])
+            out[MASK_LOGITS_OF] = MatchedMaskLogits(self.masks_from, inputs, per_query=("queries", "prior"))
         else:
             out["pred_masks"] = self.masks_from(inputs)
         return out
@@ -189,18 +186,6 @@ class DeformableDETRSegm(DeformableDETR):
         bbox_mask = self.bbox_attention(queries, maps[0], mask=inputs["pad"], bias=inputs["prior"])
         seg = self.mask_head(maps[0], bbox_mask, maps[1:])
         return seg.view(queries.shape[0], queries.shape[1], seg.shape[-2], seg.shape[-1])
-
-    def _masks_of_pairs(self, inputs: dict, batch: Tensor, queries: Tensor) -> Tensor:
-        """(M, H/4, W/4) mask logits of M (image, query) pairs: each pair runs as a one-query image."""
-        device = inputs["queries"].device
-        batch, queries = batch.to(device), queries.to(device)
-        pairs = {
-            "queries": inputs["queries"][batch, queries][:, None],
-            "maps": [take_images(m, batch) for m in inputs["maps"]],
-            "pad": None if inputs["pad"] is None else inputs["pad"][batch],
-            "prior": None if inputs["prior"] is None else inputs["prior"][batch, queries][:, None],
-        }
-        return self.masks_from(pairs)[:, 0]
 
 
 def convert_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import Literal
 
 from torch import Tensor, nn
 
@@ -21,7 +20,7 @@ from visiontf.models.detr.convert import convert_state_dict
 from visiontf.models.detr.detr import DETR, build_detr
 from visiontf.models.detr.mask_head import MaskHeadSmallConv, MHAttentionMap
 from visiontf.models.mask_options import MaskOptions
-from visiontf.models.matched_masks import MASK_LOGITS_OF, MatchedMaskLogits, take_images
+from visiontf.models.matched_masks import MASK_LOGITS_OF, MatchedMaskLogits, TrainMasks, check_train_masks
 
 #: the prefixes of the mask head's tensors (everything else is the detector)
 MASK_HEAD_PREFIXES = ("bbox_attention.", "mask_head.")
@@ -54,7 +53,7 @@ class DETRSegm(DETR):
         *args,
         freeze_detector: bool = False,
         mask_heads: int | None = None,
-        train_masks: Literal["matched", "all"] = "matched",
+        train_masks: TrainMasks = "matched",
         mask_threshold: float = 0.5,
         panoptic_threshold: float = 0.85,
         thing_classes: Sequence[int] | None = None,
@@ -62,9 +61,7 @@ class DETRSegm(DETR):
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        if train_masks not in ("matched", "all"):
-            raise ValueError(f"train_masks must be 'matched' or 'all', got {train_masks!r}")
-        self.train_masks = train_masks
+        self.train_masks = check_train_masks(train_masks)
         self.freeze_detector = freeze_detector
         if freeze_detector:  # before the heads exist, as the original: only they train
             for p in self.parameters():
@@ -95,7 +92,7 @@ class DETRSegm(DETR):
         out = self.box_outputs(parts, need_weights)
         inputs = self.mask_inputs(parts, mask is not None)
         if self.training and self.train_masks == "matched":
-            out[MASK_LOGITS_OF] = MatchedMaskLogits(partial(self._masks_of_pairs, inputs), inputs["queries"].shape[1])
+            out[MASK_LOGITS_OF] = MatchedMaskLogits(self.masks_from, inputs)
         else:
             out["pred_masks"] = self.masks_from(inputs)
         return out
@@ -116,15 +113,6 @@ class DETRSegm(DETR):
         bbox_mask = self.bbox_attention(inputs["queries"], inputs["memory"], mask=inputs["pad"])
         seg = self.mask_head(inputs["src"], bbox_mask, inputs["fpns"])
         return seg.view(bbox_mask.shape[0], bbox_mask.shape[1], seg.shape[-2], seg.shape[-1])
-
-    def _masks_of_pairs(self, inputs: dict, batch: Tensor, queries: Tensor) -> Tensor:
-        """(M, H/4, W/4) mask logits of M (image, query) pairs: each pair runs as a one-query image."""
-        device = inputs["queries"].device
-        batch, queries = batch.to(device), queries.to(device)
-        pairs = {"queries": inputs["queries"][batch, queries][:, None], "src": take_images(inputs["src"], batch),
-                 "memory": take_images(inputs["memory"], batch), "pad": None if inputs["pad"] is None else inputs["pad"][batch],
-                 "fpns": [take_images(f, batch) for f in inputs["fpns"]]}
-        return self.masks_from(pairs)[:, 0]
 
 
 #: the original's panoptic checkpoints: 250 classes (COCO panoptic's ids reach 200), things are ids <= 90
