@@ -90,6 +90,9 @@ FAMILIES = {
     "vit": "configs/vit/vit_tiny_synthetic.yaml",
     "detr": "configs/detr/detr_tiny_shapes.yaml",
     "dino": "configs/deformable_detr/deformable_detr_tiny_shapes.yaml",
+    # the mask heads (their training forward runs the head on the matched queries) on the panoptic set
+    "detr_masks": "configs/detr/detr_tiny_masks_panoptic.yaml",
+    "dino_masks": "configs/deformable_detr/dino_tiny_masks_panoptic.yaml",
     "setr": "configs/setr/setr_tiny_synthetic.yaml",
     "ipt": "configs/ipt/ipt_tiny_sr_x2.yaml",
     # the tokenizer optimises manually and clips with its own gradient_clip_val (1.0 in the config)
@@ -103,18 +106,20 @@ FAMILIES = {
 def family_data(tmp_path_factory) -> dict[str, Path]:
     from visiontf.data.synthetic.classification import make_classification_dataset
     from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.data.synthetic.panoptic import make_panoptic_dataset
     from visiontf.data.synthetic.segmentation import make_segmentation_dataset
 
     base = tmp_path_factory.mktemp("precision_data")
     cls = make_classification_dataset(base / "cls", num_train=8, num_val=4, num_classes=3, image_size=64)
     make_detection_dataset(base / "det", num_train=4, num_val=3, image_size=(96, 128), num_classes=3)
     make_segmentation_dataset(base / "seg", num_train=4, num_val=2)
+    panoptic = make_panoptic_dataset(base / "pan", num_train=4, num_val=2, image_size=(96, 128))["root"]
     rng = np.random.default_rng(0)
     for split, n in (("train", 2), ("val", 1)):
         (base / "photos" / split).mkdir(parents=True)
         for i in range(n):
             Image.fromarray(rng.integers(0, 256, (104, 112, 3), dtype=np.uint8)).save(base / "photos" / split / f"p{i}.png")
-    return {"vit": Path(cls), "detr": base / "det", "dino": base / "det", "setr": base / "seg", "ipt": base / "photos",
+    return {"vit": Path(cls), "detr": base / "det", "dino": base / "det", "detr_masks": panoptic, "dino_masks": panoptic, "setr": base / "seg", "ipt": base / "photos",
             "vqgan": base / "photos", "vqgan_gpt": base / "photos"}
 
 
