@@ -18,13 +18,9 @@ from visiontf.data.base import DetectionDataModule, VisionDataModule, trainer_da
 ROOT = Path(__file__).resolve().parents[1]
 
 
-#: data modules that read a set of their own kind rather than their task's synthetic set
-OWN_SYNTHETIC = {"visiontf.data.coco_panoptic.CocoPanopticDataModule": "visiontf.data.synthetic.panoptic:make_panoptic_dataset"}
-
-
 def _built(task: str, path: str, tmp_path: Path) -> VisionDataModule:
-    """The data module ``path`` of ``task`` on a small set of the task's synthetic generator."""
-    out = import_class(OWN_SYNTHETIC.get(path, TASK_TABLE[task].synthetic))(tmp_path / task, num_train=2, num_val=2)
+    """The data module ``path`` of ``task`` on a small set of its synthetic generator."""
+    out = import_class(TASK_TABLE[task].synthetic_for(path))(tmp_path / task, num_train=2, num_val=2)
     root = out["root"] if isinstance(out, dict) else out
     return import_class(path)(root=str(root), batch_size=2, num_workers=0)
 

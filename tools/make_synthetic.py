@@ -9,8 +9,9 @@
     python tools/make_synthetic.py --task panoptic --out data/panoptic_shapes   # shapes on sky and ground (COCO panoptic)
     python tools/make_synthetic.py --task photos --out data/photos   # scikit-image's photographs
 
-Each task's writer is named by its row of the task table (visiontf/adapters/task_table.py,
-``synthetic``); restoration and generation read the photographs. Deterministic for a seed. No
+Each set's writer is named by the task table (visiontf/adapters/task_table.py: a row's ``synthetic``, and
+``data_synthetic`` for a data module of another layout), by task and by the writer's own name
+(``panoptic``, ``photos``: restoration and generation read the photographs). Deterministic for a seed. No
 network, no downloads.
 """
 import inspect
@@ -27,14 +28,13 @@ DETECTION_DEMO = {"image_size": (128, 160), "object_size": (0.12, 0.35), "max_ob
 
 
 def generators() -> dict[str, str]:
-    """``--task`` -> the ``module:function`` writing its set: each task's from the task table (which imports
-    nothing); by their own names, the photographs (real photos scikit-image ships: the IPT and VQGAN recipes) and
-    the panoptic set (things and stuff in COCO's panoptic format, the things also as instances with RLE masks:
+    """``--task`` -> the ``module:function`` writing its set: the task table's (which imports nothing), each task's
+    and each writer's by its own name: the photographs (real photos scikit-image ships: the IPT and VQGAN recipes)
+    and the panoptic set (things and stuff in COCO's panoptic format, the things also as instances with RLE masks:
     DETR's masks)."""
-    from visiontf.adapters.task_table import TASK_TABLE
+    from visiontf.adapters.task_table import synthetic_writers
 
-    return {**{task: row.synthetic for task, row in TASK_TABLE.items()}, "photos": "visiontf.data.synthetic.photos:make_photos_dataset",
-            "panoptic": "visiontf.data.synthetic.panoptic:make_panoptic_dataset"}
+    return synthetic_writers()
 
 
 def main(argv=None) -> int:

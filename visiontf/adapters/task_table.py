@@ -12,7 +12,8 @@ classes of the layers above (``visiontf.tasks``) that are imported only when ask
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
@@ -24,13 +25,19 @@ class TaskRow:
     paths of its :class:`~visiontf.data.base.VisionDataModule` subclasses (``visiontf.data...``);
     ``model_kinds``: the bases of :mod:`visiontf.models.contract` its registered models subclass (what
     the layers above read of them); ``synthetic``: ``"module:function"`` writing a small set, with no
-    download, in the layout its data modules read from ``root`` (``tools/make_synthetic.py --task``)."""
+    download, in the layout its data modules read from ``root`` (``tools/make_synthetic.py --task``);
+    ``data_synthetic``: the writers of the data modules that read another layout than that one, by class path."""
 
     adapter: str
     modules: tuple[str, ...]
     data_modules: tuple[str, ...]
     model_kinds: tuple[str, ...]
     synthetic: str
+    data_synthetic: Mapping[str, str] = field(default_factory=dict)
+
+    def synthetic_for(self, data_module: str) -> str:
+        """The ``"module:function"`` writing a small set that ``data_module`` (a class path of the row) reads."""
+        return self.data_synthetic.get(data_module, self.synthetic)
 
 
 TASK_TABLE: dict[str, TaskRow] = {
@@ -45,7 +52,8 @@ TASK_TABLE: dict[str, TaskRow] = {
         modules=("visiontf.tasks.detection.DetectionTask",),
         data_modules=("visiontf.data.coco.CocoDataModule", "visiontf.data.coco_panoptic.CocoPanopticDataModule"),
         model_kinds=("visiontf.models.contract.Detector",),
-        synthetic="visiontf.data.synthetic.detection:make_detection_dataset"),
+        synthetic="visiontf.data.synthetic.detection:make_detection_dataset",
+        data_synthetic={"visiontf.data.coco_panoptic.CocoPanopticDataModule": "visiontf.data.synthetic.panoptic:make_panoptic_dataset"}),
     "segmentation": TaskRow(
         adapter="visiontf.adapters.segmentation:SegmentationAdapter",
         modules=("visiontf.tasks.segmentation.SegmentationTask",),
@@ -86,10 +94,21 @@ def data_module_class_paths() -> tuple[str, ...]:
     return tuple(dict.fromkeys(path for row in TASK_TABLE.values() for path in row.data_modules))
 
 
+def synthetic_writers() -> dict[str, str]:
+    """Every synthetic set of the table by its name: each task's (``detection``...) and each writer's own
+    (``make_panoptic_dataset`` -> ``panoptic``, ``make_photos_dataset`` -> ``photos``)."""
+    named = {task: row.synthetic for task, row in TASK_TABLE.items()}
+    for row in TASK_TABLE.values():
+        for writer in (row.synthetic, *row.data_synthetic.values()):
+            function = writer.rpartition(":")[2]
+            named.setdefault(function.removeprefix("make_").removesuffix("_dataset"), writer)
+    return named
+
+
 def import_class(class_path: str) -> Any:
     """The class a ``module.Class`` or ``module:Class`` path names (its module imported now)."""
     module, _, name = class_path.replace(":", ".").rpartition(".")
     return getattr(import_module(module), name)
 
 
-__all__ = ["TASKS", "TASK_TABLE", "TaskRow", "data_module_class_paths", "import_class", "task_class_paths"]
+__all__ = ["TASKS", "TASK_TABLE", "TaskRow", "data_module_class_paths", "import_class", "synthetic_writers", "task_class_paths"]
