@@ -9,7 +9,7 @@ Lightning's output are caught too), and records the exit code a real process wou
     python tests/cli_runner.py CASES.json RESULTS.json
 
 ``CASES.json``: ``[{"argv": ["tools/predict.py", ...], "env": {...}, "stdout_to": "file"?,
-"watch_modules": [...]?}, ...]``; ``watch_modules``: the result's ``imported`` lists those of them in
+"watch_modules": [...]?, "cwd": "folder"?}, ...]`` (``cwd``: the working folder, the repository by default); ``watch_modules``: the result's ``imported`` lists those of them in
 ``sys.modules`` once the command has run. Tests call :func:`run_tools`.
 """
 from __future__ import annotations
@@ -27,9 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_one(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+def _run_one(argv: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[int, str, str]:
     saved_env, saved_argv = dict(os.environ), sys.argv
     os.environ.update(env)
+    os.chdir(cwd or ROOT)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -37,8 +38,9 @@ def _run_one(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         try:
-            sys.argv = list(argv)
-            runpy.run_path(argv[0], run_name="__main__")
+            script = argv[0] if Path(argv[0]).is_absolute() else str(ROOT / argv[0])
+            sys.argv = [script, *argv[1:]]
+            runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as e:
             if isinstance(e.code, str):
@@ -55,6 +57,7 @@ def _run_one(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
             os.close(keep_out)
             os.close(keep_err)
             sys.argv = saved_argv
+            os.chdir(ROOT)
             os.environ.clear()
             os.environ.update(saved_env)
         out.seek(0)
@@ -67,7 +70,7 @@ def main(cases_file: str, results_file: str) -> int:
     results = []
     for case in json.loads(Path(cases_file).read_text()):
         start = time.monotonic()
-        code, out, err = _run_one(case["argv"], case.get("env") or {})
+        code, out, err = _run_one(case["argv"], case.get("env") or {}, case.get("cwd"))
         if case.get("stdout_to"):
             Path(case["stdout_to"]).write_text(out)
         results.append({"argv": case["argv"], "code": code, "stdout": out, "stderr": err,
@@ -82,7 +85,8 @@ def run_tools(cases: list[dict], tmp_path: Path, timeout: float = 600, pythonpat
     with ``code``, ``stdout``, ``stderr``, ``seconds`` and ``imported``. ``pythonpath``: folders put on
     the process's path after the repository."""
     cases_file, results_file = tmp_path / "cli_cases.json", tmp_path / "cli_results.json"
-    cases_file.write_text(json.dumps([{**c, "argv": [str(a) for a in c["argv"]]} for c in cases]))
+    cases_file.write_text(json.dumps([{**c, "argv": [str(a) for a in c["argv"]], **({"cwd": str(c["cwd"])} if c.get("cwd") else {})}
+                                      for c in cases]))
     path = os.pathsep.join([str(ROOT), *(str(p) for p in pythonpath)])
     env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(Path(__file__)), str(cases_file), str(results_file)], cwd=ROOT,

@@ -161,8 +161,28 @@ def test_eval_with_a_detection_config_refuses_a_classification_checkpoint(traine
                      _one_line_error(capsys, eval_main, args))
 
 
-def test_resolver_keeps_best_and_names_broken_links(tmp_path):
-    assert resolve_checkpoint(None) is None and resolve_checkpoint("best", tmp_path) == "best"
+def test_resolver_finds_best_and_hpc_files_and_names_broken_links(tmp_path):
+    """Lightning's keywords become files before anything reads them: ``best`` is what the run's last.ckpt
+    records (a file named ``best`` in the working folder is never read), ``hpc`` the newest hpc_ckpt_<N>.ckpt."""
+    assert resolve_checkpoint(None) is None
+    with pytest.raises(CheckpointError, match="no last.ckpt in .* to read the run's best checkpoint from"):
+        resolve_checkpoint("best", tmp_path)
+    state = {"state_dict": {"w": torch.zeros(1)}}
+    torch.save(state, tmp_path / "epoch001.ckpt")
+    torch.save({**state, "callbacks": {"ModelCheckpoint{}": {"best_model_path": "/elsewhere/old_run/epoch001.ckpt"}}},
+               tmp_path / "last.ckpt")
+    assert resolve_checkpoint("best", tmp_path) == str(tmp_path / "epoch001.ckpt")  # a moved run folder: found by name
+    torch.save({**state, "callbacks": {"ModelCheckpoint{}": {"best_model_path": ""}}}, tmp_path / "last.ckpt")
+    with pytest.raises(CheckpointError, match="records no best checkpoint"):
+        resolve_checkpoint("best", tmp_path)
+    with pytest.raises(CheckpointError, match="no hpc_ckpt_<N>.ckpt in"):
+        resolve_checkpoint("hpc", tmp_path, root_dir=tmp_path)
+    assert resolve_checkpoint("hpc", tmp_path, root_dir=tmp_path, for_fit=True) is None  # a requeued job's first start
+    for n in (2, 10):
+        torch.save(state, tmp_path / f"hpc_ckpt_{n}.ckpt")
+    assert resolve_checkpoint("hpc", tmp_path, root_dir=tmp_path) == str(tmp_path / "hpc_ckpt_10.ckpt")
+    for name in ("last.ckpt", "epoch001.ckpt", "hpc_ckpt_2.ckpt", "hpc_ckpt_10.ckpt"):
+        (tmp_path / name).unlink()
     link = tmp_path / "last.ckpt"
     link.symlink_to(tmp_path / "gone.ckpt")
     with pytest.raises(CheckpointError, match="broken symbolic link"):
@@ -226,12 +246,17 @@ def test_eval_with_the_dino_config_refuses_a_detr_tiny_checkpoint_unless_asked(t
 
 def test_the_task_check_reads_what_the_allow_list_takes(tmp_path):
     """A checkpoint whose data-module hyper-parameters hold a pathlib path (Lightning stores them as given)
-    is of its task; the task check read it with a plain torch.load, which refused the path."""
-    from visiontf.tasks.checkpoints import check_checkpoint_task
+    is of its task; the task check once read it with a plain torch.load, which refused the path."""
+    from visiontf.io.weights import safe_torch_load
+    from visiontf.tasks.checkpoints import check_checkpoint_task, checkpoint_arguments
+    from visiontf.tasks.classification import ClassificationTask
+    from visiontf.tasks.detection import DetectionTask
 
     path = tmp_path / "paths.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 3},
                 "datamodule_hyper_parameters": {"root": Path("data/shapes")}, "task": "detection"}, path)
-    check_checkpoint_task(path, "visiontf.tasks.detection.DetectionTask")
+    ckpt = safe_torch_load(path)
+    check_checkpoint_task(ckpt, path, DetectionTask)
+    assert checkpoint_arguments(ckpt, path).data_arguments == {"root": Path("data/shapes")}
     with pytest.raises(CheckpointError, match="a detection checkpoint"):
-        check_checkpoint_task(path, "visiontf.tasks.classification.ClassificationTask")
+        check_checkpoint_task(ckpt, path, ClassificationTask)

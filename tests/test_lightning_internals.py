@@ -2,10 +2,12 @@
 changes one fails here instead of silently changing a run (pyproject.toml pins the minor version these
 hold for).
 
-* ``visiontf.cli.train.VisionCLI`` overrides only LightningCLI's public hooks. It relies on
-  LightningCLI reading ``--ckpt_path``'s hyper-parameters (``_parse_ckpt_path``) right after
-  ``parse_arguments`` (where the checkpoint is checked first) with ``torch.load(weights_only=True)``
-  (which the run's allow-list context then governs).
+* ``visiontf.cli.train.VisionCLI`` overrides LightningCLI's public hooks, and three private members by
+  design (:data:`PRIVATE_OVERRIDES`): ``_parse_ckpt_path``, where LightningCLI hands ``--ckpt_path``'s
+  hyper-parameters to jsonargparse (visiontf reads them as data instead), ``_add_instantiators``, whose
+  model instantiator visiontf's replaces (the checkpoint's arguments reach the constructor by a plain call),
+  and ``_dump_config``, the dump that instantiator saves as the task's hyper-parameters. What they rely on is
+  asserted below: the order of the calls in ``__init__``, the instantiator's signature and what it reads.
 * ``visiontf.callbacks.validation_schedule`` reads the fit loops' restart state to tell a checkpoint
   written by the validation that ended an epoch.
 
@@ -37,9 +39,15 @@ def test_the_installed_lightning_is_the_pinned_one():
     assert version("lightning") in pin.specifier, f"lightning {version('lightning')} is not {pin}"
 
 
-def test_vision_cli_overrides_no_private_member_of_lightning_cli():
+#: LightningCLI's private members VisionCLI overrides, each for a reason in the module docstring
+PRIVATE_OVERRIDES = ["_add_instantiators", "_dump_config", "_parse_ckpt_path"]
+
+
+def test_vision_cli_overrides_only_the_private_members_it_declares():
     private = sorted(n for n in vars(VisionCLI) if re.match(r"_[^_]", n) and hasattr(LightningCLI, n))
-    assert not private, f"VisionCLI overrides LightningCLI's private {private}; use a public hook"
+    assert private == PRIVATE_OVERRIDES, f"VisionCLI overrides LightningCLI's private {private}; use a public hook"
+    for name in PRIVATE_OVERRIDES:
+        assert list(inspect.signature(getattr(LightningCLI, name)).parameters) == ["self"], name
 
 
 def test_the_public_hooks_vision_cli_overrides_keep_their_signatures():
@@ -51,12 +59,24 @@ def test_the_public_hooks_vision_cli_overrides_keep_their_signatures():
             assert list(inspect.signature(getattr(LightningCLI, name)).parameters) == params, name
 
 
-def test_the_cli_reads_the_checkpoint_right_after_parse_arguments_with_weights_only():
+def test_the_cli_merges_the_checkpoint_between_parsing_and_instantiation():
     init = inspect.getsource(LightningCLI.__init__)
-    order = [init.index(call) for call in ("self.parse_arguments(", "self._parse_ckpt_path()", "self.instantiate_classes()")]
+    calls = ("self.parse_arguments(", "self._parse_ckpt_path()", "self._add_instantiators()", "self.instantiate_classes()")
+    order = [init.index(call) for call in calls]
     assert order == sorted(order), "LightningCLI no longer merges the checkpoint between parsing and instantiation"
-    merge = inspect.getsource(LightningCLI._parse_ckpt_path)
-    assert re.search(r"torch\.load\([^)]*weights_only=True", merge), "LightningCLI reads --ckpt_path another way"
+    # the one place LightningCLI gives a checkpoint's hyper-parameters to the parser is the method VisionCLI replaces
+    readers = [n for n, m in vars(LightningCLI).items() if callable(m) and "hyper_parameters" in inspect.getsource(m)]
+    assert readers == ["_parse_ckpt_path"], readers
+
+
+def test_the_model_instantiator_visiontf_extends():
+    from lightning.pytorch.cli import _InstantiatorFn
+
+    call = inspect.signature(_InstantiatorFn.__call__)
+    assert list(call.parameters) == ["self", "class_type", "args", "applied_instantiation_links", "kwargs"]
+    body = inspect.getsource(_InstantiatorFn.__call__)
+    assert "self.cli._dump_config()" in body and "self.cli.config_dump" in body
+    assert "_InstantiatorFn(cli=self, key=\"model\")" in inspect.getsource(LightningCLI._add_instantiators)
 
 
 def test_the_loop_state_the_validation_schedule_reads():

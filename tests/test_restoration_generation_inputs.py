@@ -175,7 +175,7 @@ def test_a_transformer_without_its_tokenizer_is_refused_at_build_or_start_naming
 
 @pytest.mark.slow  # one process: ~25 refused command lines after one import of torch and Lightning (~20 s)
 def test_sample_values_out_of_range_and_restoration_mismatches_are_one_line_errors(tmp_path):
-    from test_checkpoint_class_paths import _clean_checkpoint
+    from test_hostile_checkpoints import _clean_checkpoint
 
     gpt = _task_checkpoint(tmp_path / "gpt.ckpt", "vqgan_transformer_tiny", GPT)
     tok = _task_checkpoint(tmp_path / "tok.ckpt", "vqgan_tiny", TOY)

@@ -61,7 +61,7 @@ def test_the_predictor_has_no_task_named_methods():
 
 def test_every_config_names_a_task_and_a_data_module_of_the_table():
     """A config whose class paths the table lacks trains, but its checkpoints are then refused by the class-path
-    check (visiontf.tasks.checkpoints.check_checkpoint_classes): the panoptic data module once was."""
+    check (visiontf.tasks.checkpoints.checkpoint_arguments): the panoptic data module once was."""
     import yaml
 
     from visiontf.adapters.task_table import data_module_class_paths, task_class_paths

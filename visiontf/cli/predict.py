@@ -234,8 +234,9 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
 
 def _resolve_last(ckpt_path: str, config: str | None) -> str:
     """``last`` is the run's ``last.ckpt`` under the config's ``default_root_dir`` (an error when absent:
-    never predict or export with random weights); other values pass through."""
-    if str(ckpt_path) != "last":
+    never predict or export with random weights), ``best`` the best checkpoint it records; other values pass
+    through."""
+    if str(ckpt_path) not in ("last", "best"):
         return ckpt_path
     from visiontf.tasks.checkpoints import config_checkpoint_dir, resolve_checkpoint
 

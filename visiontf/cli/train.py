@@ -15,6 +15,8 @@ other subcommands refuse).
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import importlib
 import inspect
 import json
@@ -26,7 +28,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _get_module_type, _InstantiatorFn
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from visiontf.adapters.task_table import data_module_class_paths, import_class, task_class_paths
@@ -43,7 +45,7 @@ from visiontf.core.errors import UsageError, UserError
 from visiontf.data.base import VisionDataModule
 from visiontf.io.weights import allow_listed_globals
 from visiontf.tasks.checkpoints import (
-    check_checkpoint_classes,
+    CheckpointError,
     check_checkpoint_fits,
     check_checkpoint_task,
     resolve_checkpoint,
@@ -169,7 +171,6 @@ class VisionCLI(LightningCLI):
                 if close:
                     raise UsageError(f"{message}; did you mean {' or '.join(close)}?") from e
             raise
-        self._check_ckpt_path_before_merge()
 
     def _run_config(self, config) -> dict:
         """The subcommand's section of ``config`` (the whole of it when run without subcommands)."""
@@ -240,37 +241,67 @@ class VisionCLI(LightningCLI):
                 f"reads them from its annotations) and the model takes its class count from there; drop the option, "
                 f"or change the data's categories")
 
-    def _check_ckpt_path_before_merge(self) -> None:
-        # Right after parse_arguments, LightningCLI reads the checkpoint's hyper-parameters into the config
-        # before anything is built (so the checkpoint's model settings win over the config's): refuse first
-        # what cannot be this config's checkpoint (it is then read with visiontf's allow-list, see __init__)
-        from visiontf.io.weights import safe_torch_load
-        from visiontf.tasks.checkpoints import check_config_model
+    def _parse_ckpt_path(self) -> None:
+        """``--ckpt_path``'s hyper-parameters, read as data, in place of LightningCLI's merge.
 
-        # Which file "last" means, whether it is complete, and whether it is of this config's task at all
-        # (merging another task's hyper-parameters fails far from the cause). "last" with nothing there:
-        # fit starts fresh (one INFO line, the requeue case); validate/test/predict refuse, never
-        # evaluating random weights.
-        sub = self.config.get("subcommand")
+        LightningCLI hands them to jsonargparse here (``parser.parse_object``), which parses strings of
+        ``Any``-typed fields as YAML or JSON and imports what a ``class_path`` names: a checkpoint could run
+        code. visiontf resolves ``last``/``best``/``hpc`` to their file first, refuses what cannot be this
+        config's checkpoint, and checks the hyper-parameters against the config's task class's typed signature
+        (:func:`~visiontf.tasks.checkpoints.checkpoint_arguments`). They then reach the task's constructor by a
+        plain call (:class:`_ModelInstantiator`), over the config's own arguments, as LightningCLI's merge did;
+        the parser never sees them.
+        """
+        from visiontf.io.weights import safe_torch_load
+        from visiontf.tasks.checkpoints import check_config_model, checkpoint_arguments
+
         self._loaded_ckpt = None
-        if sub and self.config[sub].get("ckpt_path") is not None:
-            cfg = self.config[sub]
-            folder = run_checkpoint_dir(cfg.get("trainer.default_root_dir"), cfg.get("checkpoint.dirpath"))
-            cfg["ckpt_path"] = resolve_checkpoint(cfg["ckpt_path"], folder, for_fit=sub == "fit")
-        path = check_ckpt_file(self.config[sub].get("ckpt_path") if sub else None)
-        if path is not None:
-            ckpt = safe_torch_load(path)
-            # the merge hands the checkpoint's class paths to jsonargparse, which imports what they name:
-            # only visiontf's tasks and data modules, and the ones this config itself names, get through
-            check_checkpoint_classes(ckpt, path, (self.config[sub].get("model.class_path"),
-                                                  self.config[sub].get("data.class_path")))
-            check_checkpoint_task(path, self.config[sub].get("model.class_path"))
-            if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-                raise UsageError(f"--ckpt_path {path}: not a Lightning checkpoint (no 'state_dict'); to start from these "
-                                 f"weights use --model.init_args.pretrained={path}")
-            # the merge below would swap in the checkpoint's model and keep the config's other settings
-            check_config_model(ckpt, path, self.config[sub].get("model.init_args.model_name"), self.config[sub].get("config"))
-            self._loaded_ckpt = (path, ckpt)
+        self._checkpoint_model_arguments: dict | None = None
+        sub = self.config.get("subcommand")
+        if not sub or self.config[sub].get("ckpt_path") is None:
+            return
+        cfg = self.config[sub]
+        root = cfg.get("trainer.default_root_dir")
+        # "last" with nothing there: fit starts fresh (one INFO line, the requeue case); validate/test/predict
+        # refuse, never evaluating random weights
+        cfg["ckpt_path"] = resolve_checkpoint(cfg["ckpt_path"], run_checkpoint_dir(root, cfg.get("checkpoint.dirpath")),
+                                              for_fit=sub == "fit", root_dir=root)
+        path = check_ckpt_file(cfg["ckpt_path"])
+        if path is None:  # none (a fresh fit), or a registry model: Lightning restores its weights alone
+            return
+        ckpt = safe_torch_load(path)
+        if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+            raise UsageError(f"--ckpt_path {path}: not a Lightning checkpoint (no 'state_dict'); to start from these "
+                             f"weights use --model.init_args.pretrained={path}")
+        task_class = import_class(cfg["model.class_path"]) if cfg.get("model.class_path") else None
+        data_class = import_class(cfg["data.class_path"]) if cfg.get("data.class_path") else None
+        check_checkpoint_task(ckpt, path, task_class)  # another task: said as such, before its arguments are read
+        saved = checkpoint_arguments(ckpt, path, task=task_class, data=data_class)
+        if saved.task is not None and task_class is not None and saved.task is not task_class:
+            raise CheckpointError(f"{path}: a checkpoint of {saved.task.__name__}, but the config builds "
+                                  f"{task_class.__name__}; use the config the checkpoint was trained with")
+        # the checkpoint's model settings win over the config's: another model would run with this config's
+        # data and trainer settings, so it is refused unless asked for by name
+        check_config_model(ckpt, path, cfg.get("model.init_args.model_name"), cfg.get("config"))
+        self._loaded_ckpt = (path, ckpt)
+        self._checkpoint_model_arguments = saved.task_arguments
+
+    def _add_instantiators(self) -> None:
+        super()._add_instantiators()
+        # the same key as LightningCLI's model instantiator, which it replaces
+        self.parser.add_instantiator(_ModelInstantiator(cli=self, key="model"), _get_module_type(self._model_class),
+                                     subclasses=self.subclass_mode_model)
+
+    def _dump_config(self) -> None:
+        # what the task saves as its hyper-parameters (LightningCLI's instantiator reads this dump): the checkpoint's
+        # arguments over the config's, as plain data, as the task is built with them
+        if hasattr(self, "config_dump"):
+            return
+        super()._dump_config()
+        saved = getattr(self, "_checkpoint_model_arguments", None)
+        if saved:
+            model = self.config_dump.setdefault("model", {})
+            model.setdefault("init_args", {}).update(_as_dumped(saved))
 
     def _check_ckpt(self) -> None:
         path, ckpt = getattr(self, "_loaded_ckpt", None) or (self.config_init[self.subcommand].get("ckpt_path"), None)
@@ -303,6 +334,31 @@ class VisionCLI(LightningCLI):
             raise UsageError(f"{options}: {e}") from e
 
     before_fit = before_validate = before_test = before_predict = _check_ckpt
+
+
+def _as_dumped(value):
+    """``value`` as LightningCLI's YAML dump holds it: tuples as lists, option groups (dataclasses) as mappings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _as_dumped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_dumped(v) for v in value]
+    return value
+
+
+class _ModelInstantiator(_InstantiatorFn):
+    """LightningCLI's model instantiator, with ``--ckpt_path``'s hyper-parameters (checked as data by
+    :meth:`VisionCLI._parse_ckpt_path`) over the arguments jsonargparse made of the config: they reach the
+    constructor as they are. The links (``data.num_classes``) still win, as under LightningCLI's merge."""
+
+    def __call__(self, class_type, *args, applied_instantiation_links: dict, **kwargs):
+        saved = getattr(self.cli, "_checkpoint_model_arguments", None)
+        if saved:
+            links = {k.removeprefix("model.").removeprefix("init_args."): v
+                     for k, v in applied_instantiation_links.items() if k.startswith("model.")}
+            kwargs = {**kwargs, **copy.deepcopy(saved), **links}
+        return super().__call__(class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs)
 
 
 def _init_default(class_path: str | None, name: str) -> object:

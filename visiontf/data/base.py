@@ -30,6 +30,24 @@ class VisionDataModule(L.LightningDataModule):
     #: training images per batch and process (tasks that scale their learning rate by it read it)
     batch_size: int = 1
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             **kwargs: Any) -> Any:
+        """Lightning's ``load_from_checkpoint``, with the file's ``datamodule_hyper_parameters`` read as data: the
+        ``_class_path`` it may name is this class or one of visiontf's subclasses of it (already imported), every
+        value is checked against the class's typed signature, and the module is built by a plain call, never by
+        the ``_instantiator`` the file names (:func:`visiontf.io.lightning_checkpoint.load_lightning_checkpoint`)."""
+        from visiontf.io.lightning_checkpoint import load_lightning_checkpoint, spelled
+
+        family, stack = [cls], list(cls.__subclasses__())
+        while stack:
+            sub = stack.pop()
+            if sub.__module__.startswith("visiontf."):
+                family.append(sub)
+            stack.extend(sub.__subclasses__())
+        return load_lightning_checkpoint(cls, checkpoint_path, spelled(family), map_location=map_location,
+                                         hparams_file=hparams_file, **kwargs)
+
     def eval_transform(self) -> dict[str, Any]:
         """How validation preprocesses images, as keys of the task's eval settings (the adapter's
         ``settings_type``; an unknown key is refused): checkpoints save the settings they complete, so that a

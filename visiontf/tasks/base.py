@@ -17,7 +17,7 @@ from visiontf.core.distributed import get_world_size, is_distributed, sum_over_r
 from visiontf.data.base import trainer_datamodule
 from visiontf.models import create_model
 from visiontf.models.contract import VisionModel
-from visiontf.tasks.checkpoints import check_checkpoint_fits, check_file_classes
+from visiontf.tasks.checkpoints import check_checkpoint_fits, load_task_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,17 @@ class BaseTask(L.LightningModule):
         checkpoint["task"] = self.task
 
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's ``load_from_checkpoint``, after refusing a file whose hyper-parameters name a class
-        that is not visiontf's (:func:`~visiontf.tasks.checkpoints.check_checkpoint_classes`): Lightning hands
-        them to jsonargparse, which imports what a nested ``class_path`` names."""
-        check_file_classes(checkpoint_path, (f"{cls.__module__}.{cls.__qualname__}",))
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> Any:
+        """Lightning's ``load_from_checkpoint``, with the file's hyper-parameters read as data.
+
+        Lightning hands them to the ``_instantiator`` the file names, which runs jsonargparse: it parses strings
+        as YAML and imports what a ``class_path`` names. Here they are checked against this class's typed
+        signature and the task is built by a plain call
+        (:func:`~visiontf.tasks.checkpoints.load_task_checkpoint`). The file is always read with
+        ``weights_only=True`` (plain data and tensors), whatever ``weights_only`` says."""
+        return load_task_checkpoint(cls, checkpoint_path, map_location=map_location, hparams_file=hparams_file,
+                                    strict=strict, **kwargs)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # before Lightning copies any weight: another task, model or class count is refused by name

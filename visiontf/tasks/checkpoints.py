@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from visiontf.core.errors import UserError
+from visiontf.core.saved_arguments import SavedArgumentsError, check_value
+from visiontf.io.lightning_checkpoint import load_lightning_checkpoint, saved_init_arguments, spelled
 from visiontf.io.weights import (
     WeightsError,
     check_tensor_values,
@@ -33,6 +36,8 @@ class CheckpointError(UserError, ValueError):
     """A checkpoint cannot be used as asked (missing, incomplete, of another task, model or number of
     classes); the message names the file and the fix."""
 
+#: the hyper-parameters that rebuild a task's network, and their types (every task takes them first)
+MODEL_ARGUMENTS = {"model_name": str, "num_classes": int | None, "model_kwargs": dict[str, Any] | None}
 #: kwargs that point at weight files used only to initialise training; a checkpoint has all weights
 INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
 
@@ -53,13 +58,19 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
 
     path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
-    check_checkpoint_classes(ckpt, path)
-    hp = dict(ckpt.get("hyper_parameters") or {})
+    arguments = checkpoint_arguments(ckpt, path)
+    hp = arguments.task_arguments
     if "model_name" not in hp or "state_dict" not in ckpt:
         raise CheckpointError(
             f"{path}: not a visiontf task checkpoint (needs 'hyper_parameters.model_name' and 'state_dict'; "
             f"has keys {sorted(ckpt)[:10]}). For a plain state dict use create_model(name, pretrained=path)."
         )
+    if arguments.task is None:  # a run outside the CLI names no task class: what is read here is typed here
+        try:
+            for key, hint in MODEL_ARGUMENTS.items():
+                check_value(hp.get(key), hint, str(path), f"hyper_parameters.{key}")
+        except SavedArgumentsError as e:
+            raise CheckpointError(str(e)) from None
     kwargs = {k: v for k, v in dict(hp.get("model_kwargs") or {}).items() if k not in INIT_ONLY_KWARGS}
     kwargs.update(overrides)
     model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **kwargs)
@@ -79,7 +90,7 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     if missing:
         log.warning("%s: %d tensors of %s left at init (strict=False), e.g. %s", path, len(missing), hp["model_name"],
                     missing[:5])
-    dm = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    dm = arguments.data_arguments
     info: dict[str, Any] = {"hyper_parameters": hp, "datamodule_hyper_parameters": dm}
     names = ckpt.get("class_names") or hp.get("class_names") or dm.get("class_names")
     if names:
@@ -150,30 +161,69 @@ def find_last_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     return newest
 
 
+def best_checkpoint(checkpoint_dir: str | Path) -> Path:
+    """The best checkpoint of the run whose checkpoints are in ``checkpoint_dir``: the one its ``last.ckpt``
+    records (the checkpoint callback's ``best_model_path``), found in that folder by name when the run folder
+    has moved since."""
+    folder = Path(checkpoint_dir)
+    last = find_last_checkpoint(folder)
+    if last is None:
+        raise CheckpointError(f"--ckpt_path best: no last.ckpt in {folder} to read the run's best checkpoint from "
+                              f"({_listing(folder)}); check trainer.default_root_dir or pass the checkpoint's path")
+    ckpt = safe_torch_load(last, mmap=True)
+    states = (ckpt.get("callbacks") if isinstance(ckpt, dict) else None) or {}
+    recorded = sorted({str(v["best_model_path"]) for v in states.values()
+                       if isinstance(v, dict) and isinstance(v.get("best_model_path"), str) and v["best_model_path"]})
+    if not recorded:
+        raise CheckpointError(f"--ckpt_path best: {last} records no best checkpoint (no checkpoint was kept by a "
+                              f"monitored metric yet); pass the checkpoint's path ({_listing(folder)})")
+    if len(recorded) > 1:
+        raise CheckpointError(f"--ckpt_path best: {last} records several best checkpoints ({', '.join(recorded)}), one "
+                              "per checkpoint callback; pass the one you mean")
+    best = Path(recorded[0])
+    if not best.is_file() and (folder / best.name).is_file():
+        best = folder / best.name  # the run folder was moved: the same file in its new place
+    return best
+
+
+def newest_hpc_checkpoint(root_dir: str | Path | None) -> Path | None:
+    """``<root_dir>/hpc_ckpt_<N>.ckpt`` with the largest N (what Lightning's SLURM requeue writes), or None."""
+    folder = Path(root_dir or "outputs")
+    found = [(int(m.group(1)), p) for p in folder.glob("hpc_ckpt_*.ckpt")
+             if (m := re.fullmatch(r"hpc_ckpt_(\d+)\.ckpt", p.name)) and p.is_file()] if folder.is_dir() else []
+    return max(found)[1] if found else None
+
+
 def resolve_checkpoint(ckpt_path: str | Path | None, checkpoint_dir: str | Path | None = None, *,
-                       for_fit: bool = False) -> str | None:
+                       for_fit: bool = False, root_dir: str | Path | None = None) -> str | None:
     """The checkpoint file that ``--ckpt_path`` means, checked; the one resolver of every tool.
+
+    Lightning's keywords become files here, so that what a tool reads is the file it names and goes through the
+    same checks as a path (a file named ``best`` in the working folder is never read in its place):
 
     * ``None``: None (no checkpoint).
     * ``"last"``: the run's ``last.ckpt`` in ``checkpoint_dir`` (``<default_root_dir>/checkpoints``).
-      None there is an error (:class:`CheckpointError` naming the folder and what it holds), except
-      when fitting (``for_fit``): then one INFO line says the run starts fresh (a requeued job's first
-      start uses the same command line as its resumes).
-    * ``"best"``, ``"hpc"``, ``"registry:..."``: returned as they are (Lightning resolves them).
+    * ``"best"``: the best checkpoint that run's ``last.ckpt`` records (:func:`best_checkpoint`).
+    * ``"hpc"``: the newest ``hpc_ckpt_<N>.ckpt`` in ``root_dir`` (``trainer.default_root_dir``).
+    * ``"registry:..."``: returned as it is (Lightning downloads it and restores the weights alone).
     * a path: it must be a complete checkpoint file; a missing or truncated file is a
       :class:`CheckpointError`, also when fitting (a typo must not silently start a new run).
+
+    ``last`` and ``hpc`` with nothing there are an error (:class:`CheckpointError` naming the folder and
+    what it holds), except when fitting (``for_fit``): then one INFO line says the run starts fresh (a
+    requeued job's first start uses the same command line as its resumes).
     """
     if ckpt_path is None:
         return None
     text = str(ckpt_path)
-    if text in ("best", "hpc") or text.startswith("registry:"):
+    if text.startswith("registry:"):
         return text
+    if text in ("last", "best") and checkpoint_dir is None:
+        raise CheckpointError(
+            f"--ckpt_path {text}: no run folder to look in; pass the checkpoint's path "
+            "(<trainer.default_root_dir>/checkpoints/last.ckpt) or the training --config"
+        )
     if text == "last":
-        if checkpoint_dir is None:
-            raise CheckpointError(
-                "--ckpt_path last: no run folder to look in; pass the checkpoint's path "
-                "(<trainer.default_root_dir>/checkpoints/last.ckpt) or the training --config"
-            )
         found = find_last_checkpoint(checkpoint_dir)
         if found is None:
             if for_fit:
@@ -183,6 +233,17 @@ def resolve_checkpoint(ckpt_path: str | Path | None, checkpoint_dir: str | Path 
                 f"--ckpt_path last: no last.ckpt in {checkpoint_dir} ({_listing(Path(checkpoint_dir))}); check "
                 "trainer.default_root_dir (the run folder) or pass the checkpoint's path; nothing was evaluated"
             )
+        path = found
+    elif text == "best":
+        path = best_checkpoint(checkpoint_dir)
+    elif text == "hpc":
+        found = newest_hpc_checkpoint(root_dir)
+        if found is None:
+            if for_fit:
+                log.info("--ckpt_path hpc: no hpc_ckpt_<N>.ckpt in %s yet; starting a fresh run", root_dir or "outputs")
+                return None
+            raise CheckpointError(f"--ckpt_path hpc: no hpc_ckpt_<N>.ckpt in {root_dir or 'outputs'} (the trainer's "
+                                  "default_root_dir); pass the checkpoint's path")
         path = found
     else:
         path = Path(text).expanduser()
@@ -203,92 +264,72 @@ def _check_complete(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- what it may name
-#: keys under which a checkpoint's hyper-parameters name a class that jsonargparse (LightningCLI) would import
-#: before checking its type: ``_class_path`` (how LightningCLI saves the task and data module) and
-#: ``class_path`` (a subclass spec, also nested in ``Any``-typed values such as ``model_kwargs``)
-CLASS_PATH_KEYS = ("_class_path", "class_path")
-#: the one ``_instantiator`` LightningCLI saves (Lightning's own allow-list has no other)
-CHECKPOINT_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module",)
-#: the parts of a checkpoint that name classes: the task's and the data module's hyper-parameters
-HYPER_PARAMETER_SECTIONS = ("hyper_parameters", "datamodule_hyper_parameters")
+def checkpoint_classes(*trusted: type | None) -> dict[str, type]:
+    """The classes a checkpoint may name, by every spelling (``module.Class``, ``module:Class``, ``Class``): the
+    task table's tasks and data modules (visiontf's own, imported here) and ``trusted`` (the classes that the
+    user's own config or call names)."""
+    from visiontf.adapters.task_table import data_module_class_paths, import_class, task_class_paths
+
+    ours = [import_class(p) for p in (*task_class_paths(), *data_module_class_paths())]
+    return spelled([*ours, *(t for t in trusted if t is not None)])
 
 
-def checkpoint_class_paths() -> frozenset[str]:
-    """The class paths a checkpoint may name: every task and data module of the task table, as
-    ``module.Class``, ``module:Class`` and the short ``Class`` a config may give."""
-    from visiontf.adapters.task_table import data_module_class_paths, task_class_paths
+@dataclass(frozen=True)
+class SavedArguments:
+    """A checkpoint's task and data module, as the classes they name and their constructor arguments, checked
+    as data (:func:`checkpoint_arguments`). A class is None when the file names none (a run outside the CLI)."""
 
-    full = (*task_class_paths(), *data_module_class_paths())
-    return frozenset([*full, *(p.rpartition(".")[2] for p in full), *(":".join(p.rsplit(".", 1)) for p in full)])
-
-
-def _class_references(value: Any, key: str):
-    """``(dotted key, value)`` of every class path and instantiator under ``value``, at any depth."""
-    import argparse
-
-    if isinstance(value, argparse.Namespace):
-        value = vars(value)
-    if isinstance(value, dict):
-        for k, v in value.items():
-            here = f"{key}.{k}"
-            if k in CLASS_PATH_KEYS or k == "_instantiator":
-                yield here, v
-            yield from _class_references(v, here)
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _class_references(v, f"{key}[{i}]")
+    task: type | None
+    task_arguments: dict[str, Any]
+    data: type | None
+    data_arguments: dict[str, Any]
 
 
-def check_checkpoint_classes(ckpt: Any, path: str | Path, trusted: tuple[str | None, ...] = ()) -> None:
-    """Refuse a checkpoint whose hyper-parameters name a class that is not visiontf's, before anything reads them.
+def checkpoint_arguments(ckpt: Any, path: str | Path, task: type | None = None, data: type | None = None) -> SavedArguments:
+    """A checkpoint's hyper-parameters read as data, the one reader of them in visiontf.
 
-    LightningCLI merges ``--ckpt_path``'s hyper-parameters into the config, and jsonargparse imports
-    whatever module a ``class_path`` names before it checks the class: a shared checkpoint naming
-    ``this.Zen``, ``antigravity`` or a module planted on the path would run that module's top-level
-    code. Every ``_class_path``/``class_path`` (at any depth) must be a task or data module of the
-    task table (:func:`checkpoint_class_paths`) or one of ``trusted`` (the classes the user's own
-    config names), and ``_instantiator`` Lightning's; anything else is a :class:`CheckpointError`
-    naming the key and the file. Nothing is imported here.
+    ``hyper_parameters`` may name (``_class_path``) only a task of the task table or ``task`` (the class the
+    caller builds), and a subclass of ``task`` when given; ``datamodule_hyper_parameters`` only a data module of
+    the table or ``data``. Every value is checked against the named class's typed signature (plain data where no
+    class is named), so a class reference in any spelling, a value of another type or an unknown key is a
+    :class:`CheckpointError` naming the file and the dotted key. Nothing is imported or called that the file names.
     """
+    from visiontf.tasks.optim import RENAMED
+
     if not isinstance(ckpt, dict):
-        return
-    allowed = checkpoint_class_paths() | {str(t) for t in trusted if t}
-    for section in HYPER_PARAMETER_SECTIONS:
-        for key, value in _class_references(ckpt.get(section), section):
-            ok = CHECKPOINT_INSTANTIATORS if key.endswith("._instantiator") else allowed
-            if isinstance(value, str) and value in ok:
-                continue
-            shown = repr(value) if len(repr(value)) <= 120 else repr(value)[:117] + "..."
-            what = "Lightning's CLI instantiator" if key.endswith("._instantiator") else "a visiontf task or data module"
-            raise CheckpointError(
-                f"{path}: {key} is {shown}, not {what}; a checkpoint may name only visiontf's task and data "
-                "module classes (visiontf.adapters.task_table.TASK_TABLE), so it was refused before anything it names "
-                "was imported; use a checkpoint written by visiontf's tools/train.py"
-            )
-
-
-def check_file_classes(path: Any, trusted: tuple[str | None, ...] = ()) -> None:
-    """:func:`check_checkpoint_classes` of a checkpoint file (read memory-mapped, weights only). A path
-    that is not a local file, or a file torch cannot read with ``weights_only`` (its reader then decides),
-    is left to whoever reads it next."""
-    if not isinstance(path, (str, Path)) or not Path(path).is_file():
-        return
-    path = Path(path)
+        raise CheckpointError(f"{path}: holds a {type(ckpt).__name__}, not a checkpoint (a mapping of its parts)")
+    allowed = checkpoint_classes(task, data)
     try:
-        ckpt = safe_torch_load(path, mmap=True)
-    except Exception:  # noqa: BLE001 - not readable as plain data: the caller's own load reports it
-        return
-    check_checkpoint_classes(ckpt, path, trusted)
+        task_cls, task_args = saved_init_arguments(ckpt.get("hyper_parameters"), path, "hyper_parameters", allowed,
+                                                   expected=task, ignored=RENAMED)
+        data_cls, data_args = saved_init_arguments(ckpt.get("datamodule_hyper_parameters"), path,
+                                                   "datamodule_hyper_parameters", allowed)
+    except SavedArgumentsError as e:
+        raise CheckpointError(str(e)) from None
+    return SavedArguments(task_cls, task_args, data_cls, data_args)
+
+
+def load_task_checkpoint(cls: type, checkpoint_path: Any, **kwargs: Any) -> Any:
+    """``cls.load_from_checkpoint(checkpoint_path, ...)`` (Lightning's arguments) with the hyper-parameters read
+    as data (:func:`checkpoint_arguments`'s rules): the task built by a plain call, never by what the file names."""
+    from visiontf.tasks.optim import RENAMED
+
+    if isinstance(checkpoint_path, (str, Path)):
+        checkpoint_path = resolve_checkpoint(checkpoint_path)
+    try:
+        return load_lightning_checkpoint(cls, checkpoint_path, checkpoint_classes(cls), ignored=RENAMED, **kwargs)
+    except SavedArgumentsError as e:
+        raise CheckpointError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------- does it fit
 def checkpoint_task(ckpt: dict[str, Any]) -> str | None:
     """The task a visiontf checkpoint was trained for: saved since visiontf stores it (``task``), else
     found through the registry tags of its ``model_name``; None for other checkpoints."""
-    if ckpt.get("task"):
-        return str(ckpt["task"])
-    name = (ckpt.get("hyper_parameters") or {}).get("model_name")
-    if not name:
+    if isinstance(ckpt.get("task"), str) and ckpt["task"]:
+        return ckpt["task"]
+    name = _saved_hparams(ckpt).get("model_name")
+    if not isinstance(name, str) or not name:
         return None
     from visiontf.adapters.task_table import TASKS
     from visiontf.models import get_entry
@@ -300,25 +341,21 @@ def checkpoint_task(ckpt: dict[str, Any]) -> str | None:
     return next((t for t in tags if t in TASKS), None)
 
 
-def check_checkpoint_task(path: str | Path, task_class_path: str | None) -> None:
-    """Refuse a checkpoint of another task than the config's ``model.class_path`` (read memory-mapped,
-    so a large checkpoint costs nothing here)."""
-    import importlib
-
-    if not task_class_path or "." not in str(task_class_path):
-        return
-    module, name = str(task_class_path).rsplit(".", 1)
-    task = getattr(getattr(importlib.import_module(module), name, None), "task", None)
-    if not task:
-        return
-    ckpt = safe_torch_load(path, mmap=True)
-    ck_task = checkpoint_task(ckpt) if isinstance(ckpt, dict) else None
-    if ck_task is not None and ck_task != task:
-        hp = ckpt.get("hyper_parameters") or {}
+def check_checkpoint_task(ckpt: dict[str, Any], path: str | Path, task_class: type | None) -> None:
+    """Refuse a checkpoint of another task than ``task_class`` (the config's ``model.class_path``) builds."""
+    task = getattr(task_class, "task", None)
+    ck_task = checkpoint_task(ckpt)
+    if task and ck_task is not None and ck_task != task:
         raise CheckpointError(
-            f"{path}: a {ck_task} checkpoint ({hp.get('model_name')}), but this config builds a {task} model "
-            f"({name}); use the config the checkpoint was trained with"
+            f"{path}: a {ck_task} checkpoint ({_saved_hparams(ckpt).get('model_name')}), but this config builds a "
+            f"{task} model ({task_class.__name__}); use the config the checkpoint was trained with"
         )
+
+
+def _saved_hparams(ckpt: Any) -> dict[str, Any]:
+    """A checkpoint's ``hyper_parameters`` for a look at a field (empty when it holds no mapping there)."""
+    hp = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
+    return hp if isinstance(hp, dict) else {}
 
 
 def check_config_model(ckpt: dict[str, Any], path: str | Path, model_name: str | None, config: Any = None) -> None:
@@ -329,7 +366,7 @@ def check_config_model(ckpt: dict[str, Any], path: str | Path, model_name: str |
     trainer settings: a ``detr_tiny`` checkpoint evaluated with the ``dino_tiny`` config was scored at
     DINO's evaluation size. Giving ``--model.init_args.model_name`` the checkpoint's model says it is meant.
     """
-    ck_model = (ckpt.get("hyper_parameters") or {}).get("model_name")
+    ck_model = _saved_hparams(ckpt).get("model_name")
     if not ck_model or not model_name or ck_model == model_name:
         return
     files = [str(c) for c in (config or []) if c]
@@ -350,8 +387,8 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
     message names the file, both sides and the fix. Checkpoints without visiontf hyper-parameters
     pass (Lightning's own key check then applies).
     """
-    hp = ckpt.get("hyper_parameters") or {}
-    if "model_name" not in hp:
+    hp = _saved_hparams(ckpt)
+    if not isinstance(hp.get("model_name"), str):
         return
     where = str(path) if path else "the checkpoint"
     ck_task, ck_model, ck_classes = checkpoint_task(ckpt), hp["model_name"], hp.get("num_classes")
@@ -366,7 +403,7 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
             f"with (--model.init_args.model_name={ck_model}), or start a new run from its weights with "
             f"--model.init_args.pretrained={where}"
         )
-    if ck_classes is not None and num_classes is not None and int(ck_classes) != int(num_classes):
+    if isinstance(ck_classes, int) and num_classes is not None and ck_classes != int(num_classes):
         raise CheckpointError(
             f"{where}: trained for {ck_classes} classes, but this run has {num_classes} (from the data); --ckpt_path "
             f"resumes or evaluates that same model. To fine-tune with a new head, start a new run with "
@@ -374,7 +411,7 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
         )
 
 
-__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "WeightsError", "check_checkpoint_classes", "check_checkpoint_fits",
-           "check_checkpoint_task", "check_file_classes", "checkpoint_class_paths",
+__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "SavedArguments", "WeightsError", "check_checkpoint_fits",
+           "check_checkpoint_task", "checkpoint_arguments", "checkpoint_classes", "load_task_checkpoint",
            "check_config_model", "checkpoint_task", "config_checkpoint_dir", "find_last_checkpoint", "load_checkpoint_model",
-           "resolve_checkpoint", "run_checkpoint_dir"]
+           "best_checkpoint", "newest_hpc_checkpoint", "resolve_checkpoint", "run_checkpoint_dir"]

@@ -1,0 +1,264 @@
+"""Constructor arguments saved in a file (a checkpoint's hyper-parameters), read as plain data and checked
+against the class's typed signature.
+
+Why it exists: such arguments used to reach jsonargparse (LightningCLI's ``--ckpt_path`` merge, Lightning's
+``_instantiator``). jsonargparse parses a string of an ``Any``-typed field as YAML or JSON and imports the class
+any ``class_path`` in it names, so a file could run code, however its class path was spelled. Nothing here
+parses, imports or calls anything the file names: each value is checked against the type the constructor
+declares and handed on as it is, to be given to the constructor directly.
+
+What passes:
+
+* the declared types: ``str``, ``int``, ``float`` (an ``int`` is taken as a float), ``bool``, paths, ``None``,
+  ``Literal``, unions, ``list``/``tuple``/``Sequence``/``dict``/``Mapping`` of those, and dataclasses (built
+  here from a mapping of their fields: visiontf's typed option groups);
+* under ``Any``: plain data only (``None``, ``bool``, ``int``, ``float``, ``str``, paths, and lists, tuples
+  and string-keyed dicts of those).
+
+What is refused, with the dotted key and the file: a value of another type; a key the constructor does not
+take; and a class reference in any spelling, at any depth: a ``class_path``/``init_args`` key, or a string that
+YAML or JSON would read as a document holding one. (The structure alone makes such values inert; refusing them
+says plainly that the file is not what visiontf writes.)
+"""
+from __future__ import annotations
+
+import argparse
+import collections.abc
+import dataclasses
+import inspect
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import PurePath
+from typing import Any
+
+from visiontf.core.errors import UserError
+
+#: the keys that make a mapping a class specification to jsonargparse, LightningCLI and Lightning
+CLASS_SPEC_KEYS = frozenset({"class_path", "_class_path", "init_args", "dict_kwargs", "_instantiator"})
+#: strings longer than this are not read as YAML/JSON documents (they are inert either way: nothing parses them)
+_LONGEST_DOCUMENT = 100_000
+#: nesting deeper than this is not what any constructor of visiontf takes
+_DEEPEST = 32
+
+
+class SavedArgumentsError(UserError, ValueError):
+    """Saved constructor arguments that are not plain data of the declared types; the message names the
+    file, the dotted key and what was found."""
+
+
+class _Mismatch(Exception):
+    """A value that does not conform (internal: the caller adds the key and the file)."""
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _fail(where: str, key: str, value: Any, why: str) -> SavedArgumentsError:
+    return SavedArgumentsError(f"{where}: {key} is {_show(value)}, {why}; visiontf reads a file's saved arguments as "
+                               "plain data, so the file was refused before anything was built; use a checkpoint "
+                               "written by visiontf's tools/train.py")
+
+
+def _embedded_document(text: str) -> Any:
+    """What YAML (a superset of JSON) reads from ``text`` when that is a mapping or a list, else None."""
+    if len(text) > _LONGEST_DOCUMENT:
+        return None
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(text)
+    except Exception:  # noqa: BLE001 - not a document: a plain string
+        return None
+    return loaded if isinstance(loaded, (dict, list)) else None
+
+
+def _class_reference(value: Any, depth: int = 0) -> str | None:
+    """The dotted key of a class specification under ``value`` (in a string read as YAML/JSON too), or None."""
+    if depth > _DEEPEST:
+        return ""
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, str):
+        document = _embedded_document(value)
+        if document is None:
+            return None
+        found = _class_reference(document, depth + 1)
+        return None if found is None else f"<as YAML>{found}"
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if k in CLASS_SPEC_KEYS:
+                return f".{k}"
+            found = _class_reference(v, depth + 1)
+            if found is not None:
+                return f".{k}{found}"
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _class_reference(v, depth + 1)
+            if found is not None:
+                return f"[{i}]{found}"
+    return None
+
+
+def plain_data(value: Any, where: str, key: str, depth: int = 0) -> Any:
+    """``value`` if it is plain data without a class reference (argparse Namespaces become dicts), else
+    :class:`SavedArgumentsError` naming ``where`` (the file) and ``key``."""
+    if depth > _DEEPEST:
+        raise _fail(where, key, value, f"nested deeper than {_DEEPEST} levels")
+    if value is None or isinstance(value, (bool, int, float, PurePath)):
+        return value
+    if isinstance(value, str):
+        if _class_reference(value) is not None:
+            raise _fail(where, key, value, "a class specification written as a YAML or JSON string, not plain data")
+        return value
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _fail(where, key, value, f"a mapping with the key {_show(k)}, where plain data has string keys")
+            if k in CLASS_SPEC_KEYS:
+                raise _fail(where, f"{key}.{k}", v, "a class specification, not plain data")
+            out[k] = plain_data(v, where, f"{key}.{k}", depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        items = [plain_data(v, where, f"{key}[{i}]", depth + 1) for i, v in enumerate(value)]
+        return tuple(items) if isinstance(value, tuple) else items
+    raise _fail(where, key, value, f"a {type(value).__module__}.{type(value).__qualname__}, not plain data "
+                "(None, bools, numbers, strings, paths, and lists and string-keyed mappings of those)")
+
+
+def _conform(value: Any, hint: Any, where: str, key: str) -> Any:
+    """``value`` as a ``hint``-typed constructor argument, or :class:`_Mismatch`."""
+    if hint is Any or hint is object or hint is inspect.Parameter.empty:
+        return plain_data(value, where, key)
+    if hint is None or hint is type(None):
+        if value is None:
+            return None
+        raise _Mismatch
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        for arm in args:
+            try:
+                return _conform(value, arm, where, key)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if origin is typing.Literal:
+        if any(type(value) is type(a) and value == a for a in args):
+            return value
+        raise _Mismatch
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Mismatch
+    if hint is str:
+        if isinstance(value, str):
+            return plain_data(value, where, key)
+        raise _Mismatch
+    if inspect.isclass(hint) and issubclass(hint, PurePath):
+        if isinstance(value, (str, PurePath)):
+            return plain_data(value, where, key)
+        raise _Mismatch
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if dataclasses.is_dataclass(hint) and inspect.isclass(hint):
+        return _dataclass(value, hint, where, key)
+    container = origin if origin is not None else hint
+    if container in (list, tuple, collections.abc.Sequence, collections.abc.MutableSequence):
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        if container is tuple:
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_conform(v, args[0], where, f"{key}[{i}]") for i, v in enumerate(value))
+            if args and len(args) != len(value):
+                raise _Mismatch
+            return tuple(_conform(v, a, where, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args or [Any] * len(value))))
+        item = args[0] if args else Any
+        return [_conform(v, item, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    if container in (dict, collections.abc.Mapping, collections.abc.MutableMapping):
+        if not isinstance(value, Mapping):
+            raise _Mismatch
+        key_hint, value_hint = args if len(args) == 2 else (Any, Any)
+        out = {}
+        for k, v in value.items():
+            if k in CLASS_SPEC_KEYS:
+                raise _fail(where, f"{key}.{k}", v, "a class specification, not plain data")
+            try:
+                _conform(k, key_hint, where, f"{key} (a key)")
+            except _Mismatch:
+                raise _fail(where, key, value, f"a mapping with the key {_show(k)}, not {_type_name(key_hint)}") from None
+            out[k] = check_value(v, value_hint, where, f"{key}.{k}")
+        return out
+    # a class, a callable, a tensor: nothing a saved file may hold as a constructor argument
+    raise _Mismatch
+
+
+def _dataclass(value: Any, hint: type, where: str, key: str) -> Any:
+    if isinstance(value, hint):
+        return value
+    if not isinstance(value, Mapping):
+        raise _Mismatch
+    hints = typing.get_type_hints(hint)
+    names = {f.name for f in dataclasses.fields(hint) if f.init}
+    unknown = [k for k in value if k not in names]
+    if unknown:
+        raise _fail(where, f"{key}.{unknown[0]}", value[unknown[0]], f"not a field of {hint.__name__} "
+                    f"(its fields: {', '.join(sorted(names))})")
+    return hint(**{k: check_value(v, hints.get(k, Any), where, f"{key}.{k}") for k, v in value.items()})
+
+
+def _type_name(hint: Any) -> str:
+    text = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
+    return text or str(hint).replace("typing.", "")
+
+
+def check_value(value: Any, hint: Any, where: str, key: str) -> Any:
+    """``value`` as a ``hint``-typed argument (see the module docstring), or :class:`SavedArgumentsError`
+    naming ``where`` (the file) and ``key``."""
+    try:
+        return _conform(value, hint, where, key)
+    except _Mismatch:
+        raise _fail(where, key, value, f"not {_type_name(hint)}") from None
+
+
+def check_arguments(cls: type, arguments: Mapping[str, Any], where: str, section: str,
+                    ignored: Iterable[str] = ()) -> dict[str, Any]:
+    """``arguments`` (saved for ``cls``'s constructor) checked against its typed signature, as the keyword
+    arguments to call it with; :class:`SavedArgumentsError` naming ``where`` (the file) and ``section.key``
+    for a value of another type, a class reference, or a key the constructor does not take. ``ignored``: keys
+    left out without a check (names a class once took, which its loader reports itself)."""
+    signature = inspect.signature(cls.__init__)
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: every value must then be plain data
+        hints = {}
+    params = {n: p for n, p in signature.parameters.items() if n != "self"
+              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    ignored = set(ignored)
+    out: dict[str, Any] = {}
+    for name, value in arguments.items():
+        key = f"{section}.{name}"
+        if name in ignored:
+            continue
+        if name in CLASS_SPEC_KEYS:
+            raise _fail(where, key, value, "a class specification, not a constructor argument")
+        if name not in params and not takes_any:
+            raise _fail(where, key, value, f"not an argument of {cls.__name__} (it takes {', '.join(params)})")
+        out[name] = check_value(value, hints.get(name, Any), where, key)
+    return out
+
+
+__all__ = ["CLASS_SPEC_KEYS", "SavedArgumentsError", "check_arguments", "check_value", "plain_data"]
