@@ -16,7 +16,7 @@ Sections, the most important first (each row is skipped with a note when the bud
 
 The table (Markdown) goes to stdout and ``--out``/gpu_table.md, every row as JSON to gpu_rows.json.
 
-    python benchmarks/gpu.py --device cuda --ref-op build/ms_deform_op --out $OUT      # one H100, about 6 minutes
+    python benchmarks/gpu.py --device cuda [--ref-op FOLDER] --out $OUT               # one H100, about 6 minutes
     python benchmarks/gpu.py --device cpu --tiny                                       # the CPU smoke run (minutes)
 """
 from __future__ import annotations

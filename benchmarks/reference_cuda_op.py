@@ -3,8 +3,8 @@
 fundamentalvision/Deformable-DETR's ``models/ops`` (``MultiScaleDeformableAttention``; detrex, DINO and
 mmcv carry the same kernel) is what the original Deformable DETR and DINO train with on a GPU. It
 is a benchmark reference only: nothing here builds it or ships it (the repository's rule for fetched
-code). ``docs/benchmarks.md`` ("GPU (prepared)") says how it was built for the lent GPU and how the
-built folder travels there.
+code): a session that has a GPU builds it on that machine, outside the repository, and passes the folder
+as ``--ref-op`` (``docs/benchmarks.md``, "GPU (prepared)").
 
 A folder is searched for, in order, a library per torch version (``torch-<version>/ms_deform_ref.so``:
 the original's sources with its two entry points registered as ``torch.ops.ms_deform_ref.forward`` /
