@@ -38,6 +38,9 @@ MODELS = {
 DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.scales=[64]",
         "--data.init_args.max_size=96", "--data.init_args.crop_scales=[64]", "--data.init_args.val_size=64",
         "--precision_without_native_bf16=null", "--trainer.precision=32-true"]
+#: the evaluations run under the recipes' own mixed precision (bf16 is emulated on a CPU without native bf16,
+#: rounding all the same): evaluation computes in float32 unless --eval_precision trainer
+EVAL_PRECISION = "--trainer.precision=bf16-mixed"
 #: (height, width) of the 7 validation images: three sizes, so that batches of 2 and 8 mix them
 VAL_SIZES = [(64, 80), (80, 64), (64, 80), (72, 72), (64, 80), (80, 64), (64, 80)]
 COCO_KEYS = ["map", "map_50", "map_75", "mar_1", "mar_10", "mar_100"]
@@ -108,14 +111,22 @@ def _assert_every_stat_same(ref: dict, other: dict, what: str) -> None:
 
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(fitted, family, tmp_path):
+    """Under bf16-mixed, as the recipes train: evaluation computes in float32 (``--eval_precision float32``, the
+    default), so every stat is float32's at any batch size and process count. With ``--eval_precision trainer``
+    it computes in bf16 and the stats are others (the option is what makes the difference)."""
     root, ckpt = fitted[family]
-    overrides = [f"--data.init_args.root={root}", MODELS[family], *DATA, "--trainer.strategy=auto", "--trainer.callbacks=[]"]
-    cases = [{"argv": ["tools/eval.py", "--config", CONFIGS[family], *overrides, f"--data.init_args.val_batch_size={b}",
+    overrides = [f"--data.init_args.root={root}", MODELS[family], *DATA, EVAL_PRECISION, "--trainer.strategy=auto",
+                 "--trainer.callbacks=[]"]
+    runs = {b: [] for b in (1, 2, 8)} | {"bf16_1": ["--eval_precision=trainer"]}
+    cases = [{"argv": ["tools/eval.py", "--config", CONFIGS[family], *overrides, *extra,
+                       f"--data.init_args.val_batch_size={str(name).removeprefix('bf16_')}",
                        "--trainer.devices=1", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
-                       "--ckpt_path", ckpt, "--output", tmp_path / f"b{b}.json"]} for b in (1, 2, 8)]
+                       "--ckpt_path", ckpt, "--output", tmp_path / f"b{name}.json"]} for name, extra in runs.items()]
     for r in run_tools(cases, tmp_path):
         assert r["code"] == 0, r["stderr"][-3000:]
-    stats = {b: json.loads((tmp_path / f"b{b}.json").read_text()) for b in (1, 2, 8)}
+    stats = {name: json.loads((tmp_path / f"b{name}.json").read_text()) for name in runs}
+    in_bf16 = [k for k in stats[1] if not math.isclose(stats[1][k], stats["bf16_1"][k], abs_tol=1e-6)]
+    assert in_bf16, "--eval_precision trainer should compute in bf16 and give other stats than float32"
     keys = [f"val/{k}" for k in COCO_KEYS]
     # the truth is the batch-1 detections: 1 here, and whatever a padded batch changes is lost
     assert stats[1]["val/map"] > 0.9, stats[1]
@@ -212,7 +223,8 @@ def test_setr_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(setr_fitted, tm
     """Sliding-window SETR over zero-padded mixed-size batches scored other pixels than image by image
     (the windows see the padding); size-bucketed evaluation batches leave nothing padded."""
     root, ckpt = setr_fitted
-    overrides = [f"--data.init_args.root={root}", *SETR_MODEL, *SETR_DATA, "--trainer.callbacks=[]"]
+    overrides = [f"--data.init_args.root={root}", *SETR_MODEL, *SETR_DATA, "--trainer.callbacks=[]",
+                 "--precision_without_native_bf16=null", EVAL_PRECISION]
     cases = [{"argv": ["tools/eval.py", "--config", SETR_CONFIG, *overrides, f"--data.init_args.val_batch_size={b}",
                        "--trainer.devices=1", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
                        "--ckpt_path", ckpt, "--output", tmp_path / f"b{b}.json"]} for b in (1, 2, 8)]

@@ -308,7 +308,10 @@ def _predict(argv: Sequence[str]) -> int:
     if "-h" in argv or "--help" in argv:
         predict_parser().parse_args(argv)  # the help lists every task's options
     # the options every task has, checked before torch is imported; the tasks' own options after
-    args, rest = predict_parser(with_task_options=False).parse_known_args(argv)
+    shared = predict_parser(with_task_options=False)
+    if shared.unknown_options(argv):  # a task's option, or a typo: named before any other mistake
+        predict_parser().refuse_unknown_options(argv)
+    args, rest = shared.parse_known_args(argv)
     _check_predict_values(args)
     _model_source(args)
     input_paths(args.input)

@@ -24,6 +24,7 @@ import logging
 import sys
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import torch
@@ -40,7 +41,7 @@ from visiontf.callbacks.validation_schedule import ValidationSchedule
 from visiontf.cli.checks import checkpoint_file
 from visiontf.cli.errors import run_tool
 from visiontf.cli.precision import resolve_cpu_precision
-from visiontf.core.arguments import close_options
+from visiontf.core.arguments import unknown_option_error, unknown_options
 from visiontf.core.errors import UsageError, UserError
 from visiontf.data.base import VisionDataModule
 from visiontf.io.weights import allow_listed_globals
@@ -117,9 +118,11 @@ class VisionCLI(LightningCLI):
     what it still assumes of Lightning's internals is asserted by ``tests/test_lightning_internals.py``.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, extra_options: tuple[str, ...] = (), **kwargs) -> None:
         #: the parsers that take the run's options (each subcommand's), for the closest names to a typo
         self._option_parsers: list[LightningArgumentParser] = []
+        #: options a wrapping tool takes itself (tools/eval.py's --output), named among the close ones of a typo
+        self._extra_options = tuple(extra_options)
         # every torch.load of the run takes visiontf's allow-list: LightningCLI's own read of --ckpt_path's
         # hyper-parameters (right after parse_arguments) and the Trainer's restore of it
         with allow_listed_globals():
@@ -147,6 +150,11 @@ class VisionCLI(LightningCLI):
             "--torch_num_threads", type=int | None, default=None,
             help="torch's intra-op CPU threads for this run (torch.set_num_threads); null: torch's default (all cores). "
                  "Small models on a shared CPU: 1 (threads waiting for a descheduled peer make steps many times slower)")
+        parser.add_argument(
+            "--eval_precision", type=Literal["float32", "trainer"], default="float32",
+            help="validation and test: float32 (no autocast: under bf16-mixed / 16-mixed every stat is float32's, the same "
+                 "at any batch size and process count) or trainer (the trainer's precision: faster on a GPU, the stats "
+                 "then move with the batch's padding)")
         parser.add_argument("--allow_random_weights", type=bool, default=False,
                             help="validate/test without --ckpt_path or model.init_args.pretrained: score untrained weights on purpose")
         # post-processing at evaluation: the checkpoint's settings unless given (its hyper-parameters win over --model.*)
@@ -159,18 +167,27 @@ class VisionCLI(LightningCLI):
 
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        known = [*self._known_options(), *self._extra_options]
+        argv = sys.argv[1:] if args is None else [a for a in args if isinstance(a, str)]
+        # a misspelt top-level option is named before anything else goes wrong (jsonargparse reports a missing
+        # or invalid value first); nested (dotted) options are resolved by jsonargparse, below
+        unknown = unknown_options(argv, known, dotted=False)
+        if unknown:
+            raise unknown_option_error(unknown[0], known)
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as e:
-            # an unknown option (a typo, or an abbreviation: they are refused) with the closest known ones
+            # an unknown nested option (a typo, or an abbreviation: they are refused), with the closest known ones
             message = str(e)
             if message.startswith("unrecognized arguments:"):
                 unknown = [a for a in message.split(":", 1)[1].split() if a.startswith("--")]
-                known = [o for p in self._option_parsers for o in p._option_string_actions]
-                close = close_options(unknown[0], known) if unknown else []
-                if close:
-                    raise UsageError(f"{message}; did you mean {' or '.join(close)}?") from e
+                if unknown:
+                    raise unknown_option_error(unknown[0], known) from e
             raise
+
+    def _known_options(self) -> list[str]:
+        """Every option string of the run's parsers (the subcommands' and their nested groups')."""
+        return [o for p in self._option_parsers for o in p._option_string_actions]
 
     def _run_config(self, config) -> dict:
         """The subcommand's section of ``config`` (the whole of it when run without subcommands)."""
@@ -303,7 +320,9 @@ class VisionCLI(LightningCLI):
             model = self.config_dump.setdefault("model", {})
             model.setdefault("init_args", {}).update(_as_dumped(saved))
 
-    def _check_ckpt(self) -> None:
+    def _before_subcommand(self) -> None:
+        if hasattr(self.model, "eval_precision"):
+            self.model.eval_precision = self.config_init[self.subcommand].get("eval_precision") or "float32"
         path, ckpt = getattr(self, "_loaded_ckpt", None) or (self.config_init[self.subcommand].get("ckpt_path"), None)
         check_ckpt_path(path, self.model, ckpt)
         self._refuse_random_weights(path)
@@ -333,7 +352,7 @@ class VisionCLI(LightningCLI):
         except ValueError as e:  # a task without post-processing, or a value out of range
             raise UsageError(f"{options}: {e}") from e
 
-    before_fit = before_validate = before_test = before_predict = _check_ckpt
+    before_fit = before_validate = before_test = before_predict = _before_subcommand
 
 
 def _as_dumped(value):
@@ -390,7 +409,7 @@ def _trainer_defaults() -> dict:
     return {"callbacks": [LearningRateMonitor(logging_interval="step"), RNGStateCheckpoint(), ValidationSchedule()]}
 
 
-def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
+def make_cli(args: list[str] | None = None, run: bool = True, extra_options: tuple[str, ...] = ()) -> VisionCLI:
     """The CLI (subclass mode: the YAML's ``class_path``s choose task and data), run on ``args``."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # eval.py and the tests pass args on purpose (eval.py adds "validate"); Lightning warns about that
@@ -411,6 +430,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
         args=args,
         run=run,
         auto_configure_optimizers=False,
+        extra_options=extra_options,
     )
 
 
@@ -465,7 +485,7 @@ def _eval(argv: list[str]) -> int:
     argv = list(argv)
     output = _take_option(argv, "--output")
     per_class = _take_flag(argv, "--per_class")
-    cli = make_cli(["validate", *argv])
+    cli = make_cli(["validate", *argv], extra_options=("--output", "--per_class"))
     trainer = cli.trainer
     stats = {k: float(v) for k, v in trainer.callback_metrics.items()
              if getattr(v, "numel", lambda: 1)() == 1 and "/per_class/" not in k}

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 
 from visiontf.core.errors import UsageError
 
-__all__ = ["ToolParser", "close_options", "UsageError"]
+__all__ = ["ToolParser", "UsageError", "close_options", "unknown_option_error", "unknown_options"]
 
 
 def close_options(given: str, known: Iterable[str], n: int = 3) -> list[str]:
@@ -30,6 +31,29 @@ def close_options(given: str, known: Iterable[str], n: int = 3) -> list[str]:
     prefixed = [c for c in canon if c.startswith(name) and len(name) > 3]
     hits = prefixed[:n] or difflib.get_close_matches(name, list(canon), n=n, cutoff=0.6)
     return [canon[h] for h in hits]
+
+
+def unknown_options(argv: Iterable[str], known: Iterable[str], dotted: bool = True) -> list[str]:
+    """The ``--name`` (or ``--name=value``) tokens of ``argv`` whose name is not in ``known``, up to a ``--``
+    separator; ``dotted=False`` leaves out names with a dot (nested options a parser resolves by itself)."""
+    known = set(known)
+    found = []
+    for arg in argv:
+        if arg == "--":
+            break
+        if not arg.startswith("--") or len(arg) == 2:
+            continue
+        name = arg.split("=", 1)[0]
+        if name not in known and (dotted or "." not in name):
+            found.append(name)
+    return found
+
+
+def unknown_option_error(name: str, known: Iterable[str], prog: str | None = None) -> UsageError:
+    """``unknown option --X; did you mean --Y?``: the one wording of every tool for an option it does not take."""
+    close = close_options(name, known)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return UsageError(f"unknown option {name}{hint}" + (f" (see {prog} --help)" if prog else ""))
 
 
 class ToolParser(argparse.ArgumentParser):
@@ -45,12 +69,25 @@ class ToolParser(argparse.ArgumentParser):
         self.add_argument("--debug", action="store_true",
                           help="on an error, show the full traceback instead of one line (also VISIONTF_DEBUG=1)")
 
+    def unknown_options(self, argv: Sequence[str]) -> list[str]:
+        """The options of ``argv`` this parser does not take (see :func:`unknown_options`)."""
+        return unknown_options(argv, self._option_string_actions)
+
+    def refuse_unknown_options(self, argv: Sequence[str]) -> None:
+        """:func:`unknown_option_error` for the first option of ``argv`` this parser does not take."""
+        unknown = self.unknown_options(argv)
+        if unknown:
+            raise unknown_option_error(unknown[0], self._option_string_actions, self.prog)
+
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's
+        # an unknown option is named first: a misspelt --outptu would otherwise read as "--output is required"
+        self.refuse_unknown_options(sys.argv[1:] if args is None else list(args))
+        return super().parse_args(args, namespace)
+
     def error(self, message: str):  # noqa: D401 - argparse's hook
         """Raise :class:`UsageError` (argparse would print the usage and exit)."""
-        hint = ""
         if message.startswith("unrecognized arguments:"):
             unknown = [a for a in message.split(":", 1)[1].split() if a.startswith("-")]
-            close = close_options(unknown[0], self._option_string_actions) if unknown else []
-            if close:
-                hint = f"; did you mean {' or '.join(close)}?"
-        raise UsageError(f"{message}{hint} (see {self.prog} --help)")
+            if unknown:
+                raise unknown_option_error(unknown[0], self._option_string_actions, self.prog)
+        raise UsageError(f"{message} (see {self.prog} --help)")

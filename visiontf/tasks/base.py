@@ -2,6 +2,7 @@
 evaluation means over the whole set that do not depend on the process count."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Literal
 
@@ -45,6 +46,11 @@ class BaseTask(L.LightningModule):
     task: str = ""
     #: the kind of model it trains (:mod:`visiontf.models.contract`); a registered model of another kind is refused
     model_kind: type[VisionModel] = VisionModel
+    #: how validation and test compute: ``"float32"`` without autocast, so that under mixed precision
+    #: (``bf16-mixed``, ``16-mixed``: float32 weights) every stat is what float32 gives, whatever the batch size
+    #: or process count (bf16's rounding moves with the padding of a batch); ``"trainer"``: in the trainer's
+    #: precision (faster on a GPU, stats then depend on the batch). ``tools/train.py --eval_precision`` sets it.
+    eval_precision: Literal["float32", "trainer"] = "float32"
 
     def __init__(
         self,
@@ -170,15 +176,24 @@ class BaseTask(L.LightningModule):
     def _eval_end(self, stage: str) -> None:
         raise NotImplementedError
 
+    def _eval_compute(self) -> contextlib.AbstractContextManager:
+        """The context validation and test run in (:attr:`eval_precision`)."""
+        device = self.device.type
+        if self.eval_precision == "float32" and torch.is_autocast_enabled(device):
+            return torch.autocast(device, enabled=False)
+        return contextlib.nullcontext()
+
     def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
+        with self._eval_compute():
+            self._eval_step(batch, "val")
 
     def on_validation_epoch_end(self):
         self._eval_end("val")
         self._log_eval_means("val")
 
     def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
+        with self._eval_compute():
+            self._eval_step(batch, "test")
 
     def on_test_epoch_end(self):
         self._eval_end("test")
