@@ -64,7 +64,7 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
         ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path / "missing.jpg", "--output", tmp_path / "o"):
             f"--input {tmp_path / 'missing.jpg'}: no such file or folder",
         ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--score", "0.3"):
-            "unrecognized arguments: --score 0.3; did you mean --score_threshold? (see predict.py --help)",
+            "unknown option --score; did you mean --score_threshold? (see predict.py --help)",
         ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--batch_size", "0"):
             "--batch_size 0: must be >= 1",
         ("predict.py", "--ckpt_path", ckpt, "--input", tmp_path, "--output", tmp_path / "o", "--top_k", "-1"):
@@ -169,7 +169,7 @@ def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy)
     tmp, ckpt = heavy["tmp"], heavy["ckpt"]
     expected = {
         "bad root": f"{tmp / 'nope'}: dataset root not found (--data.root)",
-        "abbreviation": "unrecognized arguments: --trainer.max_epoch 3; did you mean --trainer.max_epochs?",
+        "abbreviation": "unknown option --trainer.max_epoch; did you mean --trainer.max_epochs?",
         "bad int": "--trainer.max_epochs: expected an int, got three",
         "bad choice": "--model.init_args.schedule: expected one of step, cosine, constant, got linear",
         "unknown data option": "--data.init_args.rot: not an option of CocoDataModule; did you mean root?",

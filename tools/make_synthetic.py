@@ -51,6 +51,11 @@ def main(argv=None) -> int:
                    help="detection: the easier set of `make demo` and configs/detr/detr_tiny_shapes.yaml "
                         "(128x160 images, 1-3 large objects, one colour per class)")
     args = p.parse_args(argv)
+    for name, least in (("num_train", 1), ("num_val", 1), ("num_classes", 1)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise UsageError(f"--{name} {value}: must be >= {least} (a split or class set with nothing in it trains and "
+                             "scores nothing)")
     if args.out.is_dir() and any(args.out.iterdir()):
         # a set written over another mixes in the old files (more images, stale annotations)
         raise UsageError(f"--out {args.out}: the folder is not empty; remove it or give a new folder")

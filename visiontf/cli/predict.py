@@ -301,6 +301,13 @@ def _check_predict_values(args: argparse.Namespace) -> None:
         raise UsageError(f"--score_threshold {t}: scores are in [0, 1), so this keeps nothing; give a value in [0, 1)")
     if args.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
         raise UsageError(f"--device {args.device}: use cpu, cuda or cuda:N (or mps)")
+    if args.device is not None and args.device != "cpu":  # before the model is read: a GPU that is not there
+        from visiontf.inference.predictor import DeviceError, resolve_device
+
+        try:
+            resolve_device(args.device)
+        except DeviceError as e:
+            raise UsageError(f"--{e}") from None
 
 
 def _predict(argv: Sequence[str]) -> int:

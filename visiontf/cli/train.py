@@ -174,6 +174,8 @@ class VisionCLI(LightningCLI):
         unknown = unknown_options(argv, known, dotted=False)
         if unknown:
             raise unknown_option_error(unknown[0], known)
+        for config in _config_files(argv):
+            check_config_file(config)
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as e:
@@ -378,6 +380,40 @@ class _ModelInstantiator(_InstantiatorFn):
                      for k, v in applied_instantiation_links.items() if k.startswith("model.")}
             kwargs = {**kwargs, **copy.deepcopy(saved), **links}
         return super().__call__(class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs)
+
+
+def _config_files(argv: list[str]) -> list[str]:
+    """The files ``--config`` / ``-c`` name in ``argv``."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            found.append(arg.split("=", 1)[1])
+    return found
+
+
+def check_config_file(path: str) -> None:
+    """Refuse a ``--config`` that is not a YAML mapping, in one line (jsonargparse's reader raised a
+    ``UnicodeDecodeError`` on a JPEG). A missing file is left to jsonargparse's own message."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        return
+    try:
+        loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"--config {path}: not a text file (binary data); give the training YAML, e.g. "
+                         "configs/detr/detr_tiny_shapes.yaml") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise UsageError(f"--config {path}: not valid YAML{where} ({getattr(e, 'problem', None) or e}); fix the "
+                         "file or give the training YAML") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise UsageError(f"--config {path}: a YAML {type(loaded).__name__}, not a mapping of sections (trainer, "
+                         "model, data); give the training YAML")
 
 
 def _init_default(class_path: str | None, name: str) -> object:

@@ -23,6 +23,7 @@ from torch import nn
 from visiontf.adapters.base import PreprocessModule, Task, TaskAdapter, get_adapter, infer_task
 from visiontf.adapters.settings import EvalSettings
 from visiontf.adapters.task_table import TASKS
+from visiontf.core.errors import UserError
 from visiontf.data.inputs import (
     InputError,
     InputFailure,
@@ -53,6 +54,31 @@ def saved_settings(adapter: TaskAdapter, model: nn.Module, saved: Mapping[str, A
         return given
     adapter.settings_type.check_keys(saved or {}, where)
     return adapter.eval_settings(model, saved, given, where="preprocess=")
+
+
+class DeviceError(UserError, ValueError):
+    """A device that this machine does not have."""
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a torch device this machine has (CUDA when available for None); a GPU that is not there is a
+    :class:`DeviceError` naming it and what there is, before anything is moved to it."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(f"device {device!r}: not a device name ({e}); use cpu, cuda or cuda:N") from None
+    if found.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise DeviceError(f"device {device}: no CUDA GPU is visible on this machine (torch.cuda.is_available() is "
+                              "False: no GPU, no driver, or a CPU build of torch); use cpu")
+        if found.index is not None and found.index >= count:
+            raise DeviceError(f"device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    if found.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"device {device}: Apple's MPS is not available here; use cpu")
+    return found
 
 
 class Predictor:
@@ -105,7 +131,7 @@ class Predictor:
         if postprocess:
             self.adapter.set_postprocess(model, postprocess)
         self.task: Task = self.adapter.task  # type: ignore[assignment]
-        self.device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -170,6 +170,10 @@ def not_safetensors_error(path: Path, error: BaseException) -> WeightsError:
                         "or export the model again with tools/export.py")
 
 
+#: the floating dtypes weights may come in (cast to the model's on load); float8 and other quantised formats are refused
+LOADABLE_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def check_tensor_values(state: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> None:
     """Refuse weights that ``load_state_dict`` would take silently but that cannot be a trained model's:
     an integer or boolean tensor where the model holds floats (cast without a word: every score
@@ -182,6 +186,10 @@ def check_tensor_values(state: dict[str, torch.Tensor], model: torch.nn.Module, 
         if mine.is_floating_point() and not value.is_floating_point():
             raise WeightsError(f"{source}: tensor {key!r} is {value.dtype} where the model holds {mine.dtype}; these are not "
                                "a model's trained weights (re-export them from the training checkpoint)")
+        if value.is_floating_point() and value.dtype not in LOADABLE_FLOATS:
+            raise WeightsError(f"{source}: tensor {key!r} is {value.dtype}, a quantised format visiontf does not load (it "
+                               f"loads {', '.join(str(d).removeprefix('torch.') for d in LOADABLE_FLOATS)}); dequantise the "
+                               "weights to float32 first, or re-export them from the training checkpoint")
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             bad = int((~torch.isfinite(value)).sum())
             raise WeightsError(f"{source}: tensor {key!r} has {bad} NaN/infinite value(s) of {value.numel()}; the run that "
@@ -276,16 +284,41 @@ def save_model(model: torch.nn.Module, path: str | Path, model_name: str | None 
 
 
 def read_config(path: str | Path) -> dict[str, Any] | None:
-    """The visiontf config stored in a ``.safetensors`` file, or in a ``.json`` beside it."""
+    """The visiontf config stored in a ``.safetensors`` file, or in a ``.json`` beside it, checked as plain data
+    (``model_name`` a string, ``model_kwargs`` a mapping); None when there is none. A config that is not JSON or
+    not such a mapping is a :class:`WeightsError` naming the file and the field."""
     path = Path(path)
     if path.suffix == ".safetensors":
         meta = read_safetensors_metadata(path)
         if "visiontf_config" in meta:
-            return json.loads(meta["visiontf_config"])
+            return _checked_config(meta["visiontf_config"], f"{path}: its metadata's visiontf_config")
     side = path.with_suffix(".json")
     if side.is_file():
-        return json.loads(side.read_text())
+        try:
+            text = side.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise WeightsError(f"{side}: not a readable JSON file ({e}); export the model again with tools/export.py") from e
+        return _checked_config(text, str(side))
     return None
+
+
+def _checked_config(text: str, where: str) -> dict[str, Any]:
+    from visiontf.core.saved_arguments import SavedArgumentsError, check_value
+
+    fix = "export the model again with tools/export.py"
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WeightsError(f"{where} is not JSON ({e.msg} at line {e.lineno} column {e.colno}); {fix}") from None
+    if not isinstance(config, dict):
+        raise WeightsError(f"{where} is a JSON {type(config).__name__}, not a mapping with model_name and model_kwargs; {fix}")
+    if not isinstance(config.get("model_name"), str):
+        raise WeightsError(f"{where} has no model_name string (model_name: {config.get('model_name')!r}); {fix}")
+    try:
+        config["model_kwargs"] = check_value(config.get("model_kwargs") or {}, dict[str, Any], where, "model_kwargs")
+    except SavedArgumentsError as e:
+        raise WeightsError(str(e)) from None
+    return config
 
 
 # ---------------------------------------------------------------------------------------- labels files

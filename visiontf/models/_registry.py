@@ -220,9 +220,9 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
     real_missing = [k for k in missing if k not in head_missing]
     if strict and (real_missing or unexpected):
         raise WeightsError(
-            f"{where}: weights do not fit {entry.name}: "
-            f"missing {len(real_missing)} keys (e.g. {real_missing[:5]}), "
-            f"unexpected {len(unexpected)} keys (e.g. {unexpected[:5]}). Pass strict=False to load what fits."
+            f"{where}: weights do not fit {entry.name}: {key_mismatch(real_missing, unexpected)}; they are of another "
+            f"model or layout: load them with the model they were saved from (in Python, create_model({entry.name!r}, "
+            "pretrained=..., strict=False) loads what fits)"
         )
     reinitialised += [f"{k} (not in the weights) -> {tuple(own[k].shape)}" for k in head_missing if k not in dropped]
     if reinitialised:
@@ -233,6 +233,13 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
             "re-initialised, %s)", where, "; ".join(reinitialised), len(reinitialised), rest,
         )
     log.info("loaded %d tensors from %s (%d head tensors left at init)", len(state), source or "weights", len(head_missing))
+
+
+def key_mismatch(missing: list[str], unexpected: list[str]) -> str:
+    """``missing N keys (e.g. ...)`` and/or ``unexpected M keys (e.g. ...)``: only what is wrong."""
+    parts = [f"{what} {len(keys)} key{'s' if len(keys) > 1 else ''} (e.g. {', '.join(keys[:5])})"
+             for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+    return ", ".join(parts)
 
 
 def _check_settings(model: nn.Module, state: dict) -> None:
@@ -290,9 +297,10 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
     """
     config = read_config(path)
     if config is None:
-        raise ValueError(
-            f"{path}: no visiontf config in the file's metadata nor a .json beside it; "
-            "use create_model(name, pretrained=path) and name the model yourself."
+        raise WeightsError(
+            f"{path}: no visiontf config in the file's metadata nor a .json beside it, so the model it holds is "
+            "unknown; export a checkpoint with tools/export.py (it stores the config), or in Python use "
+            "create_model(name, pretrained=path) and name the model yourself"
         )
     kwargs = {**config.get("model_kwargs", {}), **overrides}
     strict = kwargs.pop("strict", True)

@@ -52,6 +52,17 @@ class Backbone(nn.Module):
     #: images are zero-padded bottom/right to a multiple of this before the maps are computed (a patch,
     #: a window grid); the padding mask is padded alike (True), so the padded pixels are padding
     pad_multiple: int = 1
+    #: and to at least this many pixels a side (the coarsest map of a pyramid that pools needs one cell)
+    min_size: int = 1
+
+    def pad(self, x: Tensor, value: float | bool = 0) -> Tensor:
+        """``x`` (..., H, W) padded bottom/right with ``value`` as the maps need: to a multiple of
+        :attr:`pad_multiple`, and to at least :attr:`min_size` pixels a side."""
+        x = pad_to_multiple(x, self.pad_multiple, value=value)
+        H, W = x.shape[-2:]
+        if self.min_size > 1 and (H < self.min_size or W < self.min_size):
+            x = F.pad(x, (0, max(self.min_size - W, 0), 0, max(self.min_size - H, 0)), value=value)
+        return x
 
     @property
     def num_channels(self) -> int:
@@ -65,7 +76,7 @@ class Backbone(nn.Module):
     def forward_features(self, images: Tensor, mask: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Every map, and the padding mask (B, H, W, True on padding) resized to each."""
         maps = self.forward_maps(images)
-        mask = pad_to_multiple(mask, self.pad_multiple, value=True)
+        mask = self.pad(mask, value=True)
         return maps, [resize_mask(mask, x.shape[-2:]) for x in maps]
 
     def forward(self, images: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

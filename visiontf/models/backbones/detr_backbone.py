@@ -21,9 +21,10 @@ from torch import Tensor, nn
 from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.ops import FrozenBatchNorm2d
 
-from visiontf.io.weights import load_state_dict_file
+from visiontf.io.weights import WeightsError, load_state_dict_file
+from visiontf.models._registry import key_mismatch
 from visiontf.models.backbones import timm_features
-from visiontf.models.backbones.backbone import TIMM_PREFIX, Backbone, check_indices, pad_to_multiple, select_levels
+from visiontf.models.backbones.backbone import TIMM_PREFIX, Backbone, check_indices, select_levels
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
 from visiontf.models.vit.vit import visiontf_vits
 
@@ -142,7 +143,7 @@ class DetrBackbone(Backbone):
         """Every requested map (B, C_i, h_i, w_i), finest first."""
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        features = self.body(pad_to_multiple(images, self.pad_multiple))
+        features = self.body(self.pad(images))
         maps = list(features.values()) if isinstance(features, dict) else list(features)
         return timm_features.to_nchw(maps, self.nhwc)
 
@@ -218,10 +219,9 @@ def _load_backbone_state(module: nn.Module, state: dict[str, Tensor], source: st
     missing = [k for k in own if k not in state and not k.startswith(_CLASSIFIER_PREFIXES)]
     unexpected = [k for k in state if k not in own]
     if missing or unexpected:
-        raise RuntimeError(
-            f"{source}: backbone weights do not fit: missing {len(missing)} keys (e.g. {missing[:5]}), "
-            f"unexpected {len(unexpected)} (e.g. {unexpected[:5]}). Expected an ImageNet checkpoint of the same "
-            "architecture with torchvision/timm key names."
+        raise WeightsError(
+            f"{source}: backbone weights do not fit: {key_mismatch(missing, unexpected)}. Expected an ImageNet "
+            "checkpoint of the same architecture with torchvision/timm key names."
         )
     module.load_state_dict(state, strict=False)
     log.info("backbone: loaded %d tensors from %s, ignored %d classifier/counter tensors", len(state), source, len(dropped))

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.models.backbones.backbone import TIMM_PREFIX, Backbone, pad_to_multiple
+from visiontf.models.backbones.backbone import TIMM_PREFIX, Backbone
 from visiontf.models.vit.vit import visiontf_vits
 
 #: what a ViT's embedding holds besides its blocks: layer 0 of layer-wise decay
@@ -142,6 +142,8 @@ class SimpleFeaturePyramidBackbone(Backbone):
         if list(self.scale_factors) != sorted(set(self.scale_factors), reverse=True) or not self.scale_factors:
             raise ValueError(f"scale_factors={tuple(scale_factors)} must be decreasing, among 4, 2, 1, 0.5")
         self.pyramid = nn.ModuleList(pyramid_level(dim, s, out_channels) for s in self.scale_factors)
+        # the 0.5 level max-pools the patch grid by 2: an image smaller than two patches would leave it no cell
+        self.min_size = int(patch / min(1.0, self.scale_factors[-1]))
         self.top_block = bool(top_block)
         self.strides = [patch / s for s in self.scale_factors] + ([2 * patch / self.scale_factors[-1]] if top_block else [])
         self.strides = [int(s) if float(s).is_integer() else s for s in self.strides]
@@ -216,7 +218,7 @@ class SimpleFeaturePyramidBackbone(Backbone):
         return x[:, prefix:].transpose(1, 2).reshape(B, C, *grid)
 
     def forward_maps(self, images: Tensor) -> list[Tensor]:
-        x = self.forward_vit(pad_to_multiple(images, self.pad_multiple))
+        x = self.forward_vit(self.pad(images))
         maps = [level(x) for level in self.pyramid]
         if self.top_block:
             maps.append(F.max_pool2d(maps[-1], kernel_size=1, stride=2))

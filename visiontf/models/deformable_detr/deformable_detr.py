@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
-from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth, pad_to_multiple
+from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr.build import build_deformable_detr
@@ -218,7 +218,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
         maps, masks = self.backbone.forward_features(images, image_mask)
         srcs = [proj(x) for proj, x in zip(self.input_proj, maps)]
         # the image's mask as the backbone padded it (the extra levels cover its padded extent); ResNets pad nothing
-        image_mask = pad_to_multiple(image_mask, self.backbone.pad_multiple, value=True)
+        image_mask = self.backbone.pad(image_mask, value=True)
         for level in range(len(srcs), self.arch_options.num_feature_levels):
             srcs.append(self.input_proj[level](maps[-1] if level == len(maps) else srcs[-1]))
             masks.append(F.interpolate(image_mask[None].float(), size=srcs[-1].shape[-2:]).to(torch.bool)[0])
@@ -229,8 +229,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
         pos = (pos + self.transformer.level_embed[layout.level]).to(src.dtype)
         # without padding the value masking and valid-ratio arithmetic are skipped (ratios are 1); a backbone that
         # pads the images to a multiple (a patch, a window grid) makes padding of its own
-        multiple = self.backbone.pad_multiple
-        padded = mask is not None or (multiple > 1 and bool(H % multiple or W % multiple))
+        padded = mask is not None or tuple(image_mask.shape[-2:]) != (H, W)
         padding_mask = torch.cat([m.flatten(1) for m in masks], 1) if padded else None
         counts = valid_counts(padding_mask, layout, B)
         ratios = counts / layout.size

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms, box_convert
 
+from visiontf.models._registry import ModelArgumentError
 from visiontf.models.deformable_detr.denoising import DenoisingQueries
 from visiontf.models.deformable_detr.transformer import MultiScaleMemory
 from visiontf.nn.precision import at_least_float32
@@ -78,7 +79,7 @@ class DeformableQueries:
         """The proposal heads on every encoder position: logits, unactivated boxes and the proposals."""
         S = enc.memory.shape[1]
         if S < self.arch_options.num_queries:
-            raise ValueError(
+            raise ModelArgumentError(
                 f"{selection} selects num_queries={self.arch_options.num_queries} proposals, but the {enc.spatial_shapes} "
                 f"feature maps of these images have only {S} positions; use larger images or fewer queries"
             )
