@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     p.add_argument("--tiny", action="store_true", help="toy sizes and one repeat: the CPU smoke run")
     p.add_argument("--ref-op", default=None, help="folder of the original's built CUDA op (benchmarks/reference_cuda_op.py)")
+    p.add_argument("--dino-repo", type=Path, default=None,
+                   help="(b) a checkout of IDEA-Research/DINO: its own code is the DINO rows' reference (none: rows skipped)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_table.md and gpu_rows.json (default: $OUT)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole run, rows that would not fit are skipped (default 330; tiny 1800)")
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import gpu_train
 
             with routed_to(ref_core):
-                steps, memory = gpu_train.run(device, args.tiny, budget, ref_core is not None)
+                steps, memory = gpu_train.run(device, args.tiny, budget, ref_core, args.dino_repo)
             rows += steps
         elif section == "f":
             from benchmarks import gpu_e2e

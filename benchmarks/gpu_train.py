@@ -13,9 +13,9 @@ layout converts (same result: both losses in float32 with TF32 off, before timin
   (:mod:`benchmarks.reference_deformable_detr`) with the original's CUDA op as its core when
   ``--ref-op`` gives one (else its pure-PyTorch core, said in the row), its batch-wide focal matcher,
   and visiontf's focal ``SetCriterion`` (the original's maths) for both;
-* DINO-4scale R50 vs IDEA's code (:mod:`benchmarks.reference_dino`, CUDA op as above), both
-  without denoising queries: the reference copy keeps only the inference branch of
-  ``prepare_for_cdn``; its outputs go through the same focal criterion with the original's matcher;
+* DINO-4scale R50 vs IDEA's own code from a checkout (``--dino-repo``; CUDA op as above), both
+  without denoising queries (DINO's denoising branch places its tensors with ``.cuda()``: the same step on
+  every device); its outputs go through the same focal criterion with the original's matcher;
 * DETR R50 vs the original design (:mod:`benchmarks.reference_detr`) and vs HF transformers'
   ``DetrForObjectDetection`` (its own loss; not checked here, ``benchmarks/detr.py`` checks parity).
 
@@ -23,6 +23,9 @@ Section (e): the peak GPU memory (``torch.cuda.max_memory_allocated``) of one mo
 after the timed ones.
 """
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -45,6 +48,8 @@ DEFORMABLE = {  # our registry name -> the original's constructor switches
     "deformable_detr_resnet50_box_refine": {"with_box_refine": True},
     "deformable_detr_resnet50_two_stage": {"with_box_refine": True, "two_stage": True},
 }
+#: the repository (scripts/fixtures/make_dino.py imports DINO's own code from a checkout)
+ROOT = Path(__file__).resolve().parents[1]
 TINY_DINO = dict(enc_layers=1, dec_layers=1, num_queries=20)
 
 
@@ -69,14 +74,18 @@ def _deformable(name: str, tiny: bool):
     return ours, ref, (lambda m, b: m(b[0], b[1])), (lambda m, b: m(b[0], b[1])), crit, ref_crit, True
 
 
-def _dino(tiny: bool):
-    from benchmarks.reference_dino import build_dino, dino_args
-    from benchmarks.reference_dino_layers import NestedTensor
+def _dino(tiny: bool, repo: Path, core):
+    """IDEA-Research/DINO's own code from the checkout ``repo`` (imported as the fixture generator does), on ``core``."""
+    sys.path.insert(0, str(ROOT / "scripts" / "fixtures"))
+    from make_dino import config_args, import_original
+
     from visiontf.models.deformable_detr.dino_convert import convert_state_dict
 
+    original = import_original(repo, core)
+    from util.misc import NestedTensor  # the checkout's, on the path now
     torch.manual_seed(0)
     extra = TINY_DINO if tiny else {}
-    ref = build_dino(dino_args(4, use_dn=False, **extra))[0]
+    ref = original.build_dino(config_args(repo, "DINO_4scale.py", use_dn=False, num_classes=NUM_CLASSES, **extra))[0]
     ours = create_model("dino_resnet50_4scale", num_classes=NUM_CLASSES, num_denoising=0, **extra)
     # the reference keeps its denoising label book (label_enc) even with use_dn=False; ours has none without denoising
     converted = convert_state_dict(ref.state_dict(), ours)
@@ -133,22 +142,26 @@ def _same_loss(ours_loss, ref_loss, device: torch.device) -> tuple[bool, str]:
     return abs(a - b) <= 1e-3 * max(1.0, abs(b)), f"loss {a:.4f} vs {b:.4f}"
 
 
-def _pairs(tiny: bool, ref_op: bool):
-    attn = "CUDA op" if ref_op else "pure-PyTorch core: no --ref-op"
+def _pairs(tiny: bool, ref_core, dino_repo: Path | None, budget: Budget):
+    attn = "CUDA op" if ref_core is not None else "pure-PyTorch core: no --ref-op"
     for name in DEFORMABLE:
         yield name.replace("_resnet50", "_r50"), f"original Deformable DETR design ({attn})", lambda n=name: _deformable(n, tiny)
-    yield "dino_r50_4scale (no denoising)", f"IDEA DINO code ({attn})", lambda: _dino(tiny)
+    if dino_repo is None:
+        budget.notes.append("dino_r50_4scale rows skipped: no --dino-repo (a checkout of IDEA-Research/DINO)")
+    else:
+        yield "dino_r50_4scale (no denoising)", f"IDEA DINO code ({attn})", lambda: _dino(tiny, dino_repo, ref_core)
     yield "detr_r50", "original DETR design", lambda: _detr(tiny, hf=False)
     yield "detr_r50", "HF transformers DETR", lambda: _detr(tiny, hf=True)
 
 
-def run(device: torch.device, tiny: bool, budget: Budget, ref_op: bool) -> tuple[list[dict], list[dict]]:
+def run(device: torch.device, tiny: bool, budget: Budget, ref_core=None,
+        dino_repo: Path | None = None) -> tuple[list[dict], list[dict]]:
     """(train-step rows of section b, peak-memory rows of section e)."""
     size = "tiny" if tiny else "real"
     H, W = SIZE[size]
     warmup, repeats = (0, 1) if tiny else (2, 5)
     steps, memory = [], []
-    for name, reference, build in _pairs(tiny, ref_op):
+    for name, reference, build in _pairs(tiny, ref_core, dino_repo, budget):
         for B in BATCHES[size]:
             label = f"{name} train step b{B} {H}x{W} bf16"
             if not budget.allows(label, 8 if tiny else (25 if B == 2 else 45)):

@@ -104,16 +104,16 @@ def load_reference_core(folder: str | Path | None) -> Callable[..., Tensor] | No
 
 @contextlib.contextmanager
 def routed_to(core: Callable[..., Tensor] | None) -> Iterator[None]:
-    """Within it, the reference Deformable DETR and DINO modules attend through ``core`` (None: unchanged)."""
-    from benchmarks import reference_deformable_detr, reference_dino_layers
+    """Within it, the reference Deformable DETR attends through ``core`` (None: unchanged). DINO's own code,
+    imported from a checkout, is given the core when it is imported (``scripts/fixtures/make_dino.py``)."""
+    from benchmarks import reference_deformable_detr
 
     if core is None:
         yield
         return
-    saved = reference_deformable_detr.original_core, reference_dino_layers.ms_deform_attn_core_pytorch
+    saved = reference_deformable_detr.original_core
     reference_deformable_detr.original_core = core
-    reference_dino_layers.ms_deform_attn_core_pytorch = core
     try:
         yield
     finally:
-        reference_deformable_detr.original_core, reference_dino_layers.ms_deform_attn_core_pytorch = saved
+        reference_deformable_detr.original_core = saved

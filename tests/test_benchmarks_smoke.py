@@ -70,31 +70,3 @@ def test_ipt_train_step_rows_against_the_original_module():
     from benchmarks import ipt
 
     _check(ipt.run(quick=True, tiled=False), 1)
-
-
-def test_dino_vs_original_skips_without_a_checkout(tmp_path, capsys):
-    """The check against IDEA-Research/DINO's own code needs a checkout; without one it says so and passes."""
-    from benchmarks import dino_vs_original
-
-    assert dino_vs_original.main([]) == 0
-    assert dino_vs_original.main(["--dino-repo", str(tmp_path)]) == 0  # not a DINO checkout
-    out = capsys.readouterr().out
-    assert out.count("skipped: no IDEA-Research/DINO checkout given") == 2 and str(tmp_path) in out
-
-
-def test_dino_vs_original_gives_one_ranking_to_the_other_model():
-    """The float32 comparison with a shared ranking: a model's top-K call returns the recorded indices."""
-    from benchmarks.dino_vs_original import recorded_topk
-
-    scores = torch.tensor([[0.3, 0.1, 0.2, 0.0]])
-    first: list = []
-    with recorded_topk(2, first):
-        assert torch.topk(scores, 2).indices.tolist() == [[0, 2]]
-        torch.topk(scores, 3)  # another k: neither recorded nor replayed
-    assert len(first) == 1
-    given = [(scores, torch.tensor([[2, 1]]))]
-    second: list = []
-    with recorded_topk(2, second, replay=given):
-        out = torch.topk(scores, 2)
-    assert out.indices.tolist() == [[2, 1]] and torch.equal(out.values, scores[:, [2, 1]])
-    assert torch.topk(scores, 2).indices.tolist() == [[0, 2]]  # torch.topk is restored

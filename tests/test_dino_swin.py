@@ -1,121 +1,143 @@
-"""IDEA-Research/DINO's Swin layout (visiontf.models.backbones.dino_swin) against the reference in the original's layout.
+"""IDEA-Research/DINO's Swin layout (visiontf.models.backbones.dino_swin) against what DINO's own code computed.
 
-``benchmarks/reference_dino_swin.py`` follows DINO's ``models/dino/swin_transformer.py`` step by step (checked
-equal to the original code by ``benchmarks/dino_swin_parity.py``: docs/backbones.md). The full DINO-4scale
-Swin model is compared with ``benchmarks/reference_dino.py`` (DINO's own inference code) built on that
-reference Swin, from a checkpoint in DINO's layout (``backbone.0.*``).
+The baselines are recorded by ``scripts/fixtures/make_dino.py`` from a checkout of DINO (docs/dino.md):
+
+* ``tests/fixtures/dino/swin_backbone_w12.safetensors``: DINO's ``SwinTransformer`` alone at window 12, every
+  stage's output (``forward_raw``), on three images whose sizes are off the window grid;
+* ``swin_4scale.safetensors``: DINO-4scale (``DINO_4scale_swin.py``) on a narrow Swin at window 7, with its
+  backbone maps, outputs and detections for a padded batch, in float32 and float64;
+* ``published_layouts.txt``: the full layouts of the published Swin models and backbones.
+
+The DINO-Swin checkpoint is loaded as a user loads the original's (``backbone.0.*`` for the Swin):
+``create_model("dino_swin_large_4scale", pretrained=file)``, with the toy widths as keywords.
 """
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
-from deformable_helpers import max_diff, randomize
+from test_dino_checkpoints import (
+    DETECTION_TOL,
+    TOL,
+    assert_same_detections,
+    differences,
+    fixture,
+    load_model,
+    named_outputs,
+    original_state,
+    published,
+    published_state,
+    save_checkpoint,
+)
 
-import benchmarks.reference_dino as reference_dino
-from benchmarks.reference_dino import build_dino, dino_args
-from benchmarks.reference_dino_layers import Joiner, NestedTensor, PositionEmbeddingSineHW
-from benchmarks.reference_dino_swin import ReferenceSwin
+from visiontf.detection import build_postprocess
 from visiontf.models import create_model
 from visiontf.models.backbones.build import build_backbone
 from visiontf.models.backbones.dino_swin import DINO_SWIN_NAMES, SwinTransformer
+from visiontf.models.deformable_detr.dino_convert import convert_state_dict
 
-TINY = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
-SIZES = [(97, 130), (64, 64), (35, 61)]
-
-
-def _random_reference(window: int, out_indices, seed: int = 0) -> ReferenceSwin:
-    ref = ReferenceSwin(window_size=window, out_indices=out_indices, **TINY).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.copy_(0.2 * torch.randn(p.shape, generator=g))
-    return ref
+#: the published DINO-4scale Swin models visiontf registers, and their sections of published_layouts.txt
+REGISTERED = {"dino_swin_large_4scale": ("DINO_4scale_swin", "swin_L_384_22k"), "dino_swin_tiny_4scale": ("DINO_4scale_swin_T", "swin_T_224_1k")}
 
 
-@pytest.mark.parametrize("window,out_indices", [(7, (1, 2, 3)), (12, (0, 1, 2, 3))])
-def test_swin_equals_the_reference_off_the_window_grid(window, out_indices):
-    ref = _random_reference(window, out_indices)
-    ours = SwinTransformer(window_size=window, out_indices=out_indices, **TINY).eval()
-    ours.load_state_dict(ref.state_dict())
-    for h, w in SIZES:
-        x = torch.randn(2, 3, h, w)
+def _spec(settings: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_swin_equals_the_original_off_the_window_grid(dtype):
+    """Window 12, every stage: images of 57x90, 48x48 and 35x61 (stage maps smaller than a window, odd sides merged)."""
+    fx = fixture("swin_backbone_w12")
+    ours = SwinTransformer(**_spec(fx.meta["settings"]["swin"])).eval()
+    ours.load_state_dict(original_state(fx))
+    ours.to(getattr(torch, dtype))
+    theirs = fx.outputs[dtype]
+    for i, (h, w) in enumerate(fx.meta["settings"]["image_sizes"]):
+        image = fx.inputs[f"image{i}"].to(getattr(torch, dtype))
+        assert image.shape[-2:] == (h, w)
         with torch.no_grad():
-            expected, got = ref(x), ours(x)
-        assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in expected]
-        assert max(max_diff(a, b) for a, b in zip(got, expected)) < 1e-4
+            maps = ours(image)
+        assert len(maps) == 4
+        for j, got in enumerate(maps):
+            expected = theirs[f"image{i}.{j}"]
+            assert got.shape == expected.shape
+            assert (got.double() - expected.double()).abs().max() < TOL[dtype], (i, j)
+
+
+@pytest.fixture(scope="module")
+def swin_checkpoint(tmp_path_factory):
+    return save_checkpoint(fixture("swin_4scale"), tmp_path_factory.mktemp("dino_swin") / "checkpoint0011_4scale_swin.pth")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dino_swin_checkpoint_gives_the_original_outputs(dtype, swin_checkpoint, monkeypatch):
+    """Backbone maps (window 7, a padded 48x72 batch), every decoder layer, the proposals and the detections."""
+    fx = fixture("swin_4scale")
+    assert fx.meta["measured"]["ranking_margin"] > 100 * 1e-6 and fx.meta["measured"]["padded_anchors_per_image"][1] == 15
+    assert any(k.startswith("backbone.0.layers.") for k in fx.weights)
+    model = load_model("swin_4scale", swin_checkpoint, monkeypatch, name="dino_swin_large_4scale").to(getattr(torch, dtype))
+    theirs = fx.outputs[dtype]
+    images, mask = fx.inputs["images"].to(getattr(torch, dtype)), fx.inputs["mask"]
+    with torch.no_grad():
+        maps = model.backbone.forward_maps(images)
+        out = model(images, mask)
+        detections = build_postprocess(model)(out, fx.inputs["sizes"])
+    assert len(maps) == 3 and all(maps[i].shape == theirs[f"backbone.{i}"].shape for i in range(3))
+    assert max((maps[i].double() - theirs[f"backbone.{i}"].double()).abs().max().item() for i in range(3)) < TOL[dtype]
+    assert theirs["pred_boxes"].std() > 0.05
+    diffs = differences(named_outputs(out), theirs)
+    assert max(diffs.values()) < TOL[dtype], diffs
+    assert_same_detections(detections, theirs, fx.inputs["sizes"], DETECTION_TOL[dtype])
 
 
 @pytest.mark.parametrize("name", sorted(DINO_SWIN_NAMES))
-def test_full_layouts_equal_the_reference(name):
-    embed_dim, depths, heads, window = DINO_SWIN_NAMES[name]
+def test_full_layouts_equal_the_originals(name):
+    """Every Swin DINO's code names, at full width: the same tensors and shapes as its build_swin_transformer's."""
+    sections = {backbone: section for section, backbone in REGISTERED.values()}
+    if name in sections:  # inside the published DINO models, under backbone.0.
+        layout = {k.removeprefix("backbone.0."): v for k, v in published()[sections[name]][1].items() if k.startswith("backbone.0.")}
+    else:
+        layout = published()[name][1]
+    embed_dim = DINO_SWIN_NAMES[name][0]
     with torch.device("meta"):
         ours = build_backbone(name, num_levels=3)
-        ref = ReferenceSwin(embed_dim, depths, heads, window, out_indices=(1, 2, 3))
-    assert {k: v.shape for k, v in ours.body.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+    assert {k: v.shape for k, v in ours.body.state_dict().items()} == layout
     assert ours.channels == [2 * embed_dim, 4 * embed_dim, 8 * embed_dim] and ours.strides == [8, 16, 32]
+    if name not in sections:
+        assert sum(p.numel() for p in ours.body.parameters()) == published()[name][0]
 
 
-def _reference_dino_with_swin(monkeypatch, Q: int):
-    """DINO's inference code (benchmarks/reference_dino.py) with the reference Swin as its backbone, as DINO's
-    build_backbone makes it for swin_* names: Joiner(swin, PositionEmbeddingSineHW), channels of stages 1-3."""
-
-    class NestedSwin(ReferenceSwin):
-        def forward(self, tensor_list):
-            maps = super().forward(tensor_list.tensors)
-            masks = [torch.nn.functional.interpolate(tensor_list.mask[None].float(), size=m.shape[-2:]).bool()[0] for m in maps]
-            return {i: NestedTensor(m, k) for i, (m, k) in enumerate(zip(maps, masks))}
-
-    def build_backbone(args):
-        swin = NestedSwin(window_size=7, out_indices=(1, 2, 3), **TINY)
-        joiner = Joiner(swin, PositionEmbeddingSineHW(args.hidden_dim // 2, temperatureH=20, temperatureW=20, normalize=True))
-        joiner.num_channels = swin.dims[1:]
-        return joiner
-
-    monkeypatch.setattr(reference_dino, "build_backbone", build_backbone)
-    ref, _ = build_dino(dino_args(4, num_queries=Q, backbone="swin_T_224_1k"))
-    ref.eval()
-    randomize(ref, 3)
-    return ref
-
-
-@pytest.mark.slow  # a DINO-4scale encoder and decoder at 96x128 twice
-def test_dino_swin_checkpoint_gives_the_original_outputs(tmp_path, monkeypatch):
-    Q = 20
-    ref = _reference_dino_with_swin(monkeypatch, Q)
-    path = tmp_path / "checkpoint0035_4scale_swin.pth"
-    torch.save({"model": ref.state_dict(), "epoch": 35, "args": argparse.Namespace(backbone="swin_T_224_1k")}, path)
-    assert any(k.startswith("backbone.0.layers.") for k in ref.state_dict())
-    model = create_model("dino_swin_large_4scale", pretrained=path, num_queries=Q,
-                         backbone_kwargs=dict(window_size=7, **TINY)).eval()
-    images = torch.randn(1, 3, 96, 128, generator=torch.Generator().manual_seed(1))
-    mask = torch.zeros(1, 96, 128, dtype=torch.bool)
-    with torch.no_grad():
-        feats = ref.backbone[0](NestedTensor(images, mask))
-        ours = model.backbone.forward_maps(images)
-        assert max(max_diff(a, feats[i].tensors) for i, a in enumerate(ours)) < 1e-4
-        out, ref_out = model(images, mask), ref(NestedTensor(images, mask))
-    assert ref_out["pred_boxes"].std() > 0.05
-    assert max_diff(out["pred_logits"], ref_out["pred_logits"]) < 1e-4
-    assert max_diff(out["pred_boxes"], ref_out["pred_boxes"]) < 1e-4
+@pytest.mark.parametrize("model_name", sorted(REGISTERED))
+def test_published_dino_swin_count_and_layout_equal_the_originals(model_name):
+    """DINO_4scale_swin.py (Swin-L/12; and with Swin-T/7) at full width: the parameter count, every tensor mapped."""
+    section = REGISTERED[model_name][0]
+    with torch.device("meta"):
+        model = create_model(model_name)
+    assert sum(p.numel() for p in model.parameters()) == published()[section][0]
+    own = model.state_dict()
+    converted = convert_state_dict(published_state(section), model)
+    assert set(converted) == set(own)
+    assert all(converted[k].shape == own[k].shape for k in own)
 
 
 def test_release_weights_load_and_refusals(tmp_path):
-    ref = _random_reference(7, (1, 2, 3))
-    release = {k: v for k, v in ref.state_dict().items() if not k.startswith("norm")}
-    release.update({"norm.weight": torch.ones(256), "head.weight": torch.zeros(5, 256), "layers.0.blocks.1.attn_mask": torch.zeros(1)})
+    """A Swin ImageNet release (no output norms; classifier, final norm and masks, which are dropped) loads into the backbone."""
+    fx = fixture("swin_4scale")
+    tiny = _spec({k: v for k, v in fx.meta["settings"]["small_swin"].items() if k != "window_size"})
+    swin = {k.removeprefix("backbone.0."): v for k, v in original_state(fx).items() if k.startswith("backbone.0.")}
+    width = 8 * tiny["embed_dim"]
+    release = {k: v for k, v in swin.items() if not k.startswith("norm")}
+    release.update({"norm.weight": torch.ones(width), "head.weight": torch.zeros(5, width), "layers.0.blocks.1.attn_mask": torch.zeros(1)})
     path = tmp_path / "swin_tiny_patch4_window7_224.pth"
     torch.save({"model": release}, path)
-    bb = build_backbone("swin_T_224_1k", pretrained=path, num_levels=3, window_size=7, **TINY)
-    torch.testing.assert_close(bb.body.layers[2].blocks[1].attn.qkv.weight, ref.layers[2].blocks[1].attn.qkv.weight)
+    bb = build_backbone("swin_T_224_1k", pretrained=path, num_levels=3, window_size=7, **tiny)
+    torch.testing.assert_close(bb.body.layers[2].blocks[1].attn.qkv.weight, swin["layers.2.blocks.1.attn.qkv.weight"])
     torch.save({"model": {k: v for k, v in release.items() if "layers.3" not in k}}, path)
     with pytest.raises(RuntimeError, match="missing"):
-        build_backbone("swin_T_224_1k", pretrained=path, window_size=7, **TINY)
+        build_backbone("swin_T_224_1k", pretrained=path, window_size=7, **tiny)
     with pytest.raises(ValueError, match=r"0 \(stride 4\), 1 \(stride 8\)"):
-        build_backbone("swin_T_224_1k", out_indices=(2, 4), **TINY)
+        build_backbone("swin_T_224_1k", out_indices=(2, 4), **tiny)
     with pytest.raises(ValueError, match="dilation"):
         build_backbone("swin_L_384_22k", dilation=True)
-    frozen = build_backbone("swin_T_224_1k", frozen_stages=1, **TINY)
+    frozen = build_backbone("swin_T_224_1k", frozen_stages=1, **tiny)
     assert not frozen.body.layers[1].blocks[0].attn.qkv.weight.requires_grad and frozen.body.layers[2].blocks[0].attn.qkv.weight.requires_grad
-    assert all(p.requires_grad for p in build_backbone("swin_T_224_1k", freeze_stem=False, **TINY).parameters())
+    assert all(p.requires_grad for p in build_backbone("swin_T_224_1k", freeze_stem=False, **tiny).parameters())

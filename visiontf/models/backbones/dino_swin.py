@@ -10,8 +10,8 @@ numbers at sizes that are not window multiples, so this module follows DINO's ar
 mask added to the logits). The parameter and buffer names are DINO's (``patch_embed``, ``layers.i``
 with ``downsample`` at the end of stage i, ``norm{i}`` on each output), so DINO's checkpoints
 (``backbone.0.*``) and the Swin ImageNet releases load by a prefix rename.
-``benchmarks/reference_dino_swin.py`` is a loop-by-loop reference in the original's layout
-(``tests/test_dino_swin.py``), checked against the original code by ``benchmarks/dino_swin_parity.py``.
+``tests/test_dino_swin.py`` compares it with what DINO's own code computed (fixtures recorded by
+``scripts/fixtures/make_dino.py`` from a checkout of the original).
 """
 from __future__ import annotations
 
