@@ -178,6 +178,19 @@ def test_bbox_not_four_numbers_is_an_error(tmp_path):
         CocoDetection(tmp_path, ann)
 
 
+def test_images_left_without_a_box_are_kept_and_counted(tmp_path, caplog):
+    """An image without annotations, or whose only ones are crowd or degenerate, trains as an image without
+    objects (every query learns "no object"): kept, and counted in one line."""
+    images = [dict(_img(tmp_path, f"{i}.png"), id=i) for i in (1, 2, 3)]
+    anns = [_ann(1, [5, 5, 10, 10]), _ann(2, [1, 1, 30, 30], image_id=3, iscrowd=1)]
+    ann = write_coco(tmp_path, images, anns)
+    with caplog.at_level(logging.INFO, logger="visiontf.data.coco"):
+        ds = CocoDetection(tmp_path, ann)
+    assert "2 of 3 image(s) have no box to train on" in caplog.text and "image ids [2, 3]" in caplog.text
+    assert ds.index.counts["without_boxes"] == 2 and len(ds) == 3
+    assert ds[1][1]["boxes"].shape == (0, 4)
+
+
 def test_per_annotation_problems_are_counted_and_logged(tmp_path, caplog):
     anns = [
         _ann(1, [5, 5, 10, 10]),  # fine
@@ -196,7 +209,8 @@ def test_per_annotation_problems_are_counted_and_logged(tmp_path, caplog):
     assert "dropped 1 annotation(s) with a bbox entirely outside its image (e.g. annotation ids [8])" in text
     assert "clipped 1 annotation(s) with a bbox reaching outside its image (e.g. annotation ids [7])" in text
     assert "not training on 1 annotation(s) with iscrowd=1" in text
-    assert ds.index.counts == {"unknown_image": 2, "degenerate": 3, "outside": 1, "clipped": 1, "crowd": 1}
+    assert ds.index.counts == {"unknown_image": 2, "degenerate": 3, "outside": 1, "clipped": 1, "crowd": 1,
+                               "without_boxes": 0}
     assert ds.index.ann_ids[0].tolist() == [1, 7]
     np.testing.assert_allclose(ds.index.boxes[0], [[5, 5, 10, 10], [45, 30, 5, 10]])
     _, target = ds[0]

@@ -7,7 +7,8 @@ is not four numbers) raise :class:`AnnotationError` naming the file, the entry a
 Problems confined to single annotations are repaired or dropped, counted, and logged in one line
 per kind: annotations for unknown images (dropped), degenerate or non-finite boxes (dropped),
 boxes reaching outside the image (clipped; dropped when nothing is left), crowd regions (kept in
-the file for evaluation, not trained on). Image ids and annotations' ``image_id`` must be integers
+the file for evaluation, not trained on); images left without a box to train on are kept (their
+queries learn "no object") and counted. Image ids and annotations' ``image_id`` must be integers
 (a string id is an error naming the entry).
 """
 from __future__ import annotations
@@ -283,6 +284,11 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
     _log_dropped(ann_file, "a bbox entirely outside its image", outside, "dropped", note=real)
     _log_dropped(ann_file, "a bbox reaching outside its image", clipped, "clipped", logging.INFO, note=real)
     _log_dropped(ann_file, "iscrowd=1 (kept for evaluation)", crowd, "not training on", logging.INFO)
+    empty = [img["id"] for pos, img in enumerate(images) if not per_image.get(pos)]
+    if empty:
+        # kept: every query of such an image learns "no object", as the originals train on them
+        log.info("%s: %d of %d image(s) have no box to train on (no annotation, or only crowd, degenerate or outside "
+                 "ones), e.g. image ids %s; kept as images without objects", ann_file, len(empty), len(images), empty[:SHOW])
 
     index = CocoIndex(ann_file, images, category_ids, class_names, label_space=label_space)
     for pos in range(len(images)):
@@ -300,6 +306,7 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
         "outside": len(outside),
         "clipped": len(clipped),
         "crowd": len(crowd),
+        "without_boxes": len(empty),
     }
     return index
 
