@@ -8,7 +8,7 @@ DEMO_DIR ?= outputs/demo
 # (empty: torch comes from the default index, as before; applies when .venv is created)
 TORCH_INDEX ?=
 
-.PHONY: install test test-fast lint demo bench clean
+.PHONY: install browser test test-fast lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ endif
 
 install: $(STAMP)
 
-test: $(STAMP)
+# the web app's browser tests drive Debian's chromium: installed with apt when missing and root (else they skip, saying how)
+browser:
+	@scripts/install_test_browser.sh
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # the inner loop: everything not marked slow (CI runs it all through `make test`)
