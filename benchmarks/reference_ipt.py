@@ -1,21 +1,20 @@
-"""The ORIGINAL IPT design (huawei-noah/Pretrained-IPT), re-implemented as the parity baseline.
+"""IPT's original design (huawei-noah/Pretrained-IPT), written again in plain torch as a baseline and oracle.
 
-The original repository cannot be imported here (it parses its command line at import), so this
-module re-creates, from reading it, what visiontf's IPT must reproduce:
+The module tree, key layout and per-op maths of the original, in this project's own code:
 
 * :class:`OriginalIPT`: ``model/ipt.py`` with ``option.py``'s defaults: the module tree and its
   parameter names (``head.0.0.weight``, ``body.encoder.layers.0.self_attn.in_proj_weight``,
   ``body.position_encoding.position_ids``, ``tail.0.0.0.weight``, ...), so its ``state_dict()`` has
   the released files' key layout; sequence-first tensors and ``nn.MultiheadAttention(bias=False)``
   as the original calls it; inputs and outputs in 0-255.
-* :func:`forward_chop` / :func:`forward_x8`: ``model/__init__.py``'s tiled inference (tiles of
-  ``patch_size``, unfold stride ``patch_size // 4``, border strips ``cut_h`` / ``cut_w``, inner
-  region averaged with a fold-of-ones divisor, ``crop_batch_size`` tiles per call) and its x8
-  self-ensemble, for one image (batch 1, as the original's test loader).
-* :func:`calc_psnr` / :func:`quantize`: ``utility.py``'s scoring.
+* :func:`forward_chop`: ``model/__init__.py``'s tiled inference (tiles of ``patch_size``, unfold
+  stride ``patch_size // 4``, border strips ``cut_h`` / ``cut_w``, inner region averaged with a
+  fold-of-ones divisor, ``crop_batch_size`` tiles per call), for one image (batch 1, as the
+  original's test loader).
 
-``tests/test_ipt_model.py``, ``tests/test_ipt_tiling.py`` and ``tests/test_restoration_metrics.py``
-compare visiontf against it.
+The original's own outputs are recorded at toy width in ``tests/fixtures/ipt`` (``scripts/fixtures/make_ipt.py``)
+and are what the tests compare visiontf with; this module is the speed baseline of ``benchmarks/ipt.py`` and the
+oracle of ``tests/test_ipt_tiling.py``'s sweep of sizes and scales at the published 48-pixel window.
 """
 from __future__ import annotations
 
@@ -186,127 +185,67 @@ class OriginalIPT(nn.Module):
         return self.add_mean(self.tail[self.scale_idx](res))
 
 
-# --------------------------------------------------------------------------- model/__init__.py
-def _run(model: nn.Module, tiles: Tensor, batchsize: int) -> Tensor:
-    n = tiles.size(0) // batchsize + (tiles.size(0) % batchsize != 0)
-    return torch.cat([model(tiles[i * batchsize:(i + 1) * batchsize]) for i in range(n)], dim=0)
+# --------------------------------------------------------------------------- model/__init__.py (tiling)
+def _windows(model: nn.Module, x: Tensor, corners: list[tuple[int, int]], tile: int, per_call: int) -> list[Tensor]:
+    """The network's output for the ``tile`` x ``tile`` window of ``x`` at each (top, left), ``per_call`` at a time."""
+    crops = torch.cat([x[..., top : top + tile, left : left + tile] for top, left in corners])
+    return list(torch.cat([model(part) for part in crops.split(per_call)]))
 
 
-def _tiles(x: Tensor, kernel, stride: int) -> tuple[Tensor, int]:
-    """unfold -> (L, C*k*k, 1) -> (L, C, k, k), as the original (batch 1)."""
-    u = F.unfold(x, kernel, stride=stride).transpose(0, 2).contiguous()
-    return u, u.size(0)
-
-
-def _fold(y: Tensor, size, kernel, stride: int) -> Tensor:
-    return F.fold(y.view(y.size(0), -1, 1).transpose(0, 2).contiguous(), size, kernel, stride=stride)
-
-
-def _cut_h(model, x_h, w, w_cut, padsize, shave, scale, batchsize) -> Tensor:
-    u, n = _tiles(x_h, padsize, int(shave / 2))
-    y_u = _run(model, u.view(n, -1, padsize, padsize), batchsize)
-    st = int(shave / 2 * scale)
-    y = _fold(y_u, (padsize * scale, (w - w_cut) * scale), padsize * scale, st)
-    y_u = y_u[..., :, st:padsize * scale - st].contiguous()
-    k = (padsize * scale, padsize * scale - shave * scale)
-    size = (padsize * scale, (w - w_cut - shave) * scale)
-    inter = _fold(y_u, size, k, st)
-    ones = torch.ones(inter.shape, dtype=inter.dtype)
-    inter = inter / F.fold(F.unfold(ones, k, stride=st), size, k, stride=st)
-    y[..., :, st:(w - w_cut) * scale - st] = inter
-    return y
-
-
-def _cut_w(model, x_w, h, h_cut, padsize, shave, scale, batchsize) -> Tensor:
-    u, n = _tiles(x_w, padsize, int(shave / 2))
-    y_u = _run(model, u.view(n, -1, padsize, padsize), batchsize)
-    st = int(shave / 2 * scale)
-    y = _fold(y_u, ((h - h_cut) * scale, padsize * scale), padsize * scale, st)
-    y_u = y_u[..., st:padsize * scale - st, :].contiguous()
-    k = (padsize * scale - shave * scale, padsize * scale)
-    size = ((h - h_cut - shave) * scale, padsize * scale)
-    inter = _fold(y_u, size, k, st)
-    ones = torch.ones(inter.shape, dtype=inter.dtype)
-    inter = inter / F.fold(F.unfold(ones, k, stride=st), size, k, stride=st)
-    y[..., st:(h - h_cut) * scale - st, :] = inter
-    return y
+def _compose(outs: list[Tensor], tops: list[int], lefts: list[int], scale: int, margin: int) -> Tensor:
+    """Windows laid out row by row (``tops`` x ``lefts``, input pixels) into one output map: each window keeps
+    its centre, ``margin`` output pixels cut on every side that is not the map's own edge, and where kept parts
+    overlap their mean is taken."""
+    size = outs[0].shape[-1]
+    height, width = (tops[-1] * scale + size), (lefts[-1] * scale + size)
+    total = outs[0].new_zeros((outs[0].shape[0], height, width))
+    count = outs[0].new_zeros((1, height, width))
+    for n, out in enumerate(outs):
+        i, j = divmod(n, len(lefts))
+        y0, x0 = tops[i] * scale, lefts[j] * scale
+        a = 0 if i == 0 else margin
+        b = size if i == len(tops) - 1 else size - margin
+        c = 0 if j == 0 else margin
+        d = size if j == len(lefts) - 1 else size - margin
+        total[:, y0 + a : y0 + b, x0 + c : x0 + d] += out[:, a:b, c:d]
+        count[:, y0 + a : y0 + b, x0 + c : x0 + d] += 1
+    return total / count
 
 
 @torch.no_grad()
 def forward_chop(model: OriginalIPT, x: Tensor, crop_batch_size: int = 64) -> Tensor:
-    """``Model.forward_chop`` for one image (1, 3, h, w) in 0-255, h and w >= ``patch_size``."""
-    batchsize = crop_batch_size
-    h, w = x.size()[-2:]
-    padsize = int(model.patch_size)
-    shave = int(model.patch_size / 2)
-    scale = model.scale[model.scale_idx]
-    h_cut = (h - padsize) % int(shave / 2)
-    w_cut = (w - padsize) % int(shave / 2)
-    u, n = _tiles(x, padsize, int(shave / 2))
-    y_hw_cut = model(x[..., h - padsize:, w - padsize:])
-    y_h_cut = _cut_h(model, x[..., h - padsize:, :], w, w_cut, padsize, shave, scale, batchsize)
-    y_w_cut = _cut_w(model, x[..., :, w - padsize:], h, h_cut, padsize, shave, scale, batchsize)
-    y_h_top = _cut_h(model, x[..., :padsize, :], w, w_cut, padsize, shave, scale, batchsize)
-    y_w_top = _cut_w(model, x[..., :, :padsize], h, h_cut, padsize, shave, scale, batchsize)
-    y_u = _run(model, u.view(n, -1, padsize, padsize), batchsize)
-    st = int(shave / 2 * scale)
-    y = _fold(y_u, ((h - h_cut) * scale, (w - w_cut) * scale), padsize * scale, st)
-    y[..., :padsize * scale, :] = y_h_top
-    y[..., :, :padsize * scale] = y_w_top
-    y_u = y_u[..., st:padsize * scale - st, st:padsize * scale - st].contiguous()
-    k = padsize * scale - shave * scale
-    size = ((h - h_cut - shave) * scale, (w - w_cut - shave) * scale)
-    inter = _fold(y_u, size, k, st)
-    ones = torch.ones(inter.shape, dtype=inter.dtype)
-    inter = inter / F.fold(F.unfold(ones, k, stride=st), size, k, stride=st)
-    y[..., st:(h - h_cut) * scale - st, st:(w - w_cut) * scale - st] = inter
-    dh, dw = (padsize - h_cut) / 2 * scale, (padsize - w_cut) / 2 * scale
-    y = torch.cat([y[..., :y.size(2) - int(dh), :], y_h_cut[..., int(dh + 0.5):, :]], dim=2)
-    y_w_cat = torch.cat([y_w_cut[..., :y_w_cut.size(2) - int(dh), :], y_hw_cut[..., int(dh + 0.5):, :]], dim=2)
-    return torch.cat([y[..., :, :y.size(3) - int(dw)], y_w_cat[..., :, int(dw + 0.5):]], dim=3)
+    """The original ``Model.forward_chop`` for one image (1, 3, h, w) in 0-255, h and w >= ``patch_size`` (a multiple
+    of 4), in this module's own terms:
 
-
-@torch.no_grad()
-def forward_x8(fn, x: Tensor) -> Tensor:
-    """``Model.forward_x8``: 8 flips/transposes through ``fn``, undone, averaged (batch 1)."""
-
-    def tf(v: Tensor, op: str) -> Tensor:
-        a = v.cpu().numpy()
-        if op == "v":
-            a = a[:, :, :, ::-1].copy()
-        elif op == "h":
-            a = a[:, :, ::-1, :].copy()
-        else:
-            a = a.transpose((0, 1, 3, 2)).copy()
-        return torch.tensor(a)
-
-    xs = [x]
-    for op in ("v", "h", "t"):
-        xs.extend([tf(v, op) for v in xs])
-    ys = [fn(v) for v in xs]
-    for i in range(len(ys)):
-        if i > 3:
-            ys[i] = tf(ys[i], "t")
-        if i % 4 > 1:
-            ys[i] = tf(ys[i], "h")
-        if (i % 4) % 2 == 1:
-            ys[i] = tf(ys[i], "v")
-    return torch.cat(ys, dim=0).mean(dim=0, keepdim=True)
-
-
-# --------------------------------------------------------------------------- utility.py
-def quantize(img: Tensor, rgb_range: float) -> Tensor:
-    pixel_range = 255 / rgb_range
-    return img.mul(pixel_range).clamp(0, 255).round().div(pixel_range)
-
-
-def calc_psnr(sr: Tensor, hr: Tensor, scale: int, rgb_range: float, cal_type: str = "y") -> float:
-    if hr.nelement() == 1:
-        return 0
-    diff = (sr - hr) / rgb_range
-    if cal_type == "y":
-        convert = diff.new_tensor([65.738, 129.057, 25.064]).view(1, 3, 1, 1) / 256
-        diff = diff.mul(convert).sum(dim=1)
-    valid = diff if scale == 1 else diff[..., scale:-scale, scale:-scale]
-    mse = valid.pow(2).mean()
-    return -10 * math.log10(mse)
+    * windows of ``patch_size`` every quarter window from the top-left (the grid stops short of the bottom and
+      right edges by ``(h - tile) % step`` pixels), laid out by :func:`_compose`; its top-left band of
+      ``margin`` rows over the first ``tile`` columns comes from the first window alone;
+    * a row of windows flush with the bottom edge, a column flush with the right edge and the corner window,
+      each laid out the same way, replace the grid's output from ``(tile - cut) / 2 * scale`` pixels before
+      the edge (the part before rounded down, the strip's start rounded up);
+    * the first row and column of windows are run a second time, as the original computes them for its top
+      and left strips (same values: only the cost of this speed baseline is the original's).
+    """
+    tile, scale = int(model.patch_size), model.scale[model.scale_idx]
+    step = tile // 4
+    margin, out_tile = step * scale, tile * scale
+    h, w = x.shape[-2:]
+    tops, lefts = list(range(0, h - tile + 1, step)), list(range(0, w - tile + 1, step))
+    outs = _windows(model, x, [(t, c) for t in tops for c in lefts], tile, crop_batch_size)
+    grid = _compose(outs, tops, lefts, scale, margin)
+    grid[:, :margin, :out_tile] = outs[0][:, :margin, :]
+    _windows(model, x, [(0, c) for c in lefts], tile, crop_batch_size)
+    _windows(model, x, [(t, 0) for t in tops], tile, crop_batch_size)
+    bottom = _compose(_windows(model, x, [(h - tile, c) for c in lefts], tile, crop_batch_size), [0], lefts, scale, margin)
+    right = _compose(_windows(model, x, [(t, w - tile) for t in tops], tile, crop_batch_size), tops, [0], scale, margin)
+    corner = model(x[..., h - tile :, w - tile :])[0]
+    cut_rows = (tile - (h - tile) % step) * scale / 2
+    cut_cols = (tile - (w - tile) % step) * scale / 2
+    split_y, split_x = grid.shape[-2] - int(cut_rows), grid.shape[-1] - int(cut_cols)
+    skip_y, skip_x = int(cut_rows + 0.5), int(cut_cols + 0.5)
+    out = x.new_zeros((1, grid.shape[0], h * scale, w * scale))
+    out[0, :, :split_y, :split_x] = grid[:, :split_y, :split_x]
+    out[0, :, split_y:, :split_x] = bottom[:, skip_y:, :split_x]
+    out[0, :, :split_y, split_x:] = right[:, :split_y, skip_x:]
+    out[0, :, split_y:, split_x:] = corner[:, skip_y:, skip_x:]
+    return out

@@ -1,8 +1,10 @@
-"""mmsegmentation 1.x's SETR (ViT-L Naive / PUP / MLA), re-implemented as a parity reference.
+"""mmsegmentation 1.x's SETR (ViT-L Naive / PUP / MLA), written again in plain torch as an oracle at full width.
 
-mmsegmentation cannot be installed here, so :func:`build_setr` re-creates its ``EncoderDecoder`` for the
-``setr_vit-l_{naive,pup,mla}`` ADE20K 512 and Cityscapes 768 configs with mmseg's module tree and
-semantics, in plain torch:
+mmsegmentation's own outputs are recorded at toy width in ``tests/fixtures/setr`` (``scripts/fixtures/make_setr.py``
+runs mmseg installed in a separate environment); this module is the project's own re-creation for what those
+fixtures cannot hold: full ViT-L logits (``benchmarks/setr_mmseg_parity.py``, the slow test) and mmseg-layout
+files of other widths. :func:`build_setr` builds the ``EncoderDecoder`` of the ``setr_vit-l_{naive,pup,mla}``
+ADE20K 512 and Cityscapes 768 configs with mmseg's module tree and semantics:
 
 * mmcv's ``ConvModule`` (conv without bias, BN, ReLU; keys ``conv``, ``bn``), mmseg's size-based
   ``Upsample`` and its ``resize``;
@@ -149,14 +151,12 @@ class VisionTransformer(nn.Module):
 
     @staticmethod
     def resize_pos_embed(pos_embed: Tensor, input_shape: Sequence[int], pos_shape: Sequence[int], mode: str) -> Tensor:
-        """mmseg's: the first row is the class token's; the last ``pos_h * pos_w`` rows are resized."""
-        pos_h, pos_w = pos_shape
-        cls_token_weight = pos_embed[:, 0]
-        weight = pos_embed[:, (-1 * pos_h * pos_w):]
-        weight = weight.reshape(1, pos_h, pos_w, pos_embed.shape[2]).permute(0, 3, 1, 2)
-        weight = resize(weight, input_shape, mode=mode, align_corners=False)
-        weight = torch.flatten(weight, 2).transpose(1, 2)
-        return torch.cat((cls_token_weight.unsqueeze(1), weight), dim=1)
+        """The class-token row as it is, the trailing ``pos_h * pos_w`` grid rows interpolated to ``input_shape``."""
+        rows, cols = pos_shape
+        dim = pos_embed.shape[-1]
+        grid = pos_embed[:, pos_embed.shape[1] - rows * cols:].view(1, rows, cols, dim).movedim(-1, 1)
+        grid = resize(grid, input_shape, mode=mode, align_corners=False).flatten(2).transpose(1, 2)
+        return torch.cat([pos_embed[:, :1], grid], dim=1)
 
     def _pos_embeding(self, patched_img: Tensor, hw_shape: tuple[int, int], pos_embed: Tensor) -> Tensor:
         # as mmseg: resized only when the token *count* differs from the table's
@@ -182,6 +182,11 @@ class VisionTransformer(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------- heads
+def _norm_map(norm: nn.LayerNorm, x: Tensor) -> Tensor:
+    """A LayerNorm over the channels of a (N, C, H, W) map, position by position."""
+    return norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous()
+
+
 class BaseDecodeHead(nn.Module):
     """The part of mmseg's ``BaseDecodeHead`` SETR uses: ``conv_seg`` (1x1, with bias), ``in_index``, no dropout."""
 
@@ -208,13 +213,9 @@ class SETRUPHead(BaseDecodeHead):
             cin = channels
 
     def forward(self, inputs: Sequence[Tensor]) -> Tensor:
-        x = inputs[self.in_index]
-        n, c, h, w = x.shape
-        x = x.reshape(n, c, h * w).transpose(2, 1).contiguous()
-        x = self.norm(x)
-        x = x.transpose(1, 2).reshape(n, c, h, w).contiguous()
-        for up_conv in self.up_convs:
-            x = up_conv(x)
+        x = _norm_map(self.norm, inputs[self.in_index])  # LayerNorm over channels at every position
+        for stage in self.up_convs:
+            x = stage(x)
         return self.cls_seg(x)
 
 
@@ -266,12 +267,7 @@ class MLANeck(nn.Module):
         self.mla = MLAModule(in_channels, out_channels)
 
     def forward(self, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
-        outs = []
-        for x, norm in zip(inputs, self.norm):
-            n, c, h, w = x.shape
-            x = norm(x.reshape(n, c, h * w).transpose(2, 1).contiguous())
-            outs.append(x.transpose(1, 2).reshape(n, c, h, w).contiguous())
-        return self.mla(outs)
+        return self.mla([_norm_map(norm, x) for x, norm in zip(inputs, self.norm)])
 
 
 # ---------------------------------------------------------------------------------------- segmentor
@@ -300,27 +296,27 @@ class EncoderDecoder(nn.Module):
         return self.encode_decode(inputs)
 
     def slide_inference(self, inputs: Tensor, crop_size: Sequence[int], stride: Sequence[int]) -> Tensor:
-        h_stride, w_stride = stride
-        h_crop, w_crop = crop_size
-        batch_size, _, h_img, w_img = inputs.size()
-        out_channels = self.decode_head.conv_seg.out_channels
-        h_grids = max(h_img - h_crop + h_stride - 1, 0) // h_stride + 1
-        w_grids = max(w_img - w_crop + w_stride - 1, 0) // w_stride + 1
-        preds = inputs.new_zeros((batch_size, out_channels, h_img, w_img))
-        count_mat = inputs.new_zeros((batch_size, 1, h_img, w_img))
-        for h_idx in range(h_grids):
-            for w_idx in range(w_grids):
-                y1 = h_idx * h_stride
-                x1 = w_idx * w_stride
-                y2 = min(y1 + h_crop, h_img)
-                x2 = min(x1 + w_crop, w_img)
-                y1 = max(y2 - h_crop, 0)
-                x1 = max(x2 - w_crop, 0)
-                crop_seg_logit = self.encode_decode(inputs[:, :, y1:y2, x1:x2])
-                preds += F.pad(crop_seg_logit, (int(x1), int(preds.shape[3] - x2), int(y1), int(preds.shape[2] - y2)))
-                count_mat[:, :, y1:y2, x1:x2] += 1
-        assert (count_mat == 0).sum() == 0
-        return preds / count_mat
+        """Windows of ``crop_size`` every ``stride`` pixels from the top-left, the last of each row / column moved back
+        to end at the border (a side shorter than the crop: one window of that side); per pixel, the mean of the
+        logits of the windows that cover it."""
+        height, width = inputs.shape[2:]
+        starts_y = _window_starts(height, crop_size[0], stride[0])
+        starts_x = _window_starts(width, crop_size[1], stride[1])
+        total = inputs.new_zeros((inputs.shape[0], self.decode_head.conv_seg.out_channels, height, width))
+        covered = inputs.new_zeros((1, 1, height, width))
+        for top in starts_y:
+            for left in starts_x:
+                rows = slice(top, min(top + crop_size[0], height))
+                cols = slice(left, min(left + crop_size[1], width))
+                total[:, :, rows, cols] += self.encode_decode(inputs[:, :, rows, cols])
+                covered[:, :, rows, cols] += 1
+        return total / covered
+
+
+def _window_starts(side: int, crop: int, stride: int) -> list[int]:
+    """Top (left) edges of the windows along one side: every ``stride``, the last clamped to end at ``side``."""
+    count = -(-max(side - crop, 0) // stride) + 1  # ceil((side - crop) / stride) + 1
+    return [max(min(i * stride, side - crop), 0) for i in range(count)]
 
 
 # ---------------------------------------------------------------------------------------- configs

@@ -1,20 +1,23 @@
-"""``forward_chop`` / ``forward_x8`` against the original's (``benchmarks/reference_ipt.py``).
+"""``forward_chop`` / ``forward_x8`` against the original's.
 
-Most cases use a cheap stand-in for the network whose windows disagree where they overlap (a
-position pattern inside each window), so any blending difference shows; one case runs a small IPT
-end to end through ``model(x)``.
+The original's own tiling (``Model.forward_chop`` and ``forward_x8`` of huawei-noah/Pretrained-IPT, run by
+``scripts/fixtures/make_ipt.py``) is recorded in ``tests/fixtures/ipt`` around toy IPTs at scales 1, 2 and 3
+(windows of 8, images no multiple of the tile stride); those outputs are compared with ``model(x)``.
+The sweep over sizes and scales at the published window of 48 uses a cheap stand-in for the network whose
+windows disagree where they overlap (a position pattern inside each window), so any blending difference
+shows, against ``benchmarks/reference_ipt.py``'s ``forward_chop`` (the project's own re-creation).
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from ipt_helpers import SMALL, randomized_reference, save_reference
+from ipt_helpers import TOL, TOY, fixture_file
+from reference.fixtures import load_fixture
 from torch import Tensor, nn
 
 from benchmarks.reference_ipt import forward_chop as reference_chop
-from benchmarks.reference_ipt import forward_x8 as reference_x8
 from visiontf.models import create_model
-from visiontf.models.ipt.convert import convert_state_dict
+from visiontf.models.ipt.convert import convert_state_dict, to_original_state_dict
 from visiontf.models.ipt.tiling import chop_geometry, forward_chop, forward_x8
 
 
@@ -92,27 +95,45 @@ def test_geometry_and_its_errors():
         chop_geometry(40, 100, 48)
 
 
-def test_x8_equals_the_original():
+def test_x8_flips_and_transposes_are_undone():
     net = WindowNet(2)
     x = torch.rand(1, 3, 50, 61) * 255
-    expected = reference_x8(lambda v: reference_chop(net, v), x)
     with torch.no_grad():
         got = forward_x8(lambda v: forward_chop(net, v, 48, 2), x)
-    assert got.shape == expected.shape == (1, 3, 100, 122)
-    assert (got - expected).abs().max().item() < 1e-3
+        views = [x, x.flip(-1), x.flip(-2), x.flip(-1).flip(-2)]
+        views += [v.transpose(-1, -2) for v in views]
+        outs = [forward_chop(net, v, 48, 2) for v in views]
+        undone = [o if i < 4 else o.transpose(-1, -2) for i, o in enumerate(outs)]
+        undone = [o.flip(-2) if i % 4 > 1 else o for i, o in enumerate(undone)]
+        undone = [o.flip(-1) if i % 2 else o for i, o in enumerate(undone)]
+    assert got.shape == (1, 3, 100, 122)
+    assert (got - torch.stack(undone).mean(0)).abs().max().item() < 1e-3
 
 
-def test_ipt_tiles_any_size_as_the_original(tmp_path):
-    """``model(x)`` on odd sizes (and with the x8 ensemble) = the original forward_chop in 0-255."""
-    ref = randomized_reference((2,), **SMALL)
-    model = create_model("ipt_sr_x2", pretrained=save_reference(ref, tmp_path / "w.pt"), **SMALL).eval()
-    x = torch.rand(1, 3, 50, 61)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("name", "case"), [("ipt_sr_x2", "sr_x2"), ("ipt_sr_x3", "sr_x3"), ("ipt_denoise_sigma30", "denoise")])
+def test_ipt_tiles_any_size_as_the_original(tmp_path, name, case, dtype):
+    """``model(x)`` on an odd size = the original ``Model.forward_chop`` (recorded in 0-255)."""
+    fx = load_fixture("ipt", case)
+    model = create_model(name, pretrained=fixture_file(case, tmp_path / "w.pt"), **TOY).eval().to(getattr(torch, dtype))
+    x = fx.inputs["chop"].to(getattr(torch, dtype))
     with torch.no_grad():
-        assert (model(x) - reference_chop(ref, x * 255) / 255).abs().max().item() < 1e-4
-        model.self_ensemble = True  # one window: the original's chop of it is the network itself
-        x = x[..., :48, :48]
-        expected = reference_x8(ref, x * 255) / 255
-        assert (model(x) - expected).abs().max().item() < 1e-4
+        got = model(x)
+    expected = fx.outputs[dtype]["chop"] / 255
+    assert got.shape == expected.shape and min(x.shape[-2:]) > TOY["tile_size"]
+    assert (got - expected).abs().max().item() < TOL[dtype]
+
+
+def test_ipt_self_ensemble_is_the_originals(tmp_path):
+    """``self_ensemble=True`` = the original ``forward_x8`` around ``forward_chop`` (float32: the original's
+    ensemble rebuilds its tensors with ``torch.Tensor`` and cannot run in float64)."""
+    fx = load_fixture("ipt", "denoise")
+    model = create_model("ipt_denoise_sigma30", pretrained=fixture_file("denoise", tmp_path / "w.pt"), **TOY,
+                         self_ensemble=True).eval()
+    with torch.no_grad():
+        got = model(fx.inputs["x8"].float())
+    assert "x8" not in fx.outputs["float64"]
+    assert (got - fx.outputs["float32"]["x8"] / 255).abs().max().item() < TOL["float32"]
 
 
 def test_tiling_is_differentiable():
@@ -126,11 +147,19 @@ def test_tiling_is_differentiable():
 def test_spandrel_gives_the_same_output(scale, h, w):
     """spandrel (PyPI, a dev dependency) keeps its own copy of the original code and loads the same files."""
     import spandrel  # not importorskip: a missing dev dependency must fail here, not skip the check
-    ref = randomized_reference((scale,), n_feats=8, num_heads=12, num_layers=1)  # spandrel assumes 12 heads
-    descriptor = spandrel.ModelLoader().load_from_state_dict(ref.state_dict())
     name = {1: "ipt_derain", 2: "ipt_sr_x2", 3: "ipt_sr_x3"}[scale]
+    torch.manual_seed(scale)
+    donor = create_model(name, n_feats=8, num_heads=12, num_layers=1)  # spandrel assumes 12 heads
+    with torch.no_grad():  # non-trivial LayerNorms and biases, as a trained file has
+        for key, p in donor.named_parameters():
+            if ".norm" in key:
+                p.copy_((1.0 if key.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
+            elif key.endswith("bias"):
+                p.normal_(0, 0.05)
+    state = to_original_state_dict(donor.state_dict())  # a file in the released layout
+    descriptor = spandrel.ModelLoader().load_from_state_dict(state)
     model = create_model(name, n_feats=8, num_heads=12, num_layers=1)
-    model.load_state_dict(convert_state_dict(ref.state_dict(), model))
+    model.load_state_dict(convert_state_dict(state, model))
     x = torch.rand(1, 3, h, w)
     with torch.no_grad():  # spandrel's descriptor clamps to [0, 1]; its call_fn does not
         expected = descriptor._call_fn(descriptor.model.eval(), x)

@@ -1,4 +1,8 @@
-"""PSNR / SSIM with IPT's scoring protocol (``benchmarks/reference_ipt.py`` has the original maths)."""
+"""PSNR / SSIM with IPT's scoring protocol.
+
+``tests/fixtures/ipt/psnr.safetensors`` holds what the original's ``utility.quantize`` and ``utility.calc_psnr``
+returned (``scripts/fixtures/make_ipt.py``), for Y and RGB PSNR at scales 1 to 4, in float32 and float64.
+"""
 from __future__ import annotations
 
 import math
@@ -6,10 +10,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from ipt_helpers import SMALL  # noqa: F401  (puts benchmarks/ on the path)
+from reference.fixtures import load_fixture
 
-from benchmarks.reference_ipt import calc_psnr as reference_psnr
-from benchmarks.reference_ipt import quantize as reference_quantize
 from visiontf.evaluation.restoration import calc_psnr, calc_ssim, quantize, rgb_to_y
 
 
@@ -23,16 +25,16 @@ def _pair(h=40, w=52, seed=0, noise=0.05):
 @pytest.mark.parametrize("scale", [1, 2, 3, 4])
 @pytest.mark.parametrize("y_only", [True, False])
 def test_psnr_is_the_originals(scale, y_only):
-    """The original protocol: quantize the output, then utility.calc_psnr, in 0-255 or in [0, 1]."""
-    sr, hr = _pair(seed=scale)
-    cal_type = "y" if y_only else "rgb"
-    expected = reference_psnr(reference_quantize(sr * 255, 255), hr * 255, scale, 255, cal_type)
-    assert calc_psnr(sr, hr, scale, y_only=y_only).item() == pytest.approx(expected, abs=1e-9)
-    assert calc_psnr(sr * 255, hr * 255, scale, rgb_range=255, y_only=y_only).item() == pytest.approx(expected, abs=1e-9)
+    """The original protocol: quantize the output, then utility.calc_psnr, in 0-255 or in [0, 1], per image."""
+    fx = load_fixture("ipt", "psnr")
+    key = f"psnr_{'y' if y_only else 'rgb'}_x{scale}"
+    sr, hr = fx.inputs["sr"].double(), fx.inputs["hr"].double()
+    expected = fx.outputs["float64"][key]
+    assert calc_psnr(sr, hr, scale, y_only=y_only) == pytest.approx(expected.tolist(), abs=1e-9)
+    assert calc_psnr(sr * 255, hr * 255, scale, rgb_range=255, y_only=y_only) == pytest.approx(expected.tolist(), abs=1e-9)
     # float32 inputs, as the original scores them: the same to well under the 0.01 dB reported
-    sr32, hr32 = sr.float(), hr.float()
-    expected32 = reference_psnr(reference_quantize(sr32 * 255, 255), hr32 * 255, scale, 255, cal_type)
-    assert calc_psnr(sr32, hr32, scale, y_only=y_only).item() == pytest.approx(expected32, abs=1e-4)
+    expected32 = fx.outputs["float32"][key]
+    assert calc_psnr(fx.inputs["sr"], fx.inputs["hr"], scale, y_only=y_only) == pytest.approx(expected32.tolist(), abs=1e-4)
 
 
 def test_psnr_per_image_and_quantization():
@@ -41,7 +43,11 @@ def test_psnr_per_image_and_quantization():
     both = calc_psnr(torch.cat([sr, sr2]), torch.cat([hr, hr2]), 2)
     assert both.shape == (2,)
     assert both[1].item() == pytest.approx(calc_psnr(sr2, hr2, 2).item())
-    assert torch.equal(quantize(sr), reference_quantize(sr * 255, 255) / 255)
+    fx = load_fixture("ipt", "psnr")  # the original's utility.quantize(sr * 255, 255), in 0-255
+    for dtype in ("float32", "float64"):
+        x = fx.inputs["sr"].to(getattr(torch, dtype))
+        assert torch.equal(quantize(x * 255, rgb_range=255), fx.outputs[dtype]["quantized"])
+        assert torch.equal(quantize(x), quantize(x * 255, rgb_range=255) / 255)
     # quantization: values off the 8-bit grid and out of range are rounded and clamped first
     assert calc_psnr(hr + 0.4 / 255, hr, 1).item() == math.inf
     assert calc_psnr(hr + 0.4 / 255, hr, 1, quantize_sr=False).item() < 100

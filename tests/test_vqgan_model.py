@@ -1,59 +1,72 @@
 """VQGAN first stage: taming's layout and maths, its Lightning checkpoints, tokens, odd inputs.
 
-The original repository cannot be imported; ``benchmarks/reference_vqgan.py`` re-creates its
-module tree (so its ``state_dict()`` has the published checkpoints' keys) and per-op maths
-(attention by ``bmm`` and softmax). Checkpoints are built from it at small configs of the same
-layout; full-size models are only built on the meta device.
+The outputs compared are those the original computed: ``tests/fixtures/vqgan/first_stage.safetensors``
+(a toy ``VQModel`` of the published layout's parts, random weights, float32 and float64) and the key layouts
+of the published models in ``tests/fixtures/vqgan/taming_layouts.txt``, both written by
+``scripts/fixtures/make_vqgan.py`` from a checkout of CompVis/taming-transformers. The fixture's weights go
+through a Lightning-style ``.ckpt`` and ``create_model(..., pretrained=path)``, as a user loads taming's files.
 """
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from reference.fixtures import FIXTURES, load_fixture
 from torch import nn
 
 from visiontf.models import create_model, get_entry, list_models
 from visiontf.models._registry import WeightsLayoutError
 from visiontf.models.vqgan.blocks import AttnBlock
-from visiontf.models.vqgan.vqgan import DEFAULT_CFGS, convert_state_dict
+from visiontf.models.vqgan.vqgan import convert_state_dict
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
-from benchmarks import reference_vqgan as ref  # noqa: E402
-
-TOL = 1e-4
-
-# small configs of the published layouts, 32 px: f16-like (2 ResNet blocks, attention at the middle level,
-# 2 channel sizes) and f8-like (z of 4 channels, attention at the lowest resolution)
-SMALL_F16 = dict(ch=32, ch_mult=(1, 1, 2), num_res_blocks=2, attn_resolutions=(16,), resolution=32, z_channels=32)
-SMALL_F8 = dict(ch=32, ch_mult=(1, 2, 2), num_res_blocks=1, attn_resolutions=(8,), resolution=32, z_channels=4)
+#: float32 / float64 tolerances against the original's outputs
+TOL = {"float32": 1e-4, "float64": 1e-8}
+#: the fixture's toy first stage in visiontf's arguments (its meta holds taming's ddconfig)
+TOY = dict(n_embed=32, embed_dim=8, ch=32, ch_mult=(1, 1), num_res_blocks=1, attn_resolutions=(8,), resolution=16,
+           z_channels=8)
 
 
-def _ddconfig(cfg: dict) -> dict:
-    return dict(double_z=False, in_channels=3, out_ch=3, dropout=0.0, **cfg)
+def parse_layouts(path: Path) -> dict[str, dict]:
+    """``{name: {"params", "entries", "keys": {key: shape}}}`` from a generator's listing (``blocks.N ... xK`` expanded)."""
+    sections: dict[str, dict] = {}
+    cur: dict | None = None
+    for line in path.read_text().splitlines():
+        head = re.match(r"^## (\S+) .*: (\d+) parameters, (\d+) state-dict entries$", line)
+        if head:
+            cur = sections[head.group(1)] = {"params": int(head.group(2)), "entries": int(head.group(3)), "keys": {}}
+            continue
+        row = re.match(r"^(\S+) \[([\d, ]*)\](?:\s+x(\d+))?$", line)
+        if cur is not None and row:
+            shape = tuple(int(v) for v in row.group(2).split(",") if v.strip())
+            for i in range(int(row.group(3) or 1)):
+                cur["keys"][row.group(1).replace(".N.", f".{i}.")] = shape
+    return sections
 
 
-def _reference(cfg: dict, n_embed: int, embed_dim: int, seed: int = 0) -> ref.OriginalVQModel:
-    """A reference model with non-trivial norms and a codebook on the latents' scale."""
-    torch.manual_seed(seed)
-    model = ref.OriginalVQModel(_ddconfig(cfg), n_embed, embed_dim).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name:
-                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
-        z = model.quant_conv(model.encoder(torch.rand(4, 3, 32, 32) * 2 - 1))
-        z = z.permute(0, 2, 3, 1).reshape(-1, embed_dim)
-        model.quantize.embedding.weight.copy_(z[torch.randperm(len(z))[:n_embed]] + 0.01 * torch.randn(n_embed, embed_dim))
-    return model
+LAYOUTS = parse_layouts(FIXTURES / "vqgan" / "taming_layouts.txt")
 
 
-def _save_ckpt(model: nn.Module, path: Path, callback: str = "callbacks.model_checkpoint.ModelCheckpoint") -> Path:
+def listed_state(name: str) -> dict[str, torch.Tensor]:
+    """The published model's state dict as meta tensors (shapes only)."""
+    return {k: torch.empty(shape, device="meta") for k, shape in LAYOUTS[name]["keys"].items()}
+
+
+def fixture_weights(case: str = "first_stage") -> dict[str, torch.Tensor]:
+    """The fixture's weights as the original held them (stored as float16 where exact; float32 to load)."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in load_fixture("vqgan", case).weights.items()}
+
+
+def _save_ckpt(state, path: Path, callback: str = "callbacks.model_checkpoint.ModelCheckpoint") -> Path:
     """A taming-style Lightning 1.0 checkpoint: the callbacks keyed by their class, as Lightning < 1.5 wrote them
     (pickled by reference to ``pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint``; a stand-in
     module holds it while saving, which spares the tests Lightning's import time)."""
+    if isinstance(state, nn.Module):
+        state = state.state_dict()
     module, cls = f"pytorch_lightning.{callback}".rsplit(".", 1)
     names = ("pytorch_lightning", "pytorch_lightning.callbacks", module)
     saved = {n: sys.modules.get(n) for n in names}
@@ -64,7 +77,7 @@ def _save_ckpt(model: nn.Module, path: Path, callback: str = "callbacks.model_ch
         setattr(sys.modules[module], cls, stand_in)
         torch.save({"epoch": 3, "global_step": 1000, "pytorch-lightning_version": "1.0.8",
                     "callbacks": {stand_in: {"best_model_score": torch.tensor(0.5), "best_model_path": "x.ckpt"}},
-                    "optimizer_states": [], "lr_schedulers": [], "state_dict": model.state_dict()}, path)
+                    "optimizer_states": [], "lr_schedulers": [], "state_dict": state}, path)
     finally:
         for n, mod in saved.items():
             if mod is None:
@@ -73,6 +86,16 @@ def _save_ckpt(model: nn.Module, path: Path, callback: str = "callbacks.model_ch
                 sys.modules[n] = mod
     assert cls.encode() in path.read_bytes()
     return path
+
+
+def _training_ckpt(path: Path) -> Path:
+    """The fixture's first stage as a training checkpoint: with ``loss.*`` tensors (discriminator and LPIPS
+    names of taming's loss; random values: they play no part in inference)."""
+    state = fixture_weights()
+    state["loss.discriminator.main.0.weight"] = torch.randn(64, 3, 4, 4)
+    state["loss.discriminator.main.2.running_mean"] = torch.zeros(128)
+    state["loss.perceptual_loss.lin0.model.1.weight"] = torch.randn(1, 64, 1, 1)
+    return _save_ckpt(state, path)
 
 
 def _images(B=2, H=32, W=32, seed=1):
@@ -84,23 +107,23 @@ def _images(B=2, H=32, W=32, seed=1):
 def test_registered_names_and_param_counts():
     assert {"vqgan_imagenet_f16_1024", "vqgan_imagenet_f16_16384", "vq_f8", "vq_f8_n256", "vqgan_tiny"} <= set(list_models("vq*"))
     assert get_entry("vqgan_tiny").tags[:2] == ("generation", "vqgan")
-    counts = {}
-    for name in ("vqgan_imagenet_f16_1024", "vqgan_imagenet_f16_16384"):
+    for name in ("vqgan_imagenet_f16_1024", "vqgan_imagenet_f16_16384", "vq_f8", "vq_f8_n256"):
         with torch.device("meta"):
-            counts[name] = sum(p.numel() for p in create_model(name).parameters())
+            count = sum(p.numel() for p in create_model(name).parameters())
+        assert count == LAYOUTS[name]["params"], name  # taming's VQModel at that config (the loss not built)
     # REFERENCE.md: the autoencoders (no loss) of taming's ImageNet configs
-    assert round(counts["vqgan_imagenet_f16_1024"] / 1e6, 2) == 72.14
-    assert round(counts["vqgan_imagenet_f16_16384"] / 1e6, 2) == 76.07
+    assert round(LAYOUTS["vqgan_imagenet_f16_1024"]["params"] / 1e6, 2) == 72.14
+    assert round(LAYOUTS["vqgan_imagenet_f16_16384"]["params"] / 1e6, 2) == 76.07
+    assert round(LAYOUTS["loss.discriminator"]["params"] / 1e6, 2) == 2.77
 
 
-@pytest.mark.parametrize("name", ["vqgan_imagenet_f16_16384", "vq_f8"])
+@pytest.mark.parametrize("name", ["vqgan_imagenet_f16_1024", "vqgan_imagenet_f16_16384", "vq_f8", "vq_f8_n256"])
 def test_full_size_keys_and_shapes_are_tamings(name):
-    s = DEFAULT_CFGS[name].kwargs
-    cfg = {k: s[k] for k in ("ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution", "z_channels")}
     with torch.device("meta"):
-        theirs = ref.OriginalVQModel(_ddconfig(cfg), s["n_embed"], s["embed_dim"], with_loss=False).state_dict()
         ours = create_model(name).state_dict()
-    assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
+    listed = LAYOUTS[name]
+    assert {k: tuple(v.shape) for k, v in ours.items()} == listed["keys"]
+    assert len(listed["keys"]) == listed["entries"]
     for key in ("encoder.down.4.attn.1.q.weight", "encoder.down.3.downsample.conv.weight", "decoder.up.0.block.2.conv2.weight",
                 "decoder.up.4.upsample.conv.weight", "encoder.down.1.block.0.norm1.weight", "encoder.mid.attn_1.proj_out.bias") \
             if name.startswith("vqgan") else ("encoder.down.3.attn.0.k.weight", "decoder.up.2.block.0.nin_shortcut.weight", "decoder.up.3.attn.2.v.bias"):
@@ -115,72 +138,77 @@ def test_pretrained_cfg():
         assert create_model("vq_f8").pretrained_cfg.url.endswith("vq-f8.zip")
 
 
-def test_attention_block_equals_bmm_softmax():
+def test_attention_block_equals_the_explicit_softmax():
+    """SDPA gives single-head attention over the HW positions as an explicit softmax(q k^T / sqrt(C)) v does."""
     torch.manual_seed(0)
-    ours, theirs = AttnBlock(64), ref.AttnBlock(64)
-    theirs.load_state_dict(ours.state_dict())
+    block = AttnBlock(64)
     x = torch.randn(2, 64, 16, 12) * 3
     with torch.no_grad():
-        err = (ours(x) - theirs(x)).abs().max().item()
+        h = block.norm(x)
+        q, k, v = (conv(h).flatten(2) for conv in (block.q, block.k, block.v))  # (B, C, HW)
+        weights = torch.softmax(torch.einsum("bci,bcj->bij", q, k) / 64**0.5, dim=-1)
+        expected = x + block.proj_out(torch.einsum("bij,bcj->bci", weights, v).view_as(x))
+        err = (block(x) - expected).abs().max().item()
     assert err < 1e-5, err
 
 
 # --------------------------------------------------------------------------- taming checkpoints
-@pytest.mark.parametrize("cfg,n_embed,embed_dim", [(SMALL_F16, 64, 16), (SMALL_F8, 256, 4)], ids=["f16_layout", "f8_layout"])
-def test_taming_checkpoint_parity(tmp_path, caplog, cfg, n_embed, embed_dim):
-    theirs = _reference(cfg, n_embed, embed_dim)
-    assert any(k.startswith("loss.") for k in theirs.state_dict())
-    path = _save_ckpt(theirs, tmp_path / "last.ckpt")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_taming_checkpoint_gives_tamings_outputs(tmp_path, caplog, dtype):
+    fx = load_fixture("vqgan", "first_stage")
+    assert fx.meta["repository"] == "CompVis/taming-transformers" and fx.meta["settings"]["n_embed"] == TOY["n_embed"]
+    path = _training_ckpt(tmp_path / "last.ckpt")
     with caplog.at_level(logging.INFO):
-        ours = create_model("vqgan_imagenet_f16_1024", pretrained=path, n_embed=n_embed, embed_dim=embed_dim, **cfg).eval()
+        ours = create_model("vqgan_imagenet_f16_1024", pretrained=path, **TOY).eval()
     assert "loss.* tensors" in caplog.text and "not used for inference" in caplog.text
-    x = _images()
+    assert sum(p.numel() for p in ours.parameters()) == fx.meta["params"]
+    ours = ours.to(getattr(torch, dtype))
+    want, tol = fx.outputs[dtype], TOL[dtype]
+    x = fx.inputs["x"].to(ours.encoder.conv_in.weight.dtype)
     with torch.no_grad():
-        q_ref, loss_ref, (_, _, idx_ref) = theirs.encode(x)
-        rec_ref, _ = theirs(x)
         q, loss, (perplexity, _, idx) = ours.encode(x)
         tokens = ours.tokenize(x)
-        rec = ours(x)
+        rec, qloss = ours(x, return_loss=True)
         rec_from_tokens = ours.detokenize(tokens)
-    assert torch.equal(idx, idx_ref)
-    assert torch.equal(tokens.flatten(), idx_ref) and tokens.shape == (2, 32 // ours.downsample_factor, 32 // ours.downsample_factor)
-    assert len(idx_ref.unique()) > 4  # the test exercises several codes
-    assert (q - q_ref).abs().max().item() < TOL
-    assert abs(loss.item() - loss_ref.item()) < TOL * max(1.0, loss_ref.item())
-    assert (rec - rec_ref).abs().max().item() < TOL
-    assert (rec_from_tokens - rec_ref).abs().max().item() < TOL
-    assert 1.0 <= perplexity.item() <= n_embed
+    assert torch.equal(idx, want["indices"])
+    assert torch.equal(tokens.flatten(), want["indices"]) and tokens.shape == (2, 8, 8)
+    assert fx.meta["codes_used"] > 4 and len(idx.unique()) == fx.meta["codes_used"]  # several codes exercised
+    assert (q - want["z_q"]).abs().max().item() < tol
+    assert abs(loss.item() - want["codebook_loss"].item()) < tol * max(1.0, want["codebook_loss"].item())
+    assert abs(qloss.item() - want["forward_loss"].item()) < tol * max(1.0, want["forward_loss"].item())
+    assert (ours.decode(want["z_q"]) - want["decoded"]).abs().max().item() < tol
+    assert (rec - want["decoded"]).abs().max().item() < tol
+    assert (rec_from_tokens - want["decoded_from_indices"]).abs().max().item() < tol
+    assert 1.0 <= perplexity.item() <= TOY["n_embed"]
 
 
 def test_net2net_checkpoint_gives_its_first_stage(tmp_path):
-    theirs = _reference(SMALL_F8, 256, 4)
-    state = {f"first_stage_model.{k}": v for k, v in theirs.state_dict().items() if not k.startswith("loss.")}
+    state = {f"first_stage_model.{k}": v for k, v in fixture_weights().items()}
     state["transformer.tok_emb.weight"] = torch.zeros(3, 3)
     torch.save({"state_dict": state}, tmp_path / "net2net.ckpt")
-    ours = create_model("vq_f8_n256", pretrained=tmp_path / "net2net.ckpt", **SMALL_F8).eval()
-    x = _images(1)
+    ours = create_model("vq_f8_n256", pretrained=tmp_path / "net2net.ckpt", **TOY).eval()
+    fx = load_fixture("vqgan", "first_stage")
     with torch.no_grad():
-        assert (ours(x) - theirs(x)[0]).abs().max().item() < TOL
+        assert (ours(fx.inputs["x"].float()) - fx.outputs["float32"]["decoded"]).abs().max().item() < TOL["float32"]
 
 
 def test_codebook_of_another_size_is_refused(tmp_path):
-    theirs = _reference(SMALL_F8, 256, 4)
-    path = _save_ckpt(theirs, tmp_path / "n256.ckpt")
-    with pytest.raises(WeightsLayoutError, match="codebook of 256 codes x 4.*model has 512 x 4"):
-        create_model("vq_f8", pretrained=path, n_embed=512, **SMALL_F8)
+    path = _save_ckpt(fixture_weights(), tmp_path / "n32.ckpt")
+    with pytest.raises(WeightsLayoutError, match="codebook of 32 codes x 8.*model has 64 x 8"):
+        create_model("vq_f8", pretrained=path, **{**TOY, "n_embed": 64})
 
 
 def test_refusal_names_the_registered_model_that_fits():
-    s = DEFAULT_CFGS["vq_f8"].kwargs
-    cfg = {k: s[k] for k in ("ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution", "z_channels")}
+    state = listed_state("vq_f8")
     with torch.device("meta"):
-        state = ref.OriginalVQModel(_ddconfig(cfg), 16384, 4).state_dict()
         model = create_model("vq_f8_n256")
         f16 = create_model("vqgan_imagenet_f16_1024")
     with pytest.raises(WeightsLayoutError, match=r"16384 codes x 4 \(the model has 256 x 4\).*They fit vq_f8\b"):
         convert_state_dict(state, model)
     with pytest.raises(WeightsLayoutError, match="They fit vq_f8"):
         convert_state_dict(state, f16)
+    with pytest.raises(WeightsLayoutError, match="They fit vq_f8_n256"):
+        convert_state_dict(listed_state("vq_f8_n256"), create_model("vq_f8", **TOY))
     state["quant_conv.weight"] = torch.empty(5, 4, 1, 1, device="meta")
     with pytest.raises(WeightsLayoutError, match="No registered VQGAN has this layout"):
         convert_state_dict(state, model)

@@ -1,25 +1,18 @@
-"""taming's VectorQuantizer2: codes, loss placement, straight-through gradients, codebook init."""
-from __future__ import annotations
+"""taming's VectorQuantizer2: codes, loss placement, straight-through gradients, codebook init.
 
-import sys
-from pathlib import Path
+``tests/fixtures/vqgan/quantizer.safetensors`` holds what taming's own ``VectorQuantizer2`` computed
+(``scripts/fixtures/make_vqgan.py``): codes, quantised latents, the loss with ``legacy`` True and False, and
+the gradients of ``loss + sum(z_q * g)`` for the latent and the codebook, in float32 and float64.
+"""
+from __future__ import annotations
 
 import pytest
 import torch
+from reference.fixtures import load_fixture
 
 from visiontf.models.vqgan.quantize import VectorQuantizer2
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
-from benchmarks import reference_vqgan as ref  # noqa: E402
-
-
-def _pair(n_e=64, e_dim=8, legacy=True):
-    ours = VectorQuantizer2(n_e, e_dim, beta=0.25, legacy=legacy)
-    theirs = ref.VectorQuantizer2(n_e, e_dim, beta=0.25, legacy=legacy)
-    with torch.no_grad():
-        ours.embedding.weight.normal_()
-    theirs.load_state_dict(ours.state_dict())
-    return ours, theirs
+TOL = {"float32": 1e-5, "float64": 1e-10}
 
 
 def test_codebook_init_is_uniform_within_one_over_n():
@@ -29,17 +22,24 @@ def test_codebook_init_is_uniform_within_one_over_n():
     assert list(q.state_dict()) == ["embedding.weight"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("legacy", [True, False])
-def test_same_codes_latents_and_loss_as_taming(legacy):
-    ours, theirs = _pair(legacy=legacy)
-    z = torch.randn(3, 8, 5, 7)
+def test_same_codes_latents_loss_and_gradients_as_taming(legacy, dtype):
+    fx = load_fixture("vqgan", "quantizer")
+    tag, want, tol, dt = "legacy" if legacy else "nonlegacy", fx.outputs[dtype], TOL[dtype], getattr(torch, dtype)
+    ours = VectorQuantizer2(32, 4, beta=0.25, legacy=legacy)
+    ours.load_state_dict({k: v.float() for k, v in fx.weights.items()})
+    ours = ours.to(dt)
+    z = fx.inputs["z"].to(dt).requires_grad_(True)
     zq, loss, (perplexity, encodings, idx) = ours(z)
-    zq_ref, loss_ref, (_, _, idx_ref) = theirs(z)
-    assert torch.equal(idx, idx_ref) and idx.shape == (3 * 5 * 7,)
-    assert torch.equal(ours.codes(z).flatten(), idx_ref)
-    assert (zq - zq_ref).abs().max() < 1e-6
-    assert abs(loss.item() - loss_ref.item()) < 1e-6
-    assert encodings is None and 1 <= perplexity.item() <= 64
+    (loss + (zq * fx.inputs["g"].to(dt)).sum()).backward()
+    assert torch.equal(idx, want[f"{tag}_indices"]) and idx.shape == (3 * 5 * 7,)
+    assert torch.equal(ours.codes(z.detach()).flatten(), want[f"{tag}_indices"])
+    assert (zq - want[f"{tag}_z_q"]).abs().max() < tol
+    assert abs(loss.item() - want[f"{tag}_loss"].item()) < tol
+    assert (z.grad - want[f"{tag}_grad_z"]).abs().max() < tol
+    assert (ours.embedding.weight.grad - want[f"{tag}_grad_codebook"]).abs().max() < tol
+    assert encodings is None and 1 <= perplexity.item() <= 32
 
 
 def test_codes_are_the_nearest_entries():

@@ -31,9 +31,10 @@ SSIM_Y_WEIGHTS = (65.481, 128.553, 24.966)
 
 
 def quantize(img: Tensor, rgb_range: float = 1.0) -> Tensor:
-    """Round to the 8-bit grid of the [0, ``rgb_range``] scale, clamping to it (the original ``utility.quantize``)."""
-    pixel_range = 255 / rgb_range
-    return img.mul(pixel_range).clamp(0, 255).round().div(pixel_range)
+    """Round to the 8-bit grid of the [0, ``rgb_range``] scale, clamping to it: what an image saved as 8-bit
+    PNG holds, as IPT scores its outputs."""
+    levels = 255.0 / rgb_range  # 8-bit steps per unit of the image's scale
+    return torch.round(torch.clamp(img * levels, 0.0, 255.0)) / levels
 
 
 def _check_pair(sr: Tensor, hr: Tensor, scale: int) -> None:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models.convert import rename_state
+from visiontf.nn.precision import at_least_float32
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def resize_pos_embed(pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tup
     (oh, ow), (nh, nw) = tuple(old_grid), tuple(new_grid)
     cls, grid = pos_embed[:, :1], pos_embed[:, -oh * ow:]
     grid = grid.reshape(1, oh, ow, -1).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid.float(), size=(nh, nw), mode=mode, align_corners=False).to(pos_embed.dtype)
+    grid = F.interpolate(at_least_float32(grid), size=(nh, nw), mode=mode, align_corners=False).to(pos_embed.dtype)
     return torch.cat([cls, grid.flatten(2).transpose(1, 2)], dim=1)
 
 
