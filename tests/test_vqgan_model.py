@@ -182,6 +182,34 @@ def test_taming_checkpoint_gives_tamings_outputs(tmp_path, caplog, dtype):
     assert 1.0 <= perplexity.item() <= TOY["n_embed"]
 
 
+def test_width_changing_blocks_equal_the_own_words_reference():
+    """What the fixture cannot hold at its size: the blocks that change width (``nin_shortcut``) and a third
+    level, against the project's own-words reference of taming's first stage (``benchmarks/reference_vqgan.py``)
+    on the same random weights, through visiontf's converter."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.reference_vqgan import OriginalVQModel
+
+    ddconfig = dict(ch=32, ch_mult=(1, 2, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=16, z_channels=8,
+                    in_channels=3, out_ch=3, dropout=0.0, double_z=False)
+    torch.manual_seed(0)
+    ref = OriginalVQModel(ddconfig, n_embed=16, embed_dim=8).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.1)
+    assert any(k.endswith("nin_shortcut.weight") for k in ref.state_dict())
+    ours = create_model("vqgan_imagenet_f16_1024", n_embed=16, embed_dim=8, ch=32, ch_mult=(1, 2, 2), num_res_blocks=1,
+                        attn_resolutions=(4,), resolution=16, z_channels=8).eval()
+    ours.load_state_dict(convert_state_dict(ref.state_dict(), ours))
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        # each half on its own: the codebook's snapping would hide a difference in the encoder from the output
+        z_ref, z = ref.encoder(x), ours.encoder(x)
+        q_ref = ref.encode(x)[0]
+        rec_ref, rec = ref.decode(q_ref), ours.decode(q_ref)
+    assert (z - z_ref).abs().max().item() < 1e-5 * z_ref.abs().max().item()
+    assert (rec - rec_ref).abs().max().item() < 1e-5 * rec_ref.abs().max().item()
+
+
 def test_net2net_checkpoint_gives_its_first_stage(tmp_path):
     state = {f"first_stage_model.{k}": v for k, v in fixture_weights().items()}
     state["transformer.tok_emb.weight"] = torch.zeros(3, 3)
