@@ -1,16 +1,29 @@
-"""Shared pieces of the Deformable DETR tests: toy configurations of both layouts, weights, inputs."""
+"""Shared pieces of the Deformable DETR tests: the recorded fixtures of the original, toy configurations, weights, inputs.
+
+``tests/fixtures/deformable_detr/`` holds what fundamentalvision/Deformable-DETR itself computed
+(``scripts/fixtures/make_deformable_detr.py --repo PATH`` writes it): :func:`fixture` reads a case,
+:func:`checkpoint` rebuilds the checkpoint a user of the original has, :func:`fixture_kwargs` gives the
+``create_model`` keywords of the same architecture. No code of the original is needed here.
+
+``original()`` (the own-words re-implementation in ``benchmarks/reference_deformable_detr.py``) stays for the
+tests that only need a state dict of the original layout at other sizes (``test_finetune.py``).
+"""
 from __future__ import annotations
 
+import functools
 import math
+import re
 import sys
 from pathlib import Path
 
 import torch
+from reference.fixtures import FIXTURES, Fixture, load_fixture
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 from benchmarks.reference_deformable_detr import OriginalDeformableDETR  # noqa: E402
 
+FAMILY = "deformable_detr"
 #: the published variants' switches
 VARIANTS = {
     "plain": {},
@@ -27,6 +40,106 @@ TOY = dict(num_classes=7, backbone="resnet18", num_feature_levels=4, hidden_dim=
 _TABLES = ("query_embed.weight", "level_embed", "query_position_embeddings.weight")
 
 
+# ------------------------------------------------------------------------------------------ recorded fixtures
+@functools.cache
+def fixture(case: str) -> Fixture:
+    """A recorded case: ``plain``, ``box_refine``, ``two_stage``, ``ms_deform_attn``, ``geometry``, ``criterion``.
+
+    Read once per session and shared: never change its tensors in place (clone before ``requires_grad_``).
+    """
+    return load_fixture(FAMILY, case)
+
+
+def checkpoint(fx: Fixture) -> dict[str, torch.Tensor]:
+    """The original's state dict as its checkpoint file holds it: float32, every repeated head under each of its keys."""
+    state = {k: v.float() if v.is_floating_point() else v for k, v in fx.weights.items()}
+    for alias, source in fx.meta.get("aliases", {}).items():
+        state[alias] = state[source]
+    return state
+
+
+def save_checkpoint(fx: Fixture, path: Path) -> Path:
+    """The model-zoo file format, ``{"model": state_dict}``."""
+    torch.save({"model": checkpoint(fx), "epoch": 49}, path)
+    return path
+
+
+def fixture_kwargs(fx: Fixture, **overrides) -> dict:
+    """``create_model`` keywords of the recorded model: its sizes and the same reduced ResNet (timm's resnet18)."""
+    settings, backbone = fx.meta["settings"], dict(fx.meta["backbone"])
+    timm_name = backbone.pop("timm")
+    keys = ("hidden_dim", "nheads", "dim_feedforward", "enc_layers", "dec_layers", "num_queries", "enc_n_points", "dec_n_points",
+            "dropout", "num_feature_levels", "with_box_refine", "two_stage", "aux_loss")
+    return {"num_classes": fx.meta["num_classes"], "backbone": f"timm:{timm_name}",
+            "backbone_kwargs": {k: tuple(v) if isinstance(v, list) else v for k, v in backbone.items()},
+            **{k: settings[k] for k in keys}, **overrides}
+
+
+#: the registered model of each variant (the recorded keywords override its sizes)
+VARIANT_NAMES = {"plain": "deformable_detr_resnet50", "box_refine": "deformable_detr_resnet50_box_refine",
+                 "two_stage": "deformable_detr_resnet50_two_stage"}
+
+
+def load_recorded(variant: str, path: Path, dtype: torch.dtype = torch.float32, **overrides) -> nn.Module:
+    """``create_model(name, pretrained=path)`` with the recorded case's sizes, in eval mode and ``dtype``.
+
+    In float32 the toy widths (d = 32) run contiguous maps: each GroupNorm group there is one channel of a few
+    positions, where PyTorch's channels-last CPU GroupNorm (the registered default) loses about 1e-4 in float32.
+    The two-stage case (d = 256, 8 channels a group, as published) and every float64 run keep the default.
+    """
+    from visiontf.models import create_model
+
+    fx = fixture(variant)
+    if dtype == torch.float32 and fx.meta["settings"]["hidden_dim"] < 256:
+        overrides.setdefault("channels_last", False)
+    return create_model(VARIANT_NAMES[variant], pretrained=path, **fixture_kwargs(fx, **overrides)).eval().to(dtype)
+
+
+def flatten(out: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+    """A model's output dict under the fixture's names (``aux_outputs.0.pred_boxes``, ``enc_outputs.pred_logits``)."""
+    flat: dict[str, torch.Tensor] = {}
+    for key, value in out.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, torch.Tensor):
+            flat[name] = value
+        elif isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                flat.update(flatten(item, f"{name}.{i}."))
+    return flat
+
+
+def recorded_targets(fx: Fixture, dtype: torch.dtype = torch.float32) -> list[dict[str, torch.Tensor]]:
+    count = 1 + max(int(k.split(".")[1]) for k in fx.inputs if k.startswith("targets."))
+    return [{"labels": fx.inputs[f"targets.{b}.labels"], "boxes": fx.inputs[f"targets.{b}.boxes"].to(dtype)} for b in range(count)]
+
+
+def recorded_matches(record: dict[str, torch.Tensor], name: str, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(record[f"match.{name}.{b}.query"], record[f"match.{name}.{b}.target"]) for b in range(batch)]
+
+
+def r50_layouts() -> dict[str, tuple[int, dict[str, tuple[int, ...]]]]:
+    """``r50_layouts.txt``: per variant, the original's parameter count and {key: shape} (``N`` lines expanded)."""
+    layouts: dict[str, tuple[int, dict[str, tuple[int, ...]]]] = {}
+    variant, params, keys = None, 0, {}
+    for line in (FIXTURES / FAMILY / "r50_layouts.txt").read_text().splitlines():
+        head = re.match(r"^## (\w+): (\d+) parameters, (\d+) state-dict entries$", line)
+        if head:
+            variant, params, keys = head.group(1), int(head.group(2)), {}
+            layouts[variant] = (params, keys)
+            continue
+        entry = re.match(r"^(\S+) \[([\d, ]*)\](?:  x(\d+))?$", line)
+        if entry is None or variant is None:
+            continue
+        shape = tuple(int(s) for s in entry.group(2).split(",") if s.strip())
+        copies = int(entry.group(3) or 0)
+        names = [entry.group(1).replace(".N.", f".{i}.", 1) for i in range(copies)] if copies else [entry.group(1)]
+        keys.update(dict.fromkeys(names, shape))
+    return layouts
+
+
+# ------------------------------------------------------------------------------------------ toy models, values, inputs
 def randomize(module: nn.Module, seed: int = 0) -> None:
     """Non-trivial values everywhere (BN statistics, norms, offsets too) with moderate activations."""
     g = torch.Generator().manual_seed(seed)
@@ -50,6 +163,7 @@ def randomize(module: nn.Module, seed: int = 0) -> None:
 
 
 def original(variant: str, seed: int = 0, **overrides) -> OriginalDeformableDETR:
+    """A toy model of the original's key layout from the benchmark re-implementation (layout only; values come from fixtures)."""
     model = OriginalDeformableDETR(**{**TOY_ORIGINAL, **VARIANTS[variant], **overrides}).eval()
     randomize(model, seed)
     return model
@@ -68,4 +182,4 @@ def inputs(B: int = 2, H: int = 96, W: int = 128, seed: int = 0) -> tuple[torch.
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.detach().float() - b.detach().float()).abs().max().item()
+    return (a.detach().double() - b.detach().double()).abs().max().item()

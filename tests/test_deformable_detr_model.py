@@ -1,7 +1,10 @@
 """Deformable DETR model: registered variants, outputs, initialisation, optimiser hooks, the decoder's
-DINO-ready interface, the vectorised geometry against the original's loops, and bad input.
+DINO-ready interface, the vectorised geometry against what the original's loops computed, and bad input.
 
-Toy sizes throughout; the R50 parameter counts are checked on the meta device. Cost: about 10 s.
+Toy sizes throughout; the R50 parameter counts are checked on the meta device against the counts of the
+original's own build (``tests/fixtures/deformable_detr/r50_layouts.txt``). The geometry (valid ratios, encoder
+reference points, two-stage proposals, the sine embedding) is compared with the recorded ``geometry`` fixture,
+which the original's own functions wrote. Cost: about 10 s.
 """
 from __future__ import annotations
 
@@ -10,17 +13,22 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from deformable_helpers import TOY, VARIANTS, inputs, original, randomize
+from deformable_helpers import TOY, VARIANT_NAMES, VARIANTS, fixture, inputs, max_diff, r50_layouts, randomize
 
-from benchmarks.reference_deformable_detr import _Encoder, _Transformer
 from visiontf.detection import SetCriterion
 from visiontf.models import create_model, list_models
 from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
-from visiontf.models.deformable_detr.transformer import encoder_reference_points, level_layout, refine_boxes, valid_counts
+from visiontf.models.deformable_detr.transformer import (
+    DeformableTransformer,
+    encoder_reference_points,
+    level_layout,
+    refine_boxes,
+    valid_counts,
+)
 from visiontf.nn import PositionEmbeddingSine2d
 
-#: parameters with 91 classes, as the original code builds them (REFERENCE.md: 40.07 M, 40.85 M, 41.18 M)
+#: parameters with 91 classes, as the original code builds them (REFERENCE.md: 40.07 M, 40.85 M, 41.18 M; r50_layouts.txt)
 R50_PARAMETERS = {
     "deformable_detr_resnet50": 40_069_665,
     "deformable_detr_resnet50_box_refine": 40_849_660,
@@ -35,6 +43,7 @@ def _toy(variant: str = "plain", **kw) -> DeformableDETR:
 
 def test_registered_models_and_exact_r50_parameter_counts():
     assert set(R50_PARAMETERS) | {"deformable_detr_tiny"} <= set(list_models("deformable_detr_*"))
+    assert {VARIANT_NAMES[variant]: params for variant, (params, _) in r50_layouts().items()} == R50_PARAMETERS
     for name, expected in R50_PARAMETERS.items():
         with torch.device("meta"):
             model = create_model(name)
@@ -92,38 +101,38 @@ def test_optimiser_hooks():
     assert set(groups.values()) == {"backbone", "offsets", "default"}
 
 
-def test_geometry_equals_the_original_loops():
-    """Valid ratios, encoder reference points and two-stage proposals: vectorised vs the original's per-level loops."""
-    B, shapes = 3, [(12, 16), (6, 8), (3, 4), (2, 2)]
-    masks = []
-    for h, w in shapes:
-        m = torch.zeros(B, h, w, dtype=torch.bool)
-        m[1, :, (3 * w + 3) // 4:] = True
-        m[2, (h + 1) // 2:, :] = True
-        masks.append(m)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_geometry_equals_the_original(dtype):
+    """Valid ratios, encoder reference points and two-stage proposals: vectorised, equal to the original's loops' results."""
+    fx = fixture("geometry")
+    recorded = fx.outputs[str(dtype)[6:]]
+    shapes = [tuple(s) for s in fx.meta["settings"]["spatial_shapes"]]
+    masks = [fx.inputs[f"geometry.mask.{lvl}"] for lvl in range(len(shapes))]
+    B = masks[0].shape[0]
     flat = torch.cat([m.flatten(1) for m in masks], 1)
     layout = level_layout(tuple(shapes), torch.device("cpu"))
     counts = valid_counts(flat, layout, B)
     ratios = counts / layout.size
-    expected_ratios = torch.stack([_Transformer.get_valid_ratio(m) for m in masks], 1)
-    assert torch.equal(ratios, expected_ratios)
-    assert torch.equal(encoder_reference_points(layout, ratios), _Encoder.get_reference_points(shapes, expected_ratios, "cpu"))
-    ref = original("two_stage", d=64)
-    ours = _toy("two_stage")
-    ours.transformer.load_state_dict({k: v for k, v in ref.transformer.state_dict().items() if k.startswith(("enc_output", "pos_trans", "level"))}, strict=False)
-    memory = torch.randn(B, flat.shape[1], 64)
-    feats, props = ours.transformer.proposals(memory, flat, layout, counts)
-    ref_feats, ref_props = ref.transformer.gen_encoder_output_proposals(memory, flat, shapes)
-    assert torch.equal(props, ref_props) and torch.equal(feats, ref_feats)
+    assert torch.equal(ratios, recorded["geometry.valid_ratios"])
+    assert torch.equal(encoder_reference_points(layout, ratios), recorded["geometry.reference_points"])
+    d = fx.meta["settings"]["d_model"]
+    transformer = DeformableTransformer(d, 2, 1, 1, 2 * d, 0.0, len(shapes), 2, 2, two_stage=True).to(dtype)
+    weights = {k.removeprefix("transformer."): v.to(dtype) for k, v in fx.weights.items()}
+    missing, unexpected = transformer.load_state_dict(weights, strict=False)
+    assert not unexpected and not [k for k in missing if k.startswith("enc_output")]
+    with torch.no_grad():
+        feats, props = transformer.proposals(fx.inputs["geometry.memory"].to(dtype), flat, layout, counts)
+    assert torch.equal(props, recorded["geometry.proposals"])  # inf where padded or at the border, as the original
+    assert props.isinf().any() and props.isfinite().any()
+    assert max_diff(feats, recorded["geometry.proposal_features"]) < (1e-6 if dtype == torch.float32 else 1e-12)
 
 
 def test_sine_embedding_offset_option():
-    mask = torch.zeros(2, 5, 7, dtype=torch.bool)
-    mask[1, :, 5:] = True
-    detr, deformable = PositionEmbeddingSine2d(16), PositionEmbeddingSine2d(16, offset=0.5)
-    ref = original("plain").backbone[1]
-    ref.n = 16
-    assert torch.equal(deformable(mask), ref(mask))
+    fx = fixture("geometry")
+    mask = fx.inputs["position.mask"]
+    features = fx.meta["settings"]["position_features"]
+    detr, deformable = PositionEmbeddingSine2d(features), PositionEmbeddingSine2d(features, offset=0.5)
+    assert torch.equal(deformable(mask), fx.outputs["float32"]["position.embedding"])  # the original's, bit for bit
     y = (~mask).float().cumsum(1)
     assert torch.allclose(detr(mask)[:, 0], (y / (y[:, -1:] + 1e-6) * 2 * math.pi).sin())  # DETR's, unchanged
 

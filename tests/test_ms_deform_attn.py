@@ -1,32 +1,34 @@
-"""Multi-scale deformable attention: both cores against an obvious loop, the original's core and each other.
+"""Multi-scale deformable attention: both cores against an obvious loop, the original's results and each other.
 
 The loop below is the definition: bilinear interpolation of each level's map at
 ``loc * (W, H) - 0.5`` (``grid_sample``'s align_corners=False), corners outside the map reading
-zero, weighted by the attention weights and summed. Cost: about 3 s.
+zero, weighted by the attention weights and summed. What the original's ``MSDeformAttn`` and its
+pure-PyTorch core ``ms_deform_attn_core_pytorch`` computed (outputs and gradients, float32 and float64,
+padded values, 2-d and 4-d references, levels smaller than the sampling footprint) is the recorded
+``ms_deform_attn`` fixture (``scripts/fixtures/make_deformable_detr.py``). Cost: about 3 s.
 """
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from deformable_helpers import fixture, max_diff
 
 from visiontf.nn import MSDeformAttn, ms_deform_attn_core
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
-from benchmarks.reference_deformable_detr import MSDeformAttn as OriginalMSDeformAttn  # noqa: E402
-from benchmarks.reference_deformable_detr import original_core  # noqa: E402
-
 SHAPES = [(5, 6), (3, 4), (2, 2), (1, 1)]
 METHODS = ("gather", "grid_sample")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: largest difference to the original's results: outputs, then gradients relative to each one's largest value
+TOL = {"float32": 1e-5, "float64": 1e-12}
+GRAD_TOL = {"float32": 1e-5, "float64": 1e-11}
 
 
 def loop_reference(value, shapes, loc, attn):
     """The obvious definition, one sample and one corner at a time (float64 Python loops)."""
-    N, S, M, D = value.shape
-    _, Q, _, L, P, _ = loc.shape
+    N, Q, M, L, P = loc.shape[:5]
+    D = value.shape[-1]
     starts = [sum(h * w for h, w in shapes[:lvl]) for lvl in range(L)]
     out = torch.zeros(N, Q, M, D, dtype=torch.float64)
     for n in range(N):
@@ -63,11 +65,30 @@ def test_cores_equal_the_loop_definition(method):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
-def test_gather_core_equals_the_original_core_float32():
-    value, loc, attn = _inputs(N=2, Q=7, M=4, D=8, P=3, dtype=torch.float32, seed=1)
-    expected = original_core(value, torch.tensor(SHAPES), loc, attn)
-    for method in METHODS:
-        torch.testing.assert_close(ms_deform_attn_core(value, SHAPES, loc, attn, method), expected, rtol=0, atol=1e-6)
+def _case(name: str) -> tuple[dict, list[tuple[int, int]]]:
+    fx = fixture("ms_deform_attn")
+    settings = fx.meta["settings"][name]
+    return settings, [tuple(s) for s in settings["spatial_shapes"]]
+
+
+def _close(ours: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
+    return max_diff(ours, expected) <= tol * max(1.0, expected.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_cores_equal_the_original_core(name, method, dtype):
+    """Output and the gradients of value, locations (partly off the map) and weights, as the original's core gave them."""
+    fx = fixture("ms_deform_attn")
+    _, shapes = _case(name)
+    record = fx.outputs[dtype]
+    leaves = [fx.inputs[f"{name}.core.{k}"].to(DTYPES[dtype]).clone().requires_grad_() for k in ("value", "locations", "weights")]
+    out = ms_deform_attn_core(leaves[0], shapes, leaves[1], leaves[2], method)
+    assert _close(out, record[f"{name}.core.output"], TOL[dtype])
+    out.backward(fx.inputs[f"{name}.core.grad_output"].to(DTYPES[dtype]))
+    for key, leaf in zip(("value", "locations", "weights"), leaves):
+        assert _close(leaf.grad, record[f"{name}.core.grad.{key}"], GRAD_TOL[dtype]), key
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -112,21 +133,21 @@ def test_non_finite_locations_give_nan_only_where_they_are():
     torch.testing.assert_close(outs[0], outs[1], equal_nan=True, rtol=0, atol=1e-12)
 
 
-def _module_pair(d=16, L=4, M=4, P=2, seed=0):
+def _module(d=16, L=4, M=4, P=2, seed=0) -> MSDeformAttn:
     torch.manual_seed(seed)
     ours = MSDeformAttn(d, L, M, P).double()
     with torch.no_grad():  # non-trivial offsets and weights (they start at zero)
         ours.sampling_offsets.weight.normal_(0, 0.3)
         ours.attention_weights.weight.normal_(0, 0.3)
-    ref = OriginalMSDeformAttn(d, L, M, P).double()
-    ref.load_state_dict(ours.state_dict())
-    return ours, ref
+    return ours
 
 
 def test_initialisation_is_the_original():
+    fx = fixture("ms_deform_attn")
+    init = fx.meta["init"]
     torch.manual_seed(0)
-    ours, ref = MSDeformAttn(32, 3, 8, 4), OriginalMSDeformAttn(32, 3, 8, 4)
-    assert torch.equal(ours.sampling_offsets.bias, ref.sampling_offsets.bias)
+    ours = MSDeformAttn(init["d_model"], init["n_levels"], init["n_heads"], init["n_points"])
+    assert torch.equal(ours.sampling_offsets.bias, fx.outputs["float32"]["init.sampling_offsets.bias"])
     bias = ours.sampling_offsets.bias.view(8, 3, 4, 2)
     assert torch.equal(bias[0, 0, :, 0], torch.tensor([1.0, 2.0, 3.0, 4.0]))  # head 0 looks right, point i at i+1 px
     assert bias[2, 0, 0].tolist() == pytest.approx([0.0, 1.0], abs=1e-6)  # head 2 of 8 looks down
@@ -135,31 +156,29 @@ def test_initialisation_is_the_original():
     assert ours.attention_weights.bias.abs().max() == 0 and ours.value_proj.bias.abs().max() == 0
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("coords", [2, 4])
 @pytest.mark.parametrize("method", METHODS)
-def test_module_equals_the_original_module_with_padding(coords, method):
-    """Point and box references, padded values; forward and every parameter's gradient."""
-    ours, ref = _module_pair()
-    ours.method = method
-    shapes = torch.tensor(SHAPES)
-    start = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
-    N, Q, S = 2, 5, int(shapes.prod(1).sum())
-    g = torch.Generator().manual_seed(1)
-    query = torch.randn(N, Q, 16, generator=g, dtype=torch.float64)
-    value = torch.randn(N, S, 16, generator=g, dtype=torch.float64)
-    refs = torch.rand(N, Q, 4, coords, generator=g, dtype=torch.float64)
-    pad = torch.rand(N, S, generator=g) < 0.3
-    out = ours(query, refs, value, SHAPES, pad)
-    expected = ref(query, refs, value, shapes, start, pad)
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
-    out.sum().backward()
-    expected.sum().backward()
-    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-9, msg=name)
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_module_equals_the_original_module_with_padding(name, method, coords, dtype):
+    """Point and box references, padded values; forward and every parameter's gradient, as the original's module gave them."""
+    fx = fixture("ms_deform_attn")
+    settings, shapes = _case(name)
+    record = fx.outputs[dtype]
+    ours = MSDeformAttn(settings["d_model"], len(shapes), settings["n_heads"], settings["n_points"], method=method)
+    ours.load_state_dict({k.removeprefix(f"{name}."): v.float() for k, v in fx.weights.items() if k.startswith(f"{name}.")})
+    ours.to(DTYPES[dtype])
+    inp = {k.removeprefix(f"{name}."): v.to(DTYPES[dtype]) if v.is_floating_point() else v
+           for k, v in fx.inputs.items() if k.startswith(f"{name}.")}
+    out = ours(inp["query"], inp[f"reference_points_{coords}"], inp["value"], shapes, inp["padding_mask"])
+    assert _close(out, record[f"{name}.module_{coords}.output"], TOL[dtype])
+    out.backward(inp["grad_output"])
+    for pname, p in ours.named_parameters():
+        assert _close(p.grad, record[f"{name}.module_{coords}.grad.{pname}"], GRAD_TOL[dtype]), pname
 
 
 def test_padded_values_are_zeroed():
-    ours, _ = _module_pair()
+    ours = _module()
     N, Q, S = 1, 6, sum(h * w for h, w in SHAPES)
     query, value = torch.randn(N, Q, 16, dtype=torch.float64), torch.randn(N, S, 16, dtype=torch.float64)
     refs = torch.rand(N, Q, 4, 2, dtype=torch.float64)
@@ -174,7 +193,7 @@ def test_padded_values_are_zeroed():
 
 
 def test_bad_shapes_name_the_problem():
-    ours, _ = _module_pair()
+    ours = _module()
     query, value = torch.randn(1, 3, 16), torch.randn(1, sum(h * w for h, w in SHAPES), 16)
     ours.float()
     with pytest.raises(ValueError, match="n_levels=4"):
@@ -190,7 +209,7 @@ def test_packed_tokens_equal_the_padded_batch(method):
     """Self-attention over the unpadded tokens only gives the padded batch's result at those tokens."""
     from visiontf.nn.packed_tokens import PackedTokens
 
-    ours, _ = _module_pair()
+    ours = _module()
     ours.method = method
     N, S = 2, sum(h * w for h, w in SHAPES)
     g = torch.Generator().manual_seed(2)
