@@ -5,6 +5,7 @@
     python tools/app.py --weights model.safetensors
 
 Needs Gradio (``pip install visiontf[app]``); serves on http://127.0.0.1:7860 and sends nothing anywhere.
+Uploads and results live in one ``visiontf_app_*`` temporary folder, removed when the app stops (Ctrl+C, SIGTERM).
 """
 import sys
 from pathlib import Path

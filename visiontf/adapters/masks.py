@@ -5,7 +5,8 @@ and the files ``tools/predict.py`` writes.
   (DETR's ``PostProcessSegm``), and with thing classes its ``panoptic`` segmentation: ``{"ids"`` (H, W)
   int64 segment ids, ``"segments_info"``} (DETR's ``PostProcessPanoptic``; ``category_id`` a class index).
 * :func:`draw_masks`: the masks as a coloured overlay in each class's colour (boxes are drawn on top).
-* :class:`PanopticFiles`: ``<stem>_panoptic.png`` (the COCO panoptic PNG, ids as colours) per image and
+* :class:`PanopticFiles`: ``<stem>_panoptic.png`` (the COCO panoptic PNG, ids as colours, 0 unlabelled:
+  :func:`coco_panoptic`) per image and
   ``panoptic.json`` (``annotations`` with ``segments_info`` in the dataset's category ids, and
   ``categories`` with ``isthing``): the COCO panoptic results format that
   :func:`visiontf.evaluation.panoptic.pq_compute` and panopticapi score.
@@ -27,7 +28,7 @@ from visiontf.adapters.drawing import color_for, to_uint8_chw
 from visiontf.detection.mask_postprocess import add_instance_masks, panoptic_segments
 from visiontf.io.panoptic_ids import id2rgb
 
-__all__ = ["PanopticFiles", "add_mask_results", "draw_masks", "mask_records"]
+__all__ = ["PanopticFiles", "add_mask_results", "coco_panoptic", "draw_masks", "mask_records"]
 
 
 def add_mask_results(model: Any, preds: list[dict[str, Any]], outputs: dict, processed: Sequence[tuple[int, int]],
@@ -75,6 +76,27 @@ def mask_records(result: dict[str, Any]) -> list[dict[str, Any]]:
     return encode_masks(torch.as_tensor(result["masks"]))
 
 
+def coco_panoptic(panoptic: dict[str, Any]) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """A result's ``panoptic`` (DETR's ids, numbered from 0) as a COCO panoptic pair: ``(ids (H, W) int64,
+    segments_info)`` where 0 is unlabelled (COCO reserves it), each listed segment is its id + 1, a pixel of
+    no listed segment is 0, and only segments with pixels are listed, with their pixel count as ``area``.
+
+    So every pair passes :func:`visiontf.evaluation.panoptic.pq_compute`'s checks (each id of the PNG is
+    listed, each listed id is in the PNG); an image without segments is all 0 with an empty list (the
+    ids + 1 written before made it all 1, an id that no segment lists)."""
+    ids = np.asarray(panoptic["ids"]).astype(np.int64)
+    top = int(ids.max(initial=0))
+    listed = [s for s in panoptic["segments_info"] if 0 <= int(s["id"]) <= top]
+    table = np.zeros(top + 1, dtype=np.int64)  # DETR's id -> the file's: listed ids + 1, anything else 0
+    for s in listed:
+        table[int(s["id"])] = int(s["id"]) + 1
+    out = np.where(ids >= 0, table[np.clip(ids, 0, top)], 0)
+    area = np.bincount(out.ravel(), minlength=top + 2)
+    segments = [{**s, "id": int(s["id"]) + 1, "area": int(area[int(s["id"]) + 1])} for s in listed
+                if area[int(s["id"]) + 1] > 0]
+    return out, segments
+
+
 class PanopticFiles:
     """``tools/predict.py``'s panoptic output: one PNG per image and ``panoptic.json`` at :meth:`finish`."""
 
@@ -85,13 +107,13 @@ class PanopticFiles:
         self.labels: set[int] = set()
 
     def add(self, panoptic: dict[str, Any], stem: str, image_id: int | None) -> None:
+        """Write ``<stem>_panoptic.png`` and keep its ``segments_info``: always a valid COCO panoptic pair."""
         name = f"{stem}_panoptic.png"
-        # DETR numbers segments from 0, which COCO's format reserves for unlabelled pixels: ids + 1 in the files
-        Image.fromarray(id2rgb(np.asarray(panoptic["ids"]) + 1)).save(self.out / name)
-        segments = []
-        for s in panoptic["segments_info"]:
+        ids, segments = coco_panoptic(panoptic)
+        Image.fromarray(id2rgb(ids)).save(self.out / name)
+        for s in segments:
             self.labels.add(int(s["category_id"]))
-            segments.append({**s, "id": int(s["id"]) + 1, "category_id": self._cat(int(s["category_id"]))})
+            s["category_id"] = self._cat(int(s["category_id"]))
         self.annotations.append({"image_id": image_id, "file_name": name, "segments_info": segments})
 
     def _cat(self, label: int) -> int:
