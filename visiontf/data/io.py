@@ -166,7 +166,8 @@ def read_mask(path: str | Path, allow_jpeg: bool = False) -> np.ndarray:
 
 
 def image_size(path: str | Path) -> tuple[int, int]:
-    """(width, height) after EXIF rotation, reading only the header."""
+    """(width, height) after EXIF rotation, reading only the header; an image above :data:`MAX_IMAGE_PIXELS` is
+    refused as :func:`read_image` refuses it."""
     path = Path(path)
     if not path.is_file():
         raise _missing(path)
@@ -175,9 +176,24 @@ def image_size(path: str | Path) -> tuple[int, int]:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as img:
                 w, h = img.size
-                orientation = img.getexif().get(0x0112, 1)
+                if w * h > MAX_IMAGE_PIXELS:
+                    raise _bomb(path, w * h, (w, h), MAX_IMAGE_PIXELS)
+                orientation = _header_orientation(img)
     except Image.DecompressionBombError as e:
         raise _bomb(path, None, None, Image.MAX_IMAGE_PIXELS) from e
     except (OSError, UnidentifiedImageError) as e:
         raise ImageReadError(f"{path}: cannot read image header ({e})") from e
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+def _header_orientation(img: Image.Image) -> int:
+    """The EXIF orientation of an opened image, from what precedes its pixel data. (A PNG's ``getexif`` decodes
+    the whole image to look for an eXIf chunk after the pixels: a 324-Mpx PNG cost 2.4 s and 310 MB here.)"""
+    if img.format == "PNG":
+        raw = img.info.get("exif")
+        if not raw:
+            return 1
+        exif = Image.Exif()
+        exif.load(raw)
+        return exif.get(0x0112, 1)
+    return img.getexif().get(0x0112, 1)

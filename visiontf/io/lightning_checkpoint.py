@@ -106,13 +106,8 @@ def load_lightning_checkpoint(cls: type, checkpoint_path: str | Path | IO[bytes]
 
     where = str(checkpoint_path) if isinstance(checkpoint_path, (str, Path)) else "the checkpoint"
     location = map_location or _default_map_location
-    if isinstance(checkpoint_path, (str, Path)):
-        checkpoint = safe_torch_load(Path(checkpoint_path).expanduser(), map_location=location)
-    else:
-        from visiontf.io.weights import allow_listed_globals
-
-        with allow_listed_globals():
-            checkpoint = torch.load(checkpoint_path, map_location=location, weights_only=True)
+    source = Path(checkpoint_path).expanduser() if isinstance(checkpoint_path, (str, Path)) else checkpoint_path
+    checkpoint = safe_torch_load(source, map_location=location)
     if not isinstance(checkpoint, dict):
         raise SavedArgumentsError(f"{where}: holds a {type(checkpoint).__name__}, not a Lightning checkpoint")
     checkpoint = _pl_migrate_checkpoint(checkpoint, checkpoint_path=checkpoint_path if where != "the checkpoint" else None)

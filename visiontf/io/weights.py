@@ -11,6 +11,7 @@ import json
 import logging
 import pathlib
 import pickle
+import typing
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,7 +52,7 @@ def allow_listed_globals() -> contextlib.AbstractContextManager:
     return torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS])
 
 
-def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
+def safe_torch_load(path: str | Path | typing.IO[bytes], map_location: Any = "cpu", mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` allowing only :data:`SAFE_GLOBALS` beyond tensors (and the
     stand-ins of :data:`LEGACY_LIGHTNING_CALLBACKS`).
 
@@ -61,6 +62,9 @@ def safe_torch_load(path: str | Path, map_location: str | torch.device = "cpu", 
     reading them, and skip the CRC check that reads the whole file, for a look at a checkpoint's
     small entries (its task, its hyper-parameters) before the full load.
     """
+    if not isinstance(path, (str, Path)):  # an open binary file (Lightning's load_from_checkpoint takes one)
+        with allow_listed_globals():
+            return torch.load(path, map_location=map_location, weights_only=True)
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"{path}: file not found" + (" (a broken symbolic link)" if path.is_symlink() else ""))
