@@ -273,6 +273,7 @@ def predict_parser(with_task_options: bool = True) -> ToolParser:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--precision", choices=("32-true", "bf16-mixed", "16-mixed"), default=None,
                    help="the model's forward under autocast, as trainer.precision (default 32-true)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars and no INFO lines (warnings and errors stay)")
     if with_task_options:
         added: dict[str, Any] = {}
         for task, options in task_options().items():
@@ -328,7 +329,7 @@ def _predict(argv: Sequence[str]) -> int:
     if rest:  # an option no task has is refused here, with the closest ones
         args = predict_parser().parse_args(argv)
         _model_source(args)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_or_not(args.quiet)
 
     from visiontf.inference.predict_files import predict_to_folder
 
@@ -350,8 +351,19 @@ def predict_main(argv: Sequence[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------------------------------- export
+def quiet_or_not(quiet: bool) -> None:
+    """A tool's output: progress bars and INFO lines, or with ``--quiet`` warnings and errors only."""
+    from visiontf.core.progress import set_progress
+
+    set_progress(not quiet)
+    level = logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)  # also where logging was configured before (a tool run from Python)
+
+
 def export_parser() -> ToolParser:
     p = ToolParser(prog="export.py", description="Export a visiontf checkpoint to safetensors and ONNX.")
+    p.add_argument("--quiet", action="store_true", help="no progress bars and no INFO lines (warnings and errors stay)")
     p.add_argument("--ckpt_path", required=True, help="Lightning checkpoint (.ckpt)")
     p.add_argument("--config", help="training YAML: class names and category ids of checkpoints that lack them")
     p.add_argument("--output", required=True, help="model.safetensors")
@@ -368,7 +380,7 @@ def _export(argv: Sequence[str]) -> int:
     argv, data_overrides = split_data_overrides(argv, "export.py")
     args = export_parser().parse_args(argv)
     ckpt = checkpoint_file(_resolve_last(args.ckpt_path, args.config))
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_or_not(args.quiet)
 
     import torch
 

@@ -43,6 +43,7 @@ from visiontf.cli.errors import run_tool
 from visiontf.cli.precision import resolve_cpu_precision
 from visiontf.core.arguments import unknown_option_error, unknown_options
 from visiontf.core.errors import UsageError, UserError
+from visiontf.core.progress import set_progress
 from visiontf.data.base import VisionDataModule
 from visiontf.io.weights import allow_listed_globals
 from visiontf.tasks.checkpoints import (
@@ -445,9 +446,10 @@ def _trainer_defaults() -> dict:
     return {"callbacks": [LearningRateMonitor(logging_interval="step"), RNGStateCheckpoint(), ValidationSchedule()]}
 
 
-def make_cli(args: list[str] | None = None, run: bool = True, extra_options: tuple[str, ...] = ()) -> VisionCLI:
+def make_cli(args: list[str] | None = None, run: bool = True, extra_options: tuple[str, ...] = (),
+             quiet: bool = False) -> VisionCLI:
     """The CLI (subclass mode: the YAML's ``class_path``s choose task and data), run on ``args``."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # eval.py and the tests pass args on purpose (eval.py adds "validate"); Lightning warns about that
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
     # under DDP every evaluation value is a torchmetrics state synced over ranks (COCO stats from every
@@ -493,9 +495,10 @@ def _take_option(argv: list[str], name: str) -> str | None:
 
 def eval_main(argv: list[str] | None = None) -> int:
     """``tools/eval.py --config C --ckpt_path K [--trainer.* / --data.* / --model.*] [--output stats.json]
-    [--per_class] [--readouts.out_dir D]``.
+    [--per_class] [--readouts.out_dir D] [--quiet]``.
 
-    Runs ``validate`` (any task; DDP flags work) and writes the logged metrics as JSON on rank 0.
+    Runs ``validate`` (any task; DDP flags work) and writes the logged metrics as JSON on rank 0; Lightning's
+    bar shows how far it is (``--quiet``: no bar, no INFO lines, the stats only).
     ``--per_class`` (detection): prints the per-class table and adds its rows to the JSON as ``per_class``;
     the flat ``<stage>/per_class/...`` scalars the task logs are left out of the JSON either way. The
     readouts callback writes its files (PR curves, confusion matrix, TIDE) into ``<root>/readouts/val``
@@ -521,7 +524,12 @@ def _eval(argv: list[str]) -> int:
     argv = list(argv)
     output = _take_option(argv, "--output")
     per_class = _take_flag(argv, "--per_class")
-    cli = make_cli(["validate", *argv], extra_options=("--output", "--per_class"))
+    quiet = _take_flag(argv, "--quiet")
+    if quiet:  # the evaluation's own bar off, and only warnings and errors besides the stats
+        argv.append("--trainer.enable_progress_bar=false")
+        logging.getLogger().setLevel(logging.WARNING)
+    set_progress(not quiet)
+    cli = make_cli(["validate", *argv], extra_options=("--output", "--per_class", "--quiet"), quiet=quiet)
     trainer = cli.trainer
     stats = {k: float(v) for k, v in trainer.callback_metrics.items()
              if getattr(v, "numel", lambda: 1)() == 1 and "/per_class/" not in k}

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from visiontf.core.progress import progress
 from visiontf.data.inputs import InputError, InputFailure, expand_inputs
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,8 @@ def predict_to_folder(predictor: Any, inputs: Sequence[Any], out: str | Path, *,
     writer = adapter.prediction_writer(out, predictor, sources, annotations)
     failed: list[dict[str, Any]] = []
     first_failure: InputFailure | None = None
-    for (image, result), stem in zip(predictor.stream(items, score_threshold=score_threshold, top_k=top_k), stems):
+    stream = predictor.stream(items, score_threshold=score_threshold, top_k=top_k)
+    for (image, result), stem in zip(progress(stream, total=len(items), desc="predict", unit="image"), stems):
         if "error" in result:
             failed.append({"input": result.get("source") or stem, "error": result["error"]})
             if first_failure is None and isinstance(image, InputFailure):

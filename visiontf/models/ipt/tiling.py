@@ -17,7 +17,8 @@ for a batch of images and with each tile computed once:
 The original computes the tiles of the top and left strips twice (they are the grid's first row
 and column) and runs one image at a time; here every distinct tile of every image of the batch
 goes through the model once, ``crop_batch_size`` tiles per call. The result equals
-``benchmarks/reference_ipt.forward_chop`` image by image (``tests/test_ipt_tiling.py``).
+what Pretrained-IPT's own ``forward_chop`` computed, image by image (``tests/test_ipt_tiling.py``, on
+fixtures ``scripts/fixtures/make_ipt.py`` recorded).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from visiontf.core.progress import progress
 
 TileFn = Callable[[Tensor], Tensor]
 
@@ -104,7 +107,13 @@ def forward_chop(fn: TileFn, x: Tensor, tile: int = 48, scale: int = 1, crop_bat
 
     windows = torch.stack([x[:, :, r:r + tile, c:c + tile] for r, c in origins], dim=1).flatten(0, 1)
     n = windows.shape[0]
-    out = torch.cat([fn(windows[i:i + crop_batch_size]) for i in range(0, n, crop_batch_size)])
+    # a 2000x1500 photo is 20,000 tiles of 48 px, minutes on a CPU: said as it goes, with an estimate
+    parts = []
+    with progress(total=n, desc=f"{n} tiles of {tile}x{tile}", unit="tile") as bar:
+        for i in range(0, n, crop_batch_size):
+            parts.append(fn(windows[i:i + crop_batch_size]))
+            bar.update(min(crop_batch_size, n - i))
+    out = torch.cat(parts)
     out = out.unflatten(0, (B, len(origins)))  # (B, K, C', P, P)
     P = out.shape[-1]
     if P != tile * scale:
