@@ -23,27 +23,22 @@ from torchvision.models._utils import IntermediateLayerGetter
 
 
 class FrozenBatchNorm2d(nn.Module):
-    """The original's frozen BN (``models/backbones/backbone.py``): four buffers, ``x * scale + bias`` elementwise."""
+    """The original's frozen BatchNorm (``models/backbone.py``): its four buffers (weight, bias, running_mean,
+    running_var; no counter) and eps 1e-5, applied as one affine map per channel, elementwise."""
 
     def __init__(self, n: int) -> None:
         super().__init__()
-        self.register_buffer("weight", torch.ones(n))
-        self.register_buffer("bias", torch.zeros(n))
-        self.register_buffer("running_mean", torch.zeros(n))
-        self.register_buffer("running_var", torch.ones(n))
+        for name, fill in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
+            self.register_buffer(name, torch.full((n,), fill))
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        state_dict.pop(prefix + "num_batches_tracked", None)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
+        state_dict.pop(prefix + "num_batches_tracked", None)  # torchvision's BatchNorm checkpoints carry one
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, x: Tensor) -> Tensor:
-        w = self.weight.reshape(1, -1, 1, 1)
-        b = self.bias.reshape(1, -1, 1, 1)
-        rv = self.running_var.reshape(1, -1, 1, 1)
-        rm = self.running_mean.reshape(1, -1, 1, 1)
-        scale = w * (rv + 1e-5).rsqrt()
-        bias = b - rm * scale
-        return x * scale + bias
+        gain = self.weight * torch.rsqrt(self.running_var + 1e-5)
+        shift = self.bias - self.running_mean * gain
+        return x * gain[:, None, None] + shift[:, None, None]
 
 
 class _Body(nn.Module):
@@ -60,36 +55,40 @@ class _Body(nn.Module):
 
 
 class _SinePE(nn.Module):
+    """Sine/cosine of each valid pixel's row and column rank, normalised to (0, 2 pi] per image (no -0.5 offset),
+    over ``n`` frequencies ``10000 ** (2 (i // 2) / n)``: even channels sine, odd ones cosine; rows first."""
+
     def __init__(self, n: int) -> None:
         super().__init__()
         self.n = n
 
     def forward(self, mask: Tensor) -> Tensor:
         valid = (~mask).float()
-        ys = valid.cumsum(1)
-        xs = valid.cumsum(2)
-        ys = ys / (ys[:, -1:, :] + 1e-6) * 2 * math.pi
-        xs = xs / (xs[:, :, -1:] + 1e-6) * 2 * math.pi
-        freq = 10000 ** (2 * (torch.arange(self.n, device=mask.device) // 2).float() / self.n)
-
-        def enc(v):
-            a = v[..., None] / freq
-            return torch.stack((a[..., 0::2].sin(), a[..., 1::2].cos()), dim=-1).flatten(-2)
-
-        return torch.cat((enc(ys), enc(xs)), dim=-1).permute(0, 3, 1, 2)
+        index = torch.arange(self.n, device=mask.device)
+        freq = 10000 ** (index.div(2, rounding_mode="floor") * 2 / self.n)
+        even = index % 2 == 0
+        parts = []
+        for axis in (1, 2):
+            rank = valid.cumsum(axis)
+            total = rank.narrow(axis, rank.shape[axis] - 1, 1)
+            angle = (rank / (total + 1e-6) * (2 * math.pi))[..., None] / freq
+            parts.append(torch.where(even, angle.sin(), angle.cos()))
+        return torch.cat(parts, dim=-1).permute(0, 3, 1, 2)
 
 
 class _LearnedPE(nn.Module):
+    """Two tables of 50 positions: the column's entry then the row's, per pixel."""
+
     def __init__(self, n: int) -> None:
         super().__init__()
-        self.row_embed = nn.Embedding(50, n)
-        self.col_embed = nn.Embedding(50, n)
+        for table in ("row_embed", "col_embed"):
+            setattr(self, table, nn.Embedding(50, n))
 
     def forward(self, mask: Tensor) -> Tensor:
         B, h, w = mask.shape
-        col = self.col_embed.weight[:w][None].repeat(h, 1, 1)
-        row = self.row_embed.weight[:h][:, None].repeat(1, w, 1)
-        return torch.cat((col, row), -1).permute(2, 0, 1)[None].repeat(B, 1, 1, 1)
+        cols = self.col_embed.weight[:w].t()[:, None, :].expand(-1, h, -1)
+        rows = self.row_embed.weight[:h].t()[:, :, None].expand(-1, -1, w)
+        return torch.cat((cols, rows))[None].expand(B, -1, -1, -1)
 
 
 class _EncLayer(nn.Module):

@@ -1,9 +1,12 @@
 """Loading original facebookresearch/detr and HuggingFace DETR weights gives their exact outputs.
 
-The original repository cannot be imported here; ``benchmarks/reference_detr.py`` re-implements
-its architecture (sequence-first, ``nn.MultiheadAttention``, the original parameter names), so its
-``state_dict()`` has the published checkpoints' key layout (458 keys for R50 with sine PE). The
-benchmarks time visiontf against the same reference.
+The original's outputs are recorded (``tests/fixtures/detr/``, written by ``scripts/fixtures/make_detr.py``, which
+runs a checkout of facebookresearch/detr): toy-width models with random weights in the original's key layout, run
+by the original itself on a padded batch of two images of different sizes, with the model in float32 and in
+float64. Each test loads those weights as a user loads the original's checkpoint (``{"model": state_dict}`` through
+``create_model(name, pretrained=file)``) and compares. No code of the original runs here. The published widths are
+checked by their layouts: ``tests/fixtures/detr/published_layouts.txt`` lists the keys, shapes and parameter
+counts of the original's R50, R50-DC5, R101, R101-DC5 and panoptic models as it builds them.
 """
 from __future__ import annotations
 
@@ -11,10 +14,12 @@ import logging
 import math
 import re
 import sys
+from itertools import product
 from pathlib import Path
 
 import pytest
 import torch
+from reference.fixtures import FIXTURES, Fixture, load_fixture
 from safetensors.torch import save_file
 from torch import nn
 
@@ -22,12 +27,158 @@ from visiontf.models import create_model
 from visiontf.models.detr.convert import convert_state_dict, detect_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
-from benchmarks.reference_detr import OriginalDETR  # noqa: E402
+# tests/test_finetune.py builds its own toy DETR in the original's layout with these two
+from benchmarks.reference_detr import OriginalDETR  # noqa: E402, F401
 
-TOL = 1e-4
+#: the largest difference allowed from the original's recorded outputs, per dtype
+TOLERANCE = {"float32": 1e-4, "float64": 1e-8}
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+LAYOUTS = FIXTURES / "detr" / "published_layouts.txt"
+#: the published layouts' names in the listing, and visiontf's for them
+PUBLISHED = {"detr-r50": "detr_resnet50", "detr-r50-dc5": "detr_resnet50_dc5", "detr-r101": "detr_resnet101",
+             "detr-r101-dc5": "detr_resnet101_dc5", "detr-r50-panoptic": "detr_resnet50_panoptic",
+             "detr-r50-dc5-panoptic": "detr_resnet50_dc5_panoptic", "detr-r101-panoptic": "detr_resnet101_panoptic"}
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- the recorded original
+def _flag(flags: list[str], name: str, default=None):
+    return flags[flags.index(name) + 1] if name in flags else default
+
+
+def toy_kwargs(fixture: Fixture) -> dict:
+    """visiontf's arguments for the model the generator built from the original's ``main.py`` flags."""
+    flags = fixture.meta["flags"]
+    return dict(
+        num_classes=fixture.weights["class_embed.weight" if "class_embed.weight" in fixture.weights
+                                    else "detr.class_embed.weight"].shape[0] - 1,
+        backbone="timm:resnet18", backbone_kwargs=fixture.meta["toy_resnet"], dilation="--dilation" in flags,
+        hidden_dim=int(_flag(flags, "--hidden_dim")), nheads=int(_flag(flags, "--nheads")),
+        dim_feedforward=int(_flag(flags, "--dim_feedforward")), enc_layers=int(_flag(flags, "--enc_layers")),
+        dec_layers=int(_flag(flags, "--dec_layers")), num_queries=int(_flag(flags, "--num_queries")),
+        position_embedding=_flag(flags, "--position_embedding", "sine"), dropout=float(_flag(flags, "--dropout")),
+    )
+
+
+def original_checkpoint(fixture: Fixture, path: Path) -> Path:
+    """The fixture's weights as the original's checkpoint file: ``{"model": state_dict}`` in float32."""
+    torch.save({"model": {k: v.float() for k, v in fixture.weights.items()}}, path)
+    return path
+
+
+def load_original(fixture: Fixture, name: str, path: Path, dtype: str, **overrides) -> nn.Module:
+    model = create_model(name, pretrained=original_checkpoint(fixture, path), **{**toy_kwargs(fixture), **overrides})
+    return model.eval().to(DTYPES[dtype])
+
+
+def flat_outputs(out: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+    """visiontf's outputs under the fixture's names (``pred_logits``, ``aux_outputs.0.pred_boxes``, ...)."""
+    flat = {}
+    for key, value in out.items():
+        if isinstance(value, torch.Tensor):
+            flat[prefix + key] = value
+        elif key == "aux_outputs":
+            for i, item in enumerate(value):
+                flat.update(flat_outputs(item, f"{prefix}{key}.{i}."))
+    return flat
+
+
+def assert_outputs(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], dtype: str) -> dict[str, float]:
+    """Every recorded output within the dtype's tolerance; returns the differences.
+
+    visiontf computes the boxes' sigmoid in at least float32 (``DETR.box_outputs``): a float64 model keeps
+    float64 boxes, held to float64's tolerance (a box that came back in float32 would be held to float32's).
+    """
+    assert set(want) <= set(got), sorted(set(want) - set(got))
+    diffs = {}
+    for key, expected in want.items():
+        actual = got[key]
+        assert actual.shape == expected.shape, (key, actual.shape, expected.shape)
+        diffs[key] = (actual.double() - expected.double()).abs().max().item()
+        tol = TOLERANCE[dtype]
+        if key.endswith("pred_boxes") and actual.dtype == torch.float32:
+            tol = TOLERANCE["float32"]
+        assert diffs[key] < tol, (key, dtype, diffs[key])
+    return diffs
+
+
+def run(model: nn.Module, fixture: Fixture, dtype: str) -> dict[str, torch.Tensor]:
+    images, mask = fixture.inputs["images"].to(DTYPES[dtype]), fixture.inputs["mask"]
+    with torch.no_grad():
+        return flat_outputs(model(images, mask))
+
+
+@pytest.mark.parametrize("case,name,dtype", [(c, n, d) for (c, n), d in product(
+    [("detr_sine", "detr_resnet50"), ("detr_learned_dc5", "detr_resnet50_dc5")], DTYPES)])
+def test_original_outputs(tmp_path, case, name, dtype):
+    """Sine and learned position embeddings (the second on a DC5 body), every decoder layer's outputs."""
+    fixture = load_fixture("detr", case)
+    model = load_original(fixture, name, tmp_path / "original.pth", dtype)
+    want = fixture.outputs[dtype]
+    assert len([k for k in want if k.endswith("pred_logits")]) == int(_flag(fixture.meta["flags"], "--dec_layers"))
+    assert_outputs(run(model, fixture, dtype), want, dtype)
+    # the comparison means something: the padded batch has padded feature cells, the queries differ
+    assert fixture.inputs["mask"][1].any() and not fixture.inputs["mask"][0].any()
+    assert want["pred_boxes"].std(1).mean() > 0.002 and want["pred_logits"].std(1).mean() > 0.03
+
+
+@pytest.mark.parametrize("case,name", [("detr_sine", "detr_resnet50"), ("detr_learned_dc5", "detr_resnet50_dc5")])
+def test_toy_parameter_counts_and_key_mapping(case, name):
+    """The recorded checkpoint's every tensor lands, unchanged, on exactly one of visiontf's, and the counts agree."""
+    fixture = load_fixture("detr", case)
+    weights = {k: v.float() for k, v in fixture.weights.items()}
+    model = create_model(name, **toy_kwargs(fixture))
+    assert detect_format(weights) == "original"
+    assert sum(p.numel() for p in model.parameters()) == fixture.meta["counts"]["parameters"]
+    assert len(weights) == fixture.meta["counts"]["state_dict_entries"]
+    converted = convert_state_dict(weights, model)
+    assert set(converted) == set(model.state_dict())
+    sources = {id(v): k for k, v in weights.items()}
+    assert sorted(sources[id(v)] for v in converted.values()) == sorted(weights)  # a renaming: one to one, values kept
+    names = {sources[id(v)]: k for k, v in converted.items()}
+    assert names["transformer.encoder.layers.0.self_attn.in_proj_weight"] == "transformer.encoder.layers.0.attn.qkv.weight"
+    assert names["transformer.decoder.layers.1.multihead_attn.out_proj.bias"] == "transformer.decoder.layers.1.cross_attn.proj.bias"
+    assert names["backbone.0.body.layer1.0.conv1.weight"] == "backbone.body.layer1.0.conv1.weight"
+    if "backbone.1.row_embed.weight" in weights:
+        assert names["backbone.1.row_embed.weight"] == "position_embedding.row_embed.weight"
+
+
+# --------------------------------------------------------------------------- the published layouts
+def published_layouts() -> dict[str, dict]:
+    """``tests/fixtures/detr/published_layouts.txt``: per model ``{"keys": {key: shape}, "parameters", "entries"}``,
+    the ``{a..b}`` block ranges expanded."""
+    layouts: dict[str, dict] = {}
+    current = None
+    for line in LAYOUTS.read_text().splitlines():
+        if line.startswith("## "):
+            m = re.match(r"## (\S+) \(flags: .*\): (\d+) parameters, (\d+) state-dict entries$", line)
+            current = layouts[m.group(1)] = {"keys": {}, "parameters": int(m.group(2)), "entries": int(m.group(3))}
+        elif line and not line.startswith("#"):
+            key, shape = line.split(" ", 1)
+            shape = tuple(int(s) for s in re.findall(r"\d+", shape))
+            m = re.search(r"\{(\d+)\.\.(\d+)\}", key)
+            for i in range(int(m.group(1)), int(m.group(2)) + 1) if m else [None]:
+                current["keys"][key if i is None else key.replace(m.group(0), str(i))] = shape
+    return layouts
+
+
+@pytest.mark.parametrize("layout", [k for k in PUBLISHED if "panoptic" not in k])
+def test_published_layout(layout):
+    """Every published detector's full layout maps key for key onto the registered model, with its parameter count."""
+    listed = published_layouts()[layout]
+    assert len(listed["keys"]) == listed["entries"]
+    with torch.device("meta"):
+        model = create_model(PUBLISHED[layout])
+        state = {k: torch.empty(shape) for k, shape in listed["keys"].items()}
+    own = model.state_dict()
+    converted = convert_state_dict(state, model)
+    assert set(converted) == set(own)
+    assert all(converted[k].shape == own[k].shape for k in own)
+    assert sum(p.numel() for p in model.parameters()) == listed["parameters"]
+    if layout == "detr-r50":
+        assert listed["entries"] == 458 and round(listed["parameters"] / 1e6, 1) == 41.5  # the original README's 41.5 M
+
+
+# --------------------------------------------------------------------------- HuggingFace
 _TABLES = ("query_embed.weight", "row_embed.weight", "col_embed.weight", "query_position_embeddings.weight",
            "row_embeddings.weight", "column_embeddings.weight")
 
@@ -63,58 +214,6 @@ def _max_diff(a, b):
     return (a - b).abs().max().item()
 
 
-# --------------------------------------------------------------------------- original checkpoints
-@pytest.mark.slow
-def test_original_r50_checkpoint_parity(tmp_path):
-    ref = OriginalDETR().eval()
-    _randomize(ref)
-    state = ref.state_dict()
-    assert len(state) == 458  # the published R50 checkpoint's key count (REFERENCE.md)
-    assert detect_format(state) == "original"
-    path = tmp_path / "detr-r50-e632da11.pth"
-    torch.save({"model": state}, path)
-
-    model = create_model("detr_resnet50", pretrained=path).eval()
-    images, mask = _inputs()
-    with torch.no_grad():
-        ref_logits, ref_boxes = ref(images, mask)
-        out = model(images, mask)
-    assert _max_diff(out["pred_logits"], ref_logits[-1]) < TOL
-    assert _max_diff(out["pred_boxes"], ref_boxes[-1]) < TOL
-    assert len(out["aux_outputs"]) == 5
-    for i, aux in enumerate(out["aux_outputs"]):
-        assert _max_diff(aux["pred_logits"], ref_logits[i]) < TOL
-        assert _max_diff(aux["pred_boxes"], ref_boxes[i]) < TOL
-    # the comparison is meaningful only if boxes are not saturated and logits vary
-    assert 0.02 < ref_boxes.median() < 0.98 and ref_boxes.std() > 0.02 and ref_logits.std() > 0.1
-
-
-@pytest.mark.slow
-def test_original_dc5_learned_pe_checkpoint_parity(tmp_path):
-    """Small original-layout model: DC5 dilation and the learned position embedding (``backbone.1.*``)."""
-    kw = dict(num_classes=7, backbone="resnet50", dilation=True, d=64, h=4, ne=2, nd=2, ff=96, nq=10, pe="learned")
-    ref = OriginalDETR(**kw).eval()
-    _randomize(ref)
-    state = ref.state_dict()
-    assert "backbone.1.row_embed.weight" in state
-    path = tmp_path / "small.pth"
-    torch.save({"model": state, "epoch": 3}, path)
-    model = create_model(
-        "detr_tiny", pretrained=path, num_classes=7, backbone="resnet50", dilation=True, hidden_dim=64, nheads=4, enc_layers=2,
-        dec_layers=2, dim_feedforward=96, num_queries=10, position_embedding="learned",
-    ).eval()
-    images, mask = _inputs(H=64, W=64)
-    with torch.no_grad():
-        ref_logits, ref_boxes = ref(images, mask)
-        out = model(images, mask)
-    assert out["pred_logits"].shape == (2, 10, 8)
-    assert _max_diff(out["pred_logits"], ref_logits[-1]) < TOL
-    assert _max_diff(out["pred_boxes"], ref_boxes[-1]) < TOL
-    assert _max_diff(out["aux_outputs"][0]["pred_boxes"], ref_boxes[0]) < TOL
-    assert 0.02 < ref_boxes.median() < 0.98 and ref_boxes.std() > 0.02
-
-
-# --------------------------------------------------------------------------- HuggingFace
 def _hf_model(**cfg):
     transformers = pytest.importorskip("transformers")
     config = transformers.DetrConfig(use_pretrained_backbone=False, **cfg)
@@ -147,7 +246,7 @@ def _compare_hf(hf, model):
         out = model(images, mask)
     d_logits = _max_diff(out["pred_logits"], ref.logits)
     d_boxes = _max_diff(out["pred_boxes"], ref.pred_boxes)
-    assert d_logits < TOL and d_boxes < TOL, (d_logits, d_boxes)
+    assert d_logits < 1e-4 and d_boxes < 1e-4, (d_logits, d_boxes)
     assert 0.02 < ref.pred_boxes.median() < 0.98 and ref.pred_boxes.std() > 0.02 and ref.logits.std() > 0.1
 
 
@@ -202,20 +301,16 @@ def test_hf_default_r50_key_mapping():
 
 # --------------------------------------------------------------------------- fine-tuning and errors
 def test_finetune_other_num_classes_drops_only_class_head(tmp_path, caplog):
-    kw = dict(num_classes=7, backbone="resnet18", d=64, h=4, ne=1, nd=1, ff=96, nq=10)
-    ref = OriginalDETR(**kw)
-    _randomize(ref)
-    path = tmp_path / "small.pth"
-    torch.save({"model": ref.state_dict()}, path)
-    ours = dict(hidden_dim=64, nheads=4, enc_layers=1, dec_layers=1, dim_feedforward=96, num_queries=10)
+    fixture = load_fixture("detr", "detr_sine")
+    path = original_checkpoint(fixture, tmp_path / "original.pth")
     with caplog.at_level(logging.WARNING):
-        model = create_model("detr_tiny", pretrained=path, num_classes=3, **ours)
+        model = create_model("detr_resnet50", pretrained=path, **{**toy_kwargs(fixture), "num_classes": 3})
     dropped = [r.getMessage() for r in caplog.records if "class head not loaded" in r.getMessage()]
     assert len(dropped) == 1 and "class_embed.weight" in dropped[0] and "class_embed.bias" in dropped[0]
     assert "bbox_embed" not in dropped[0]
     assert model.class_embed.out_features == 4
-    assert torch.equal(model.bbox_embed.layers[2].weight, ref.bbox_embed.layers[2].weight)
-    assert torch.equal(model.query_embed.weight, ref.query_embed.weight)
+    assert torch.equal(model.bbox_embed.layers[2].weight, fixture.weights["bbox_embed.layers.2.weight"].float())
+    assert torch.equal(model.query_embed.weight, fixture.weights["query_embed.weight"].float())
 
 
 def test_unknown_layout_error_lists_keys():

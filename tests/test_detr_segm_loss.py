@@ -1,19 +1,15 @@
-"""DETR's mask losses equal the original's ``loss_masks`` (``benchmarks/reference_detr_segm.py``), join the set
-criterion for models with a mask head, and train: the head alone on a frozen detector, and end to end."""
+"""DETR's mask losses equal the original's ``loss_masks`` (recorded from facebookresearch/detr in
+``tests/fixtures/detr/loss_masks.safetensors`` by ``scripts/fixtures/make_detr.py``), join the set criterion for
+models with a mask head, and train: the head alone on a frozen detector, and end to end."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from reference.fixtures import load_fixture
 
 from visiontf.detection import build_criterion
 from visiontf.detection.mask_losses import loss_masks
 from visiontf.models import create_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.reference_detr_segm import reference_loss_masks  # noqa: E402
 
 
 def _random_case(seed=0):
@@ -28,14 +24,26 @@ def _random_case(seed=0):
     return outputs, targets, indices
 
 
-def test_loss_masks_equals_the_original():
-    outputs, targets, indices = _random_case()
-    ref_targets = [{"masks": t["masks"].to(torch.uint8)} for t in targets]
-    want = reference_loss_masks(outputs, ref_targets, indices, 4.0)
-    got = loss_masks(outputs, targets, indices, 4.0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_loss_masks_equals_the_original(dtype):
+    """Predictions and targets of different sizes (padded to the largest), an image without objects. visiontf computes
+    the mask losses in float32 whatever the predictions' dtype (``loss_masks``), so float64 is held to float32's
+    tolerance unless they come out in float64."""
+    fixture = load_fixture("detr", "loss_masks")
+    x = fixture.inputs
+    n = len([k for k in x if k.startswith("masks.")])
+    targets = [{"masks": x[f"masks.{i}"]} for i in range(n)]
+    indices = [(x[f"src.{i}"], x[f"tgt.{i}"]) for i in range(n)]
+    got = loss_masks({"pred_masks": x["pred_masks"].to(dtype)}, targets, indices, float(x["num_boxes"]))
+    want = fixture.outputs[str(dtype).removeprefix("torch.")]
     for key in ("loss_mask", "loss_dice"):
-        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7)
+        tol = 1e-12 if got[key].dtype == torch.float64 else 1e-6
+        assert (got[key].double() - want[key].double()).abs().item() < tol, key
         assert got[key] > 0
+    # bool targets are the same masks
+    bool_targets = [{"masks": t["masks"].bool()} for t in targets]
+    assert torch.equal(loss_masks({"pred_masks": x["pred_masks"].to(dtype)}, bool_targets, indices, float(x["num_boxes"]))["loss_dice"],
+                       got["loss_dice"])
 
 
 def test_loss_masks_without_any_target_is_zero_and_differentiable():

@@ -1,105 +1,123 @@
-"""DETR's mask head: the original panoptic layout and HF ``DetrForSegmentation`` load strictly and give
-their outputs (logits, boxes, mask logits) within 1e-4.
+"""DETR's mask head: the original panoptic layout and HF ``DetrForSegmentation`` load strictly and give their
+outputs (logits, boxes, mask logits).
 
-The original cannot be imported here: ``benchmarks/reference_detr_segm.py`` re-creates its
-``DETRsegm`` (checked against the fetched original by ``benchmarks/detr_segm_parity.py``, result in
-docs/segmentation.md).
+The original's are recorded: ``tests/fixtures/detr/detr_panoptic.safetensors`` (written by
+``scripts/fixtures/make_detr.py`` from a checkout of facebookresearch/detr) holds a toy ``DETRsegm`` with random
+weights in the original's panoptic layout and what the original computed with them, in float32 and float64, on a
+padded batch of two images, on its DC5 body, and on the first image alone. The published layouts (R50, R50-DC5,
+R101 panoptic) are checked key for key against the original's listing in ``tests/fixtures/detr/published_layouts.txt``.
 """
 from __future__ import annotations
 
 import logging
 import re
-import sys
-from pathlib import Path
+from itertools import product
 
 import pytest
 import torch
+from reference.fixtures import load_fixture
 from safetensors.torch import save_file
+from test_detr_checkpoints import (
+    DTYPES,
+    PUBLISHED,
+    _inputs,
+    _max_diff,
+    _randomize,
+    _v5_to_v4,
+    assert_outputs,
+    flat_outputs,
+    load_original,
+    original_checkpoint,
+    published_layouts,
+    toy_kwargs,
+)
 
 from visiontf.models import create_model
 from visiontf.models.detr.convert import convert_state_dict
 from visiontf.models.detr.segm import MASK_HEAD_PREFIXES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
-from benchmarks.reference_detr_segm import OriginalDETRsegm  # noqa: E402
-from tests.test_detr_checkpoints import _inputs, _max_diff, _randomize, _v5_to_v4  # noqa: E402
-
-TOL = 1e-4
-#: a small transformer the mask head accepts (GroupNorm: 128 + 8 and 128 / 16 divisible by 8)
-_REF = dict(d=128, h=8, ne=2, nd=2, ff=160, nq=10, num_classes=9)
-_OURS = dict(num_classes=9, hidden_dim=128, nheads=8, enc_layers=2, dec_layers=2, dim_feedforward=160, num_queries=10)
+#: the model each run of the fixture was made with, and its outputs' prefix there
+_RUNS = {"r50": ("detr_resnet50_panoptic", "", {}), "dc5": ("detr_resnet50_dc5_panoptic", "dc5.", {"dilation": True})}
 
 
-def _compare(want: dict, got: dict) -> None:
-    for key in ("pred_logits", "pred_boxes", "pred_masks"):
-        assert got[key].shape == want[key].shape, key
-        assert _max_diff(got[key], want[key]) < TOL, (key, _max_diff(got[key], want[key]))
-    for a, b in zip(got["aux_outputs"], want["aux_outputs"]):
-        assert _max_diff(a["pred_boxes"], b["pred_boxes"]) < TOL
-    # meaningful only if the masks vary and the boxes are not saturated
-    assert want["pred_masks"].std() > 0.05 and 0.02 < want["pred_boxes"].median() < 0.98
+def _recorded(fixture, dtype: str, prefix: str) -> dict[str, torch.Tensor]:
+    out = fixture.outputs[dtype]
+    if prefix:
+        return {k[len(prefix):]: v for k, v in out.items() if k.startswith(prefix)}
+    return {k: v for k, v in out.items() if "." not in k}
 
 
-def _original_checkpoint(tmp_path, name="segm.pth", **kw):
-    ref = OriginalDETRsegm(**{**_REF, **kw}).eval()
-    _randomize(ref)
-    path = tmp_path / name
-    torch.save({"model": ref.state_dict()}, path)
-    return ref, path
-
-
-def test_original_layout_resnet18(tmp_path):
-    ref, path = _original_checkpoint(tmp_path, backbone="resnet18")
-    assert {k.split(".")[0] for k in ref.state_dict()} == {"detr", "bbox_attention", "mask_head"}
-    model = create_model("detr_tiny_masks", pretrained=path, backbone="resnet18", mask_heads=None, **_OURS).eval()
-    images, mask = _inputs(H=96, W=128)
-    with torch.no_grad():
-        want, got = ref(images, mask), model(images, mask)
-    assert got["pred_masks"].shape == (2, 10, 24, 32)
-    _compare(want, got)
-    # without padding (no mask: the fused attention path) the same numbers as an all-valid mask
-    with torch.no_grad():
-        unpadded = model(images[:1])
-        ref_unpadded = ref(images[:1], torch.zeros_like(mask[:1]))
-    assert _max_diff(unpadded["pred_masks"], ref_unpadded["pred_masks"]) < TOL
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name,dilation", [("detr_resnet50_panoptic", False), ("detr_resnet50_dc5_panoptic", True)])
-def test_original_panoptic_checkpoint_layout(tmp_path, name, dilation):
-    """R50 and R50-DC5 bodies under the original's panoptic layout (a small transformer)."""
-    ref, path = _original_checkpoint(tmp_path, backbone="resnet50", dilation=dilation)
-    model = create_model(name, pretrained=path, **_OURS).eval()
+@pytest.mark.parametrize("run,dtype", list(product(_RUNS, DTYPES)))
+def test_original_panoptic_outputs(tmp_path, run, dtype):
+    """The original's panoptic layout on a plain and a DC5 body: ``pred_logits``, ``pred_boxes``, ``pred_masks``."""
+    fixture = load_fixture("detr", "detr_panoptic")
+    name, prefix, overrides = _RUNS[run]
+    model = load_original(fixture, name, tmp_path / "panoptic.pth", dtype, **overrides)
     assert model.mask_options.thing_classes == tuple(range(91))
-    images, mask = _inputs(H=64, W=96)
     with torch.no_grad():
-        _compare(ref(images, mask), model(images, mask))
+        got = flat_outputs(model(fixture.inputs["images"].to(DTYPES[dtype]), fixture.inputs["mask"]))
+    want = _recorded(fixture, dtype, prefix)
+    assert set(want) == {"pred_logits", "pred_boxes", "pred_masks"}
+    h, w = fixture.inputs["images"].shape[-2:]
+    assert got["pred_masks"].shape == (2, model.num_queries, h // 4, w // 4)
+    assert_outputs(got, want, dtype)
+    # meaningful: the masks vary, and differ from query to query (the attention maps' path shows)
+    assert want["pred_masks"].std() > 0.1 and want["pred_masks"].std(1).mean() > 0.005
 
 
-def test_registered_panoptic_names_have_the_original_layout():
-    """Every published variant (built on the meta device) takes the full-size original layout: R50's
-    490 keys (DETR's 458, bbox_attention 4, mask_head 28), exactly."""
-    for name, backbone, dilation in (("detr_resnet50_panoptic", "resnet50", False),
-                                     ("detr_resnet50_dc5_panoptic", "resnet50", True),
-                                     ("detr_resnet101_panoptic", "resnet101", False)):
-        with torch.device("meta"):
-            model = create_model(name)
-            ref = OriginalDETRsegm(backbone=backbone, dilation=dilation, num_classes=250)
-        original = ref.state_dict()
-        if backbone == "resnet50":
-            assert len(original) == 490
-        state = model.state_dict()
-        converted = convert_state_dict(original, model)
-        assert set(converted) == set(state), name
-        assert all(converted[k].shape == state[k].shape for k in state), name
-        assert model.num_classes == 250 and model.class_embed.out_features == 251
-        assert state["mask_head.adapter1.weight"].shape == (128, 1024, 1, 1)
-        assert state["mask_head.lay1.weight"].shape == (264, 264, 3, 3)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_original_panoptic_without_padding(tmp_path, dtype):
+    """One image and no mask (the attention's unmasked path) gives what the original computed for it alone."""
+    fixture = load_fixture("detr", "detr_panoptic")
+    model = load_original(fixture, "detr_resnet50_panoptic", tmp_path / "panoptic.pth", dtype)
+    h, w = fixture.meta["image_sizes"][0]
+    with torch.no_grad():
+        got = flat_outputs(model(fixture.inputs["images"][:1, :, :h, :w].to(DTYPES[dtype])))
+    assert_outputs(got, _recorded(fixture, dtype, "single."), dtype)
+
+
+def test_original_panoptic_counts_and_key_mapping():
+    fixture = load_fixture("detr", "detr_panoptic")
+    weights = {k: v.float() for k, v in fixture.weights.items()}
+    assert {k.split(".")[0] for k in weights} == {"detr", "bbox_attention", "mask_head"}
+    model = create_model("detr_resnet50_panoptic", **toy_kwargs(fixture))
+    assert sum(p.numel() for p in model.parameters()) == fixture.meta["counts"]["parameters"]
+    converted = convert_state_dict(weights, model)
+    assert set(converted) == set(model.state_dict())
+    sources = {id(v): k for k, v in weights.items()}
+    names = {sources[id(v)]: k for k, v in converted.items()}
+    assert sorted(names) == sorted(weights)
+    # the detector loses the wrapper's "detr." prefix, the heads keep the original's names
+    assert names["detr.query_embed.weight"] == "query_embed.weight"
+    assert all(names[k] == k for k in weights if k.startswith(MASK_HEAD_PREFIXES))
+
+
+@pytest.mark.parametrize("layout", [k for k in PUBLISHED if "panoptic" in k])
+def test_published_panoptic_layout(layout):
+    """Every published panoptic model (built on the meta device) takes the original's full layout, exactly: R50's
+    490 keys (DETR's 458, bbox_attention 4, mask_head 28), 250 classes, with the original's parameter count."""
+    listed = published_layouts()[layout]
+    with torch.device("meta"):
+        model = create_model(PUBLISHED[layout])
+        original = {k: torch.empty(shape) for k, shape in listed["keys"].items()}
+    if layout == "detr-r50-panoptic":
+        assert listed["entries"] == 490
+        assert sum(k.startswith("bbox_attention.") for k in original) == 4
+        assert sum(k.startswith("mask_head.") for k in original) == 28
+    state = model.state_dict()
+    converted = convert_state_dict(original, model)
+    assert set(converted) == set(state), layout
+    assert all(converted[k].shape == state[k].shape for k in state), layout
+    assert sum(p.numel() for p in model.parameters()) == listed["parameters"]
+    assert model.num_classes == 250 and model.class_embed.out_features == 251
+    assert state["mask_head.adapter1.weight"].shape == (128, 1024, 1, 1)
+    assert state["mask_head.lay1.weight"].shape == (264, 264, 3, 3)
 
 
 # --------------------------------------------------------------------------- HuggingFace
 _HF_SMALL = dict(backbone="resnet18", num_labels=9, encoder_layers=2, decoder_layers=2, d_model=128, encoder_attention_heads=8,
                  decoder_attention_heads=8, encoder_ffn_dim=160, decoder_ffn_dim=160, num_queries=10)
+_OURS = dict(num_classes=9, hidden_dim=128, nheads=8, enc_layers=2, dec_layers=2, dim_feedforward=160, num_queries=10)
 
 
 def _v5_mask_head_to_v4(state: dict) -> dict:
@@ -138,7 +156,7 @@ def test_hf_detr_for_segmentation(tmp_path):
         with torch.no_grad():
             out = model(images, mask)
         for key, want in (("pred_logits", ref.logits), ("pred_boxes", ref.pred_boxes), ("pred_masks", ref.pred_masks)):
-            assert _max_diff(out[key], want) < TOL, (name, key, _max_diff(out[key], want))
+            assert _max_diff(out[key], want) < 1e-4, (name, key, _max_diff(out[key], want))
     assert ref.pred_masks.std() > 0.05
 
 
@@ -158,11 +176,12 @@ def test_detector_weights_leave_the_mask_head_at_init(tmp_path, caplog):
 
 
 def test_panoptic_weights_into_a_detector_drop_the_head(tmp_path, caplog):
-    ref, path = _original_checkpoint(tmp_path, backbone="resnet18")
+    fixture = load_fixture("detr", "detr_panoptic")
+    path = original_checkpoint(fixture, tmp_path / "panoptic.pth")
     with caplog.at_level(logging.WARNING):
-        model = create_model("detr_tiny", pretrained=path, backbone="resnet18", **{k: v for k, v in _OURS.items()})
+        model = create_model("detr_resnet50", pretrained=path, **toy_kwargs(fixture))
     assert any("dropped 32 tensors of the segmentation head" in r.getMessage() for r in caplog.records)
-    assert torch.equal(model.query_embed.weight, ref.detr.query_embed.weight)
+    assert torch.equal(model.query_embed.weight, fixture.weights["detr.query_embed.weight"].float())
 
 
 def test_frozen_detector_keeps_batchnorm_statistics():

@@ -1,97 +1,107 @@
-"""DETR's mask post-processing equals the original's (``benchmarks/reference_detr_segm.py``, checked
-against facebookresearch/detr by ``benchmarks/detr_segm_parity.py``) on the same inputs."""
+"""DETR's mask post-processing gives the original's results: ``PostProcessSegm``'s instance masks and
+``PostProcessPanoptic``'s PNG bytes and segments, equal to what facebookresearch/detr computed on the same model
+outputs (``tests/fixtures/detr/postprocess.safetensors``, written by ``scripts/fixtures/make_detr.py``): a padded
+batch, stuff queries merged into one segment, a segment dropped as too small, an image without confident queries;
+the outputs in float32 and in float64."""
 from __future__ import annotations
 
 import io
-import sys
-from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
+from reference.fixtures import load_fixture
 
 from visiontf.detection import PostProcess
 from visiontf.detection.mask_postprocess import PostProcessPanoptic, PostProcessSegm, add_instance_masks
 from visiontf.io.panoptic_ids import id2rgb, rgb2id
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import reference_detr_segm as R  # noqa: E402
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def _outputs(B=2, Q=12, K=7, h=20, w=24, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return {"pred_logits": torch.randn(B, Q, K + 1, generator=g), "pred_boxes": torch.rand(B, Q, 4, generator=g),
-            "pred_masks": 3 * torch.randn(B, Q, h, w, generator=g)}
+def _part(fixture, name: str, dtype: str) -> dict[str, torch.Tensor]:
+    """The inputs under ``name.`` (model outputs cast to ``dtype``), without the prefix."""
+    out = {}
+    for key, value in fixture.inputs.items():
+        if key.startswith(name + "."):
+            out[key[len(name) + 1:]] = value.to(DTYPES[dtype]) if value.is_floating_point() else value
+    return out
 
 
-def test_instance_masks_equal_the_original():
-    out = _outputs()
-    orig_sizes = torch.tensor([[157, 203], [90, 70]])
-    processed = torch.tensor([[80, 96], [64, 50]])  # the second image was padded in the batch
-    want = R.reference_postprocess_segm([{}, {}], out, orig_sizes, processed)
-    got = PostProcessSegm()([{}, {}], out, orig_sizes, processed)
-    for w, g in zip(want, got):
-        assert g["masks"].shape == w["masks"].shape and g["masks"].dtype == torch.uint8
-        assert torch.equal(g["masks"], w["masks"])
-    assert 0.2 < want[0]["masks"].float().mean() < 0.8
+def _segments(info: list[dict]) -> list[list[int]]:
+    return [[s["id"], int(s["isthing"]), s["category_id"], s["area"]] for s in info]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_instance_masks_equal_the_original(dtype):
+    fixture = load_fixture("detr", "postprocess")
+    x = _part(fixture, "segm", dtype)
+    outputs = {"pred_masks": x["pred_masks"]}
+    got = PostProcessSegm()([{}, {}], outputs, x["orig_sizes"], x["processed_sizes"])
+    for i, g in enumerate(got):
+        want = fixture.outputs[dtype][f"segm.masks.{i}"]
+        assert g["masks"].dtype == torch.uint8 and g["masks"].shape == want.shape
+        assert torch.equal(g["masks"], want)
+    first = fixture.outputs[dtype]["segm.masks.0"].float().mean()
+    assert 0.2 < first < 0.8  # neither empty nor full
 
 
 def test_masks_follow_the_detections_they_belong_to():
-    """Sorted, thresholded detections (the Predictor's) get the masks of their own queries."""
-    out = _outputs()
-    orig_sizes, processed = torch.tensor([[120, 100], [60, 61]]), torch.tensor([[80, 96], [80, 96]])
-    all_masks = R.reference_postprocess_segm([{}, {}], out, orig_sizes, processed)
-    preds = add_instance_masks(PostProcess()(out, orig_sizes, score_threshold=0.2), out, processed, orig_sizes)
-    for p, ref in zip(preds, all_masks):
+    """Sorted, thresholded detections (the Predictor's) get the original's masks of their own queries."""
+    fixture = load_fixture("detr", "postprocess")
+    x = _part(fixture, "segm", "float32")
+    outputs = {k: x[k] for k in ("pred_logits", "pred_boxes", "pred_masks")}
+    preds = add_instance_masks(PostProcess()(outputs, x["orig_sizes"], score_threshold=0.2), outputs, x["processed_sizes"],
+                               x["orig_sizes"])
+    for i, p in enumerate(preds):
         assert len(p["queries"]) and not torch.equal(p["queries"], torch.arange(len(p["queries"])))
         assert p["masks"].dtype == torch.bool
-        assert torch.equal(p["masks"], ref["masks"][p["queries"], 0].bool())
-
-
-def _panoptic_outputs():
-    out = _outputs(Q=14, K=9, h=16, w=20, seed=1)
-    logits = out["pred_logits"]
-    logits[:, :6, 2] += 12.0       # confident things
-    logits[:, 6:9, 7] += 30.0      # three queries of one stuff class: merged
-    logits[0, 9, 8] += 30.0        # a stuff class alone
-    logits[1, 10, 5] += 30.0       # a confident query whose mask wins almost nowhere: dropped as small
-    out["pred_masks"][1, 10] = -20.0
-    out["pred_masks"][1, 10, 3, 4] = 20.0
-    return out
+        assert torch.equal(p["masks"], fixture.outputs["float32"][f"segm.masks.{i}"][p["queries"], 0].bool())
 
 
 def _decode(png: bytes) -> np.ndarray:
     return rgb2id(np.asarray(Image.open(io.BytesIO(png))))
 
 
-def test_panoptic_equals_the_original():
-    out = _panoptic_outputs()
-    is_thing = {i: i <= 5 for i in range(10)}
-    sizes, targets = [(64, 80), (64, 80)], [(130, 170), (40, 50)]
-    want = R.reference_postprocess_panoptic(out, sizes, targets, is_thing, threshold=0.85)
-    got = PostProcessPanoptic(is_thing, threshold=0.85)(out, sizes, targets)
-    for w, g in zip(want, got):
-        assert g["segments_info"] == w["segments_info"]
-        assert g["png_string"] == w["png_string"]
+def _panoptic(fixture, name: str, dtype: str, with_targets: bool = True) -> list[dict]:
+    x = _part(fixture, name, dtype)
+    is_thing = {i: bool(v) for i, v in enumerate(x["is_thing"].tolist())}
+    outputs = {k: x[k] for k in ("pred_logits", "pred_boxes", "pred_masks")}
+    sizes = [tuple(s) for s in x["processed_sizes"].tolist()]
+    targets = [tuple(s) for s in x["target_sizes"].tolist()] if with_targets else None
+    return PostProcessPanoptic(is_thing, threshold=fixture.meta["threshold"])(outputs, sizes, targets)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_panoptic_equals_the_original(dtype):
+    fixture = load_fixture("detr", "postprocess")
+    got = _panoptic(fixture, "panoptic", dtype)
+    want = fixture.outputs[dtype]
+    for i, g in enumerate(got):
+        assert _segments(g["segments_info"]) == want[f"panoptic.segments.{i}"].tolist()
+        assert g["png_string"] == bytes(want[f"panoptic.png.{i}"].tolist())
+    # what the case holds: the three queries of stuff class 7 are one segment, the 1-pixel segment was dropped
     ids = _decode(got[0]["png_string"])
-    assert ids.shape == (130, 170)
+    assert ids.shape == tuple(fixture.inputs["panoptic.target_sizes"][0].tolist())
     infos = got[0]["segments_info"]
-    stuff = [s for s in infos if not s["isthing"]]
-    assert sorted(s["category_id"] for s in stuff) == [7, 8]  # the three class-7 queries are one segment
+    assert sorted(s["category_id"] for s in infos if not s["isthing"]) == [7, 8]
     assert sum(s["area"] for s in infos) == ids.size and {s["id"] for s in infos} == set(np.unique(ids).tolist())
-    assert 5 not in {s["category_id"] for s in got[1]["segments_info"]}  # the 1-pixel segment was dropped
+    assert 5 not in {s["category_id"] for s in got[1]["segments_info"]}
 
 
-def test_panoptic_without_confident_queries():
-    out = _outputs(Q=5, K=3)
-    out["pred_logits"][..., -1] += 50.0  # every query "no object"
-    want = R.reference_postprocess_panoptic(out, [(32, 40)] * 2, None, {i: True for i in range(4)})
-    got = PostProcessPanoptic({i: True for i in range(4)})(out, [(32, 40)] * 2)
-    assert got[0]["segments_info"] == [] == want[0]["segments_info"]
-    assert got[0]["png_string"] == want[0]["png_string"]
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_panoptic_without_confident_queries(dtype):
+    fixture = load_fixture("detr", "postprocess")
+    got = _panoptic(fixture, "empty", dtype, with_targets=False)
+    for i, g in enumerate(got):
+        assert g["segments_info"] == [] and fixture.outputs[dtype][f"empty.segments.{i}"].numel() == 0
+        assert g["png_string"] == bytes(fixture.outputs[dtype][f"empty.png.{i}"].tolist())
 
 
 def test_panoptic_colours_round_trip():
     ids = np.array([[0, 1, 255], [256, 65535, 70000]])
     assert np.array_equal(rgb2id(id2rgb(ids)), ids)
-    assert np.array_equal(id2rgb(ids), R.id2rgb(ids))
+    # COCO panoptic's encoding: id = R + 256 G + 256^2 B
+    assert id2rgb(ids)[1, 2].tolist() == [70000 % 256, 70000 // 256 % 256, 70000 // 65536]
+    assert id2rgb(ids)[1, 0].tolist() == [0, 1, 0] and id2rgb(ids)[0, 2].tolist() == [255, 0, 0]

@@ -1,73 +1,108 @@
-"""PQ, SQ, RQ equal panopticapi's ``pq_compute`` on fixed files (tests/data/panoptic_small, written by its
-``make_files.py``: things and stuff, a crowd region, void pixels, IoU above and below 0.5, confused categories).
+"""PQ, SQ, RQ equal cocodataset/panopticapi's ``pq_compute``, to the last bit.
 
-The expected numbers are panopticapi's own, produced with a checkout of cocodataset/panopticapi
-(commit 7bb4655) by
+panopticapi's own results are recorded in ``tests/fixtures/panopticapi/`` by ``scripts/fixtures/make_panopticapi.py``,
+which runs a checkout of it (one worker, so that its sums run in the images' order):
 
-    cd panopticapi && python -c "from panopticapi.evaluation import pq_compute; \
-        print(pq_compute('gt.json', 'pred.json', 'gt', 'pred'))"   # paths of tests/data/panoptic_small
-
-``benchmarks/panoptic_parity.py --panopticapi PATH`` reruns that comparison, and one on a synthetic set.
+* ``pq_compute``: a generated set, stored as id maps and segments (hand-made images for IoU exactly 0.5 and just
+  above, void on either side, crowd regions with predictions of their category and of another, two crowd regions of
+  one category, an image without ground truth, an empty prediction, a listed segment absent from its PNG, confused
+  categories, ids above 2^16; and a random set), with panopticapi's totals and every image's own counts;
+* ``panoptic_small``: its numbers (and printed table) on the files of ``tests/data/panoptic_small``.
 """
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
+from PIL import Image
+from reference.fixtures import load_fixture
 
 from visiontf.evaluation.panoptic import PanopticEvalError, format_pq_table, pq_compute, pq_image_stats
+from visiontf.io.panoptic_ids import id2rgb
 
 ROOT = "tests/data/panoptic_small"
 
-#: panopticapi's output on these files (its repr, numpy floats as plain floats)
-PANOPTICAPI = {
-    "All": {"pq": 0.40261752136752144, "sq": 0.657051282051282, "rq": 0.4583333333333333, "n": 4},
-    "Things": {"pq": 0.5927350427350428, "sq": 0.8891025641025642, "rq": 0.6666666666666666, "n": 2},
-    "Stuff": {"pq": 0.2125, "sq": 0.425, "rq": 0.25, "n": 2},
-    "per_class": {1: {"pq": 0.6111111111111112, "sq": 0.9166666666666667, "rq": 0.6666666666666666},
-                  2: {"pq": 0.5743589743589744, "sq": 0.8615384615384616, "rq": 0.6666666666666666},
-                  7: {"pq": 0.425, "sq": 0.85, "rq": 0.5},
-                  9: {"pq": 0.0, "sq": 0, "rq": 0.0}},
-}
-#: the table it printed
-TABLE = """          |    PQ     SQ     RQ     N
---------------------------------------
-All       |  40.3   65.7   45.8     4
-Things    |  59.3   88.9   66.7     2
-Stuff     |  21.2   42.5   25.0     2"""
+
+def _expected(outputs: dict) -> dict:
+    """panopticapi's result dict from the fixture's tensors."""
+    out = {name: dict(zip(("pq", "sq", "rq", "n"), outputs[name].tolist())) for name in ("All", "Things", "Stuff")}
+    out["per_class"] = {int(c): {"pq": pq, "sq": sq, "rq": rq} for c, pq, sq, rq in outputs["per_class"].tolist()}
+    return out
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    for part in ("All", "Things", "Stuff"):
+        assert got[part] == want[part], part  # equal to the last bit
+    assert got["per_class"] == want["per_class"]
 
 
 def test_equals_panopticapi_on_fixed_files():
+    fixture = load_fixture("panopticapi", "panoptic_small")
     got = pq_compute(f"{ROOT}/gt.json", f"{ROOT}/pred.json", f"{ROOT}/gt", f"{ROOT}/pred")
-    for part in ("All", "Things", "Stuff"):
-        for k, v in PANOPTICAPI[part].items():
-            assert got[part][k] == pytest.approx(v, abs=1e-12), (part, k)
-    for cat, values in PANOPTICAPI["per_class"].items():
-        assert got["per_class"][cat] == pytest.approx(values, abs=1e-12)
-    assert format_pq_table(got) == TABLE
+    _assert_same(got, _expected(fixture.outputs["float64"]))
+    assert format_pq_table(got) == "\n".join(fixture.meta["printed_table"])
+
+
+def _generated_set(fixture, folder):
+    """The fixture's id maps and segments as panopticapi's files (gt.json + gt/, pred.json + pred/)."""
+    x = fixture.inputs
+    categories = [{"id": int(c), "name": f"c{c}", "isthing": int(t)} for c, t in x["categories"].tolist()]
+    gt_ann, pred_ann = [], []
+    for side in ("gt", "pred"):
+        (folder / side).mkdir(parents=True)
+    for i in range(fixture.meta["images"]):
+        name = f"{i:03d}.png"
+        Image.fromarray(id2rgb(x[f"gt.{i}"].numpy())).save(folder / "gt" / name)
+        Image.fromarray(id2rgb(x[f"pred.{i}"].numpy())).save(folder / "pred" / name)
+        gt_ann.append({"image_id": i + 1, "file_name": name, "segments_info": [
+            {"id": s, "category_id": c, "iscrowd": k, "area": a} for s, c, k, a in x[f"gt_segments.{i}"].tolist()]})
+        pred_ann.append({"image_id": i + 1, "file_name": name,
+                         "segments_info": [{"id": s, "category_id": c} for s, c in x[f"pred_segments.{i}"].tolist()]})
+    (folder / "gt.json").write_text(json.dumps({"annotations": gt_ann, "categories": categories}))
+    (folder / "pred.json").write_text(json.dumps({"annotations": pred_ann}))
+    return gt_ann, pred_ann, {c["id"]: c for c in categories}
+
+
+def test_equals_panopticapi_on_a_generated_set(tmp_path):
+    fixture = load_fixture("panopticapi", "pq_compute")
+    want = fixture.outputs["float64"]
+    gt_ann, pred_ann, categories = _generated_set(fixture, tmp_path)
+    got = pq_compute(tmp_path / "gt.json", tmp_path / "pred.json")
+    _assert_same(got, _expected(want))
+    assert format_pq_table(got) == "\n".join(fixture.meta["printed_table"])
+    # one category is in no image: it counts in no average
+    assert got["per_class"][4] == {"pq": 0.0, "sq": 0.0, "rq": 0.0} and got["All"]["n"] == len(categories) - 1
+    # every image's own counts per category, as panopticapi's for that image alone
+    for i, (g, p) in enumerate(zip(gt_ann, pred_ann)):
+        stats = pq_image_stats(fixture.inputs[f"gt.{i}"].numpy().astype(np.int64), g["segments_info"],
+                               fixture.inputs[f"pred.{i}"].numpy().astype(np.int64), p["segments_info"], categories, i + 1)
+        expected = {int(c): [iou, int(tp), int(fp), int(fn)] for c, iou, tp, fp, fn in want[f"image.{i}"].tolist()}
+        assert stats == expected, i
+
+
+def test_inconsistent_predictions_are_refused_as_panopticapi_refuses_them():
+    fixture = load_fixture("panopticapi", "pq_compute")
+    gt = np.ones((4, 5), dtype=np.int64)
+    gt_segments = [{"id": 1, "category_id": 1, "iscrowd": 0, "area": 20}]
+    pred = np.full((4, 5), 2)
+    messages = {"a PNG id not in segments_info": "image 8: segment id 2 is in the PNG but not in segments_info",
+                "a segments_info id not in the PNG": "segment ids \\[5\\] are in segments_info but not in the PNG",
+                "an unknown category": "unknown category_id 4"}
+    for error in fixture.meta["errors"]:
+        assert error["raises"] == "KeyError"
+        with pytest.raises(PanopticEvalError, match=messages[error["case"]]):
+            pq_image_stats(gt, gt_segments, pred, error["segments_info"], [1, 2], 8)
+    assert pq_image_stats(gt, gt_segments, pred, [{"id": 2, "category_id": 1}], [1, 2]) == {1: [1.0, 1, 0, 0]}
 
 
 def test_folders_default_to_the_json_paths(tmp_path):
-    import shutil
-
     for name in ("gt", "pred"):
         shutil.copytree(f"{ROOT}/{name}", tmp_path / name)
         shutil.copy(f"{ROOT}/{name}.json", tmp_path / f"{name}.json")
-    assert pq_compute(tmp_path / "gt.json", tmp_path / "pred.json")["All"]["pq"] == pytest.approx(PANOPTICAPI["All"]["pq"])
-
-
-def test_inconsistent_predictions_are_named():
-    gt = np.ones((4, 5), dtype=np.int64)
-    gt_segments = [{"id": 1, "category_id": 3, "iscrowd": 0, "area": 20}]
-    pred = np.full((4, 5), 2)
-    with pytest.raises(PanopticEvalError, match="image 8: segment id 2 is in the PNG but not in segments_info"):
-        pq_image_stats(gt, gt_segments, pred, [], [3], 8)
-    with pytest.raises(PanopticEvalError, match="segment ids \\[5\\] are in segments_info but not in the PNG"):
-        pq_image_stats(gt, gt_segments, pred, [{"id": 2, "category_id": 3}, {"id": 5, "category_id": 3}], [3], 8)
-    with pytest.raises(PanopticEvalError, match="unknown category_id 4"):
-        pq_image_stats(gt, gt_segments, pred, [{"id": 2, "category_id": 4}], [3], 8)
-    assert pq_image_stats(gt, gt_segments, pred, [{"id": 2, "category_id": 3}], [3]) == {3: [1.0, 1, 0, 0]}
+    want = load_fixture("panopticapi", "panoptic_small").outputs["float64"]["All"][0].item()
+    assert pq_compute(tmp_path / "gt.json", tmp_path / "pred.json")["All"]["pq"] == want
 
 
 def test_missing_prediction_is_an_error(tmp_path):

@@ -9,9 +9,10 @@ of its category. Ground-truth areas are the ``segments_info`` ``area``s, predict
 in the PNG. Per category (:func:`pq_average`): ``PQ = sum IoU / (TP + FP/2 + FN/2)``, ``SQ = sum IoU /
 TP``, ``RQ = TP / (TP + FP/2 + FN/2)``, averaged over the categories with any TP, FP or FN.
 
-:func:`pq_compute` takes panopticapi's files (JSON + PNG folders) and returns its numbers
-(``tests/test_panoptic_quality.py`` holds panopticapi's own on fixed files; ``benchmarks/panoptic_parity.py``
-runs a checkout of it). numpy and Pillow only, like :mod:`visiontf.evaluation.coco`.
+:func:`pq_compute` takes panopticapi's files (JSON + PNG folders) and returns its numbers, to the last bit
+(``tests/test_panoptic_quality.py`` compares them with panopticapi's own, which
+``scripts/fixtures/make_panopticapi.py`` records from a checkout of it). numpy and Pillow only, like
+:mod:`visiontf.evaluation.coco`.
 """
 from __future__ import annotations
 
@@ -48,85 +49,108 @@ def pq_image_stats(gt_ids: np.ndarray, gt_segments: Iterable[Mapping[str, Any]],
     ``gt_ids``/``pred_ids``: (H, W) segment ids; ``*_segments``: ``segments_info`` (``id``, ``category_id``;
     ground truth also ``iscrowd`` and ``area``). Raises :class:`PanopticEvalError` where panopticapi
     raises: a predicted id missing from the segments or the PNG, an unknown category.
+
+    Every count is read from one table, the pixels of each (ground-truth id, predicted id) pair: a single
+    ``bincount`` over the two maps' id indices combined. A category is in the result once it has a TP, FP
+    or FN, and its IoUs add up in the order of the pairs' ids (ground truth, then prediction), as panopticapi's.
     """
     if gt_ids.shape != pred_ids.shape:
         raise PanopticEvalError(f"image {image_id}: prediction {pred_ids.shape} and ground truth {gt_ids.shape} differ in size")
     known = set(categories)
-    gt_segms = {int(s["id"]): dict(s) for s in gt_segments}
-    pred_segms = {int(s["id"]): dict(s) for s in pred_segments}
-    labels, counts = np.unique(pred_ids, return_counts=True)
-    unlisted = set(pred_segms)
-    for label, count in zip(labels.tolist(), counts.tolist()):
-        if label not in pred_segms:
-            if label == VOID:
-                continue
-            raise PanopticEvalError(f"image {image_id}: segment id {label} is in the PNG but not in segments_info")
-        pred_segms[label]["area"] = count
-        unlisted.discard(label)
-        if pred_segms[label]["category_id"] not in known:
-            raise PanopticEvalError(f"image {image_id}: segment {label} has unknown category_id {pred_segms[label]['category_id']}")
-    if unlisted:
-        raise PanopticEvalError(f"image {image_id}: segment ids {sorted(unlisted)} are in segments_info but not in the PNG")
+    gt_info = {int(s["id"]): s for s in gt_segments}
+    pred_info = {int(s["id"]): s for s in pred_segments}
 
-    pairs, inter = np.unique(gt_ids.astype(np.uint64) * OFFSET + pred_ids.astype(np.uint64), return_counts=True)
-    gt_pred = {(int(p // OFFSET), int(p % OFFSET)): int(n) for p, n in zip(pairs.tolist(), inter.tolist())}
-    stats: Stats = defaultdict(lambda: [0.0, 0, 0, 0])
-    gt_matched, pred_matched = set(), set()
-    for (gt_label, pred_label), intersection in gt_pred.items():
-        if gt_label not in gt_segms or pred_label not in pred_segms:
-            continue
-        gt, pred = gt_segms[gt_label], pred_segms[pred_label]
-        if gt["iscrowd"] == 1 or gt["category_id"] != pred["category_id"]:
-            continue
-        union = pred["area"] + gt["area"] - intersection - gt_pred.get((VOID, pred_label), 0)
-        iou = intersection / union
-        if iou > 0.5:
-            s = stats[gt["category_id"]]
-            s[1] += 1
-            s[0] += iou
-            gt_matched.add(gt_label)
-            pred_matched.add(pred_label)
-    crowd_of_category = {}
-    for gt_label, gt in gt_segms.items():
-        if gt_label in gt_matched:
-            continue
-        if gt["iscrowd"] == 1:
-            crowd_of_category[gt["category_id"]] = gt_label
-            continue
-        stats[gt["category_id"]][3] += 1
-    for pred_label, pred in pred_segms.items():
-        if pred_label in pred_matched:
-            continue
-        intersection = gt_pred.get((VOID, pred_label), 0)
-        if pred["category_id"] in crowd_of_category:
-            intersection += gt_pred.get((crowd_of_category[pred["category_id"]], pred_label), 0)
-        if intersection / pred["area"] > 0.5:
-            continue
-        stats[pred["category_id"]][2] += 1
-    return dict(stats)
+    # rows: the ids of the ground-truth map, columns: those of the prediction (both sorted)
+    gt_present, gt_index = np.unique(gt_ids, return_inverse=True)
+    pred_present, pred_index = np.unique(pred_ids, return_inverse=True)
+    n_rows, n_cols = len(gt_present), len(pred_present)
+    table = np.bincount(gt_index.ravel() * n_cols + pred_index.ravel(), minlength=n_rows * n_cols).reshape(n_rows, n_cols)
+    pred_area = table.sum(axis=0)
+    row_ids, col_ids = gt_present.tolist(), pred_present.tolist()
+
+    # the prediction's consistency, in the order of its ids
+    for pid in col_ids:
+        if pid not in pred_info:
+            if pid == VOID:
+                continue
+            raise PanopticEvalError(f"image {image_id}: segment id {pid} is in the PNG but not in segments_info")
+        if pred_info[pid]["category_id"] not in known:
+            raise PanopticEvalError(f"image {image_id}: segment {pid} has unknown category_id {pred_info[pid]['category_id']}")
+    absent = sorted(set(pred_info) - set(col_ids))
+    if absent:
+        raise PanopticEvalError(f"image {image_id}: segment ids {absent} are in segments_info but not in the PNG")
+
+    # a column is a predicted segment when listed; a row can match when listed and not a crowd region
+    col_listed = np.array([pid in pred_info for pid in col_ids], dtype=bool)
+    col_cat = np.array([pred_info[pid]["category_id"] if pid in pred_info else 0 for pid in col_ids], dtype=np.int64)
+    row_of = {gid: r for r, gid in enumerate(row_ids)}
+    row_open = np.zeros(n_rows, dtype=bool)
+    row_cat = np.zeros(n_rows, dtype=np.int64)
+    row_area = np.zeros(n_rows, dtype=np.float64)
+    for gid, info in gt_info.items():
+        r = row_of.get(gid)
+        if r is not None and info["iscrowd"] != 1:
+            row_open[r], row_cat[r], row_area[r] = True, info["category_id"], info["area"]
+    void_row = row_of.get(VOID)
+    on_void = table[void_row] if void_row is not None else np.zeros(n_cols, dtype=table.dtype)
+
+    # TP: overlapping pairs of one category whose IoU, with the prediction's void pixels out of the union, is above 0.5
+    pairs = (table > 0) & row_open[:, None] & col_listed[None, :] & (row_cat[:, None] == col_cat[None, :])
+    union = pred_area[None, :] + row_area[:, None] - table - on_void[None, :]
+    iou = np.divide(table, union, out=np.zeros(table.shape), where=pairs)
+    hit_rows, hit_cols = np.nonzero(pairs & (iou > 0.5))
+
+    stats: Stats = {}
+
+    def add(cat: Any, column: int, amount: float) -> None:
+        stats.setdefault(cat, [0.0, 0, 0, 0])[column] += amount
+
+    for r, c in zip(hit_rows.tolist(), hit_cols.tolist()):
+        add(gt_info[row_ids[r]]["category_id"], 0, float(iou[r, c]))
+        add(gt_info[row_ids[r]]["category_id"], 1, 1)
+    matched_gt = {row_ids[r] for r in hit_rows.tolist()}
+
+    # FN: the listed segments that matched nothing, crowd regions aside (those listed but absent from the PNG too)
+    missed = [info["category_id"] for gid, info in gt_info.items() if info["iscrowd"] != 1 and gid not in matched_gt]
+    for cat in missed:
+        add(cat, 3, 1)
+
+    # FP: the listed predictions that matched nothing, but those lying more than half on void or on the crowd region
+    # of their category (of several such regions, the one listed last)
+    crowd_of = {info["category_id"]: row_of.get(gid) for gid, info in gt_info.items() if info["iscrowd"] == 1}
+    crowd_rows = np.array([-1 if crowd_of.get(cat) is None else crowd_of[cat] for cat in col_cat.tolist()], dtype=np.int64)
+    on_crowd = np.where(crowd_rows >= 0, table[np.maximum(crowd_rows, 0), np.arange(n_cols)], 0)
+    unmatched = col_listed.copy()
+    unmatched[hit_cols] = False
+    false_positive = unmatched & ((on_void + on_crowd) / pred_area <= 0.5)
+    for c in np.flatnonzero(false_positive).tolist():
+        add(pred_info[col_ids[c]]["category_id"], 2, 1)
+    return stats
 
 
 def pq_average(stats: Mapping[int, list[float]], categories: Mapping[int, Mapping[str, Any]],
                isthing: bool | None = None) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     """``({"pq", "sq", "rq", "n"}, per-category {"pq", "sq", "rq"})`` over ``categories`` (``isthing``: only things
-    (True) or stuff (False)). With no category to average, the averages are -1 (panopticapi divides by zero)."""
-    total = [0.0, 0.0, 0.0]
-    n, per_class = 0, {}
+    (True) or stuff (False)). A category nobody annotated nor predicted scores 0 and is left out of the means;
+    with none left, the means are -1 (where panopticapi divides by zero)."""
+    per_class: dict[int, dict[str, float]] = {}
+    counted: list[dict[str, float]] = []
     for cat, info in categories.items():
         if isthing is not None and (info["isthing"] == 1) != isthing:
             continue
-        iou, tp, fp, fn = stats.get(cat, [0.0, 0, 0, 0])
-        if tp + fp + fn == 0:
-            per_class[cat] = {"pq": 0.0, "sq": 0.0, "rq": 0.0}
-            continue
-        n += 1
-        denom = tp + 0.5 * fp + 0.5 * fn
-        values = (iou / denom, iou / tp if tp != 0 else 0, tp / denom)
-        per_class[cat] = dict(zip(("pq", "sq", "rq"), values))
-        total = [t + v for t, v in zip(total, values)]
-    if n == 0:
+        iou_sum, tp, fp, fn = stats.get(cat, (0.0, 0, 0, 0))
+        # PQ's denominator: matched segments, plus half of the unmatched ones on either side
+        weight = tp + (fp + fn) / 2
+        scores = {"pq": 0.0, "sq": 0.0, "rq": 0.0}
+        if weight > 0:
+            scores = {"pq": iou_sum / weight, "sq": iou_sum / tp if tp else 0.0, "rq": tp / weight}
+            counted.append(scores)
+        per_class[cat] = scores
+    if not counted:
         return {"pq": -1.0, "sq": -1.0, "rq": -1.0, "n": 0}, per_class
-    return {"pq": total[0] / n, "sq": total[1] / n, "rq": total[2] / n, "n": n}, per_class
+    # the means add the categories in order, one at a time, as panopticapi does (the last bits agree)
+    means = {key: sum(scores[key] for scores in counted) / len(counted) for key in ("pq", "sq", "rq")}
+    return {**means, "n": len(counted)}, per_class
 
 
 def pq_summary(stats: Mapping[int, list[float]], categories: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:

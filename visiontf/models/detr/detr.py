@@ -32,6 +32,7 @@ from visiontf.nn import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from visiontf.nn.precision import at_least_float32
 
 
 class MLP(nn.Module):
@@ -205,8 +206,8 @@ class DETR(BackboneLayerDepth, Detector):
         """The class and box heads on :meth:`encode`'s decoder outputs (the dict :meth:`forward` returns)."""
         hs = parts["hs"]
         logits = self.class_embed(hs)
-        # sigmoid in float32: bf16 rounds boxes near 0/1 too coarsely for the L1/GIoU losses
-        boxes = self.bbox_embed(hs).float().sigmoid()
+        # sigmoid in float32 (float64 kept): bf16 rounds boxes near 0/1 too coarsely for the L1/GIoU losses
+        boxes = at_least_float32(self.bbox_embed(hs)).sigmoid()
         result: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.aux_loss:
             result["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
