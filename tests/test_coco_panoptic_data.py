@@ -78,3 +78,26 @@ def test_inconsistent_files_are_named(tmp_path, shapes):
     path.write_text(json.dumps(no_isthing))
     with pytest.raises(AnnotationError, match="no 'isthing'"):
         CocoPanoptic(shapes["val_images"], path, shapes["val_segments"])
+
+
+def test_a_png_painted_with_an_unlisted_id_is_refused_naming_it(tmp_path, shapes):
+    """It was accepted with exit 0: the pixels of the unlisted id trained as nothing."""
+    import shutil
+
+    from PIL import Image
+
+    from visiontf.io.panoptic_ids import id2rgb
+
+    segments = tmp_path / "segments"
+    shutil.copytree(shapes["val_segments"], segments)
+    data = json.loads(shapes["val_panoptic"].read_text())
+    first = data["annotations"][0]
+    ids = read_panoptic_png(segments / first["file_name"])
+    ids[:3, :3] = 4242
+    Image.fromarray(id2rgb(ids)).save(segments / first["file_name"])
+    ds = CocoPanoptic(shapes["val_images"], shapes["val_panoptic"], segments)
+    position = next(i for i, a in enumerate(ds.index.annotations) if a["file_name"] == first["file_name"])
+    with pytest.raises(AnnotationError, match=rf"{first['file_name']}: segment id\(s\) \[4242\] are painted in the PNG "
+                                              rf"of image id {first['image_id']} but not listed in its segments_info"):
+        ds.load(position)
+    ds.load((position + 1) % len(ds))  # the others load

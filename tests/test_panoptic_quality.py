@@ -111,3 +111,17 @@ def test_missing_prediction_is_an_error(tmp_path):
     (tmp_path / "pred.json").write_text(json.dumps(pred))
     with pytest.raises(PanopticEvalError, match="no prediction for the image with id 3"):
         pq_compute(f"{ROOT}/gt.json", tmp_path / "pred.json", f"{ROOT}/gt", f"{ROOT}/pred")
+
+
+def test_a_ground_truth_png_with_an_unlisted_id_is_refused():
+    """panopticapi leaves such pixels out without a word (neither a segment nor void): a broken ground truth
+    scored as if it were right. visiontf names the image and the ids."""
+    gt = np.ones((4, 5), dtype=np.int64)
+    gt[0, :2] = 7  # painted, but not in segments_info
+    gt_segments = [{"id": 1, "category_id": 1, "iscrowd": 0, "area": 18}]
+    pred = np.full((4, 5), 2)
+    with pytest.raises(PanopticEvalError, match=r"image 3: the ground truth's PNG has segment id\(s\) \[7\] that its "
+                                                r"segments_info does not list"):
+        pq_image_stats(gt, gt_segments, pred, [{"id": 2, "category_id": 1}], [1, 2], 3)
+    gt[0, :2] = 0  # unlabelled pixels are fine
+    assert pq_image_stats(gt, gt_segments, pred, [{"id": 2, "category_id": 1}], [1, 2], 3)[1][1] == 1

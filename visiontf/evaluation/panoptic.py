@@ -25,14 +25,13 @@ from typing import Any
 import numpy as np
 
 from visiontf.core.errors import UserError
-from visiontf.io.panoptic_ids import read_panoptic_png
+from visiontf.io.panoptic_ids import VOID, read_panoptic_png
 
 __all__ = ["OFFSET", "VOID", "PanopticEvalError", "format_pq_table", "pq_average", "pq_compute", "pq_image_stats",
            "pq_summary"]
 
-#: panopticapi's: a (ground truth id, predicted id) pair as one integer; id 0 is unlabelled
+#: panopticapi's: a (ground truth id, predicted id) pair as one integer; id 0 is unlabelled (VOID)
 OFFSET = 256 * 256 * 256
-VOID = 0
 
 #: per category: [sum of matched IoUs, TP, FP, FN]
 Stats = dict[int, list[float]]
@@ -79,6 +78,12 @@ def pq_image_stats(gt_ids: np.ndarray, gt_segments: Iterable[Mapping[str, Any]],
     absent = sorted(set(pred_info) - set(col_ids))
     if absent:
         raise PanopticEvalError(f"image {image_id}: segment ids {absent} are in segments_info but not in the PNG")
+    # the ground truth's too: panopticapi leaves its unlisted ids out without a word, which hides a broken
+    # annotation (those pixels would count as neither a segment nor void)
+    unlisted = [gid for gid in row_ids if gid != VOID and gid not in gt_info]
+    if unlisted:
+        raise PanopticEvalError(f"image {image_id}: the ground truth's PNG has segment id(s) {unlisted[:5]} that its "
+                                "segments_info does not list; list them with their category, or paint them 0 (unlabelled)")
 
     # a column is a predicted segment when listed; a row can match when listed and not a crowd region
     col_listed = np.array([pid in pred_info for pid in col_ids], dtype=bool)

@@ -11,7 +11,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["id2rgb", "png_bytes", "read_panoptic_png", "rgb2id"]
+__all__ = ["VOID", "id2rgb", "png_bytes", "read_panoptic_png", "rgb2id"]
+
+#: the id of unlabelled pixels (COCO panoptic's VOID): never a segment, in the ground truth or a prediction
+VOID = 0
 
 
 def id2rgb(ids: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from visiontf.data.files.coco_annotations import AnnotationError, label_maps, lo
 from visiontf.data.io import read_image
 from visiontf.data.loading import AugmentedDataset, EpochIndex
 from visiontf.data.transforms import detection as DT
-from visiontf.io.panoptic_ids import read_panoptic_png
+from visiontf.io.panoptic_ids import VOID, read_panoptic_png
 
 log = logging.getLogger("visiontf.data.coco")
 
@@ -144,6 +144,11 @@ class CocoPanoptic(AugmentedDataset):
         if ids.shape != image.shape[:2]:
             raise AnnotationError(f"{png}: {ids.shape[1]}x{ids.shape[0]} px, but its image {info['file_name']} is "
                                   f"{image.shape[1]}x{image.shape[0]}; a panoptic PNG has its image's size")
+        unlisted = sorted(set(np.unique(ids).tolist()) - {s["id"] for s in ann["segments_info"]} - {VOID})
+        if unlisted:  # its pixels would train as neither a segment nor unlabelled: a broken annotation
+            raise AnnotationError(f"{png}: segment id(s) {unlisted[:5]} are painted in the PNG of image id {info['id']} "
+                                  f"but not listed in its segments_info ({self.ann_file}); list them with their category, "
+                                  "or paint them 0 (unlabelled)")
         boxes, labels, masks, absent = [], [], [], []
         for seg in ann["segments_info"]:
             m = ids == seg["id"]
