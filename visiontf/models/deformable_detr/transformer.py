@@ -373,16 +373,17 @@ class DeformableTransformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-        for m in self.modules():
-            if isinstance(m, MSDeformAttn):
-                m.reset_parameters()
-            elif isinstance(m, MultiheadAttention):
-                # nn.MultiheadAttention's zero projection biases, as in the original
-                nn.init.zeros_(m.qkv.bias)
-                nn.init.zeros_(m.proj.bias)
+        # every matrix xavier-uniform first, in parameter order (the random draws a seed gives the original),
+        # then each deformable attention its own scheme and each self-attention nn.MultiheadAttention's zero biases
+        matrices = [p for p in self.parameters() if p.dim() > 1]
+        for weight in matrices:
+            nn.init.xavier_uniform_(weight)
+        for module in self.modules():
+            if isinstance(module, MSDeformAttn):
+                module.reset_parameters()
+            elif isinstance(module, MultiheadAttention):
+                nn.init.zeros_(module.qkv.bias)
+                nn.init.zeros_(module.proj.bias)
         if not self.two_stage:
             nn.init.xavier_uniform_(self.reference_points.weight, gain=1.0)
             nn.init.zeros_(self.reference_points.bias)
