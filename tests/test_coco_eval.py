@@ -266,7 +266,7 @@ def test_cli_prints_table_writes_stats_and_never_imports_torch(data, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "faster_coco_eval" in imported  # the import log is real
+    assert {"orjson", "faster_coco_eval"} <= imported  # the import log is real: the fast reader and evaluator
     assert not {m for m in imported if m == "torch" or m.startswith("torch.") or m == "lightning"}
     assert proc.stdout.strip() == table.strip()
     stats = json.loads(out.read_text())
@@ -281,3 +281,36 @@ def test_cli_bad_input_exit_code(tmp_path, data):
                            str(ann_file), "--predictions", str(res)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "r.json: malformed JSON at line 1" in proc.stderr
+
+
+def test_annotation_and_results_file_mistakes_are_named(data, tmp_path):
+    ann_file, _, gt, dets, ref, _ = data
+    no_area = copy.deepcopy(gt)
+    del no_area["annotations"][2]["area"]
+    with pytest.raises(CocoEvalError, match=rf"annotation id {no_area['annotations'][2]['id']} has no 'area'; .*w \* h"):
+        evaluate_coco(no_area, dets)
+    # what orjson refuses and Python's json reads: a byte-order mark (and NaN, tests/test_no_silent_wrong_answers.py)
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(dets).encode())
+    assert list(evaluate_coco(ann_file, bom).values()) == ref
+    with pytest.raises(CocoEvalError, match=r"image_id or category_id that is not a number"):
+        evaluate_coco(gt, [dict(dets[0], image_id=[1])])
+
+
+def test_segm_evaluation_of_box_results_is_one_line_naming_file_field_and_fix(tmp_path):
+    """tools/eval.py --iou_type segm on results without masks ended in a raw KeyError: 'id' inside faster-coco-eval."""
+    gt = {"images": [{"id": 1, "width": 100, "height": 100}], "categories": [{"id": 1, "name": "a"}],
+          "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 30, 30], "area": 900,
+                           "iscrowd": 0, "segmentation": [[10, 10, 40, 10, 40, 40, 10, 40]]}]}
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "boxes.json").write_text(json.dumps([{"image_id": 1, "category_id": 1, "bbox": [10, 10, 30, 30],
+                                                      "score": 0.9}]))
+    for backend in ("auto", "pycocotools", "faster_coco_eval"):
+        proc = subprocess.run([sys.executable, str(REPO / "tools" / "eval.py"), "--annotations", str(tmp_path / "gt.json"),
+                               "--predictions", str(tmp_path / "boxes.json"), "--iou_type", "segm", "--backend", backend],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr
+        assert f"{tmp_path / 'boxes.json'}: result #0 " in lines[0] and "has no 'segmentation'" in lines[0]
+        assert "--iou_type bbox" in lines[0]
