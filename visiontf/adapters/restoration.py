@@ -138,5 +138,19 @@ class RestorationAdapter(TaskAdapter):
         t = int(model.tile_size)
         return t, t
 
+    def onnx_wrapper(self, model: nn.Module) -> nn.Module:
+        """``images -> restored``; a multi-task model (IPT's pretrained, six heads) runs its first task in the graph,
+        as prediction does when no ``restore_task`` is given (one graph per task: export a model of that task)."""
+        return _FirstTaskGraph(model, self) if len(getattr(model, "tasks", ())) > 1 else super().onnx_wrapper(model)
+
+
+class _FirstTaskGraph(nn.Module):
+    def __init__(self, model: nn.Module, adapter: TaskAdapter) -> None:
+        super().__init__()
+        self.model, self.adapter = model, adapter
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.adapter.normalize_outputs(self.model(images, task=0))
+
 
 __all__ = ["RestorationAdapter", "RestorationPreprocess", "RestorationSettings"]

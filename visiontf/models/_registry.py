@@ -58,6 +58,10 @@ class ModelEntry:
     #: the model's ``features_only`` form: ``features_fn(model, name=, out_indices=, output_fmt=)`` (timm's
     #: ``FeatureGetterNet`` for the ViTs); None: the model has none
     features_fn: Callable[..., nn.Module] | None = None
+    #: the smallest settings the model builds with, keeping every kind of part it has, and the image size its
+    #: example inputs take then: what the registry-wide test builds every entry with (tests/models/test_registry.py)
+    test_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    test_image_size: tuple[int, int] | None = None
 
 
 #: the keyword arguments of ``create_model`` that belong to ``features_only`` (timm's spelling)
@@ -66,14 +70,17 @@ FEATURE_KWARGS = ("out_indices", "output_fmt")
 _REGISTRY: dict[str, ModelEntry] = {}
 
 
-def register_model(fn=None, *, name: str | None = None, fetch_pretrained=None, filter_fn=None, tags=(), features_fn=None):
-    """Decorator registering a model constructor under its function name (or ``name``)."""
+def register_model(fn=None, *, name: str | None = None, fetch_pretrained=None, filter_fn=None, tags=(), features_fn=None,
+                   test_kwargs: Mapping[str, Any] | None = None, test_image_size: tuple[int, int] | None = None):
+    """Decorator registering a model constructor under its function name (or ``name``); ``test_kwargs`` and
+    ``test_image_size``: the smallest settings it builds with (:class:`ModelEntry`)."""
 
     def wrap(f):
         key = name or f.__name__
         if key in _REGISTRY:
             raise ValueError(f"model {key!r} registered twice")
-        _REGISTRY[key] = ModelEntry(key, f, fetch_pretrained, filter_fn, tuple(tags), features_fn)
+        _REGISTRY[key] = ModelEntry(key, f, fetch_pretrained, filter_fn, tuple(tags), features_fn, dict(test_kwargs or {}),
+                                    test_image_size)
         return f
 
     return wrap(fn) if fn is not None else wrap

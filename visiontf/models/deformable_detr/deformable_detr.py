@@ -389,30 +389,35 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 }
 
 
+#: the registry-wide test's settings: the variant's backbone and levels, a transformer of 32 dims, 1 + 2 layers
+_TEST = dict(test_kwargs=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5),
+             test_image_size=(64, 64))
+
+
 def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
     # the flat keyword arguments become the model's parts here, and only here
     return build_model(partial(build_deformable_detr, DeformableDETR), cfg, **kwargs)
 
 
-@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict, **_TEST)
 def deformable_detr_resnet50(**kwargs) -> DeformableDETR:
     """Deformable DETR R50, single-stage, 300 queries, 4 levels (44.5 COCO AP)."""
     return _create(DEFAULT_CFGS["deformable_detr_resnet50"], **kwargs)
 
 
-@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict, **_TEST)
 def deformable_detr_resnet50_box_refine(**kwargs) -> DeformableDETR:
     """Deformable DETR R50 with iterative box refinement (46.2 COCO AP)."""
     return _create(DEFAULT_CFGS["deformable_detr_resnet50_box_refine"], **kwargs)
 
 
-@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict, **_TEST)
 def deformable_detr_resnet50_two_stage(**kwargs) -> DeformableDETR:
     """Deformable DETR R50 with box refinement and two-stage proposals, the original's "++" (46.9 COCO AP)."""
     return _create(DEFAULT_CFGS["deformable_detr_resnet50_two_stage"], **kwargs)
 
 
-@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict, **_TEST)
 def deformable_detr_tiny(**kwargs) -> DeformableDETR:
     """A CPU-sized Deformable DETR (ResNet-18, d 128, 3 levels, 2+3 layers, 100 queries, box refinement)."""
     return _create(DEFAULT_CFGS["deformable_detr_tiny"], **kwargs)

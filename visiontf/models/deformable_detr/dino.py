@@ -69,23 +69,29 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 }
 
 
+#: the registry-wide test's settings: the variant's backbone and levels, a transformer of 32 dims, 1 + 2 layers,
+#: 5 queries and denoising slots
+TEST_SETTINGS = dict(test_kwargs=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5,
+                              num_select=5), test_image_size=(64, 64))
+
+
 def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
     return build_model(partial(build_deformable_detr, DeformableDETR), cfg, **kwargs)
 
 
-@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **TEST_SETTINGS)
 def dino_resnet50_4scale(**kwargs) -> DeformableDETR:
     """DINO-4scale with a ResNet-50 (49.0 COCO AP at 12 epochs, 50.4 at 24; IDEA-Research/DINO)."""
     return _create(DEFAULT_CFGS["dino_resnet50_4scale"], **kwargs)
 
 
-@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **TEST_SETTINGS)
 def dino_resnet50_5scale(**kwargs) -> DeformableDETR:
     """DINO-5scale with a ResNet-50: a fifth, stride-4 level (49.4 COCO AP at 12 epochs, 51.3 at 24; IDEA-Research/DINO)."""
     return _create(DEFAULT_CFGS["dino_resnet50_5scale"], **kwargs)
 
 
-@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **TEST_SETTINGS)
 def dino_tiny(**kwargs) -> DeformableDETR:
     """A CPU-sized DINO trained from scratch in minutes: RegNetX-200MF (ordinary BatchNorm, no frozen
     stem), strides 8/16/32, d 128, 4 heads, 2 encoder layers (2 points) and 3 decoder layers (4 points),

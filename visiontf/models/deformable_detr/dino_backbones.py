@@ -25,7 +25,7 @@ from visiontf.models._registry import register_model
 from visiontf.models.contract import ModelCfg, build_model
 from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
-from visiontf.models.deformable_detr.dino import DINO_OPTIONS, ORIGINAL_CODE
+from visiontf.models.deformable_detr.dino import DINO_OPTIONS, ORIGINAL_CODE, TEST_SETTINGS
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict
 
 #: DINO-4scale's transformer (config/DINO/DINO_4scale.py), shared by its backbone variants
@@ -52,19 +52,26 @@ def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
     return build_model(partial(build_deformable_detr, DeformableDETR), dataclasses.replace(cfg, kwargs=base), **kwargs)
 
 
-@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+#: the registry-wide test's settings: DINO's 32-dim transformer of dino.py, on a Swin of 8 channels / a ViT of 32
+_SMALL_SWIN = dict(embed_dim=8, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2), window_size=7)
+_SMALL_VIT = dict(embed_dim=32, depth=4, num_heads=2, window_size=2, global_blocks=(1, 3))
+_TEST_SWIN = dict(test_kwargs=dict(TEST_SETTINGS["test_kwargs"], backbone_kwargs=_SMALL_SWIN), test_image_size=(64, 64))
+_TEST_VIT = dict(test_kwargs=dict(TEST_SETTINGS["test_kwargs"], backbone_kwargs=_SMALL_VIT), test_image_size=(64, 64))
+
+
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **_TEST_SWIN)
 def dino_swin_large_4scale(**kwargs) -> DeformableDETR:
     """DINO-4scale with IDEA-Research/DINO's Swin-L (``DINO_4scale_swin.py``; 56.8 COCO AP at 12 epochs, 58.0 at 36)."""
     return _create(DEFAULT_CFGS["dino_swin_large_4scale"], **kwargs)
 
 
-@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **_TEST_SWIN)
 def dino_swin_tiny_4scale(**kwargs) -> DeformableDETR:
     """DINO-4scale with IDEA-Research/DINO's Swin-T (``swin_T_224_1k``; DINO publishes no Swin-T result)."""
     return _create(DEFAULT_CFGS["dino_swin_tiny_4scale"], **kwargs)
 
 
-@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **_TEST_VIT)
 def dino_vit_small_simplefpn(**kwargs) -> DeformableDETR:
     """DINO-4scale on a plain ViT-S/16 with ViTDet's simple feature pyramid (windows of 14, 4 global blocks)."""
     return _create(DEFAULT_CFGS["dino_vit_small_simplefpn"], **kwargs)

@@ -209,7 +209,13 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 }
 
 
-@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict)
+#: the registry-wide test's settings: dino_tiny's backbone, 8 heads of 16 dims (the mask head's GroupNorm(8) takes
+#: hidden_dim + heads, and hidden_dim halved four times: hidden_dim a multiple of 128), 1 + 2 layers, 5 queries
+_TEST = dict(test_kwargs=dict(hidden_dim=128, nheads=8, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5,
+                              num_select=5, num_denoising=4), test_image_size=(64, 64))
+
+
+@register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **_TEST)
 def dino_tiny_masks(**kwargs) -> DeformableDETRSegm:
     """``dino_tiny`` with DETR's mask head over its multi-scale memory (instance masks; panoptic with ``thing_classes``)."""
     return build_model(partial(build_deformable_detr, DeformableDETRSegm), DEFAULT_CFGS["dino_tiny_masks"], **kwargs)

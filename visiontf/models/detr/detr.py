@@ -338,6 +338,13 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 }
 
 
+#: the registry-wide test's settings: the variant's own backbone (ResNet-50 for the R101s: the same blocks) and a
+#: transformer of 32 dims, 1 + 2 layers, 5 queries, on 64-px images
+_TINY = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5)
+_TEST = dict(test_kwargs=_TINY, test_image_size=(64, 64))
+_TEST_R101 = dict(test_kwargs=dict(_TINY, backbone="resnet50"), test_image_size=(64, 64))
+
+
 def _create(name: str, **kwargs) -> DETR:
     return build_model(partial(build_detr, DETR), DEFAULT_CFGS[name], **kwargs)
 
@@ -346,31 +353,31 @@ def _original(name: str):
     return torch_hub_state_dict(DEFAULT_CFGS[name].pretrained_cfg.url, name)
 
 
-@register_model(fetch_pretrained=_original("detr_resnet50"), filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(fetch_pretrained=_original("detr_resnet50"), filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def detr_resnet50(**kwargs) -> DETR:
     """DETR R50 (42.0 COCO AP)."""
     return _create("detr_resnet50", **kwargs)
 
 
-@register_model(fetch_pretrained=_original("detr_resnet50_dc5"), filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(fetch_pretrained=_original("detr_resnet50_dc5"), filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def detr_resnet50_dc5(**kwargs) -> DETR:
     """DETR R50-DC5 (43.3 COCO AP)."""
     return _create("detr_resnet50_dc5", **kwargs)
 
 
-@register_model(fetch_pretrained=_original("detr_resnet101"), filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(fetch_pretrained=_original("detr_resnet101"), filter_fn=convert_state_dict, tags=_TAGS, **_TEST_R101)
 def detr_resnet101(**kwargs) -> DETR:
     """DETR R101 (43.5 COCO AP)."""
     return _create("detr_resnet101", **kwargs)
 
 
-@register_model(fetch_pretrained=_original("detr_resnet101_dc5"), filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(fetch_pretrained=_original("detr_resnet101_dc5"), filter_fn=convert_state_dict, tags=_TAGS, **_TEST_R101)
 def detr_resnet101_dc5(**kwargs) -> DETR:
     """DETR R101-DC5 (44.9 COCO AP)."""
     return _create("detr_resnet101_dc5", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def detr_tiny(**kwargs) -> DETR:
     """A small DETR (ResNet-18, 128 dims, 3+3 layers) that trains on CPU with 128-256 px images."""
     return _create("detr_tiny", **kwargs)

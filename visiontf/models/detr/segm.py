@@ -132,6 +132,13 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 _TAGS = ("detection", "detr")
 
 
+#: the registry-wide test's settings: as DETR's, with 8 heads of 16 dims (the mask head's GroupNorm(8) takes
+#: hidden_dim + heads, and hidden_dim halved four times: hidden_dim a multiple of 128)
+_TINY = dict(hidden_dim=128, nheads=8, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5)
+_TEST = dict(test_kwargs=_TINY, test_image_size=(64, 64))
+_TEST_R101 = dict(test_kwargs=dict(_TINY, backbone="resnet50"), test_image_size=(64, 64))
+
+
 def _create(name: str, **kwargs) -> DETRSegm:
     return build_model(partial(build_detr, DETRSegm), DEFAULT_CFGS[name], **kwargs)
 
@@ -140,25 +147,25 @@ def _original(name: str):
     return torch_hub_state_dict(DEFAULT_CFGS[name].pretrained_cfg.url, name)
 
 
-@register_model(fetch_pretrained=_original("detr_resnet50_panoptic"), filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(fetch_pretrained=_original("detr_resnet50_panoptic"), filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def detr_resnet50_panoptic(**kwargs) -> DETRSegm:
     """DETR R50 with the mask head (COCO panoptic val5k: 38.8 box AP, 31.1 mask AP, 43.4 PQ)."""
     return _create("detr_resnet50_panoptic", **kwargs)
 
 
-@register_model(fetch_pretrained=_original("detr_resnet50_dc5_panoptic"), filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(fetch_pretrained=_original("detr_resnet50_dc5_panoptic"), filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def detr_resnet50_dc5_panoptic(**kwargs) -> DETRSegm:
     """DETR R50-DC5 with the mask head (40.2 box AP, 31.9 mask AP, 44.6 PQ)."""
     return _create("detr_resnet50_dc5_panoptic", **kwargs)
 
 
-@register_model(fetch_pretrained=_original("detr_resnet101_panoptic"), filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(fetch_pretrained=_original("detr_resnet101_panoptic"), filter_fn=convert_state_dict, tags=_TAGS, **_TEST_R101)
 def detr_resnet101_panoptic(**kwargs) -> DETRSegm:
     """DETR R101 with the mask head (40.1 box AP, 33.0 mask AP, 45.1 PQ)."""
     return _create("detr_resnet101_panoptic", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def detr_tiny_masks(**kwargs) -> DETRSegm:
     """``detr_tiny`` with the mask head: instance (and, given ``thing_classes``, panoptic) masks on CPU."""
     return _create("detr_tiny_masks", **kwargs)

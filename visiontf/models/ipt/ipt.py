@@ -294,53 +294,57 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 }
 
 
+#: the registry-wide test's settings: 8 features (72-dim tokens of 3x3 patches), one layer each way, 2 heads
+_TEST = dict(test_kwargs=dict(n_feats=8, num_layers=1, num_heads=2), test_image_size=(48, 48))
+
+
 def _create(name: str, **kwargs) -> IPT:
     return build_model(IPT, DEFAULT_CFGS[name], **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def ipt_sr_x2(**kwargs) -> IPT:
     """IPT x2 super-resolution (IPT_sr2.pt; Set5 38.37 dB), 115.46 M parameters."""
     return _create("ipt_sr_x2", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def ipt_sr_x3(**kwargs) -> IPT:
     """IPT x3 super-resolution (IPT_sr3.pt; Set5 34.81 dB), 115.65 M parameters."""
     return _create("ipt_sr_x3", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def ipt_sr_x4(**kwargs) -> IPT:
     """IPT x4 super-resolution (IPT_sr4.pt; Set5 32.64 dB), 115.61 M parameters."""
     return _create("ipt_sr_x4", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def ipt_denoise_sigma30(**kwargs) -> IPT:
     """IPT colour denoising, Gaussian sigma 30 (IPT_denoise30.pt), 115.31 M parameters."""
     return _create("ipt_denoise_sigma30", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def ipt_denoise_sigma50(**kwargs) -> IPT:
     """IPT colour denoising, Gaussian sigma 50 (IPT_denoise50.pt; CBSD68 29.88 dB), 115.31 M parameters."""
     return _create("ipt_denoise_sigma50", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def ipt_derain(**kwargs) -> IPT:
     """IPT deraining (IPT_derain.pt), 115.31 M parameters."""
     return _create("ipt_derain", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def ipt_pretrain(**kwargs) -> IPT:
     """The pre-trained multi-task IPT (IPT_pretrain.pt): 6 heads/tails/queries, tasks :data:`PRETRAIN_TASKS`."""
     return _create("ipt_pretrain", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def ipt_tiny(scale: int = 2, **kwargs) -> IPT:
     """A CPU-sized IPT (8 features, 4x4 patches: 144 tokens of 128 dims, 2+2 layers, 4 heads), 1.1 M
     parameters, for ``scale`` (1: a restoration task named ``"restore"``)."""

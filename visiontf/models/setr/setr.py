@@ -375,79 +375,86 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 _TAGS = ("segmentation", "setr")
 
 
+def _test(name: str) -> dict[str, Any]:
+    """The registry-wide test's settings of ``name``: its encoder (depth, taps, patch bias) at 32 dims on 64-px
+    images, narrow heads."""
+    encoder = {**DEFAULT_CFGS[name].kwargs.get("encoder_kwargs", {}), "embed_dim": 32, "num_heads": 2}
+    return dict(test_kwargs=dict(encoder_kwargs=encoder, img_size=64, channels=16, mla_channels=8), test_image_size=(64, 64))
+
+
 def _create(name: str, **kwargs: Any) -> SETR:
     cfg = DEFAULT_CFGS[name]
     kwargs["encoder_kwargs"] = {**cfg.kwargs.get("encoder_kwargs", {}), **(kwargs.pop("encoder_kwargs", None) or {})}
     return build_model(SETR, cfg, **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_naive_vit_large_patch16"))
 def setr_naive_vit_large_patch16(**kwargs) -> SETR:
     """SETR-Naive, ViT-L/16, mmseg's ADE20K 512x512 config: 305,557,592 parameters with 150 classes."""
     return _create("setr_naive_vit_large_patch16", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_pup_vit_large_patch16"))
 def setr_pup_vit_large_patch16(**kwargs) -> SETR:
     """SETR-PUP, ViT-L/16, mmseg's ADE20K 512x512 config: 317,290,072 parameters with 150 classes."""
     return _create("setr_pup_vit_large_patch16", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_mla_vit_large_patch16"))
 def setr_mla_vit_large_patch16(**kwargs) -> SETR:
     """SETR-MLA, ViT-L/16, mmseg's ADE20K 512x512 config: 309,569,262 parameters with 150 classes."""
     return _create("setr_mla_vit_large_patch16", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_naive_vit_large_patch16_cityscapes"))
 def setr_naive_vit_large_patch16_cityscapes(**kwargs) -> SETR:
     """SETR-Naive, ViT-L/16, mmseg's Cityscapes 768x768 config (one-conv auxiliary heads): 306,535,500 parameters."""
     return _create("setr_naive_vit_large_patch16_cityscapes", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_pup_vit_large_patch16_cityscapes"))
 def setr_pup_vit_large_patch16_cityscapes(**kwargs) -> SETR:
     """SETR-PUP, ViT-L/16, mmseg's Cityscapes 768x768 config: 318,466,124 parameters with 19 classes."""
     return _create("setr_pup_vit_large_patch16_cityscapes", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_mla_vit_large_patch16_cityscapes"))
 def setr_mla_vit_large_patch16_cityscapes(**kwargs) -> SETR:
     """SETR-MLA, ViT-L/16, mmseg's Cityscapes 768x768 config: 310,678,111 parameters with 19 classes."""
     return _create("setr_mla_vit_large_patch16_cityscapes", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_naive_vit_base_patch16"))
 def setr_naive_vit_base_patch16(**kwargs) -> SETR:
     """SETR-Naive on ViT-B/16 (timm's 384-px weights), 512-px crop."""
     return _create("setr_naive_vit_base_patch16", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_pup_vit_base_patch16"))
 def setr_pup_vit_base_patch16(**kwargs) -> SETR:
     """SETR-PUP on ViT-B/16 (timm's 384-px weights), 512-px crop, an auxiliary head on every tap."""
     return _create("setr_pup_vit_base_patch16", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_mla_vit_base_patch16"))
 def setr_mla_vit_base_patch16(**kwargs) -> SETR:
     """SETR-MLA on ViT-B/16 (timm's 384-px weights), 512-px crop, taps at blocks 3/6/9/12."""
     return _create("setr_mla_vit_base_patch16", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_naive_vit_tiny_patch16"))
 def setr_naive_vit_tiny_patch16(**kwargs) -> SETR:
     """SETR-Naive on ViT-Ti/16 with 64-channel heads, 128-px crop: a CPU-sized model."""
     return _create("setr_naive_vit_tiny_patch16", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_pup_vit_tiny_patch16"))
 def setr_pup_vit_tiny_patch16(**kwargs) -> SETR:
     """SETR-PUP on ViT-Ti/16 with 64-channel heads, 128-px crop: a CPU-sized model."""
     return _create("setr_pup_vit_tiny_patch16", **kwargs)
 
 
-@register_model(tags=_TAGS, filter_fn=convert_state_dict)
+@register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_mla_vit_tiny_patch16"))
 def setr_mla_vit_tiny_patch16(**kwargs) -> SETR:
     """SETR-MLA on ViT-Ti/16 with 64/32-channel heads, 128-px crop: a CPU-sized model."""
     return _create("setr_mla_vit_tiny_patch16", **kwargs)

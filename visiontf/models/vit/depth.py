@@ -65,7 +65,11 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 }
 
 
-@register_model(tags=("depth", "vit_depth"))
+#: the registry-wide test's settings: a two-block encoder of 32 dims on 32-px images
+_TEST = dict(test_kwargs=dict(encoder_kwargs=dict(embed_dim=32, depth=2, num_heads=2), channels=8), test_image_size=(32, 32))
+
+
+@register_model(tags=("depth", "vit_depth"), **_TEST)
 def vit_depth_tiny_patch16(**kwargs) -> ViTDepth:
     """ViT-Ti/16 encoder and a convolutional depth head (about 5.8 M parameters at 224 px)."""
     return build_model(ViTDepth, DEFAULT_CFGS["vit_depth_tiny_patch16"], **kwargs)

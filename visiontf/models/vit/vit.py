@@ -242,6 +242,10 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 }
 
 
+#: the registry-wide test's settings: two narrow blocks on 32-px images (tests/models/test_registry.py)
+_TEST = dict(test_kwargs=dict(embed_dim=32, depth=2, num_heads=2), test_image_size=(32, 32))
+
+
 def _create(name: str, **kwargs) -> VisionTransformer:
     return build_model(VisionTransformer, DEFAULT_CFGS[name], **kwargs)
 
@@ -272,121 +276,121 @@ def _timm_weights(name: str) -> Callable[[], dict]:
     return fetch
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_tiny_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_tiny_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_tiny_patch16_224(**kwargs) -> VisionTransformer:
     """ViT-tiny/16 at 224 px."""
     return _create("vit_tiny_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_tiny_patch16_384"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_tiny_patch16_384"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_tiny_patch16_384(**kwargs) -> VisionTransformer:
     """ViT-tiny/16 at 384 px."""
     return _create("vit_tiny_patch16_384", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_small_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_small_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_small_patch16_224(**kwargs) -> VisionTransformer:
     """ViT-small/16 at 224 px."""
     return _create("vit_small_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_small_patch16_384"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_small_patch16_384"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_small_patch16_384(**kwargs) -> VisionTransformer:
     """ViT-small/16 at 384 px."""
     return _create("vit_small_patch16_384", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_base_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_base_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_base_patch16_224(**kwargs) -> VisionTransformer:
     """ViT-base/16 at 224 px."""
     return _create("vit_base_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_base_patch16_384"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_base_patch16_384"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_base_patch16_384(**kwargs) -> VisionTransformer:
     """ViT-base/16 at 384 px."""
     return _create("vit_base_patch16_384", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_large_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_large_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_large_patch16_224(**kwargs) -> VisionTransformer:
     """ViT-large/16 at 224 px."""
     return _create("vit_large_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_large_patch16_384"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_large_patch16_384"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_large_patch16_384(**kwargs) -> VisionTransformer:
     """ViT-large/16 at 384 px."""
     return _create("vit_large_patch16_384", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_base_patch32_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_base_patch32_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_base_patch32_224(**kwargs) -> VisionTransformer:
     """ViT-base/32 at 224 px."""
     return _create("vit_base_patch32_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_base_patch32_384"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_base_patch32_384"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_base_patch32_384(**kwargs) -> VisionTransformer:
     """ViT-base/32 at 384 px."""
     return _create("vit_base_patch32_384", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_large_patch32_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_large_patch32_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_large_patch32_224(**kwargs) -> VisionTransformer:
     """ViT-large/32 at 224 px."""
     return _create("vit_large_patch32_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("vit_large_patch32_384"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("vit_large_patch32_384"), tags=_TAGS, features_fn=features_only, **_TEST)
 def vit_large_patch32_384(**kwargs) -> VisionTransformer:
     """ViT-large/32 at 384 px."""
     return _create("vit_large_patch32_384", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("deit_tiny_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("deit_tiny_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def deit_tiny_patch16_224(**kwargs) -> VisionTransformer:
     """DeiT-tiny/16 at 224 px."""
     return _create("deit_tiny_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("deit_tiny_distilled_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("deit_tiny_distilled_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def deit_tiny_distilled_patch16_224(**kwargs) -> VisionTransformer:
     """DeiT-tiny/16 at 224 px, with a distillation token and head."""
     return _create("deit_tiny_distilled_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("deit_small_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("deit_small_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def deit_small_patch16_224(**kwargs) -> VisionTransformer:
     """DeiT-small/16 at 224 px."""
     return _create("deit_small_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("deit_small_distilled_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("deit_small_distilled_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def deit_small_distilled_patch16_224(**kwargs) -> VisionTransformer:
     """DeiT-small/16 at 224 px, with a distillation token and head."""
     return _create("deit_small_distilled_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("deit_base_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("deit_base_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def deit_base_patch16_224(**kwargs) -> VisionTransformer:
     """DeiT-base/16 at 224 px."""
     return _create("deit_base_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("deit_base_distilled_patch16_224"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("deit_base_distilled_patch16_224"), tags=_TAGS, features_fn=features_only, **_TEST)
 def deit_base_distilled_patch16_224(**kwargs) -> VisionTransformer:
     """DeiT-base/16 at 224 px, with a distillation token and head."""
     return _create("deit_base_distilled_patch16_224", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("deit_base_patch16_384"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("deit_base_patch16_384"), tags=_TAGS, features_fn=features_only, **_TEST)
 def deit_base_patch16_384(**kwargs) -> VisionTransformer:
     """DeiT-base/16 at 384 px."""
     return _create("deit_base_patch16_384", **kwargs)
 
 
-@register_model(fetch_pretrained=_timm_weights("deit_base_distilled_patch16_384"), tags=_TAGS, features_fn=features_only)
+@register_model(fetch_pretrained=_timm_weights("deit_base_distilled_patch16_384"), tags=_TAGS, features_fn=features_only, **_TEST)
 def deit_base_distilled_patch16_384(**kwargs) -> VisionTransformer:
     """DeiT-base/16 at 384 px, with a distillation token and head."""
     return _create("deit_base_distilled_patch16_384", **kwargs)

@@ -287,7 +287,14 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 }
 
 
-@register_model(filter_fn=convert_state_dict, tags=("generation", "vqgan"))
+#: the registry-wide test's settings: one block of 32 over a first stage of 16 codes (4x4 codes of 16-px images)
+_TEST = dict(test_kwargs=dict(n_layer=1, n_head=2, n_embd=32, block_size=16,
+                              first_stage_kwargs=dict(n_embed=16, embed_dim=8, ch=32, ch_mult=(1, 1, 1), num_res_blocks=1,
+                                                      attn_resolutions=(4,), resolution=16, z_channels=8)),
+             test_image_size=(16, 16))
+
+
+@register_model(filter_fn=convert_state_dict, tags=("generation", "vqgan"), **_TEST)
 def vqgan_transformer_tiny(**kwargs) -> Net2NetTransformer:
     """minGPT (4 layers, 4 heads, 128 wide) over ``vqgan_tiny``'s codes; ``n_classes=K`` for class-conditional."""
     return Net2NetTransformer(**{**DEFAULT_CFGS["vqgan_transformer_tiny"].kwargs, **kwargs})

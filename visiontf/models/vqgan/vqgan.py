@@ -219,35 +219,40 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 _TAGS = ("generation", "vqgan")
 
 
+#: the registry-wide test's settings: two levels of 32 channels, one attention, 16 codes of 8, on 16-px images
+_TEST = dict(test_kwargs=dict(n_embed=16, embed_dim=8, ch=32, ch_mult=(1, 1), num_res_blocks=1, attn_resolutions=(8,),
+                              resolution=16, z_channels=8), test_image_size=(16, 16))
+
+
 def _create(name: str, **kwargs) -> VQModel:
     return build_model(VQModel, DEFAULT_CFGS[name], **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def vqgan_imagenet_f16_1024(**kwargs) -> VQModel:
     """taming's ImageNet VQGAN, f16, 1024 codes of 256 (rFID 7.94 on ImageNet val; 72.14 M parameters)."""
     return _create("vqgan_imagenet_f16_1024", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def vqgan_imagenet_f16_16384(**kwargs) -> VQModel:
     """taming's ImageNet VQGAN, f16, 16384 codes of 256 (rFID 4.98 on ImageNet val; 76.07 M parameters)."""
     return _create("vqgan_imagenet_f16_16384", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def vq_f8(**kwargs) -> VQModel:
     """latent-diffusion's OpenImages VQGAN ``vq-f8``: f8, 16384 codes of 4 (rFID 1.14 on ImageNet val)."""
     return _create("vq_f8", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def vq_f8_n256(**kwargs) -> VQModel:
     """latent-diffusion's OpenImages VQGAN ``vq-f8-n256``: f8, 256 codes of 4."""
     return _create("vq_f8_n256", **kwargs)
 
 
-@register_model(filter_fn=convert_state_dict, tags=_TAGS)
+@register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
 def vqgan_tiny(**kwargs) -> VQModel:
     """A small f8 VQGAN for the CPU: channels 32-64, one ResNet block per level, 512 codes of 32."""
     return _create("vqgan_tiny", **kwargs)
