@@ -18,6 +18,7 @@ from torch import nn
 from visiontf.detection.criterion import SUPPORTED_LOSSES, SetCriterion
 from visiontf.detection.mask_losses import MASK_LOSS_WEIGHTS
 from visiontf.detection.matcher import HungarianMatcher
+from visiontf.models.set_loss_options import OwnSetLoss
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,12 @@ SET_LOSS_BY_CLASS_HEAD: dict[str, SetLossDefaults] = {
 
 
 def set_loss_defaults(model: nn.Module) -> SetLossDefaults:
-    """The entry of ``model.class_head`` (:class:`~visiontf.models.contract.Detector` declares DETR's ``"softmax"``)."""
+    """The entry of ``model.class_head`` (:class:`~visiontf.models.contract.Detector` declares DETR's ``"softmax"``),
+    or the family's own settings where the model has them (:class:`~visiontf.models.set_loss_options.OwnSetLoss`:
+    RT-DETR's varifocal loss)."""
+    if isinstance(model, OwnSetLoss):
+        options = model.set_loss_options()
+        return SetLossDefaults(matcher=options.matcher_kwargs(), criterion=options.criterion_kwargs(), weight_dict=options.weight_dict())
     head = model.class_head
     if head not in SET_LOSS_BY_CLASS_HEAD:
         raise ValueError(

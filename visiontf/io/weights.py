@@ -24,7 +24,7 @@ from visiontf.core.errors import UserError
 log = logging.getLogger(__name__)
 
 #: keys under which common training frameworks nest the state dict inside a checkpoint
-_NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_ema")
+_NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_ema", "ema")
 
 
 class WeightsError(UserError, RuntimeError):

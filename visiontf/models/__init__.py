@@ -10,6 +10,7 @@ import visiontf.models.deformable_detr.segm
 import visiontf.models.detr.detr
 import visiontf.models.detr.segm
 import visiontf.models.ipt.ipt
+import visiontf.models.rtdetr.rtdetr
 import visiontf.models.setr.setr
 import visiontf.models.vit.depth
 import visiontf.models.vit.vit

@@ -25,6 +25,12 @@ Interchangeable cores compute the same thing (see :func:`~visiontf.nn.ms_deform_
 * ``"grid_sample"``: the original's pure-PyTorch design, one ``F.grid_sample`` per level. ONNX
   exports it (GridSample, opset 16+), and the tests use it as a cross-check.
 
+RT-DETRv2's options (Lv et al., 2024), off by default so that the modules built without them compute
+exactly what they did: a number of sampling points per level (``n_points=(P_0, ..., P_{L-1})``, with
+RT-DETRv2's offset scaling ``offset_scale / P_l`` of the box size) and discrete sampling
+(``sampling="discrete"``: one cell per sample, ``index_select`` in the exported graph). Both run on every
+core; see :mod:`visiontf.nn.ms_deform_core`.
+
 Samples whose location is outside its map contribute zero, as in ``grid_sample``; a location
 that is NaN or infinite makes its query's output NaN in both cores (as ``grid_sample`` does), so a
 diverged model shows up in the loss instead of silently reading zeros or out-of-range memory.
@@ -40,13 +46,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.nn.ms_deform_core import METHODS, fused_kernel_runs, ms_deform_attn_core
+from visiontf.nn.ms_deform_core import METHODS, SAMPLINGS, check_points, fused_kernel_runs, ms_deform_attn_core, pixel_core
 from visiontf.nn.ms_deform_gather import gather_core
 from visiontf.nn.ms_deform_tables import SpatialShapes, as_shapes, size_table
 from visiontf.nn.packed_tokens import PackedTokens
@@ -66,27 +72,55 @@ class MSDeformAttn(nn.Module):
         d_model: channels of queries and values.
         n_levels: feature levels sampled.
         n_heads: attention heads; ``d_model`` must be divisible by it.
-        n_points: sampling points per head and level.
+        n_points: sampling points per head and level; or one count per level (RT-DETRv2's
+            ``num_points`` list), which switches to its layout and box offsets: ``J = sum(n_points)``
+            samples per head ordered (level, point), offsets scaled by ``offset_scale`` times
+            ``float32(1 / P_l)`` (its ``num_points_scale``) of the box size.
         method: core used in ``forward``, ``"gather"`` (fast: the Triton kernels on CUDA), ``"triton"``
             or ``"grid_sample"`` (exportable).
+        sampling: ``"bilinear"`` or ``"discrete"`` (RT-DETRv2: each sample reads one cell, the
+            sampling offsets are not trained, as there).
+        offset_scale: box-reference offsets are ``offset / P * box_size * offset_scale`` (0.5 in
+            Deformable DETR and RT-DETR; RT-DETRv2's ``offset_scale``).
     """
 
-    def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4, method: str = "gather") -> None:
+    def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int | Sequence[int] = 4, method: str = "gather",
+                 sampling: str = "bilinear", offset_scale: float = 0.5) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         self.d_model = d_model
         self.n_levels = n_levels
         self.n_heads = n_heads
-        self.n_points = n_points
+        #: None: one count for every level (``n_points``); else the count of each level (RT-DETRv2)
+        self.points_per_level = None if isinstance(n_points, int) else check_points(n_points, n_levels)
+        self.n_points = n_points if self.points_per_level is None else self.points_per_level
         self.method = method
-        self.sampling_offsets = nn.Linear(d_model, n_heads * n_levels * n_points * 2)
-        self.attention_weights = nn.Linear(d_model, n_heads * n_levels * n_points)
+        self.sampling_mode = sampling
+        self.offset_scale = float(offset_scale)
+        samples = n_levels * n_points if self.points_per_level is None else sum(self.points_per_level)
+        self.sampling_offsets = nn.Linear(d_model, n_heads * samples * 2)
+        self.attention_weights = nn.Linear(d_model, n_heads * samples)
         self.value_proj = nn.Linear(d_model, d_model)
         self.output_proj = nn.Linear(d_model, d_model)
         self.reset_parameters()
+        if sampling == "discrete":
+            # no gradient reaches the offsets through a cell index: RT-DETRv2 freezes them
+            self.sampling_offsets.requires_grad_(False)
+
+    @property
+    def samples(self) -> int:
+        """Sampling points of one head over all levels."""
+        return self.n_levels * self.n_points if self.points_per_level is None else sum(self.points_per_level)
+
+    def _point_scale(self, dtype: torch.dtype, device) -> Tensor:
+        """(J,) RT-DETRv2's ``num_points_scale``: float32 ``1 / P_l`` of each sample's level, in ``dtype``."""
+        per_sample = [1.0 / p for p in self.points_per_level for _ in range(p)]
+        return torch.tensor(per_sample, dtype=torch.float32, device=device).to(dtype)
 
     def reset_parameters(self) -> None:
         """The original's: offsets start on a per-head direction scaled by the point index, weights at zero."""
@@ -95,8 +129,12 @@ class MSDeformAttn(nn.Module):
         grid = torch.stack([thetas.cos(), thetas.sin()], -1)
         # the largest of |x|, |y| becomes 1, so head h looks one pixel (times the point index) away
         grid = grid / grid.abs().max(-1, keepdim=True)[0]
-        grid = grid.view(self.n_heads, 1, 1, 2).repeat(1, self.n_levels, self.n_points, 1)
-        grid = grid * torch.arange(1, self.n_points + 1, dtype=torch.float32).view(1, 1, -1, 1)
+        if self.points_per_level is None:
+            grid = grid.view(self.n_heads, 1, 1, 2).repeat(1, self.n_levels, self.n_points, 1)
+            grid = grid * torch.arange(1, self.n_points + 1, dtype=torch.float32).view(1, 1, -1, 1)
+        else:  # the same, each level's points numbered 1..P_l
+            index = torch.cat([torch.arange(1, p + 1, dtype=torch.float32) for p in self.points_per_level])
+            grid = grid.view(self.n_heads, 1, 2) * index.view(1, -1, 1)
         with torch.no_grad():
             self.sampling_offsets.bias.copy_(grid.view(-1))
         nn.init.zeros_(self.attention_weights.weight)
@@ -112,7 +150,10 @@ class MSDeformAttn(nn.Module):
         return self.method != "grid_sample"
 
     def sampling(self, query: Tensor, reference_points: Tensor, spatial_shapes: SpatialShapes) -> tuple[Tensor, Tensor]:
-        """Sampling locations (N, Lq, M, L, P, 2) in float32 (float64 kept) and attention weights (N, Lq, M, L, P)."""
+        """Sampling locations (N, Lq, M, L, P, 2) in float32 (float64 kept) and attention weights (N, Lq, M, L, P);
+        with a count per level, (N, Lq, M, J, 2) and (N, Lq, M, J)."""
+        if self.points_per_level is not None:
+            return self._sampling_per_level(query, reference_points, spatial_shapes)
         N, Lq, _ = query.shape
         M, L, P = self.n_heads, self.n_levels, self.n_points
         offsets = at_least_float32(self.sampling_offsets(query).view(N, Lq, M, L, P, 2))
@@ -124,7 +165,25 @@ class MSDeformAttn(nn.Module):
             loc = ref[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
         elif ref.shape[-1] == 4:
             # box references: offsets are fractions of half the box size, spread over the points
-            loc = ref[:, :, None, :, None, :2] + offsets / P * ref[:, :, None, :, None, 2:] * 0.5
+            loc = ref[:, :, None, :, None, :2] + offsets / P * ref[:, :, None, :, None, 2:] * self.offset_scale
+        else:
+            raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes) coordinates, got {tuple(reference_points.shape)}")
+        return loc, weights
+
+    def _sampling_per_level(self, query: Tensor, reference_points: Tensor, spatial_shapes: SpatialShapes) -> tuple[Tensor, Tensor]:
+        N, Lq, _ = query.shape
+        M, J = self.n_heads, self.samples
+        levels = torch.repeat_interleave(torch.arange(self.n_levels, device=query.device),
+                                         torch.tensor(self.points_per_level, device=query.device))
+        offsets = at_least_float32(self.sampling_offsets(query).view(N, Lq, M, J, 2))
+        weights = at_least_float32(self.attention_weights(query).view(N, Lq, M, J)).softmax(-1)
+        ref = at_least_float32(reference_points)[:, :, levels]  # (N, Lq, J, 2|4): each sample's level
+        if ref.shape[-1] == 2:
+            normalizer = size_table(as_shapes(spatial_shapes), offsets.dtype, query.device)[levels]
+            loc = ref[:, :, None] + offsets / normalizer
+        elif ref.shape[-1] == 4:
+            scale = self._point_scale(offsets.dtype, query.device)[:, None]
+            loc = ref[:, :, None, :, :2] + offsets * scale * ref[:, :, None, :, 2:] * self.offset_scale
         else:
             raise ValueError(f"reference_points must end in 2 (points) or 4 (boxes) coordinates, got {tuple(reference_points.shape)}")
         return loc, weights
@@ -172,6 +231,17 @@ class MSDeformAttn(nn.Module):
         if value_padding_mask is not None:
             v = v.masked_fill(value_padding_mask[..., None], 0.0)
         v = v.view(N, S, self.n_heads, C // self.n_heads)
+        if self.points_per_level is not None or self.sampling_mode != "bilinear":
+            points = self.points_per_level or (self.n_points,) * self.n_levels
+            if self.method == "grid_sample":
+                loc, weights = self.sampling(query, reference_points, shapes)
+                if self.points_per_level is None:
+                    loc, weights = loc.flatten(3, 4), weights.flatten(3, 4)
+                out = ms_deform_attn_core(v, shapes, loc, weights, self.method, points, self.sampling_mode)
+            else:
+                pix, weights = self._pixel_sampling(query, reference_points, shapes)
+                out = pixel_core(v, shapes, pix, weights, packed, self.method, points, self.sampling_mode)
+            return self.output_proj(out)
         if self.method == "triton" or (self.method == "gather" and fused_kernel_runs(v)):
             from visiontf.nn.ms_deform_triton import fused_core  # imports Triton: only where it runs
 
@@ -195,6 +265,8 @@ class MSDeformAttn(nn.Module):
         ``offset + ref * size - 0.5``; for boxes, ``offset * ref_wh * size / (2P) + ref_xy * size - 0.5``.
         """
         N, Lq, C = query.shape
+        if self.points_per_level is not None:
+            return self._pixel_sampling_per_level(query, reference_points, shapes)
         M, L, P = self.n_heads, self.n_levels, self.n_points
         K = M * L * P
         # one GEMM for offsets (rows reordered x-plane, y-plane) and attention logits
@@ -213,11 +285,36 @@ class MSDeformAttn(nn.Module):
         if ref.shape[-1] == 2:
             pix = offsets + base
         else:
-            pix = offsets * per_point(ref[..., 2:] * size * (0.5 / P)) + base
+            pix = offsets * per_point(ref[..., 2:] * size * (self.offset_scale / P)) + base
         return pix, weights
 
+    def _pixel_sampling_per_level(self, query: Tensor, reference_points: Tensor, shapes: list[tuple[int, int]]) -> tuple[Tensor, Tensor]:
+        """:meth:`_pixel_sampling` with a count of points per level: (N, Lq, 2, M, J) and (N, Lq, M, J)."""
+        N, Lq, C = query.shape
+        M, J = self.n_heads, self.samples
+        K = M * J
+        w = torch.cat([self.sampling_offsets.weight.view(K, 2, C).transpose(0, 1).reshape(2 * K, C), self.attention_weights.weight])
+        b = torch.cat([self.sampling_offsets.bias.view(K, 2).t().reshape(-1), self.attention_weights.bias])
+        offsets, logits = F.linear(query, w, b).split([2 * K, K], dim=-1)
+        offsets = at_least_float32(offsets).reshape(N, Lq, 2, M, J)
+        weights = at_least_float32(logits).reshape(N, Lq, M, J).softmax(-1)
+        ref = reference_points.to(offsets.dtype)
+        levels = torch.repeat_interleave(torch.arange(self.n_levels, device=query.device),
+                                         torch.tensor(self.points_per_level, device=query.device))
+        size = size_table(shapes, ref.dtype, ref.device)  # (L, 2)
+        # (N, Lq, L, 2) -> (N, Lq, 2, 1, J): one value per (image, query, axis, sample's level)
+        per_sample = lambda t: t.transpose(2, 3)[..., levels].unsqueeze(3)  # noqa: E731
+        base = per_sample(ref[..., :2] * size - 0.5)
+        if ref.shape[-1] == 2:
+            return offsets + base, weights
+        scale = self._point_scale(offsets.dtype, query.device) * self.offset_scale
+        return offsets * (per_sample(ref[..., 2:] * size) * scale) + base, weights
+
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, n_points={self.n_points}, method={self.method!r}"
+        extra = "" if self.sampling_mode == "bilinear" else f", sampling={self.sampling_mode!r}"
+        extra += "" if self.offset_scale == 0.5 else f", offset_scale={self.offset_scale}"
+        return (f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, n_points={self.n_points}, "
+                f"method={self.method!r}{extra}")
 
 
 @contextlib.contextmanager

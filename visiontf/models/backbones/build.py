@@ -8,6 +8,7 @@
 ``"vit_small_patch16_224"`` (a visiontf ViT)    visiontf's ViT / DeiT through its ``features_only`` form (stride = the patch)
 ``"simplefpn:<ViT>"``                           ViTDet's simple feature pyramid on a visiontf or ``timm:`` ViT (:mod:`~visiontf.models.backbones.vitdet`)
 ``"swin_T_224_1k" | "swin_B_384_22k" | ...``    IDEA-Research/DINO's Swin layout (:mod:`~visiontf.models.backbones.dino_swin`)
+``"resnet18vd" | ... | "resnet101vd"``          RT-DETR's ResNet-vd (:mod:`~visiontf.models.backbones.resnet_vd`; its ImageNet files load)
 a :class:`Backbone` instance                    used as given (injected)
 ==============================================  ============================================================
 """
@@ -63,6 +64,12 @@ def build_backbone(
 
         return SimpleFeaturePyramidBackbone(name[len(SIMPLEFPN_PREFIX):], pretrained=pretrained, train_backbone=train_backbone,
                                             frozen_stages=frozen_stages, **kwargs)
+    from visiontf.models.backbones.resnet_vd import RESNET_VD_NAMES, resnet_vd_backbone
+
+    if name in RESNET_VD_NAMES:
+        if dilation:
+            raise ValueError(f"dilation (DC5) is not built for {name}")
+        return resnet_vd_backbone(name, channels_last=channels_last, frozen_bn=frozen_bn, **common, **kwargs)
     from visiontf.models.backbones.dino_swin import DINO_SWIN_NAMES
 
     if name in DINO_SWIN_NAMES:

@@ -36,6 +36,12 @@ Padding slots get the label ``num_classes`` and the reference box 0 (sigmoid: a 
 half the image), as DINO. The model's label embedding should therefore be
 ``nn.Embedding(num_classes + 1, d, padding_idx=num_classes)``: row ``num_classes`` is the zero
 vector DINO feeds for padding, and receives no gradient.
+
+RT-DETR (``src/zoo/rtdetr/denoising.py`` of lyuwenyu/RT-DETR, v1 and v2) builds the same groups with the
+same noise; two of its constants differ, and are options here (``inverse_sigmoid_eps``, ``pad_box``):
+its inverse sigmoid clamps at 1e-5, and its padding slots hold the all-zero box (x, y, w, h all 0, which
+the clamp maps to about -11.5 in inverse-sigmoid space) rather than DINO's centred one. Its box noise
+scale is 1.0 (DINO 0.4).
 """
 from __future__ import annotations
 
@@ -180,6 +186,8 @@ def build_contrastive_denoising(
     label_noise_ratio: float = 0.5,
     box_noise_scale: float = 0.4,
     generator: torch.Generator | None = None,
+    inverse_sigmoid_eps: float = INVERSE_SIGMOID_EPS,
+    pad_box: str = "centre",
 ) -> DenoisingQueries:
     """Groups of positive and negative noised ground-truth queries (DINO's contrastive denoising).
 
@@ -194,6 +202,9 @@ def build_contrastive_denoising(
             ``[1, 2) * lambda`` of the half width/height.
         generator: optional ``torch.Generator`` for reproducible noise (tests); its device may
             differ from the targets' (draws are moved).
+        inverse_sigmoid_eps: the clamp of the inverse sigmoid of the noised boxes (DINO 1e-3, RT-DETR 1e-5).
+        pad_box: the reference of padding slots: ``"centre"`` (DINO: 0 in inverse-sigmoid space, a centred box
+            of half the image) or ``"zero"`` (RT-DETR: the all-zero box, clamped).
 
     Returns:
         :class:`DenoisingQueries` on the targets' device. When no image has a box (or
@@ -212,6 +223,8 @@ def build_contrastive_denoising(
             f"denoising: label_noise_ratio must be in [0, 1] and box_noise_scale >= 0, "
             f"got {label_noise_ratio} and {box_noise_scale}"
         )
+    if pad_box not in ("centre", "zero"):
+        raise ValueError(f"denoising: pad_box must be 'centre' (DINO) or 'zero' (RT-DETR), got {pad_box!r}")
     if len(targets) == 0:
         raise ValueError("denoising: got an empty list of targets (one dict per image is expected)")
     _check_targets(targets)
@@ -266,9 +279,11 @@ def build_contrastive_denoising(
 
     out_labels = torch.full((batch_size, pad_size), num_classes, dtype=torch.int64, device=device)
     out_boxes = torch.zeros(batch_size, pad_size, 4, dtype=torch.float32, device=device)
+    if pad_box == "zero":
+        out_boxes = _inverse_sigmoid(out_boxes, inverse_sigmoid_eps)
     valid = torch.zeros(batch_size, pad_size, dtype=torch.bool, device=device)
     out_labels[copy_image, copy_slot] = copy_labels
-    out_boxes[copy_image, copy_slot] = _inverse_sigmoid(copy_boxes)
+    out_boxes[copy_image, copy_slot] = _inverse_sigmoid(copy_boxes, inverse_sigmoid_eps)
     valid[copy_image, copy_slot] = True
     negative = ((torch.arange(pad_size, device=device) // n_max) % 2) == 1
 
@@ -295,11 +310,15 @@ class ContrastiveDenoising:
     Args:
         num_denoising: positive slots per batch (DINO's ``dn_number``, > 0).
         label_noise_ratio, box_noise_scale: DINO's 0.5 and 0.4.
+        inverse_sigmoid_eps, pad_box: DINO's 1e-3 and centred padding boxes; RT-DETR's 1e-5 and ``"zero"``
+            (see the module docstring).
     """
 
     num_denoising: int = 100
     label_noise_ratio: float = 0.5
     box_noise_scale: float = 0.4
+    inverse_sigmoid_eps: float = INVERSE_SIGMOID_EPS
+    pad_box: str = "centre"
 
     def __post_init__(self) -> None:
         if self.num_denoising < 1:
@@ -307,7 +326,8 @@ class ContrastiveDenoising:
 
     def __call__(self, targets: Sequence[Mapping[str, Tensor]], num_classes: int, num_queries: int) -> DenoisingQueries:
         return build_contrastive_denoising(targets, num_classes, num_queries, self.num_denoising, self.label_noise_ratio,
-                                           self.box_noise_scale)
+                                           self.box_noise_scale, inverse_sigmoid_eps=self.inverse_sigmoid_eps,
+                                           pad_box=self.pad_box)
 
 
 def denoising_match_indices(meta: DenoisingMeta) -> list[tuple[Tensor, Tensor]]:

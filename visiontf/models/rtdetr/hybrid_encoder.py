@@ -1,0 +1,196 @@
+"""RT-DETR's hybrid encoder (Zhao et al., CVPR 2024, sec. 4.2): AIFI and CCFM.
+
+* The backbone's maps (strides 8, 16, 32) are projected to ``hidden_dim`` channels (1x1 convolution, BatchNorm).
+* AIFI (attention-based intra-scale feature interaction): a post-norm transformer encoder (visiontf's
+  :class:`~visiontf.nn.TransformerEncoderLayer`, GELU) over the positions of the coarsest map only, with a
+  fixed 2-d sine-cosine position embedding (:func:`sincos_position_embedding`).
+* CCFM (CNN-based cross-scale feature fusion): a top-down pass (a 1x1 lateral convolution of the coarser
+  map, nearest 2x upsampling, concatenation with the finer map, a CSPRep block) and a bottom-up pass (a
+  3x3 stride-2 convolution of the finer result, concatenation with the top-down map, a CSPRep block). A
+  CSPRep block (:class:`CSPRepLayer`) is two 1x1 branches, one through RepVGG blocks (a 3x3 and a 1x1
+  convolution with BatchNorm, summed, SiLU), added, and a 1x1 projection back when the hidden width
+  differs. Every convolution has no bias and is followed by BatchNorm.
+
+Names follow the original's key layout where the structure is the same (``lateral_convs``, ``fpn_blocks``,
+``downsample_convs``, ``pan_blocks``, each convolution a ``conv`` / ``norm`` pair), so that its checkpoints
+map onto them one to one (:mod:`visiontf.models.rtdetr.convert`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from visiontf.models.rtdetr.options import EncoderOptions
+from visiontf.nn import TransformerEncoderLayer
+
+__all__ = ["CSPRepLayer", "ConvNormAct", "HybridEncoder", "RepVggBlock", "activation", "sincos_position_embedding"]
+
+
+def activation(name: str | None) -> nn.Module:
+    """``"relu"``, ``"gelu"``, ``"silu"`` or None (identity)."""
+    if name is None:
+        return nn.Identity()
+    table = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+    if name not in table:
+        raise ValueError(f"activation must be one of {sorted(table)} or None, got {name!r}")
+    return table[name]()
+
+
+class ConvNormAct(nn.Sequential):
+    """A bias-free convolution ("same" padding for odd kernels), BatchNorm and an optional activation."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, act: str | None = None) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=(kernel_size - 1) // 2, bias=False)
+        self.norm = nn.BatchNorm2d(out_channels)
+        if act is not None:
+            self.act = activation(act)
+
+
+class RepVggBlock(nn.Module):
+    """``act(conv3x3_bn(x) + conv1x1_bn(x))`` (RepVGG's training form; :meth:`fuse` folds it into one 3x3 convolution)."""
+
+    def __init__(self, channels: int, act: str = "silu") -> None:
+        super().__init__()
+        self.conv1 = ConvNormAct(channels, channels, 3)
+        self.conv2 = ConvNormAct(channels, channels, 1)
+        self.act = activation(act)
+        self.fused: nn.Conv2d | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.fused is not None:
+            return self.act(self.fused(x))
+        return self.act(self.conv1(x) + self.conv2(x))
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Fold both branches and their BatchNorms (running statistics) into one 3x3 convolution with a bias,
+        for inference; training afterwards would train the fused one (call it on a model in eval mode)."""
+        weight, bias = 0, 0
+        for branch in (self.conv1, self.conv2):
+            norm = branch.norm
+            scale = norm.weight / (norm.running_var + norm.eps).sqrt()
+            kernel = branch.conv.weight * scale.view(-1, 1, 1, 1)
+            pad = (3 - kernel.shape[-1]) // 2
+            weight = weight + F.pad(kernel, (pad, pad, pad, pad))
+            bias = bias + norm.bias - norm.running_mean * scale
+        conv = self.conv1.conv
+        self.fused = nn.Conv2d(conv.in_channels, conv.out_channels, 3, padding=1).to(conv.weight)
+        self.fused.weight.copy_(weight)
+        self.fused.bias.copy_(bias)
+
+
+class CSPRepLayer(nn.Module):
+    """Cross-stage partial block of RepVGG blocks: ``conv3(blocks(conv1(x)) + conv2(x))``."""
+
+    def __init__(self, in_channels: int, out_channels: int, num_blocks: int = 3, expansion: float = 1.0, act: str = "silu") -> None:
+        super().__init__()
+        hidden = int(out_channels * expansion)
+        self.conv1 = ConvNormAct(in_channels, hidden, 1, act=act)
+        self.conv2 = ConvNormAct(in_channels, hidden, 1, act=act)
+        self.bottlenecks = nn.Sequential(*[RepVggBlock(hidden, act) for _ in range(num_blocks)])
+        self.conv3 = ConvNormAct(hidden, out_channels, 1, act=act) if hidden != out_channels else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))
+
+
+@functools.lru_cache(maxsize=32)
+def _sincos_table(height: int, width: int, dim: int, temperature: float, layout: str, dtype: torch.dtype) -> Tensor:
+    quarter = dim // 4
+    if layout == "original":
+        # RT-DETR's build_2d_sincos_position_embedding, float32: its meshgrid of (w, h) with "ij" indexing flattens
+        # column-major, so token t (row-major: y * W + x) gets the coordinates (t // H, t % H) - on a square map
+        # (the published training size) the embedding of (y, x)
+        omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float32) / quarter)
+        t = torch.arange(height * width)
+        first, second = (t // height).float(), (t % height).float()
+    else:
+        # transformers' build_2d_sinusoidal_position_embedding: row-major (y, x), computed in float64
+        omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+        t = torch.arange(height * width)
+        first, second = (t // width).double(), (t % width).double()
+    a, b = first[:, None] * omega[None], second[:, None] * omega[None]
+    table = torch.cat([a.sin(), a.cos(), b.sin(), b.cos()], dim=1)[None]
+    return table if layout == "original" else table.to(dtype)
+
+
+def sincos_position_embedding(height: int, width: int, dim: int, temperature: float = 10000.0, layout: str = "original",
+                              dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> Tensor:
+    """(1, H * W, dim) fixed 2-d sine-cosine embedding of a row-major flattened H x W map: per token, the sines and
+    cosines of two coordinates at ``dim / 4`` frequencies ``temperature^(-i / (dim / 4))``.
+
+    ``layout="original"`` is RT-DETR's (float32; its coordinates are the token's row and column only on square
+    maps, see :func:`_sincos_table`); ``"transformers"`` is transformers' row-major (y, x) in float64, cast to
+    ``dtype``. The two agree on square maps up to float32 rounding.
+    """
+    if dim % 4:
+        raise ValueError(f"the 2-d sine-cosine embedding needs a hidden_dim divisible by 4, got {dim}")
+    key_dtype = torch.float32 if layout == "original" else dtype
+    return _sincos_table(int(height), int(width), int(dim), float(temperature), layout, key_dtype).to(device)
+
+
+class HybridEncoder(nn.Module):
+    """AIFI on ``aifi_levels`` and CCFM over all levels; (B, C_l, H_l, W_l) maps -> ``hidden_dim``-channel maps.
+
+    Args:
+        in_channels: channels of the backbone's maps, finest first.
+        options: :class:`~visiontf.models.rtdetr.options.EncoderOptions`.
+        tables: ``"original"`` or ``"transformers"``: the position embedding's layout and precision (see
+            :func:`sincos_position_embedding`).
+    """
+
+    def __init__(self, in_channels: list[int], options: EncoderOptions, tables: str = "original") -> None:
+        super().__init__()
+        d = options.hidden_dim
+        levels = len(in_channels)
+        if any(not 0 <= i < levels for i in options.aifi_levels):
+            raise ValueError(f"encoder aifi_levels {options.aifi_levels} must index the {levels} backbone levels")
+        self.options, self.tables = options, tables
+        self.input_proj = nn.ModuleList(ConvNormAct(c, d, 1) for c in in_channels)
+        self.aifi = nn.ModuleList(
+            nn.ModuleList(TransformerEncoderLayer(d, options.nhead, options.dim_feedforward, dropout=options.dropout,
+                                                  attn_drop=options.dropout, norm_first=False, act_layer=type(activation(options.activation)),
+                                                  norm_eps=1e-5)
+                          for _ in range(options.num_layers))
+            for _ in options.aifi_levels)
+        blocks = round(3 * options.depth_mult)
+        act = options.fusion_act
+        self.lateral_convs = nn.ModuleList(ConvNormAct(d, d, 1, act=act) for _ in range(levels - 1))
+        self.fpn_blocks = nn.ModuleList(CSPRepLayer(2 * d, d, blocks, options.expansion, act) for _ in range(levels - 1))
+        self.downsample_convs = nn.ModuleList(ConvNormAct(d, d, 3, 2, act=act) for _ in range(levels - 1))
+        self.pan_blocks = nn.ModuleList(CSPRepLayer(2 * d, d, blocks, options.expansion, act) for _ in range(levels - 1))
+
+    def forward(self, maps: list[Tensor]) -> list[Tensor]:
+        feats = [proj(x) for proj, x in zip(self.input_proj, maps)]
+        for layers, level in zip(self.aifi, self.options.aifi_levels):
+            x = feats[level]
+            B, C, H, W = x.shape
+            tokens = x.flatten(2).transpose(1, 2)
+            pos = sincos_position_embedding(H, W, C, self.options.pe_temperature, self.tables, tokens.dtype, tokens.device)
+            for layer in layers:
+                tokens = layer(tokens, pos)[0]
+            feats[level] = tokens.transpose(1, 2).reshape(B, C, H, W).contiguous()
+        # top-down: the coarsest map, laterally projected, upsampled and fused with each finer one
+        top_down = [feats[-1]]
+        for i, level in enumerate(range(len(feats) - 1, 0, -1)):
+            coarse = self.lateral_convs[i](top_down[0])
+            top_down[0] = coarse
+            fused = self.fpn_blocks[i](torch.cat([F.interpolate(coarse, scale_factor=2.0, mode="nearest"), feats[level - 1]], 1))
+            top_down.insert(0, fused)
+        # bottom-up: each result downsampled and fused with the next coarser top-down map
+        outs = [top_down[0]]
+        for i in range(len(feats) - 1):
+            down = self.downsample_convs[i](outs[-1])
+            outs.append(self.pan_blocks[i](torch.cat([down, top_down[i + 1]], 1)))
+        return outs
+
+    def fuse_repvgg(self) -> int:
+        """Fold every RepVGG block into one convolution (inference); returns how many."""
+        blocks = [m for m in self.modules() if isinstance(m, RepVggBlock)]
+        for block in blocks:
+            block.fuse()
+        return len(blocks)

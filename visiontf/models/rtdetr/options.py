@@ -1,0 +1,193 @@
+"""The option groups of :class:`~visiontf.models.rtdetr.rtdetr.RTDETR`, one frozen dataclass per config section.
+
+A registered name's settings, a config's ``model_kwargs`` and a checkpoint's saved arguments give them as
+sections, each a mapping of the dataclass's fields::
+
+    model_kwargs:
+      backbone: {depth: 18, frozen_bn: false}
+      encoder: {hidden_dim: 256, expansion: 0.5}
+      decoder: {num_layers: 3, num_points: [4, 4, 4]}
+      denoising: {num_denoising: 100}
+
+:func:`section` turns one mapping into its dataclass (unknown keys refused by name, lists made tuples), on top
+of the variant's own values for the fields it does not name. The defaults below are RT-DETR's R50-vd model
+(``rtdetrv2_r50vd.yml`` of lyuwenyu/RT-DETR).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+__all__ = ["DecoderOptions", "DenoisingOptions", "EncoderOptions", "ResNetVdOptions", "section"]
+
+T = TypeVar("T")
+
+ACTIVATIONS = ("relu", "gelu", "silu")
+
+
+@dataclass(frozen=True)
+class ResNetVdOptions:
+    """The ResNet-vd backbone (RT-DETR's ``PResNet``).
+
+    Args:
+        depth: 18, 34, 50 or 101.
+        out_stages: stages whose maps the encoder takes (2, 3, 4: strides 8, 16, 32; the original's ``return_idx``).
+        frozen_bn: FrozenBatchNorm (R50/R101: ``freeze_norm``) or trained BatchNorm (R18/R34).
+        freeze_at: -1 nothing frozen (R18/R34), 0 the stem (R50/R101), k the stem and k stages.
+        stem_width, widths, blocks: the stem's first width, the stages' widths (before the bottleneck's 4x) and
+            blocks per stage (None: the depth's); narrower values build the tests' small networks.
+        pretrained: a local ImageNet file (the original's ``ResNet*_vd_*pretrained_from_paddle.pth``).
+        channels_last: channels-last memory format (faster convolutions on CPUs).
+    """
+
+    depth: int = 50
+    out_stages: tuple[int, ...] = (2, 3, 4)
+    frozen_bn: bool = True
+    freeze_at: int = 0
+    stem_width: int = 32
+    widths: tuple[int, ...] = (64, 128, 256, 512)
+    blocks: tuple[int, ...] | None = None
+    pretrained: str | None = None
+    channels_last: bool = False
+
+
+@dataclass(frozen=True)
+class EncoderOptions:
+    """The hybrid encoder: AIFI (a transformer encoder on the coarsest level) and CCFM (top-down and bottom-up fusion).
+
+    Args:
+        hidden_dim: channels of every level after the input projections.
+        nhead, dim_feedforward, dropout, activation, num_layers: the AIFI transformer layers (post-norm).
+        aifi_levels: the levels AIFI runs on (the original's ``use_encoder_idx``; [2]: the stride-32 map).
+        pe_temperature: of the 2-d sine-cosine position embedding.
+        expansion: hidden width of the CSPRep fusion blocks, as a fraction of ``hidden_dim`` (0.5 for R18/R34 and the M models).
+        depth_mult: RepVGG blocks per fusion block, ``round(3 * depth_mult)``.
+        fusion_act: activation of the fusion convolutions (SiLU).
+    """
+
+    hidden_dim: int = 256
+    nhead: int = 8
+    dim_feedforward: int = 1024
+    dropout: float = 0.0
+    activation: str = "gelu"
+    num_layers: int = 1
+    aifi_levels: tuple[int, ...] = (2,)
+    pe_temperature: float = 10000.0
+    expansion: float = 1.0
+    depth_mult: float = 1.0
+    fusion_act: str = "silu"
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Query selection and the deformable decoder.
+
+    Args:
+        hidden_dim, nhead, dim_feedforward, dropout, activation, num_layers: the decoder layers (post-norm).
+        num_queries: queries, the top encoder positions by their best class score (IoU-aware selection).
+        num_levels: levels the decoder attends to; more than the encoder's are 3x3 stride-2 convolutions of the last.
+        num_points: sampling points per level and head; an int (RT-DETR) or one count per level (RT-DETRv2's
+            ``num_points`` list, which also takes its offset scaling: :class:`~visiontf.nn.MSDeformAttn`).
+        sampling: ``"bilinear"`` or ``"discrete"`` (RT-DETRv2's ``cross_attn_method``; its ``_dsp`` models).
+        offset_scale: box offsets are ``offset / P * box_size * offset_scale`` (0.5).
+        eval_idx: the decoder layer whose predictions evaluation returns (-1 the last; the M models 2); later layers
+            are not run at evaluation.
+        learn_query_content: learned content queries instead of the selected encoder features.
+        aux_loss: return every layer's predictions in training (auxiliary losses).
+        attn_method: the deformable attention core (``"gather"``, ``"triton"``, ``"grid_sample"``).
+        anchor_eps: encoder positions whose anchor box is within this of the image border are not selected.
+    """
+
+    hidden_dim: int = 256
+    nhead: int = 8
+    dim_feedforward: int = 1024
+    dropout: float = 0.0
+    activation: str = "relu"
+    num_layers: int = 6
+    num_queries: int = 300
+    num_levels: int = 3
+    num_points: int | tuple[int, ...] = 4
+    sampling: str = "bilinear"
+    offset_scale: float = 0.5
+    eval_idx: int = -1
+    learn_query_content: bool = False
+    aux_loss: bool = True
+    attn_method: str = "gather"
+    anchor_eps: float = 1e-2
+
+
+@dataclass(frozen=True)
+class DenoisingOptions:
+    """Contrastive denoising groups in training (RT-DETR's: DINO's with box noise 1.0; 0 slots: none).
+
+    Args:
+        num_denoising: positive slots per batch (each has a negative, so up to twice as many queries).
+        label_noise_ratio: a copy's label is redrawn with probability ``ratio / 2``.
+        box_noise_scale: corners move by up to ``scale`` (positives) or between ``scale`` and ``2 scale``
+            (negatives) times half the box size.
+    """
+
+    num_denoising: int = 100
+    label_noise_ratio: float = 0.5
+    box_noise_scale: float = 1.0
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def section(cls: type[T], value: T | Mapping[str, Any] | None, base: T | None = None, where: str = "") -> T:
+    """``value`` (a mapping of some of ``cls``'s fields, or an instance) as a ``cls`` on top of ``base``."""
+    base = cls() if base is None else base
+    if value is None:
+        return base
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where or cls.__name__}: expected a mapping of {cls.__name__} fields, got {type(value).__name__}")
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise ValueError(f"{where or cls.__name__}: unknown key(s) {unknown}; it takes {', '.join(names)}")
+    return dataclasses.replace(base, **{k: _frozen(v) for k, v in value.items()})
+
+
+def as_mapping(options: Any) -> dict[str, Any]:
+    """A dataclass's fields as a plain mapping (lists for tuples), as a config section writes them."""
+    return {f.name: (list(v) if isinstance(v := getattr(options, f.name), tuple) else v) for f in fields(options)}
+
+
+def check_sections(backbone: ResNetVdOptions | None, encoder: EncoderOptions, decoder: DecoderOptions,
+                   denoising: DenoisingOptions) -> None:
+    """Refuse values that cannot build a working model, naming the section, the field and the fix."""
+    from visiontf.nn.ms_deform_core import METHODS, SAMPLINGS
+
+    if backbone is not None:
+        if backbone.depth not in (18, 34, 50, 101):
+            raise ValueError(f"backbone.depth must be 18, 34, 50 or 101, got {backbone.depth}")
+        if len(backbone.out_stages) < 1:
+            raise ValueError("backbone.out_stages must name at least one stage")
+    if encoder.hidden_dim % 4 or encoder.hidden_dim % encoder.nhead:
+        raise ValueError(f"encoder.hidden_dim must be divisible by 4 (its position embedding) and by encoder.nhead={encoder.nhead}, "
+                         f"got {encoder.hidden_dim}")
+    for where, act in (("encoder.activation", encoder.activation), ("encoder.fusion_act", encoder.fusion_act),
+                       ("decoder.activation", decoder.activation)):
+        if act not in ACTIVATIONS:
+            raise ValueError(f"{where} must be one of {ACTIVATIONS}, got {act!r}")
+    if decoder.hidden_dim % decoder.nhead:
+        raise ValueError(f"decoder.hidden_dim={decoder.hidden_dim} must be divisible by decoder.nhead={decoder.nhead}")
+    if decoder.num_layers < 1 or decoder.num_queries < 1 or decoder.num_levels < 1:
+        raise ValueError("decoder.num_layers, num_queries and num_levels must be >= 1")
+    if not -decoder.num_layers <= decoder.eval_idx < decoder.num_layers:
+        raise ValueError(f"decoder.eval_idx={decoder.eval_idx} must name one of the {decoder.num_layers} decoder layers")
+    points = decoder.num_points
+    if isinstance(points, tuple) and (len(points) != decoder.num_levels or min(points) < 1) or isinstance(points, int) and points < 1:
+        raise ValueError(f"decoder.num_points must be a positive count or one per level ({decoder.num_levels}), got {points}")
+    if decoder.sampling not in SAMPLINGS:
+        raise ValueError(f"decoder.sampling must be one of {SAMPLINGS}, got {decoder.sampling!r}")
+    if decoder.attn_method not in METHODS:
+        raise ValueError(f"decoder.attn_method must be one of {METHODS}, got {decoder.attn_method!r}")
+    if denoising.num_denoising < 0 or not 0 <= denoising.label_noise_ratio <= 1 or denoising.box_noise_scale < 0:
+        raise ValueError(f"denoising: num_denoising >= 0, label_noise_ratio in [0, 1] and box_noise_scale >= 0, got {denoising}")

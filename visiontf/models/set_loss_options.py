@@ -1,0 +1,69 @@
+"""A detector's own matcher and set-loss settings: an optional capability, as :class:`~visiontf.models.contract.AttentionRollout` is.
+
+A detector's ``class_head`` gives the family defaults of its convention
+(:data:`visiontf.detection.set_loss.SET_LOSS_BY_CLASS_HEAD`: DETR's softmax, Deformable DETR's focal).
+A family trained with other published settings on the same logits (RT-DETR: the varifocal loss with
+weights 1 / 5 / 2) says so by implementing :class:`OwnSetLoss`, whose typed :class:`SetLossOptions`
+replace the class head's defaults in :func:`visiontf.detection.build_criterion`; a task's named
+overrides and ``criterion_kwargs`` still go on top.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["OwnSetLoss", "SetLossOptions"]
+
+CLASS_LOSSES = ("focal", "vfl", "ia_bce", "mal")
+
+
+@dataclass(frozen=True)
+class SetLossOptions:
+    """The Hungarian matcher's costs and the set loss of a sigmoid-head detector.
+
+    Args:
+        class_loss: the class term (``visiontf.detection.SetCriterion``'s ``class_loss``: ``"focal"``,
+            ``"vfl"``, ``"ia_bce"``, ``"mal"``).
+        cost_class, cost_bbox, cost_giou: the matching costs (focal class cost).
+        focal_alpha, focal_gamma: of the focal matching cost (and of the focal / IA-BCE losses; the
+            varifocal loss keeps its own alpha 0.75 and takes ``focal_gamma``).
+        loss_class, loss_bbox, loss_giou: the weights of the class, L1 and GIoU terms in the total.
+    """
+
+    class_loss: str = "focal"
+    cost_class: float = 2.0
+    cost_bbox: float = 5.0
+    cost_giou: float = 2.0
+    focal_alpha: float = 0.25
+    focal_gamma: float = 2.0
+    loss_class: float = 2.0
+    loss_bbox: float = 5.0
+    loss_giou: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.class_loss not in CLASS_LOSSES:
+            raise ValueError(f"class_loss must be one of {CLASS_LOSSES}, got {self.class_loss!r}")
+        costs = (self.cost_class, self.cost_bbox, self.cost_giou)
+        if min(costs) < 0 or max(costs) == 0:
+            raise ValueError(f"the matching costs (class, L1, GIoU) must be >= 0 and not all 0, got {costs}")
+        if min(self.loss_class, self.loss_bbox, self.loss_giou) < 0:
+            raise ValueError("loss weights must be >= 0")
+
+    def matcher_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``visiontf.detection.HungarianMatcher``."""
+        return {"class_cost": "focal", "cost_class": self.cost_class, "cost_bbox": self.cost_bbox, "cost_giou": self.cost_giou,
+                "focal_alpha": self.focal_alpha, "focal_gamma": self.focal_gamma}
+
+    def criterion_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``visiontf.detection.SetCriterion`` other than the weights."""
+        return {"class_loss": self.class_loss, "focal_alpha": self.focal_alpha, "focal_gamma": self.focal_gamma}
+
+    def weight_dict(self) -> dict[str, float]:
+        return {"loss_ce": self.loss_class, "loss_bbox": self.loss_bbox, "loss_giou": self.loss_giou}
+
+
+@runtime_checkable
+class OwnSetLoss(Protocol):
+    """A detector whose set loss is its family's own (:meth:`set_loss_options`), not its class head's defaults."""
+
+    def set_loss_options(self) -> SetLossOptions: ...
