@@ -141,7 +141,7 @@ class RestorationAdapter(TaskAdapter):
     def onnx_wrapper(self, model: nn.Module) -> nn.Module:
         """``images -> restored``; a multi-task model (IPT's pretrained, six heads) runs its first task in the graph,
         as prediction does when no ``restore_task`` is given (one graph per task: export a model of that task)."""
-        return _FirstTaskGraph(model, self) if len(getattr(model, "tasks", ())) > 1 else super().onnx_wrapper(model)
+        return _FirstTaskGraph(model, self) if len(model.tasks) > 1 else super().onnx_wrapper(model)
 
 
 class _FirstTaskGraph(nn.Module):

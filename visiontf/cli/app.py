@@ -149,7 +149,8 @@ class AppModel:
         self.adapter = predictor.adapter
         self.top_k = top_k
         self.folder = Path(folder) if folder is not None else None
-        options = getattr(predictor.model, "mask_options", None)
+        # a detector declares its mask options (visiontf.models.contract.Detector); other kinds have none
+        options = predictor.model.mask_options if self.adapter.task == "detection" else None
         #: a mask model's results go through predict.py's writer (segmentations, panoptic files)
         self.writes_files = options is not None
         self.panoptic = options is not None and bool(options.panoptic)
