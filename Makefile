@@ -25,12 +25,16 @@ install: $(STAMP)
 browser:
 	@scripts/install_test_browser.sh
 
-test: $(STAMP) browser
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# two pytest worker processes (pytest-xdist), one torch thread each: tests/conftest.py says why; a file's tests
+# stay on one worker (--dist loadfile), so its module fixtures (trained checkpoints) are built once
+WORKERS ?= 2
 
-# the inner loop: everything not marked slow (CI runs it all through `make test`)
+test: $(STAMP) browser
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# the inner loop: the unit tiers only (CI runs everything through `make test`); tests/README.md lists the tiers
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not integration" $(PYTEST_ARGS)
 
 # ruff's rules and the import-linter layer contracts are in pyproject.toml; lint reports, it never rewrites files
 lint: $(STAMP)

@@ -4,11 +4,11 @@ Rows (ratio = reference / ours, > 1: ours better):
 
 * ``train step``: forward + matching + focal set loss + backward of
   ``deformable_detr_resnet50_box_refine`` against the ORIGINAL design
-  (:mod:`benchmarks.reference_deformable_detr`: the original's module tree, per-level loops,
+  (:mod:`reference.deformable_detr`: the original's module tree, per-level loops,
   elementwise frozen BN, contiguous NCHW and its pure-PyTorch attention core
   ``ms_deform_attn_core_pytorch``; the original's batch-wide focal matcher), identical weights,
   dropout off. The loss is visiontf's ``SetCriterion(class_loss="focal")`` for both (its maths is
-  the original's, ``tests/test_deformable_detr_criterion.py``), so the rows compare models and
+  the original's, ``tests/detection/test_deformable_detr_criterion.py``), so the rows compare models and
   matchers. Batch 2 at 512x640 (``--quick``: 384x512), the second image padded as in a real batch.
 * ``inference``: eval-mode forward under ``no_grad``.
 * ``peak memory``: each model in a fresh subprocess, one train step; peak RSS (``VmHWM``) on CPU,
@@ -39,7 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import NUM_THREADS, format_table, pick_device, row, setup_torch, time_interleaved  # noqa: E402
 from benchmarks.detr import _close, _randomize, make_batch  # noqa: E402
 from benchmarks.memory import _peak_rss_mib  # noqa: E402
-from benchmarks.reference_deformable_detr import OriginalDeformableDETR, original_match  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
+from reference.deformable_detr import OriginalDeformableDETR, original_match  # noqa: E402
+
 from visiontf.detection import HungarianMatcher, SetCriterion  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
 from visiontf.models.deformable_detr.build import build_deformable_detr  # noqa: E402
@@ -134,7 +137,8 @@ def bench_speed(quick: bool, device: torch.device, tiny: bool = False) -> list[d
 # ------------------------------------------------------------------------------ attention alone
 def bench_attention(quick: bool, device: torch.device, tiny: bool = False) -> list[dict]:
     """One deformable attention, forward + backward: ours (gather core) vs the original module."""
-    from benchmarks.reference_deformable_detr import MSDeformAttn as OriginalMSDeformAttn
+    from reference.deformable_detr import MSDeformAttn as OriginalMSDeformAttn
+
     from visiontf.nn import MSDeformAttn
 
     B, H, W = SIZES["tiny" if tiny else "quick" if quick else "full"]

@@ -2,7 +2,7 @@
 
 Rows (ratio = reference time / ours, > 1: ours faster):
 
-* ``detr_r50 train step`` vs the ORIGINAL design (:mod:`benchmarks.reference_detr`: sequence-first
+* ``detr_r50 train step`` vs the ORIGINAL design (:mod:`reference.detr`: sequence-first
   ``nn.MultiheadAttention``, elementwise frozen BN, contiguous NCHW, the batch-wide matcher of
   :mod:`benchmarks.matcher`), identical weights, dropout off: forward + matching + set loss
   (visiontf's ``SetCriterion`` for both) + backward. Batch 2 at 512x640 (``--quick``: 384x512),
@@ -32,7 +32,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import format_table, pick_device, row, setup_torch, tf32_off, time_interleaved  # noqa: E402
 from benchmarks.matcher import reference_batchwide_match  # noqa: E402
-from benchmarks.reference_detr import OriginalDETR  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
+from reference.detr import OriginalDETR  # noqa: E402
+
 from visiontf.detection import HungarianMatcher, SetCriterion  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
 from visiontf.models.detr.convert import convert_state_dict  # noqa: E402

@@ -6,7 +6,7 @@ CUDA). The references, each timed alternately with ours in the same process:
 * the original's compiled CUDA op (``--ref-op``; :mod:`benchmarks.reference_cuda_op`), float32
   kernels (half-precision inputs cast to float32 and back, as detrex and DINO do);
 * the original's pure-PyTorch core ``ms_deform_attn_core_pytorch`` (``grid_sample`` per level;
-  :func:`benchmarks.reference_deformable_detr.original_core`);
+  :func:`reference.deformable_detr.original_core`);
 * visiontf's gather core (:mod:`visiontf.nn.ms_deform_gather`, the CPU fast path, and what CUDA
   ran before the Triton kernels).
 
@@ -19,10 +19,17 @@ behaviour of uniformly random locations would be unrealistic). ``bf16``: value i
 """
 from __future__ import annotations
 
+import contextlib
+import sys
+from pathlib import Path
+
 import torch
 
 from benchmarks.gpu_common import Budget, gpu_row, time_alternating
-from benchmarks.reference_deformable_detr import original_core
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
+from reference.deformable_detr import original_core
+
 from visiontf.nn.ms_deform_core import ms_deform_attn_core
 from visiontf.nn.ms_deform_gather import core_gather
 

@@ -10,13 +10,13 @@ Pairs (ratio = reference time / ours, > 1: ours faster), identical weights where
 layout converts (same result: both losses in float32 with TF32 off, before timing, within 1e-3):
 
 * Deformable DETR R50 plain, +box refinement, two-stage vs the original design
-  (:mod:`benchmarks.reference_deformable_detr`) with the original's CUDA op as its core when
+  (:mod:`reference.deformable_detr`) with the original's CUDA op as its core when
   ``--ref-op`` gives one (else its pure-PyTorch core, said in the row), its batch-wide focal matcher,
   and visiontf's focal ``SetCriterion`` (the original's maths) for both;
 * DINO-4scale R50 vs IDEA's own code from a checkout (``--dino-repo``; CUDA op as above), both
   without denoising queries (DINO's denoising branch places its tensors with ``.cuda()``: the same step on
   every device); its outputs go through the same focal criterion with the original's matcher;
-* DETR R50 vs the original design (:mod:`benchmarks.reference_detr`) and vs HF transformers'
+* DETR R50 vs the original design (:mod:`reference.detr`) and vs HF transformers'
   ``DetrForObjectDetection`` (its own loss; not checked here, ``benchmarks/detr.py`` checks parity).
 
 Section (e): the peak GPU memory (``torch.cuda.max_memory_allocated``) of one more step of each,
@@ -34,7 +34,10 @@ from benchmarks.common import sync, tf32_off
 from benchmarks.deformable_detr import TINY_OURS, TINY_REF, OriginalMatcher
 from benchmarks.detr import NUM_CLASSES, BatchWideMatcher, _randomize, build_hf, build_models, make_batch
 from benchmarks.gpu_common import Budget, free_cuda, gpu_row, peak_memory_mib, time_alternating
-from benchmarks.reference_deformable_detr import OriginalDeformableDETR
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
+from reference.deformable_detr import OriginalDeformableDETR
+
 from visiontf.detection import HungarianMatcher, SetCriterion, build_criterion
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.build import build_deformable_detr

@@ -4,11 +4,11 @@ Rows (ratio = reference time / ours, > 1: ours faster; identical random weights 
 
 * ``<model> tiled x<s> HxW``: ``model(x)`` of a registered model (any size: it tiles itself, each
   distinct 48x48 tile once, ``crop_batch_size`` tiles per call, attention through SDPA) vs the
-  official ``forward_chop`` around :class:`benchmarks.reference_ipt.OriginalIPT` (which runs the top
+  official ``forward_chop`` around :class:`reference.ipt.OriginalIPT` (which runs the top
   and left strips' tiles twice, one image at a time, attention by ``nn.MultiheadAttention``).
   ``same_result``: outputs within 0.1 on the 0-255 range (``max_abs_diff`` in that range): 24
   float32 layers of 576 with non-trivial LayerNorms put either side ~0.03 from float64 (the small
-  models agree to < 1e-5 on [0, 1] in ``tests/test_ipt_model.py``).
+  models agree to < 1e-5 on [0, 1] in ``tests/models/ipt/test_ipt_model.py``).
 * ``ipt_tiny train step``: forward, L1 loss, backward and an Adam step on a batch of LR crops, ours
   vs the reference module built with the same settings (the original has no training code).
 
@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import reference_ipt as ref  # noqa: E402
+from reference import ipt as ref  # noqa: E402
+
 from benchmarks.common import cli, max_abs_diff, pick_device, row, time_interleaved  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
 

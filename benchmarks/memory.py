@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
 from benchmarks.common import NUM_THREADS, row  # noqa: E402
 
 KINDS = ("ours", "original", "hf")
@@ -48,9 +49,9 @@ def _child(kind: str, size: str, device: str, weights: str) -> dict:
     transient copy in both); HF randomises its own weights in place.
     """
     import torch
+    from reference.detr import OriginalDETR
 
     from benchmarks import detr
-    from benchmarks.reference_detr import OriginalDETR
     from visiontf.models.detr.convert import convert_state_dict
 
     torch.set_num_threads(NUM_THREADS)
@@ -101,9 +102,9 @@ def measure(kind: str, size: str, device: str, weights: Path) -> dict:
 def run(quick: bool = False, device: str = "cpu", tiny: bool = False, hf: bool = True) -> list[dict]:
     """Rows ours vs original (and vs HF): ``ours_s``/``ref_s`` hold peak MiB here (see ``unit``)."""
     import torch
+    from reference.detr import OriginalDETR
 
     from benchmarks import detr
-    from benchmarks.reference_detr import OriginalDETR
 
     size = "tiny" if tiny else "quick" if quick else "full"
     with tempfile.TemporaryDirectory() as tmp:

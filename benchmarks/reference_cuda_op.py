@@ -11,7 +11,7 @@ the original's sources with its two entry points registered as ``torch.ops.ms_de
 ``backward``, loadable from any Python of that torch version), then the original's own Python
 module (``torch-<version>/MultiScaleDeformableAttention*.so``, importable only by the Python version
 that built it). :func:`load_reference_core` returns a core with the signature of
-:func:`benchmarks.reference_deformable_detr.original_core`; :func:`routed_to` makes the reference
+:func:`reference.deformable_detr.original_core`; :func:`routed_to` makes the reference
 models call it, as the originals do on a GPU.
 """
 from __future__ import annotations
@@ -106,7 +106,8 @@ def load_reference_core(folder: str | Path | None) -> Callable[..., Tensor] | No
 def routed_to(core: Callable[..., Tensor] | None) -> Iterator[None]:
     """Within it, the reference Deformable DETR attends through ``core`` (None: unchanged). DINO's own code,
     imported from a checkout, is given the core when it is imported (``scripts/fixtures/make_dino.py``)."""
-    from benchmarks import reference_deformable_detr
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines
+    from reference import deformable_detr as reference_deformable_detr
 
     if core is None:
         yield

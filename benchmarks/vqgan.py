@@ -3,7 +3,7 @@
 Rows (ratio = reference time / ours, > 1: ours faster; identical random weights in both):
 
 * ``<name> reconstruct HxW``: ``model(x)`` (encode, quantise, decode) of a registered full-size
-  first stage vs :class:`benchmarks.reference_vqgan.OriginalVQModel` (attention by ``bmm`` and
+  first stage vs :class:`reference.vqgan.OriginalVQModel` (attention by ``bmm`` and
   softmax). ``same_result``: the same code indices and reconstructions within 1e-4; the rows carry
   ``max_abs_diff`` and ``params_m``.
 * ``gpt sample N tokens``: batched top-k sampling with our KV cache vs taming's ``sample_with_past``
@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import reference_vqgan as ref  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
+from reference import vqgan as ref  # noqa: E402
+
 from benchmarks.common import cli, max_abs_diff, pick_device, row, time_interleaved  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
 from visiontf.models.vqgan.transformer import GPT  # noqa: E402

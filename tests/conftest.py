@@ -1,17 +1,31 @@
 import os
 import shutil
 
-# Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors (tests/test_ms_deform_triton.py).
+# Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors (tests/nn/test_ms_deform_triton.py).
 # Triton reads this when its own modules are first imported, which importing torch's submodules
 # already does: it must be set before anything else is imported.
 if "TRITON_INTERPRET" not in os.environ and not os.path.exists("/dev/nvidia0"):
     os.environ["TRITON_INTERPRET"] = "1"
+# make test runs two pytest workers (pytest-xdist) on the two cores: each computes on one thread, and so do the
+# tools and DDP ranks they start (they inherit this). Two threads per worker oversubscribe the cores, and a
+# small operator then waits a scheduler slice for its descheduled peer: 10-100x slower.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+#: the tests' own support modules (cli_runner, ddp_utils, the reference package, ...) import by name from
+#: every folder of the suite, which mirrors the package (tests/models/detr/, tests/integration/, ...)
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+
 # two cores are shared by the whole suite; more threads only add contention
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+torch.set_num_threads(1 if WORKERS > 1 else min(2, os.cpu_count() or 1))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -36,3 +50,12 @@ def _free_module_tmp_dirs(request, tmp_path_factory):
     if request.session.testsfailed == failed_before:
         for path in set(base.iterdir()) - before:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tiers: everything under tests/integration/ (whole tools, DDP, FSDP, the demo, the web app, the
+    documented walkthroughs) is ``integration``; ``slow`` is marked test by test."""
+    integration = TESTS / "integration"
+    for item in items:
+        if integration in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.integration)

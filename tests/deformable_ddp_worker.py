@@ -1,4 +1,4 @@
-"""Run by tests/test_deformable_detr_ddp.py: every Deformable DETR variant trained 2 steps under
+"""Run by tests/integration/test_deformable_detr_ddp.py: every Deformable DETR variant trained 2 steps under
 ``DistributedDataParallel(find_unused_parameters=False)`` on 2 CPU processes (gloo).
 
     python tests/deformable_ddp_worker.py OUT.json

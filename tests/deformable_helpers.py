@@ -5,7 +5,7 @@
 :func:`checkpoint` rebuilds the checkpoint a user of the original has, :func:`fixture_kwargs` gives the
 ``create_model`` keywords of the same architecture. No code of the original is needed here.
 
-``original()`` (the own-words re-implementation in ``benchmarks/reference_deformable_detr.py``) stays for the
+``original()`` (the own-words re-implementation in ``tests/reference/deformable_detr.py``) stays for the
 tests that only need a state dict of the original layout at other sizes (``test_finetune.py``).
 """
 from __future__ import annotations
@@ -16,12 +16,13 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from reference.fixtures import FIXTURES, Fixture, load_fixture
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
-from benchmarks.reference_deformable_detr import OriginalDeformableDETR  # noqa: E402
+from reference.deformable_detr import OriginalDeformableDETR  # noqa: E402
 
 FAMILY = "deformable_detr"
 #: the published variants' switches
@@ -183,3 +184,15 @@ def inputs(B: int = 2, H: int = 96, W: int = 128, seed: int = 0) -> tuple[torch.
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().double() - b.detach().double()).abs().max().item()
+
+
+def hf_deformable_detr(variant: str, **cfg):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DeformableDetrConfig(
+        backbone="resnet18", num_labels=5, encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, num_queries=12, two_stage_num_proposals=12,
+        num_feature_levels=4, encoder_n_points=3, decoder_n_points=2, dropout=0.0, **VARIANTS[variant], **cfg,
+    )
+    hf = transformers.DeformableDetrForObjectDetection(config).eval()
+    randomize(hf)
+    return hf

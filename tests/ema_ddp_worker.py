@@ -1,4 +1,4 @@
-"""Run by tests/test_ema.py: a 2-process CPU DDP fit with two EMAs; each rank saves what it holds.
+"""Run by tests/callbacks/test_ema.py: a 2-process CPU DDP fit with two EMAs; each rank saves what it holds.
 
     python tests/ema_ddp_worker.py OUT_DIR
 

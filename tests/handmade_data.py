@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image, ImageDraw
 
 #: category id -> name; ids deliberately non-contiguous
@@ -113,3 +114,30 @@ def own_detections_as_truth(ckpt: Path, data: Path, out: Path) -> Path:
                                        "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})
     ann_file.write_text(json.dumps(ann))
     return out
+
+
+def shapes_batch(B=2, size=64, seed=0):
+    """Images with one or two flat rectangles each, their boxes, labels and exact masks."""
+    g = torch.Generator().manual_seed(seed)
+    images, targets = torch.zeros(B, 3, size, size), []
+    for b in range(B):
+        masks, boxes, labels = [], [], []
+        for k in range(1 + b % 2):
+            x0, y0 = (int(v) for v in torch.randint(0, size // 2, (2,), generator=g))
+            w, h = (int(v) for v in torch.randint(size // 4, size // 2, (2,), generator=g))
+            m = torch.zeros(size, size, dtype=torch.uint8)
+            m[y0:y0 + h, x0:x0 + w] = 1
+            images[b, k % 3][m.bool()] = 2.0
+            masks.append(m)
+            boxes.append([(x0 + w / 2) / size, (y0 + h / 2) / size, w / size, h / size])
+            labels.append(k)
+        targets.append({"masks": torch.stack(masks), "boxes": torch.tensor(boxes), "labels": torch.tensor(labels)})
+    return images, targets
+
+
+#: a detection run of a few seconds on a hand-made COCO set (the custom-dataset walkthrough, fine-tuning tests)
+TINY_COCO_MODEL = "{frozen_bn: false, freeze_stem: false, num_queries: 10, enc_layers: 1, dec_layers: 1}"
+TINY_COCO_RUN = ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.scales=[64]",
+        "--data.init_args.max_size=96", "--data.init_args.crop_scales=[64]", "--data.init_args.crop_size=[48,64]",
+        "--data.init_args.val_size=64", f"--model.init_args.model_kwargs={TINY_COCO_MODEL}"]

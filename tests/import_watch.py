@@ -1,7 +1,7 @@
 """``python tests/import_watch.py OUT.json SCRIPT ARGS...``: run SCRIPT as ``__main__`` and write to OUT.json who
 imported the optional packages (W&B, MLflow, Gradio): for each first import, the file whose code asked for it.
 
-The test of the default path (``tests/test_detection_readouts.py``) runs ``tools/train.py`` through this:
+The test of the default path (``tests/integration/test_detection_readouts.py``) runs ``tools/train.py`` through this:
 visiontf must not import them unless a config asks (timm's ``utils/summary.py`` tries ``import wandb``
 on its own whenever wandb is installed; the test names that importer, and no other may appear).
 """

@@ -1,7 +1,7 @@
 """Shared by the IPT tests: the recorded fixtures of the original (``tests/fixtures/ipt``, written by
 ``scripts/fixtures/make_ipt.py``) as a user has the released files, and the published layouts.
 
-``randomized_reference`` (random weights in the released layout from ``benchmarks/reference_ipt.py``, the
+``randomized_reference`` (random weights in the released layout from ``tests/reference/ipt.py``, the
 project's own re-creation of the original) stays for ``benchmarks/ipt.py``'s speed baseline.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from reference.fixtures import FIXTURES, load_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
-from benchmarks.reference_ipt import OriginalIPT  # noqa: E402
+from reference.ipt import OriginalIPT  # noqa: E402
 
 #: the fixtures' toy width in visiontf's arguments (their meta holds the original's flags):
 #: 4 features, 2x2 patches, windows of 8, 2 heads, 1 layer (2 for the six-task layout), 5 tiles per call
@@ -75,3 +75,14 @@ def randomized_reference(scales=(2,), num_queries=1, seed=0, n_feats=8, num_head
             elif name.endswith("bias") and "mean" not in name:
                 p.normal_(0, 0.05)
     return ref.eval()
+
+
+#: the restoration recipe the CLI tests run at toy size
+RECIPE = "configs/ipt/ipt_tiny_sr_x2.yaml"
+
+
+def toy_overrides(root: Path, out: Path) -> list[str]:
+    return [f"--data.init_args.root={root}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
+            "--data.init_args.repeat=2", "--data.init_args.val_crop=64",
+            "--model.init_args.model_kwargs={scale: 2, n_feats: 4, num_layers: 1, num_heads: 2}",
+            "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={out}"]

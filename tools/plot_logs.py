@@ -5,7 +5,7 @@
     python tools/plot_logs.py outputs/run1/csv/version_0/metrics.csv --output curves.png [--tensorboard]
 
 Or mAP against training minutes, one line per run (runs trained with visiontf.callbacks.ElapsedTime,
-e.g. by benchmarks/convergence.py), one colour per [LABEL=]PATH argument:
+e.g. by scripts/experiments/convergence.py), one colour per [LABEL=]PATH argument:
 
     python tools/plot_logs.py --vs_minutes detr=outputs/conv/runs/detr deform=outputs/conv/runs/deform --output conv.png
 """

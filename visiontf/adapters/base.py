@@ -76,6 +76,8 @@ class TaskAdapter:
     output_names: tuple[str, ...] = ()
     #: batch size of the example the ONNX graph is traced with
     trace_batch_size: int = 1
+    #: the ONNX opset the task's graphs are written in (the lowest one every operator of its models has)
+    onnx_opset: int = 17
     #: an axis along which every output is a set (a detector's queries): the export check lets rows swap
     onnx_set_axis: int | None = None
 

@@ -57,6 +57,8 @@ class RestorationAdapter(TaskAdapter):
     task = "restoration"
     output_names = ("restored",)
     settings_type = RestorationSettings
+    # IPT folds its patch tokens back into an image (F.fold): ONNX Col2Im, opset 18
+    onnx_opset = 18
     predict_options = (
         PredictOption("--restore_task", "restore_task", "the task of a multi-task model to run (a name such as "
                       "denoise_sigma30, or an index; default the first)"),

@@ -43,7 +43,7 @@ def _restarts_after_the_last_batch_and_its_validation(trainer: L.Trainer) -> boo
     by the validation at the epoch's end), while the current schedule does not validate that epoch.
 
     Lightning's loops say so only through their internals (restart stage, ready batches, the epoch's
-    validation check); ``tests/test_lightning_internals.py`` asserts each one, and pyproject.toml pins
+    validation check); ``tests/cli/test_lightning_internals.py`` asserts each one, and pyproject.toml pins
     the Lightning minor version they hold for."""
     fit_loop = trainer.fit_loop
     epoch_loop = fit_loop.epoch_loop

@@ -53,6 +53,7 @@ from visiontf.cli.checks import checkpoint_file, weights_file
 from visiontf.cli.errors import debug_enabled, run_tool, user_message
 from visiontf.core.arguments import ToolParser
 from visiontf.core.errors import UsageError
+from visiontf.models.contract import Detector
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class AppModel:
         self.top_k = top_k
         self.folder = Path(folder) if folder is not None else None
         # a detector declares its mask options (visiontf.models.contract.Detector); other kinds have none
-        options = predictor.model.mask_options if self.adapter.task == "detection" else None
+        options = predictor.model.mask_options if isinstance(predictor.model, Detector) else None
         #: a mask model's results go through predict.py's writer (segmentations, panoptic files)
         self.writes_files = options is not None
         self.panoptic = options is not None and bool(options.panoptic)

@@ -116,7 +116,7 @@ class VisionCLI(LightningCLI):
 
     It overrides LightningCLI's public hooks only (``__init__``, ``add_arguments_to_parser``,
     ``parse_arguments``, ``instantiate_classes``, ``instantiate_trainer``, ``before_<subcommand>``);
-    what it still assumes of Lightning's internals is asserted by ``tests/test_lightning_internals.py``.
+    what it still assumes of Lightning's internals is asserted by ``tests/cli/test_lightning_internals.py``.
     """
 
     def __init__(self, *args, extra_options: tuple[str, ...] = (), **kwargs) -> None:

@@ -7,7 +7,7 @@ transform's settings), the training CLI (``data.num_classes`` linked into the ta
 CLI (the classes of a ``--config``) read these attributes by name. Every data module subclasses
 :class:`VisionDataModule`, or :class:`DetectionDataModule` for data scored by COCO's protocol, and
 overrides what differs; ``tools/train.py`` and ``tools/predict.py`` take no other data module, and
-``tests/test_data_contract.py`` checks every data module of the task table on its synthetic set.
+``tests/data/test_data_contract.py`` checks every data module of the task table on its synthetic set.
 """
 from __future__ import annotations
 

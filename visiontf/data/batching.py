@@ -7,7 +7,7 @@ padding bottom/right), like DETR's ``NestedTensor`` and torchvision's ``ImageLis
 
 Padding changes a model's outputs: convolutions near the border see the zeros, deformable attention
 samples them, so an image's detections depend on its batch neighbours (measured in
-``benchmarks/eval_batch_invariance.py``). Evaluation and prediction therefore batch only images of
+``scripts/experiments/eval_batch_invariance.py``). Evaluation and prediction therefore batch only images of
 one size (:func:`size_buckets`, :class:`SizeBucketBatchSampler`): each image then meets exactly the
 computation it meets alone, at any batch size and on any number of processes.
 """

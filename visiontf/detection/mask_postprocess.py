@@ -9,7 +9,7 @@
   are resized (nearest, through the PNG colours as the original) to the target size; segments of at
   most ``min_area`` pixels are dropped and the rest recomputed (without merging again), until none is.
 
-The arithmetic is the original's (``tests/test_detr_segm_postprocess.py`` compares with its results, recorded
+The arithmetic is the original's (``tests/detection/test_detr_segm_postprocess.py`` compares with its results, recorded
 in ``tests/fixtures/detr/postprocess.safetensors``); the work is per image and, for
 instance masks, in chunks of queries, so that a COCO-sized batch of 100 queries does not hold
 100 full-size float masks at once.

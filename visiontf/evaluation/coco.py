@@ -200,7 +200,7 @@ def _validate(dets: list[dict], gt: dict, det_name: str, gt_name: str, iou_type:
             raise CocoEvalError(f"{det_name}: result #{first} ({str(dets[first])[:100]}) has an image_id or category_id "
                                 "that is not a number; results carry the annotation file's ids") from e
         shown = str(dets[first])[:100]
-        if iou_type != "bbox" and isinstance(dets[first], dict) and "segmentation" not in dets[first]:
+        if iou_type != "bbox" and isinstance(dets[first], dict) and need[-1] not in dets[first]:
             raise CocoEvalError(
                 f"{det_name}: result #{first} ({shown}) has no 'segmentation'; iou_type segm scores masks, so each "
                 "result needs a 'segmentation' (COCO RLE: {'size': [h, w], 'counts': ...}); box results are scored "

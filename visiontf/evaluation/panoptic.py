@@ -10,7 +10,7 @@ in the PNG. Per category (:func:`pq_average`): ``PQ = sum IoU / (TP + FP/2 + FN/
 TP``, ``RQ = TP / (TP + FP/2 + FN/2)``, averaged over the categories with any TP, FP or FN.
 
 :func:`pq_compute` takes panopticapi's files (JSON + PNG folders) and returns its numbers, to the last bit
-(``tests/test_panoptic_quality.py`` compares them with panopticapi's own, which
+(``tests/evaluation/test_panoptic_quality.py`` compares them with panopticapi's own, which
 ``scripts/fixtures/make_panopticapi.py`` records from a checkout of it). numpy and Pillow only, like
 :mod:`visiontf.evaluation.coco`.
 """

@@ -12,7 +12,7 @@
   over the windows that lie inside the image. The IPT release scores PSNR only.
   torchmetrics' ``structural_similarity_index_measure`` is not used: it reflect-pads the image
   and averages over every pixel, border windows included, which gives another number (about
-  3.5e-4 apart on a 48x45 crop); ``tests/test_restoration_metrics.py`` checks this one against a
+  3.5e-4 apart on a 48x45 crop); ``tests/evaluation/test_restoration_metrics.py`` checks this one against a
   BasicSR-style OpenCV implementation.
 
 Images are (B, 3, H, W) tensors in [0, ``rgb_range``]; ``hr`` must have ``sr``'s size (cut the

@@ -48,9 +48,6 @@ from visiontf.nn.ms_deform_attn import MSDeformAttn
 
 log = logging.getLogger(__name__)
 
-OPSET = 17
-
-
 def default_image_size(model: nn.Module, task: Task | None = None) -> tuple[int, int]:
     """The example input size of an export: the detector's ``min_size`` square, else the model's crop."""
     return get_adapter(model, task).default_export_size(model)
@@ -68,7 +65,7 @@ def exportable_attention(model: nn.Module) -> Iterator[nn.Module]:
 
     The default ``"gather"`` core is an ``embedding_bag`` inside an ``autograd.Function`` with a
     written-out backward, which the exporter cannot be trusted to translate; ``grid_sample`` (ONNX
-    GridSample, opset 16+) computes the same values (``tests/test_ms_deform_attn.py``). The cores
+    GridSample, opset 16+) computes the same values (``tests/nn/test_ms_deform_attn.py``). The cores
     are restored afterwards, so the model keeps running its fast path.
     """
     attns = [m for m in model.modules() if isinstance(m, MSDeformAttn)]
@@ -83,9 +80,11 @@ def exportable_attention(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | None = None, task: Task | None = None,
-                opset: int = OPSET) -> Path:
-    """Write ``model`` as an ONNX graph (see the module docstring for its inputs and outputs)."""
+                opset: int | None = None) -> Path:
+    """Write ``model`` as an ONNX graph (see the module docstring for its inputs and outputs) in ``opset``
+    (by default the task's, :attr:`~visiontf.adapters.base.TaskAdapter.onnx_opset`)."""
     adapter = get_adapter(model, task)
+    opset = adapter.onnx_opset if opset is None else opset
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # the exporter restores the wrapper's mode afterwards, recursively: keep it eval so the model stays eval

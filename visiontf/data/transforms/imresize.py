@@ -8,7 +8,7 @@ the output pixel ``x`` (1-based) sampling the input at ``u = x / s + 0.5 (1 - 1 
 PIL's and OpenCV's bicubic differ (no antialiasing in OpenCV, another a in both), by more than a
 PSNR table's last digit, so they are not used. For x2 the 8 weights are
 ``[-0.01171875, -0.03515625, 0.11328125, 0.43359375, 0.43359375, 0.11328125, -0.03515625, -0.01171875]``
-(``tests/test_restoration_data.py`` checks them and a ramp by hand).
+(``tests/data/test_restoration_data.py`` checks them and a ramp by hand).
 """
 from __future__ import annotations
 

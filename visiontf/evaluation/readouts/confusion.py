@@ -1,6 +1,6 @@
 """A detection confusion matrix: which class each object was taken for, and what was missed or invented.
 
-Convention (tested on hand-made cases in ``tests/test_detection_confusion.py``):
+Convention (tested on hand-made cases in ``tests/evaluation/test_detection_confusion.py``):
 
 * **Rows** are the truth: the K categories, then ``background`` (detections that match no object:
   false positives). **Columns** are the prediction: the K categories, then ``background`` (objects

@@ -20,7 +20,7 @@ removes its object from the count. ``FalsePos`` and ``FalseNeg`` are the gains o
 TIDE's AP is its own 101-point AP at one IoU over the classes it saw, not COCOeval's: a class with
 detections but no objects counts with AP 0, and a detection inside a crowd region of its class is
 ignored for AP but still binned as an error. This module follows tidecv 1.0.1's arithmetic and order
-(``tidecv/quantify.py``, ``ap.py``, ``errors/``) in its own code; ``benchmarks/tide_vs_tidecv.py``
+(``tidecv/quantify.py``, ``ap.py``, ``errors/``) in its own code; ``scripts/experiments/tide_vs_tidecv.py``
 checks it against tidecv itself. numpy and pycocotools' IoU only (no torch).
 """
 from __future__ import annotations

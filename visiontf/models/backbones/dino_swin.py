@@ -10,7 +10,7 @@ numbers at sizes that are not window multiples, so this module follows DINO's ar
 mask added to the logits). The parameter and buffer names are DINO's (``patch_embed``, ``layers.i``
 with ``downsample`` at the end of stage i, ``norm{i}`` on each output), so DINO's checkpoints
 (``backbone.0.*``) and the Swin ImageNet releases load by a prefix rename.
-``tests/test_dino_swin.py`` compares it with what DINO's own code computed (fixtures recorded by
+``tests/models/deformable_detr/test_dino_swin.py`` compares it with what DINO's own code computed (fixtures recorded by
 ``scripts/fixtures/make_dino.py`` from a checkout of the original).
 """
 from __future__ import annotations
@@ -88,9 +88,14 @@ class WindowAttention(nn.Module):
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(N, N, -1).permute(2, 0, 1)
         bias = bias.unsqueeze(0).to(q.dtype)
         if mask is not None:
+            # (images, windows, heads, N, d) against a (1, windows, heads, N, N) bias: broadcast over the images,
+            # whose count stays dynamic in an exported graph (an expand to B * windows baked the traced batch)
             nw = mask.shape[0]
-            bias = (bias.unsqueeze(0) + mask.to(q.dtype)[None, :, None]).expand(Bw // nw, -1, -1, -1, -1).reshape(Bw, -1, N, N)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            q, k, v = (t.reshape(-1, nw, *t.shape[1:]) for t in (q, k, v))
+            bias = bias.unsqueeze(0) + mask.to(q.dtype)[None, :, None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).flatten(0, 1)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         return self.proj(out.transpose(1, 2).reshape(Bw, N, C))
 
 
@@ -160,7 +165,8 @@ class SwinStage(nn.Module):
     def forward(self, x: Tensor, H: int, W: int) -> tuple[Tensor, Tensor, int, int]:
         """-> this stage's tokens (B, H * W, C), the next stage's input and its (H, W)."""
         w = self.window
-        mask = shift_mask(-(-H // w) * w, -(-W // w) * w, w, w // 2, x.device)
+        # ceiling division of non-negative sizes (exported graphs divide ints truncating, so -(-H // w) would shrink)
+        mask = shift_mask((H + w - 1) // w * w, (W + w - 1) // w * w, w, w // 2, x.device)
         for blk in self.blocks:
             x = blk(x, H, W, mask)
         if self.downsample is None:

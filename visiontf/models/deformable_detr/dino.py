@@ -15,7 +15,7 @@ Registered:
 
 The R50 models compute what DINO's code computes, so that its published checkpoints
 (``checkpoint0011_4scale.pth``, ...) load with ``create_model(name, pretrained=path)`` through
-:mod:`visiontf.models.deformable_detr.dino_convert` and give the original's outputs (tests/test_dino_checkpoints.py):
+:mod:`visiontf.models.deformable_detr.dino_convert` and give the original's outputs (tests/models/deformable_detr/test_dino_checkpoints.py):
 :data:`ORIGINAL_CODE` sets DINO's position embedding without the -0.5 offset, its inverse-sigmoid
 clamp of 1e-3, and its proposal selection, which ranks padded and border positions too.
 ``dino_tiny`` keeps visiontf's defaults (Deformable DETR's offset and clamp; proposals that skip

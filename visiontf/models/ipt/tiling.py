@@ -17,7 +17,7 @@ for a batch of images and with each tile computed once:
 The original computes the tiles of the top and left strips twice (they are the grid's first row
 and column) and runs one image at a time; here every distinct tile of every image of the batch
 goes through the model once, ``crop_batch_size`` tiles per call. The result equals
-what Pretrained-IPT's own ``forward_chop`` computed, image by image (``tests/test_ipt_tiling.py``, on
+what Pretrained-IPT's own ``forward_chop`` computed, image by image (``tests/models/ipt/test_ipt_tiling.py``, on
 fixtures ``scripts/fixtures/make_ipt.py`` recorded).
 """
 from __future__ import annotations

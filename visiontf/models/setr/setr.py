@@ -34,7 +34,7 @@ protocol in ``pretrained_cfg``: slide windows 512/341 on images resized to (2048
 (ADE20K) vs 768/512 on (2049, 1025) (Cityscapes, mmseg's ``cityscapes_768x768`` scale).
 
 Parameter counts (``sum(p.numel() for p in model.parameters())``, auxiliary heads included), equal
-to mmseg 1.2.2's for the same configs (``tests/test_setr_mmseg.py`` checks them key for key):
+to mmseg 1.2.2's for the same configs (``tests/models/setr/test_setr_mmseg.py`` checks them key for key):
 
 ==========  ==================  ==================
 decoder     ADE20K 512, 150     Cityscapes 768, 19

@@ -1,0 +1,318 @@
+"""Checkpoints you can trust: ``last.ckpt`` is the latest state at every save,
+writes are atomic in the destination folder, a failed or killed write leaves the previous file and
+no partial or temporary file, and a moved run folder resumes onto its own ``last.ckpt``.
+
+Costs: the in-process Lightning runs use a 4-parameter module (under a second each); the kill loop
+and the full-tmpfs test start small Python processes (about 15 s together, marked slow).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from visiontf.callbacks import LastAndBestCheckpoint, ModelEMA
+from visiontf.callbacks.checkpoint_io import AtomicCheckpointIO
+from visiontf.io.atomic_write import atomic_save
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS_PER_EPOCH = 2
+
+
+class Tiny(L.LightningModule):
+    """A linear model whose validation score gets worse every epoch after the first (``val/score``,
+    mode max): the monitored best stays at epoch 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/score", -float(self.current_epoch))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loader() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4 * STEPS_PER_EPOCH, 2, generator=g)
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+
+def _fit(folder: Path, epochs: int, callback: ModelCheckpoint, ckpt_path: str | None = None, extra: list | None = None,
+         **trainer_kwargs) -> L.Trainer:
+    trainer = L.Trainer(max_epochs=epochs, callbacks=[callback, *(extra or [])], plugins=[AtomicCheckpointIO()],
+                        default_root_dir=folder, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, **trainer_kwargs)
+    trainer.fit(Tiny(), _loader(), _loader(), ckpt_path=ckpt_path)
+    return trainer
+
+
+def _step(path: Path) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+
+
+class LastSeen(L.Callback):
+    """Reads last.ckpt at the start of every epoch (or batch) but the first, and after fit: what a
+    process killed at that moment would resume from. (Lightning runs checkpoint callbacks after the
+    others within a hook, so reading at the *start* of the next one sees the finished save.)"""
+
+    def __init__(self, folder: Path, every_batch: bool = False) -> None:
+        self.folder, self.every_batch, self.seen = folder, every_batch, []
+
+    def _read(self, trainer):
+        if trainer.global_step > 0:
+            self.seen.append((trainer.global_step, _step(self.folder / "last.ckpt")))
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if not self.every_batch:
+            self._read(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.every_batch:
+            self._read(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        self._read(trainer)
+
+
+def test_last_is_the_latest_state_at_every_epoch_although_the_monitor_never_improves(tmp_path):
+    ours = LastSeen(tmp_path / "ours")
+    cb = LastAndBestCheckpoint(dirpath=tmp_path / "ours", monitor="val/score", mode="max", save_last=True, save_top_k=1)
+    _fit(tmp_path, 3, cb, extra=[ours])
+    assert ours.seen == [(2, 2), (4, 4), (6, 6)]
+    assert Path(cb.best_model_path).name.startswith("epoch=0"), "the best is still the first epoch's"
+
+    # Lightning's ModelCheckpoint: last.ckpt stays at the best (the bug this class fixes)
+    plain = ModelCheckpoint(dirpath=tmp_path / "plain", monitor="val/score", mode="max", save_last=True, save_top_k=1)
+    _fit(tmp_path, 3, plain)
+    assert _step(tmp_path / "plain" / "last.ckpt") == STEPS_PER_EPOCH
+
+
+def test_last_every_n_steps_and_in_epochs_without_validation(tmp_path):
+    """every_n_train_steps=1 with a monitor that exists only after validation (every 2nd epoch)."""
+    seen = LastSeen(tmp_path / "ck", every_batch=True)
+    cb = LastAndBestCheckpoint(dirpath=tmp_path / "ck", monitor="val/score", mode="max", save_last=True,
+                               every_n_train_steps=1)
+    _fit(tmp_path, 3, cb, extra=[seen], check_val_every_n_epoch=2)
+    assert seen.seen == [(s, s) for s in range(1, 3 * STEPS_PER_EPOCH + 1)]
+    # the epoch without validation alone: every_n_train_steps off
+    seen = LastSeen(tmp_path / "ck2")
+    cb = LastAndBestCheckpoint(dirpath=tmp_path / "ck2", monitor="val/score", mode="max", save_last=True)
+    _fit(tmp_path, 3, cb, extra=[seen], check_val_every_n_epoch=2)
+    assert seen.seen == [(2, 2), (4, 4), (6, 6)]
+    assert len(list((tmp_path / "ck").glob("epoch=*.ckpt"))) == 1  # top-k still follows the monitor
+
+
+def test_moved_run_folder_resumes_onto_its_own_last_checkpoint(tmp_path):
+    cb = LastAndBestCheckpoint(dirpath=tmp_path / "a" / "ck", monitor="val/score", mode="max", save_last=True)
+    _fit(tmp_path / "a", 1, cb)
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    folder = tmp_path / "b" / "ck"
+    cb = LastAndBestCheckpoint(dirpath=folder, monitor="val/score", mode="max", save_last=True)
+    _fit(tmp_path / "b", 3, cb, ckpt_path=str(folder / "last.ckpt"))
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
+    assert _step(folder / "last.ckpt") == 3 * STEPS_PER_EPOCH
+    # the best of the first run is tracked in its new place, so the worse later epochs did not replace it
+    assert cb.best_model_path == str(folder / "epoch=0-step=2.ckpt") and float(cb.best_model_score) == 0.0
+
+
+def test_with_model_ema_last_holds_the_average_of_the_latest_step(tmp_path):
+    ema = ModelEMA(decay=0.9, warmup_steps=0)
+    cb = LastAndBestCheckpoint(dirpath=tmp_path / "ck", monitor="val/score", mode="max", save_last=True)
+    _fit(tmp_path, 2, cb, extra=[ema])
+    ck = torch.load(tmp_path / "ck" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ck["global_step"] == 2 * STEPS_PER_EPOCH
+    assert int(ck["averaging_state"]["n_averaged"]) == 2 * STEPS_PER_EPOCH
+    averaged = ema._average_model.module.state_dict()
+    assert all(torch.equal(ck["state_dict"][k], averaged[k]) for k in averaged)
+    assert set(ck["current_model_state"]) == set(averaged)
+    # and it resumes
+    cb2 = LastAndBestCheckpoint(dirpath=tmp_path / "ck", monitor="val/score", mode="max", save_last=True)
+    _fit(tmp_path, 3, cb2, ckpt_path=str(tmp_path / "ck" / "last.ckpt"), extra=[ModelEMA(decay=0.9, warmup_steps=0)])
+    assert _step(tmp_path / "ck" / "last.ckpt") == 3 * STEPS_PER_EPOCH
+
+
+def _payload(i: int, mb: int = 1) -> dict:
+    return {"i": i, "data": torch.full((mb * 262_144,), float(i))}
+
+
+def _assert_complete(path: Path) -> int:
+    ck = torch.load(path, map_location="cpu", weights_only=True)
+    assert torch.all(ck["data"] == float(ck["i"])), "a mixed or partial state"
+    return int(ck["i"])
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """ENOSPC simulated half way through the write (the real full disk is the next test)."""
+    dest = tmp_path / "last.ckpt"
+    atomic_save(_payload(1), dest)
+
+    real_save = torch.save
+
+    def half_then_enospc(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(f.tell() // 2)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_then_enospc)
+    with pytest.raises(OSError) as info:
+        atomic_save(_payload(2), dest)
+    assert info.value.errno == errno.ENOSPC and "previous file is unchanged" in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert _assert_complete(dest) == 1
+
+
+_FULL_DISK = r"""
+import json, sys, torch
+sys.path.insert(0, sys.argv[2])
+from visiontf.io.atomic_write import atomic_save
+folder = sys.argv[1]
+atomic_save({"i": 1, "data": torch.full((262_144,), 1.0)}, folder + "/last.ckpt")       # 1 MB: fits
+try:
+    atomic_save({"i": 2, "data": torch.full((4 * 262_144,), 2.0)}, folder + "/last.ckpt")  # 4 MB: does not
+    error = None
+except OSError as e:
+    error = [e.errno, str(e)]
+import os
+print(json.dumps({"error": error, "files": sorted(os.listdir(folder)),
+                  "i": int(torch.load(folder + "/last.ckpt", weights_only=True)["i"])}))
+"""
+
+
+@pytest.mark.slow
+def test_full_filesystem_keeps_the_previous_checkpoint(tmp_path):
+    """A real ENOSPC: a 2 MiB tmpfs mounted in a private user+mount namespace (``unshare``)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_DISK)
+    shell = (f"mount -t tmpfs -o size=2m tmpfs {mount} && "
+             f"{sys.executable} {script} {mount} {ROOT}")
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare not available: the simulated ENOSPC test covers this case")
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0 and "mount" in proc.stderr and "Traceback" not in proc.stderr:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()[:200]}); the simulated ENOSPC test covers this case")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["error"] is not None and out["error"][0] == errno.ENOSPC
+    assert "previous file is unchanged" in out["error"][1], out["error"]
+    assert out["files"] == ["last.ckpt"], "no temporary file left on the full disk"
+    assert out["i"] == 1
+
+
+_KILL_LOOP = r"""
+import json, os, random, signal, sys, time
+import torch
+sys.path.insert(0, sys.argv[2])
+from visiontf.io.atomic_write import atomic_save
+folder, rounds = sys.argv[1], int(sys.argv[3])
+dest = folder + "/last.ckpt"
+rng = random.Random(0)
+report = []
+for r in range(rounds):
+    pid = os.fork()
+    if pid == 0:  # the writer: 8 MB checkpoints in a loop until killed
+        i = 1000 * (r + 1)
+        while True:
+            i += 1
+            atomic_save({"i": i, "data": torch.full((8 * 262_144,), float(i))}, dest)
+    time.sleep(rng.uniform(0.05, 0.4))
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    files = sorted(os.listdir(folder))
+    state = None
+    if os.path.exists(dest):
+        ck = torch.load(dest, weights_only=True)
+        state = [int(ck["i"]), bool(torch.all(ck["data"] == float(ck["i"])))]
+    report.append({"files": files, "state": state})
+atomic_save({"i": -1, "data": torch.zeros(4)}, dest)  # a later save removes a killed write's temporary file
+print(json.dumps({"rounds": report, "after": sorted(os.listdir(folder))}))
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_during_writes_never_leaves_a_partial_checkpoint(tmp_path):
+    """Kill a process that writes 8 MB checkpoints in a loop, at random moments, 8 times (one forked
+    writer per round); the run folder is on /dev/shm, another filesystem than $TMPDIR (where
+    Lightning's own writer stages its files before copying them across)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("/dev/shm not writable")
+    assert os.stat(shm).st_dev != os.stat(tempfile.gettempdir()).st_dev, "/dev/shm should be another filesystem"
+    folder = shm / f"visiontf-kill-{os.getpid()}-{random.randrange(1 << 30)}"
+    folder.mkdir()
+    script = tmp_path / "kill_loop.py"
+    script.write_text(_KILL_LOOP)
+    try:
+        proc = subprocess.run([sys.executable, str(script), str(folder), str(ROOT), "8"], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    completed = 0
+    for r in out["rounds"]:
+        named = [f for f in r["files"] if not f.startswith(".")]
+        assert named in ([], ["last.ckpt"]) and len(r["files"]) <= 2, r["files"]  # at most one temporary file
+        if r["state"] is not None:
+            assert r["state"][1], f"last.ckpt mixes two states: {r}"
+            completed += 1
+    assert completed >= 6, out["rounds"]
+    assert out["after"] == ["last.ckpt"]
+
+
+def test_a_run_ending_before_its_first_validation_says_there_is_no_best_checkpoint(tmp_path, caplog):
+    cb = LastAndBestCheckpoint(dirpath=tmp_path / "ck", monitor="val/score", mode="max", save_last=True)
+    with caplog.at_level(logging.WARNING, logger="visiontf.callbacks.checkpoint"):
+        _fit(tmp_path, 3, cb, max_steps=1)  # the first validation would come at step 2
+    assert "training ended at step 1 before any validation logged 'val/score': no best checkpoint" in caplog.text
+    assert cb.best_model_path == "" and _step(tmp_path / "ck" / "last.ckpt") == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="visiontf.callbacks.checkpoint"):
+        _fit(tmp_path / "full", 1, LastAndBestCheckpoint(dirpath=tmp_path / "ck2", monitor="val/score", save_last=True))
+    assert "no best checkpoint" not in caplog.text
+
+
+def test_a_killed_writes_temporary_of_any_checkpoint_name_is_removed_by_the_next_run(tmp_path):
+    """A run killed while writing ``epoch000-step000002.ckpt`` (a best checkpoint, whose name is never written
+    again) left ``.epoch000-step000002.ckpt.<hex>.tmp``: ``atomic_save`` of other names keeps it, the checkpoint
+    plugin removes every temporary of its folder at its first save there, and only then."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    stale = folder / ".epoch000-step000002.ckpt.0123abcd.tmp"
+    stale.write_bytes(b"partial")
+    other = tmp_path / ".notes.txt.0123abcd.tmp"  # another folder: not the plugin's business
+    other.write_bytes(b"x")
+    atomic_save({"i": 1}, folder / "last.ckpt")
+    assert stale.exists(), "atomic_save removes only the temporaries of the file it writes"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"i": 2}, folder / "last.ckpt")
+    assert not stale.exists() and other.exists()
+    assert sorted(os.listdir(folder)) == ["last.ckpt"]
+    # later saves of this process leave the folder's files alone (a temporary there could be its own)
+    late = folder / ".epoch001-step000004.ckpt.0123abcd.tmp"
+    late.write_bytes(b"partial")
+    io.save_checkpoint({"i": 3}, folder / "last.ckpt")
+    assert late.exists()

@@ -1,0 +1,49 @@
+"""The one CLI: configs parse, num_classes is linked from the data module."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def printed_configs(tmp_path_factory) -> dict[str, dict]:
+    """``tools/train.py fit --config C --print_config`` for every shipped config, in one process."""
+    from cli_runner import run_tools
+
+    results = run_tools([{"argv": ["tools/train.py", "fit", "--config", c, "--print_config"]} for c in CONFIGS],
+                        tmp_path_factory.mktemp("print_config"))
+    return dict(zip(CONFIGS, results))
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_parses(printed_configs, config):
+    out = printed_configs[config]
+    assert out["code"] == 0, out["stderr"][-2000:]
+    cfg = yaml.safe_load(out["stdout"])
+    assert cfg["model"]["class_path"].startswith("visiontf.tasks.")
+    assert cfg["data"]["class_path"].startswith("visiontf.data.")
+
+
+@pytest.mark.slow
+def test_fit_links_num_classes_and_writes_last_checkpoint(tmp_path):
+    from visiontf.data.synthetic.classification import make_classification_dataset
+
+    root = make_classification_dataset(tmp_path / "data", num_train=12, num_val=6, num_classes=3, image_size=32)
+    cmd = [sys.executable, "tools/train.py", "fit", "--config", "configs/vit/vit_tiny_synthetic.yaml",
+           f"--data.init_args.root={root}", "--data.init_args.image_size=32", "--data.init_args.num_workers=0",
+           "--model.init_args.model_kwargs={img_size: 32, patch_size: 8, depth: 1}", "--trainer.max_epochs=1",
+           f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.enable_progress_bar=false"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    assert list((tmp_path / "run" / "csv").rglob("metrics.csv"))
+    import torch
+
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    assert ckpt["hyper_parameters"]["num_classes"] == 3
+    assert ckpt["state_dict"]["model.head.weight"].shape[0] == 3
