@@ -8,7 +8,10 @@ CUDA). The references, each timed alternately with ours in the same process:
 * the original's pure-PyTorch core ``ms_deform_attn_core_pytorch`` (``grid_sample`` per level;
   :func:`reference.deformable_detr.original_core`);
 * visiontf's gather core (:mod:`visiontf.nn.ms_deform_gather`, the CPU fast path, and what CUDA
-  ran before the Triton kernels).
+  ran before the Triton kernels);
+* ours under ``torch.use_deterministic_algorithms(True)`` (what ``Trainer(deterministic=True)`` runs): the
+  value gradient summed by a stable sort and a segmented-sum kernel instead of atomics, at fixed block
+  sizes instead of the autotuner's. The ratio is the cost of deterministic training in the core.
 
 Shapes (8 heads, head dim 32, 4 levels, 4 points; ``tiny``: toy sizes, 2 heads of 8, 2 points): the encoder of an 800x1216
 batch of 2 (levels 100x152, 50x76, 25x38, 13x19: every one of the 20197 positions queries, sampling
@@ -37,6 +40,8 @@ SHAPES = {"real": [(100, 152), (50, 76), (25, 38), (13, 19)], "tiny": [(4, 6), (
 #: heads, head dim, points; tiny: small enough for Triton's interpreter on the CPU
 HEADS = {"real": (8, 32, 4), "tiny": (2, 8, 2)}
 DECODER_QUERIES = {"real": 900, "tiny": 6}
+#: the reference that is ours again, run with deterministic algorithms on
+DETERMINISTIC = "visiontf Triton core, deterministic backward"
 
 
 def make_inputs(kind: str, size: str, dtype: torch.dtype, device: torch.device, batch: int = 2, seed: int = 0):
@@ -62,15 +67,27 @@ def make_inputs(kind: str, size: str, dtype: torch.dtype, device: torch.device, 
     return value.to(device, dtype), shapes, loc.to(device), weights.to(device)
 
 
-def _fwd_bwd(core, value, shapes, loc, weights, grad, amp: bool):
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    """``torch.use_deterministic_algorithms(True)`` inside the block (forward and backward), the setting restored after."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def _fwd_bwd(core, value, shapes, loc, weights, grad, amp: bool, deterministic: bool = False):
     leaves = [t.detach().requires_grad_() for t in (value, loc, weights)]
 
     def run():
         for t in leaves:
             t.grad = None
-        with torch.autocast(value.device.type, dtype=torch.bfloat16, enabled=amp):
-            out = core(leaves[0], shapes, leaves[1], leaves[2])
-        out.backward(grad.to(out.dtype))
+        with _deterministic_algorithms() if deterministic else contextlib.nullcontext():
+            with torch.autocast(value.device.type, dtype=torch.bfloat16, enabled=amp):
+                out = core(leaves[0], shapes, leaves[1], leaves[2])
+            out.backward(grad.to(out.dtype))
         return out
 
     return run, leaves
@@ -88,7 +105,9 @@ def _agree(ours: list, theirs: list, out_ours, out_theirs, tol: float) -> tuple[
 def run(device: torch.device, tiny: bool, budget: Budget, ref_core=None, ref_note: str = "") -> list[dict]:
     size = "tiny" if tiny else "real"
     warmup, repeats, inner = (1, 1, 1) if tiny else (3, 10, 5)
-    cores = {"original CUDA op": ref_core, "original PyTorch core (grid_sample)": original_core, "visiontf gather core": core_gather}
+    triton = lambda *a: ms_deform_attn_core(*a, method="triton")  # noqa: E731
+    cores = {"original CUDA op": ref_core, "original PyTorch core (grid_sample)": original_core, "visiontf gather core": core_gather,
+             DETERMINISTIC: triton}
     rows = []
     for kind in ("encoder", "decoder"):
         for dtype in (torch.float32, torch.bfloat16):
@@ -100,13 +119,13 @@ def run(device: torch.device, tiny: bool, budget: Budget, ref_core=None, ref_not
             amp = dtype == torch.bfloat16
             grad = torch.randn(value.shape[0], loc.shape[1], value.shape[2] * value.shape[3],
                                generator=torch.Generator().manual_seed(1)).to(device)
-            ours, our_leaves = _fwd_bwd(lambda *a: ms_deform_attn_core(*a, method="triton"), value, shapes, loc, weights, grad, amp)
+            ours, our_leaves = _fwd_bwd(triton, value, shapes, loc, weights, grad, amp)
             out_ours = ours()
             for ref_name, core in cores.items():
                 if core is None:
                     rows.append(gpu_row("a", label, ref_name, None, None, None, notes=ref_note))
                     continue
-                theirs, their_leaves = _fwd_bwd(core, value, shapes, loc, weights, grad, amp)
+                theirs, their_leaves = _fwd_bwd(core, value, shapes, loc, weights, grad, amp, deterministic=ref_name == DETERMINISTIC)
                 out_theirs = theirs()
                 ours()  # our leaves' gradients again, after the reference ran
                 same, worst = _agree(our_leaves, their_leaves, out_ours, out_theirs, 1e-4 if dtype == torch.float32 else 3e-2)

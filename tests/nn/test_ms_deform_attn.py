@@ -221,3 +221,87 @@ def test_packed_tokens_equal_the_padded_batch(method):
     got = ours(packed.pack(x)[None], packed.pack(refs)[None], packed.pack(x)[None], SHAPES, packed=packed)
     torch.testing.assert_close(got[0], packed.pack(full), rtol=0, atol=1e-12)
     assert torch.equal(packed.unpack(packed.pack(x))[~pad], x[~pad]) and packed.unpack(packed.pack(x))[pad].abs().max() == 0
+
+
+# ---- determinism of the gather core --------------------------------------------------------------
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The float32 tensor's bits (``torch.equal`` takes -0.0 for 0.0 and NaN for unequal to itself)."""
+    return t.contiguous().view(torch.int32)
+
+
+def _gather_forward_backward(value, shapes, loc, attn, grad, threads: int) -> list[torch.Tensor]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert torch.get_num_threads() == threads
+        leaves = [t.clone().requires_grad_() for t in (value, loc, attn)]
+        out = ms_deform_attn_core(leaves[0], shapes, leaves[1], leaves[2], "gather")
+        out.backward(grad)
+    finally:
+        torch.set_num_threads(before)
+    return [_bits(t) for t in (out.detach(), *(leaf.grad for leaf in leaves))]
+
+
+@pytest.mark.parametrize("queries", ["encoder", "decoder"])
+def test_gather_core_is_the_same_bit_for_bit_across_runs_and_thread_counts(queries):
+    """The gather core's claim, deterministic by construction (a stable sort, per-row sums, no atomics): output
+    and the three gradients are the same bits over repeated runs on 1 and on 2 threads, for the table
+    gradient's dense per-key sums (every position queries, as in the encoder) and its sparse ones (few queries)."""
+    from visiontf.nn.ms_deform_tables import bordered_layout
+
+    shapes = [(8, 8), (4, 4), (2, 2)]
+    N, M, D, P = 2, 2, 8, 4
+    S = sum(h * w for h, w in shapes)
+    Q = S if queries == "encoder" else 5
+    # the table gradient's two paths: dense sums when the samples number at least 4x the table rows
+    rows = N * bordered_layout(tuple(shapes), torch.device("cpu"))[3] * M
+    assert (N * Q * M * len(shapes) * P >= 4 * rows) == (queries == "encoder")
+    value, loc, attn = _inputs(N=N, Q=Q, M=M, D=D, P=P, shapes=shapes, dtype=torch.float32, seed=6)
+    grad = torch.randn(N, Q, M * D, generator=torch.Generator().manual_seed(7))
+    runs = {threads: [_gather_forward_backward(value, shapes, loc, attn, grad, threads) for _ in range(2)] for threads in (1, 2)}
+    first = runs[1][0]
+    for threads, repeats in runs.items():
+        for run in repeats:
+            for name, a, b in zip(("output", "value gradient", "location gradient", "attention-weight gradient"), first, run):
+                assert torch.equal(a, b), f"{name} differs ({threads} threads)"
+
+
+def test_two_threads_do_change_a_float_sum():
+    """The control of the test above: in this process 2 threads do split a float32 reduction, and its bits change
+    (for most inputs: five sums of 4M numbers, of which 4 change here)."""
+    x = torch.randn(5, 4_000_000, generator=torch.Generator().manual_seed(8))
+    before = torch.get_num_threads()
+    try:
+        sums = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            sums.append(_bits(torch.stack([row.sum() for row in x])))
+    finally:
+        torch.set_num_threads(before)
+    assert not torch.equal(*sums)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the gather core's CUDA run needs one)")
+def test_gather_core_is_deterministic_on_cuda():
+    """On CUDA under ``torch.use_deterministic_algorithms(True)`` (what the "gather" method runs there without
+    Triton): none of the gather core's operations is refused, and two runs give the same bits."""
+    from visiontf.nn.ms_deform_gather import core_gather
+
+    shapes = [(100, 152), (50, 76), (25, 38), (13, 19)]
+    value, loc, attn = _inputs(N=2, Q=900, M=8, D=32, P=4, shapes=shapes, dtype=torch.float32, seed=9)
+    value, loc, attn = value.cuda(), loc.cuda(), attn.cuda()
+    grad = torch.randn(2, 900, 256, device="cuda")
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = []
+        for _ in range(2):
+            leaves = [t.clone().requires_grad_() for t in (value, loc, attn)]
+            out = core_gather(leaves[0], shapes, leaves[1], leaves[2])
+            out.backward(grad)
+            runs.append([_bits(t) for t in (out.detach(), *(leaf.grad for leaf in leaves))])
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)

@@ -6,7 +6,12 @@
 * ``"triton"``: the fused Triton kernels whatever the device (on CPU tensors only under
   ``TRITON_INTERPRET=1``: the tests).
 * ``"grid_sample"``: the original's pure-PyTorch design, one ``F.grid_sample`` per level (here).
-  ONNX exports it (GridSample, opset 16+), and the tests use it as a cross-check.
+  ONNX exports it (GridSample, opset 16+), and the tests use it as a cross-check. It does not train
+  deterministically on CUDA: ``F.grid_sample``'s backward adds with atomics there (torch raises under
+  ``torch.use_deterministic_algorithms(True)``).
+
+Under ``torch.use_deterministic_algorithms(True)`` the ``"gather"`` and ``"triton"`` methods are
+deterministic, on every device: see :func:`fused_kernel_runs`.
 
 Two options of every core (RT-DETRv2's, Lv et al. 2024), off by default:
 
@@ -51,10 +56,18 @@ def _triton_installed() -> bool:
 
 
 def fused_kernel_runs(value: Tensor) -> bool:
-    """Whether the ``"gather"`` method runs the fused Triton kernels for ``value``: a CUDA tensor,
-    Triton installed, and deterministic algorithms not asked for (the kernels' value gradient adds
-    with atomics, in no fixed order; the gather core's is deterministic)."""
-    return value.is_cuda and _triton_installed() and not torch.are_deterministic_algorithms_enabled()
+    """Whether the ``"gather"`` method runs the fused Triton kernels for ``value``: a CUDA tensor and
+    Triton installed; otherwise it runs the gather core.
+
+    Deterministic algorithms (``torch.use_deterministic_algorithms(True)``, Lightning's
+    ``Trainer(deterministic=True)``) change the kernels, not this choice: their backward then sums the
+    value's gradient without atomics (:mod:`visiontf.nn.ms_deform_triton`). Both cores the ``"gather"``
+    method can run are deterministic in that mode (the gather core's table gradient is a stable sort and
+    per-row sums in any mode). It never falls back to the ``"grid_sample"`` core: ``F.grid_sample``'s CUDA
+    backward adds the value's gradient with atomics, and torch refuses to run it under deterministic
+    algorithms.
+    """
+    return value.is_cuda and _triton_installed()
 
 
 def ms_deform_attn_core(
@@ -104,6 +117,8 @@ def ms_deform_attn_core(
         size = sample_sizes(shapes, points, dtype, value.device)  # (J, 2)
         pix = (sampling_locations.to(dtype) * size - 0.5).permute(0, 1, 4, 2, 3)  # (N, Lq, 2, M, J)
         return pixel_core(value, shapes, pix, attention_weights, None, method, points, sampling)
+    # "gather" resolves to one of the two fast cores, whatever the device and in deterministic mode too:
+    # both have a deterministic backward there, grid_sample's has none on CUDA (see fused_kernel_runs)
     if method == "triton" or (method == "gather" and fused_kernel_runs(value)):
         from visiontf.nn.ms_deform_triton import triton_core  # imports Triton: only where it runs
 

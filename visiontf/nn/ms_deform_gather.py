@@ -111,10 +111,17 @@ def _table_grad(
     otherwise (the decoder) only over the keys present. Dense sums are added per level as whole
     shifted blocks (``spans``: each level's rows in an image's block of ``image_rows`` rows and its
     corner offsets), several times faster than an accumulating scatter of every row.
+
+    Deterministic by construction, with no atomics: every row's sum is over its samples in sample order
+    (a stable sort), and each row is written by exactly one block add or one index (the targets of an
+    ``index_put_`` are distinct).
     """
     J = keys.shape[1]
     flat = keys.reshape(-1)
-    sorted_keys, order = torch.sort(flat)
+    # stable: a key's samples stay in sample order, so each per-key sum adds the same terms in the same order
+    # whatever the sort's implementation, device or thread count (deterministic, as
+    # torch.use_deterministic_algorithms asks); on the CPU the default sort was already stable, at the same cost
+    sorted_keys, order = torch.sort(flat, stable=True)
     # dense per-key sums write every row 4 times: worth it only when samples far outnumber rows
     dense = flat.numel() >= 4 * rows
     if dense:

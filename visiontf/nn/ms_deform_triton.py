@@ -8,8 +8,21 @@ sums them in registers: the value is read where it lies, nothing is materialised
 
 The backward is one kernel too: per (query block, head) it reads the output gradient once and, per
 sample, the 4 corner rows again; the corner dot products give the attention weight's and the
-location's gradients (written, no conflicts), and the weighted output gradient is added into the
-value's gradient with float32 atomics (float64 for float64), cast to the value's dtype at the end.
+location's gradients (each written by the one program that owns its query row: no atomics), and the
+weighted output gradient is added into the value's gradient with float32 atomics (float64 for
+float64), cast to the value's dtype at the end. Atomics add in whatever order the programs reach
+them, so the value gradient's last bits change from run to run.
+
+Under ``torch.use_deterministic_algorithms(True)`` (which Lightning's ``Trainer(deterministic=True)``
+calls) the value gradient is summed without atomics instead: the backward kernel writes each
+sample corner's value row and weight, a stable sort groups the corners by value row, and a second
+kernel sums each row's corners in that order, one (row, channel) lane at a time. The order is the
+stable sort's (query row, head, sample, corner), a function of the inputs alone: the result does not
+depend on scheduling or on either kernel's block sizes. It costs the sort of 4 x samples keys and
+about 20 bytes of memory per sample corner. The kernels' launch configurations are then fixed
+(:data:`DETERMINISTIC_BLOCKS`) rather than autotuned: the autotuner keeps the fastest by timing,
+which can differ between two processes, and the location gradient's dot products are reduced
+across threads in a layout that follows the tile's shape.
 
 Semantics are ``F.grid_sample(mode="bilinear", padding_mode="zeros", align_corners=False)``'s,
 those of the other cores: pixel coordinate = ``loc * size - 0.5``, corners outside the map read
@@ -46,6 +59,12 @@ _BWD_CONFIGS = [triton.Config({"BLOCK_Q": q}, num_warps=4) for q in (32, 16)]
 if INTERPRETED:
     _FWD_CONFIGS, _BWD_CONFIGS = _FWD_CONFIGS[:1], _BWD_CONFIGS[:1]
 
+#: block sizes under deterministic algorithms, fixed for the reasons of the module docstring: query rows
+#: per program of the forward and of the backward kernel, and value rows and channels per program of the
+#: value gradient's segmented sum (``BLOCK_D`` None: the head dim rounded up to a power of 2, at most 64).
+#: The tests change them to show that no gradient depends on them.
+DETERMINISTIC_BLOCKS: dict[str, int | None] = {"BLOCK_Q_FORWARD": 64, "BLOCK_Q_BACKWARD": 32, "BLOCK_V": 32, "BLOCK_D": None}
+
 
 @triton.jit
 def _corners(x, y, a, H, W):
@@ -75,9 +94,10 @@ def _corners(x, y, a, H, W):
 
 @triton.jit
 def _channels_in_range(d, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """(1, BLOCK_D) mask of the real channels; all true, as a constant, when D is a power of 2, so that
-    the loads of a row stay one contiguous vector (a compared ``arange`` would split them into scalars)."""
-    if BLOCK_D == D:
+    """(1, BLOCK_D) mask of the real channels; all true, as a constant, when blocks of BLOCK_D tile D exactly
+    (D a power of 2), so that the loads of a row stay one contiguous vector (a compared ``arange`` would split
+    them into scalars)."""
+    if D % BLOCK_D == 0:
         return tl.full((1, BLOCK_D), 1, tl.int1)
     return (d < D)[None, :]
 
@@ -138,11 +158,15 @@ def _forward_kernel(
 @triton.autotune(configs=_BWD_CONFIGS, key=["M", "D", "L", "P", "MANY_ROWS"], reset_to_zero=["grad_value_ptr"])
 @triton.jit
 def _backward_kernel(
-    value_ptr, pix_ptr, attn_ptr, levels_ptr, image_ptr, grad_out_ptr, grad_value_ptr, grad_pix_ptr, grad_attn_ptr, R, Q, S,
+    value_ptr, pix_ptr, attn_ptr, levels_ptr, image_ptr, grad_out_ptr, grad_value_ptr, grad_pix_ptr, grad_attn_ptr,
+    corner_row_ptr, corner_weight_ptr, R, Q, S, NO_ROW,
     M: tl.constexpr, D: tl.constexpr, L: tl.constexpr, P: tl.constexpr, PACKED: tl.constexpr, MANY_ROWS: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, DETERMINISTIC: tl.constexpr = False,
 ):
-    """Gradients of the value (atomic adds), the pixel coordinates and the attention weights."""
+    """Gradients of the pixel coordinates and the attention weights, and of the value: added with atomics,
+    or (``DETERMINISTIC``) each sample corner's value row (``NO_ROW`` outside the map) and weight written to
+    ``corner_row_ptr`` / ``corner_weight_ptr`` at (query row, head, sample, corner), for
+    :func:`_value_grad_kernel` to sum."""
     rows = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     m = tl.program_id(1)
     row_ok = rows < R
@@ -152,7 +176,9 @@ def _backward_kernel(
     J: tl.constexpr = L * P
     pix_row = rows.to(tl.int64) * (2 * M * J) + m * J
     attn_row = rows.to(tl.int64) * (M * J) + m * J
-    head = (image.to(tl.int64) * S * M + m) * D
+    head_row = image.to(tl.int64) * S * M + m
+    head = head_row * D
+    corner_base = (rows.to(tl.int64) * M + m) * (4 * J)
     g_ptr = grad_out_ptr + (rows.to(tl.int64) * (M * D) + m * D)[:, None] + d[None, :]
     g = tl.load(g_ptr, mask=row_ok[:, None] & d_ok, other=0.0).to(ACC)
     # a loop, not unrolled: each sample already has 4 x BLOCK_Q x D loads in flight, and unrolling
@@ -185,10 +211,52 @@ def _backward_kernel(
         ay0 = a - ay1
         w01 = ay0 * fx
         w11 = ay1 * fx
-        tl.atomic_add(grad_value_ptr + offset, (ay0 - w01)[:, None] * g, mask=m00, sem="relaxed")
-        tl.atomic_add(grad_value_ptr + o01, w01[:, None] * g, mask=m01, sem="relaxed")
-        tl.atomic_add(grad_value_ptr + o10, (ay1 - w11)[:, None] * g, mask=m10, sem="relaxed")
-        tl.atomic_add(grad_value_ptr + o11, w11[:, None] * g, mask=m11, sem="relaxed")
+        if DETERMINISTIC:
+            r00 = head_row + top_left
+            r10 = r00 + row_step
+            at = corner_base + 4 * j
+            tl.store(corner_row_ptr + at, tl.where(ok00, r00, NO_ROW).to(corner_row_ptr.dtype.element_ty), mask=row_ok)
+            tl.store(corner_row_ptr + at + 1, tl.where(ok01, r00 + M, NO_ROW).to(corner_row_ptr.dtype.element_ty), mask=row_ok)
+            tl.store(corner_row_ptr + at + 2, tl.where(ok10, r10, NO_ROW).to(corner_row_ptr.dtype.element_ty), mask=row_ok)
+            tl.store(corner_row_ptr + at + 3, tl.where(ok11, r10 + M, NO_ROW).to(corner_row_ptr.dtype.element_ty), mask=row_ok)
+            tl.store(corner_weight_ptr + at, ay0 - w01, mask=row_ok)
+            tl.store(corner_weight_ptr + at + 1, w01, mask=row_ok)
+            tl.store(corner_weight_ptr + at + 2, ay1 - w11, mask=row_ok)
+            tl.store(corner_weight_ptr + at + 3, w11, mask=row_ok)
+        else:
+            tl.atomic_add(grad_value_ptr + offset, (ay0 - w01)[:, None] * g, mask=m00, sem="relaxed")
+            tl.atomic_add(grad_value_ptr + o01, w01[:, None] * g, mask=m01, sem="relaxed")
+            tl.atomic_add(grad_value_ptr + o10, (ay1 - w11)[:, None] * g, mask=m10, sem="relaxed")
+            tl.atomic_add(grad_value_ptr + o11, w11[:, None] * g, mask=m11, sem="relaxed")
+
+
+@triton.jit
+def _value_grad_kernel(
+    order_ptr, corner_weight_ptr, bounds_ptr, grad_out_ptr, grad_value_ptr, V,
+    D: tl.constexpr, CORNERS: tl.constexpr, ACC: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The value gradient without atomics: row v's channels are the sum, over the sample corners that read
+    row v, of corner weight x output gradient. ``order`` lists the corners sorted by value row (stably), row
+    v's being ``order[bounds[v]:bounds[v + 1]]``; ``CORNERS`` is 4 x samples per (query row, head)."""
+    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_ok = v < V
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = _channels_in_range(d, D, BLOCK_D)
+    first = tl.load(bounds_ptr + v, mask=v_ok, other=0)
+    count = tl.load(bounds_ptr + v + 1, mask=v_ok, other=0) - first
+    acc = tl.zeros((BLOCK_V, BLOCK_D), dtype=ACC)
+    # each (row, channel) lane adds its own corners one by one in the sorted order, so neither block size
+    # nor the rows sharing a program change a bit of it
+    for k in range(0, tl.max(count, 0)):
+        live = k < count
+        corner = tl.load(order_ptr + first + k, mask=live, other=0)
+        weight = tl.load(corner_weight_ptr + corner, mask=live, other=0.0)
+        # a corner's (query row, head) is its index // CORNERS: the row of the (R * M, D) output gradient
+        g = tl.load(grad_out_ptr + ((corner // CORNERS) * D)[:, None] + d[None, :], mask=live[:, None] & d_ok, other=0.0)
+        # where, not a masked add of 0: adding +0.0 turns a -0.0 sum positive, depending on which rows share the block
+        acc = tl.where(live[:, None], acc + weight[:, None] * g.to(ACC), acc)
+    out = grad_value_ptr + (v.to(tl.int64) * D)[:, None] + d[None, :]
+    tl.store(out, acc.to(grad_value_ptr.dtype.element_ty), mask=v_ok[:, None] & d_ok)
 
 
 @tensor_cache(maxsize=64)
@@ -212,12 +280,46 @@ def _launch_args(value: Tensor, pix: Tensor, packed: bool) -> tuple[dict, Callab
     return meta, lambda cfg: (triton.cdiv(R, cfg["BLOCK_Q"]), M)
 
 
+def _launch(kernel, grid: Callable, block_q: str, *args, **meta) -> None:
+    """``kernel`` as autotuned, or under deterministic algorithms at the fixed ``DETERMINISTIC_BLOCKS[block_q]``
+    query rows per program (the autotuner's choice follows timings)."""
+    if torch.are_deterministic_algorithms_enabled():
+        kernel.fn[grid](*args, BLOCK_Q=DETERMINISTIC_BLOCKS[block_q], num_warps=4, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+def _summed_value_grad(corner_rows: Tensor, corner_weights: Tensor, grad_out: Tensor, value: Tensor, corners: int) -> Tensor:
+    """The value's gradient (in its dtype) from every sample corner's value row and weight, without atomics.
+
+    ``corner_rows``, ``corner_weights`` (R * M * corners,) as :func:`_backward_kernel` writes them under
+    ``DETERMINISTIC`` (rows outside every map: N * S * M); ``grad_out`` (R, M * D) contiguous.
+    """
+    N, S, M, D = value.shape
+    V = N * S * M
+    # stable: the corners of one value row keep the order they were written in, (query row, head, sample,
+    # corner), so the sort's output, and with it each row's order of addition, is a function of the inputs
+    # alone (an unstable sort may order equal keys by thread timing)
+    sorted_rows, order = torch.sort(corner_rows, stable=True)
+    bounds = torch.searchsorted(sorted_rows, torch.arange(V + 1, dtype=sorted_rows.dtype, device=sorted_rows.device))
+    del sorted_rows
+    grad_value = torch.empty_like(value)
+    block_v = DETERMINISTIC_BLOCKS["BLOCK_V"]
+    block_d = DETERMINISTIC_BLOCKS["BLOCK_D"] or min(triton.next_power_of_2(D), 64)
+    grid = (triton.cdiv(V, block_v), triton.cdiv(D, block_d))
+    _value_grad_kernel[grid](order, corner_weights, bounds, grad_out, grad_value, V, D=D, CORNERS=corners,
+                             ACC=tl.float64 if value.dtype == torch.float64 else tl.float32, BLOCK_V=block_v, BLOCK_D=block_d,
+                             num_warps=4)
+    return grad_value
+
+
 class _FusedSample(torch.autograd.Function):
     """(value, pixel coordinates, attention weights) -> weighted bilinear samples, in two Triton kernels.
 
     ``value`` (N, S, M, D) contiguous; ``pix`` (R, 2, M, J) pixel x and y planes of R query rows;
     ``attn`` (R, M, J); ``levels`` from :func:`_levels`; ``image`` (R,) each row's image, or None
-    when row r is query r % Q of image r // Q. Returns (R, M * D) in the value's dtype.
+    when row r is query r % Q of image r // Q. Returns (R, M * D) in the value's dtype. The backward
+    sums the value's gradient without atomics under ``torch.use_deterministic_algorithms(True)``.
     """
 
     @staticmethod
@@ -227,7 +329,7 @@ class _FusedSample(torch.autograd.Function):
         meta, grid = _launch_args(value, pix, image is not None)
         out = value.new_empty(R, M * D)
         rows_image = image if image is not None else levels  # any pointer: unread when not packed
-        _forward_kernel[grid](value, pix, attn, levels, rows_image, out, R, Q, S, L=J // P, P=P, **meta)
+        _launch(_forward_kernel, grid, "BLOCK_Q_FORWARD", value, pix, attn, levels, rows_image, out, R, Q, S, L=J // P, P=P, **meta)
         ctx.save_for_backward(value, pix, attn, levels, rows_image)
         ctx.Q, ctx.P, ctx.packed = Q, P, image is not None
         return out
@@ -236,15 +338,29 @@ class _FusedSample(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         value, pix, attn, levels, rows_image = ctx.saved_tensors
-        R, _, _, J = pix.shape
-        S = value.shape[1]
+        R, _, M, J = pix.shape
+        N, S = value.shape[:2]
         meta, grid = _launch_args(value, pix, ctx.packed)
+        meta.update(L=J // ctx.P, P=ctx.P)
         acc = torch.float64 if value.dtype == torch.float64 else torch.float32
-        grad_value = torch.zeros(value.shape, dtype=acc, device=value.device)
+        grad_out = grad_out.contiguous()
         grad_pix = torch.empty_like(pix)
         grad_attn = torch.empty_like(attn)
-        _backward_kernel[grid](value, pix, attn, levels, rows_image, grad_out.contiguous(), grad_value, grad_pix, grad_attn,
-                               R, ctx.Q, S, L=J // ctx.P, P=ctx.P, **meta)
+        inputs = (value, pix, attn, levels, rows_image, grad_out)
+        if torch.are_deterministic_algorithms_enabled():
+            no_row = N * S * M
+            corners = R * M * J * 4
+            # int32 rows where they fit: half the radix sort's passes and memory of int64 ones
+            rows = torch.empty(corners, dtype=torch.int32 if no_row < 2**31 - 1 else torch.int64, device=value.device)
+            weights = torch.empty(corners, dtype=acc, device=value.device)
+            # the grad_value argument is unread in this variant: any pointer
+            _launch(_backward_kernel, grid, "BLOCK_Q_BACKWARD", *inputs, weights, grad_pix, grad_attn, rows, weights,
+                    R, ctx.Q, S, no_row, DETERMINISTIC=True, **meta)
+            grad_value = _summed_value_grad(rows, weights, grad_out, value, 4 * J)
+            return grad_value, grad_pix, grad_attn, None, None, None, None
+        grad_value = torch.zeros(value.shape, dtype=acc, device=value.device)
+        # the corner row and weight arguments are unread in this variant: any pointers
+        _backward_kernel[grid](*inputs, grad_value, grad_pix, grad_attn, grad_value, grad_value, R, ctx.Q, S, 0, **meta)
         return grad_value.to(value.dtype), grad_pix, grad_attn, None, None, None, None
 
 
