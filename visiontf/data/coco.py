@@ -15,18 +15,38 @@ from typing import Any, Literal
 
 from torch.utils.data import DataLoader, Dataset
 
-from visiontf.core.config_checks import check_config, each, fraction, non_negative_int, optional, positive_int
+from visiontf.core.config_checks import ConfigError, check_config, each, fraction, non_negative_int, optional, positive_int
 from visiontf.data.base import DetectionDataModule
 from visiontf.data.datasets.coco import CocoDetection, collate_detection
 from visiontf.data.files.coco_annotations import AnnotationError, label_maps, load_coco_json, parse_categories
 from visiontf.data.files.detection_layouts import resolve_detection_layout
-from visiontf.data.loading import BatchSamplerLoader, TrainLoader, default_num_workers, loader_kwargs
+from visiontf.data.loading import BatchSamplerLoader, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
 from visiontf.data.samplers import aspect_ratio_groups, eval_batch_sampler, train_sampler
 from visiontf.data.transforms import detection as DT
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CocoDataModule"]
+__all__ = ["CocoDataModule", "ScheduledCocoDetection"]
+
+
+class ScheduledCocoDetection(CocoDetection):
+    """A training :class:`~visiontf.data.datasets.coco.CocoDetection` whose augmentation follows an
+    :class:`~visiontf.data.transforms.detection.AugmentationSchedule`: each sample takes the pipeline of its key's
+    epoch (the train sampler's :class:`~visiontf.data.loading.EpochIndex`), seeded for that sample as always."""
+
+    schedule = DT.AugmentationSchedule()
+    pipelines: dict[str, Any] = {}
+    draws_mosaics = False
+
+    def follow(self, schedule: DT.AugmentationSchedule, mosaic: bool, pipelines: dict[str, Any]) -> None:
+        """Take ``pipelines`` (one per :data:`~visiontf.data.transforms.detection.SCHEDULE_STAGES` stage) by ``schedule``."""
+        self.schedule, self.draws_mosaics, self.pipelines = schedule, mosaic, dict(pipelines)
+
+    def __getitem__(self, key: int | EpochIndex) -> tuple[Any, dict[str, Any]]:
+        stage = self.schedule.stage(key.epoch if isinstance(key, EpochIndex) else None, self.draws_mosaics)
+        self.transform = self.pipelines[stage]
+        self.mosaic = stage == "mosaic"  # the mosaic's partner images are loaded only for it
+        return super().__getitem__(key)
 
 
 class CocoDataModule(DetectionDataModule):
@@ -54,6 +74,14 @@ class CocoDataModule(DetectionDataModule):
     (albumentations' ``Mosaic``, each fitted into a cell of the median image size): four images' objects
     at half their size, so more queries are matched per image. This is DEIM's "dense one-to-one" matching
     (Huang et al., CVPR 2025), against the duplicate detections of a short one-to-one training.
+
+    An augmentation schedule by epoch (:class:`~visiontf.data.transforms.detection.AugmentationSchedule`; both off by
+    default): ``strong_aug_epochs: [start, stop]`` runs the strong augmentation (DETR's random crop and the mosaic)
+    only in epochs ``start <= epoch < stop``, a flip and the multi-scale resize before, a flip and one resize to
+    ``val_size`` from ``stop`` on (D-FINE stops its strong augmentation and multi-scale training for its last epochs,
+    DEIM also starts it at epoch 4); ``mosaic_epochs: [start, stop]`` draws mosaics only in those epochs (DEIM: the
+    first half). Each training sample's epoch comes with its key, so the schedule holds in every worker process and
+    on resume.
 
     ``label_space: category_id`` makes the class index the COCO category id (``num_classes`` = the
     largest id + 1: 91 for COCO), as the original DETR, Deformable DETR and DINO train: their published
@@ -91,6 +119,8 @@ class CocoDataModule(DetectionDataModule):
         label_space: Literal["contiguous", "category_id"] = "contiguous",
         mosaic: float = 0.0,
         masks: bool = False,
+        strong_aug_epochs: tuple[int, int] | None = None,
+        mosaic_epochs: tuple[int, int] | None = None,
     ):
         check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
                      val_batch_size=(val_batch_size, optional(positive_int)),
@@ -121,6 +151,11 @@ class CocoDataModule(DetectionDataModule):
         self.scale_per_batch, self.aspect_ratio_groups = bool(scale_per_batch), int(aspect_ratio_groups)
         self.mosaic = float(mosaic)
         self.masks = bool(masks)
+        try:
+            self.schedule = DT.AugmentationSchedule(None if strong_aug_epochs is None else tuple(strong_aug_epochs),
+                                                    None if mosaic_epochs is None else tuple(mosaic_epochs))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"CocoDataModule: data.init_args.strong_aug_epochs / mosaic_epochs: {e}") from None
 
         # Categories only (the full train file can be large): the smaller val file normally has them.
         cat_file = self.val_ann_file if self.val_ann_file.is_file() else self.train_ann_file
@@ -143,11 +178,18 @@ class CocoDataModule(DetectionDataModule):
 
     def _dataset(self, img_dir: Path, ann_file: Path, train: bool) -> CocoDetection:
         mosaic = self.mosaic if train else 0.0
-        ds = CocoDetection(img_dir, ann_file, seed=self.seed, label_space=self.label_space, mosaic=mosaic > 0, masks=self.masks)
+        scheduled = train and self.schedule != DT.AugmentationSchedule()
+        kind = ScheduledCocoDetection if scheduled else CocoDetection
+        ds = kind(img_dir, ann_file, seed=self.seed, label_space=self.label_space, mosaic=mosaic > 0, masks=self.masks)
         if train:  # after parsing: the mosaic cell is sized from the split's images
-            ds.transform = DT.build_train_transforms(self.scales, self.max_size, self.crop_scales, self.crop_size,
-                                                     seed=self.seed, scale_per_batch=self.scale_per_batch, mosaic=mosaic,
-                                                     mosaic_cell=self._mosaic_cell(ds) if mosaic else None)
+            cell = self._mosaic_cell(ds) if mosaic else None
+            build = partial(DT.build_train_transforms, self.scales, self.max_size, self.crop_scales, self.crop_size, seed=self.seed,
+                            scale_per_batch=self.scale_per_batch)
+            ds.transform = build(mosaic=mosaic, mosaic_cell=cell)
+            if scheduled:
+                ds.follow(self.schedule, mosaic > 0, {
+                    "mosaic": ds.transform, "strong": build(), "weak": build(crop=False),
+                    "plain": DT.build_train_transforms((self.val_size,), self.max_size, seed=self.seed, crop=False)})
         else:
             ds.transform = DT.build_val_transforms(self.val_size, self.max_size)
         if ds.index.category_ids != self._category_ids:

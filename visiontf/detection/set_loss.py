@@ -16,9 +16,10 @@ from typing import Any
 from torch import nn
 
 from visiontf.detection.criterion import SUPPORTED_LOSSES, SetCriterion
+from visiontf.detection.fine_grained import FineGrainedCriterion
 from visiontf.detection.mask_losses import MASK_LOSS_WEIGHTS
 from visiontf.detection.matcher import HungarianMatcher
-from visiontf.models.set_loss_options import OwnSetLoss
+from visiontf.models.set_loss_options import FineGrainedLossOptions, OwnSetLoss
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,14 @@ class SetLossDefaults:
             and ``weight_dict``.
         weight_dict: the weight of each loss term in the total (aux ``_i``, ``_enc`` and other
             suffixed terms share their base term's weight unless named).
+        criterion_class: :class:`SetCriterion`, or the criterion of a family with more terms
+            (:class:`~visiontf.detection.fine_grained.FineGrainedCriterion`: D-FINE's and DEIM's).
     """
 
     matcher: Mapping[str, Any]
     criterion: Mapping[str, Any] = field(default_factory=dict)
     weight_dict: Mapping[str, float] = field(default_factory=dict)
+    criterion_class: type[SetCriterion] = SetCriterion
 
 
 #: defaults by ``model.class_head``: DETR's (facebookresearch/detr ``main.py``) and Deformable DETR's
@@ -60,7 +64,10 @@ def set_loss_defaults(model: nn.Module) -> SetLossDefaults:
     RT-DETR's varifocal loss)."""
     if isinstance(model, OwnSetLoss):
         options = model.set_loss_options()
-        return SetLossDefaults(matcher=options.matcher_kwargs(), criterion=options.criterion_kwargs(), weight_dict=options.weight_dict())
+        # a box head of edge distributions (D-FINE, DEIM) adds its terms to the set loss
+        criterion_class = FineGrainedCriterion if isinstance(options, FineGrainedLossOptions) else SetCriterion
+        return SetLossDefaults(matcher=options.matcher_kwargs(), criterion=options.criterion_kwargs(), weight_dict=options.weight_dict(),
+                               criterion_class=criterion_class)
     head = model.class_head
     if head not in SET_LOSS_BY_CLASS_HEAD:
         raise ValueError(
@@ -93,4 +100,4 @@ def build_criterion(
     weights = {**defaults.weight_dict, **(MASK_LOSS_WEIGHTS if masks else {})}
     criterion["weight_dict"] = {**weights, **(criterion.get("weight_dict") or {})}
     matcher = HungarianMatcher(**{**defaults.matcher, **(matcher_kwargs or {})})
-    return SetCriterion(num_classes, matcher, **criterion)
+    return defaults.criterion_class(num_classes, matcher, **criterion)

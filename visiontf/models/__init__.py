@@ -9,6 +9,7 @@ import visiontf.models.deformable_detr.dino_backbones
 import visiontf.models.deformable_detr.segm
 import visiontf.models.detr.detr
 import visiontf.models.detr.segm
+import visiontf.models.dfine.dfine
 import visiontf.models.ipt.ipt
 import visiontf.models.rtdetr.rtdetr
 import visiontf.models.setr.setr

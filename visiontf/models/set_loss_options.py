@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["OwnSetLoss", "SetLossOptions"]
+__all__ = ["FineGrainedLossOptions", "OwnSetLoss", "SetLossOptions"]
 
 CLASS_LOSSES = ("focal", "vfl", "ia_bce", "mal")
 
@@ -60,6 +60,51 @@ class SetLossOptions:
 
     def weight_dict(self) -> dict[str, float]:
         return {"loss_ce": self.loss_class, "loss_bbox": self.loss_bbox, "loss_giou": self.loss_giou}
+
+
+@dataclass(frozen=True)
+class FineGrainedLossOptions(SetLossOptions):
+    """D-FINE's set loss (Peng et al., ICLR 2025) and DEIM's (Huang et al., CVPR 2025): the class and box terms of
+    :class:`SetLossOptions` plus the distribution terms of a box head that predicts each edge as a distribution
+    (:class:`visiontf.detection.fine_grained.FineGrainedCriterion` computes them).
+
+    Args:
+        class_gamma: the class loss's gamma where it differs from the matcher's ``focal_gamma`` (DEIM: 1.5 for the
+            matchability-aware loss; None: ``focal_gamma``).
+        loss_fgl: weight of the fine-grained localisation loss (the edges' distributions against the target edges,
+            split between the two nearest bins), 0.15.
+        loss_ddf: weight of the decoupled distillation (GO-LSD: every layer's distributions towards the last layer's),
+            1.5.
+        ddf_temperature: the distillation's softmax temperature (5).
+        union_matching: the box and distribution terms of every layer use the union of all layers' matchings (the
+            originals' "GO" indices); False: each layer its own matching.
+        reg_max, reg_scale, up: the distribution head's (set by the model from its decoder).
+    """
+
+    class_loss: str = "vfl"
+    cost_class: float = 2.0
+    loss_class: float = 1.0
+    class_gamma: float | None = None
+    loss_fgl: float = 0.15
+    loss_ddf: float = 1.5
+    ddf_temperature: float = 5.0
+    union_matching: bool = True
+    reg_max: int = 32
+    reg_scale: float = 4.0
+    up: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if min(self.loss_fgl, self.loss_ddf) < 0 or self.ddf_temperature <= 0:
+            raise ValueError("loss_fgl and loss_ddf must be >= 0 and ddf_temperature > 0")
+
+    def criterion_kwargs(self) -> dict[str, Any]:
+        gamma = self.focal_gamma if self.class_gamma is None else self.class_gamma
+        return {**super().criterion_kwargs(), "focal_gamma": gamma, "reg_max": self.reg_max, "reg_scale": self.reg_scale, "up": self.up,
+                "ddf_temperature": self.ddf_temperature, "union_matching": self.union_matching}
+
+    def weight_dict(self) -> dict[str, float]:
+        return {**super().weight_dict(), "loss_fgl": self.loss_fgl, "loss_ddf": self.loss_ddf}
 
 
 @runtime_checkable

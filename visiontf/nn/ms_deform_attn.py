@@ -10,9 +10,9 @@ Interchangeable cores compute the same thing (see :func:`~visiontf.nn.ms_deform_
 
 * ``"gather"`` (default): on CUDA tensors the fused Triton kernels (:mod:`visiontf.nn.ms_deform_triton`:
   one program per block of queries and head reads the 4 corner rows of every sample and sums them
-  in registers; the backward adds the value's gradient with atomics). Elsewhere (and on CUDA when
-  deterministic algorithms are asked for), the gather core: one weighted gather-sum over all
-  levels with no per-level Python loop.
+  in registers; the backward adds the value's gradient with atomics, or without them when deterministic
+  algorithms are asked for). Elsewhere, the gather core: one weighted gather-sum over all levels with no
+  per-level Python loop.
   The value is copied into a table of (image x position x head) rows in which every level map has
   a zero border, so ``grid_sample``'s zero padding needs no per-corner range test; for every
   sample the four bilinear corner rows and weights are computed, the attention weight is folded
@@ -82,10 +82,12 @@ class MSDeformAttn(nn.Module):
             sampling offsets are not trained, as there).
         offset_scale: box-reference offsets are ``offset / P * box_size * offset_scale`` (0.5 in
             Deformable DETR and RT-DETR; RT-DETRv2's ``offset_scale``).
+        projections: the value and output projections (``value_proj``, ``output_proj``); False samples the
+            value as given and returns the weighted sum unprojected (D-FINE's decoder, whose attention has neither).
     """
 
     def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int | Sequence[int] = 4, method: str = "gather",
-                 sampling: str = "bilinear", offset_scale: float = 0.5) -> None:
+                 sampling: str = "bilinear", offset_scale: float = 0.5, projections: bool = True) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
@@ -105,8 +107,9 @@ class MSDeformAttn(nn.Module):
         samples = n_levels * n_points if self.points_per_level is None else sum(self.points_per_level)
         self.sampling_offsets = nn.Linear(d_model, n_heads * samples * 2)
         self.attention_weights = nn.Linear(d_model, n_heads * samples)
-        self.value_proj = nn.Linear(d_model, d_model)
-        self.output_proj = nn.Linear(d_model, d_model)
+        self.projections = bool(projections)
+        self.value_proj = nn.Linear(d_model, d_model) if projections else nn.Identity()
+        self.output_proj = nn.Linear(d_model, d_model) if projections else nn.Identity()
         self.reset_parameters()
         if sampling == "discrete":
             # no gradient reaches the offsets through a cell index: RT-DETRv2 freezes them
@@ -139,10 +142,11 @@ class MSDeformAttn(nn.Module):
             self.sampling_offsets.bias.copy_(grid.view(-1))
         nn.init.zeros_(self.attention_weights.weight)
         nn.init.zeros_(self.attention_weights.bias)
-        nn.init.xavier_uniform_(self.value_proj.weight)
-        nn.init.zeros_(self.value_proj.bias)
-        nn.init.xavier_uniform_(self.output_proj.weight)
-        nn.init.zeros_(self.output_proj.bias)
+        if self.projections:
+            nn.init.xavier_uniform_(self.value_proj.weight)
+            nn.init.zeros_(self.value_proj.bias)
+            nn.init.xavier_uniform_(self.output_proj.weight)
+            nn.init.zeros_(self.output_proj.bias)
 
     @property
     def takes_packed_tokens(self) -> bool:
@@ -313,6 +317,7 @@ class MSDeformAttn(nn.Module):
     def extra_repr(self) -> str:
         extra = "" if self.sampling_mode == "bilinear" else f", sampling={self.sampling_mode!r}"
         extra += "" if self.offset_scale == 0.5 else f", offset_scale={self.offset_scale}"
+        extra += "" if self.projections else ", projections=False"
         return (f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, n_points={self.n_points}, "
                 f"method={self.method!r}{extra}")
 

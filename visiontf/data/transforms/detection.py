@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # albumentations checks PyPI for a newer release on import; there is no network here.
@@ -34,6 +35,8 @@ DETR_VAL_SIZE = 800
 LABEL_FIELDS = ("labels", "ann_index")
 
 __all__ = [
+    "SCHEDULE_STAGES",
+    "AugmentationSchedule",
     "DETR_CROP_SCALES",
     "DETR_CROP_SIZE",
     "DETR_MAX_SIZE",
@@ -169,6 +172,7 @@ def build_train_transforms(
     scale_per_batch: bool = False,
     mosaic: float = 0.0,
     mosaic_cell: tuple[int, int] | None = None,
+    crop: bool = True,
 ) -> A.Compose:
     """DETR's training augmentation. Call with ``image=, bboxes=, labels=, ann_index=`` (and
     ``batch_draw=``, see below).
@@ -182,6 +186,9 @@ def build_train_transforms(
     holds about four images' objects at half their size before DETR's resizes: DEIM's dense one-to-one
     matching (more matched queries per image). The call then needs ``mosaic_metadata=``: the three
     others as dicts of the same fields (:class:`~visiontf.data.datasets.coco.CocoDetection` gives them).
+
+    ``crop=False`` leaves DETR's random-crop path out: the flip and the multi-scale resize only (an augmentation
+    schedule's weak stage, :class:`AugmentationSchedule`).
     """
     multi_scale = RandomShortestSideResize(scales, max_size, per_batch=scale_per_batch)
     crop_path = A.Sequential(
@@ -199,11 +206,54 @@ def build_train_transforms(
         h, w = mosaic_cell
         first.append(A.Mosaic(grid_yx=(2, 2), cell_shape=(h, w), target_size=(2 * h, 2 * w), fit_mode="contain",
                               fill=114, p=mosaic))
+    resize = A.OneOf([multi_scale, crop_path], p=1.0) if crop else multi_scale
     return A.Compose(
-        [*first, A.HorizontalFlip(p=0.5), A.OneOf([multi_scale, crop_path], p=1.0), *_finish()],
+        [*first, A.HorizontalFlip(p=0.5), resize, *_finish()],
         bbox_params=bbox_params(),
         seed=seed,
     )
+
+
+#: the stages of :class:`AugmentationSchedule`, strongest first
+SCHEDULE_STAGES = ("mosaic", "strong", "weak", "plain")
+
+
+@dataclass(frozen=True)
+class AugmentationSchedule:
+    """Which training augmentation an epoch gets: the real-time DETRs' schedules (D-FINE stops its strong augmentation
+    for its last epochs; DEIM also starts it late and mixes mosaics in only in between).
+
+    Args:
+        strong_epochs: ``(start, stop)``: the strong augmentation (DETR's random crop, and the mosaic) runs in epochs
+            ``start <= epoch < stop``; before, the ``"weak"`` stage (a flip and the multi-scale resize); from ``stop``
+            on, the ``"plain"`` stage (a flip and one resize to the evaluation size, no multi-scale: the originals'
+            last epochs). None: strong in every epoch.
+        mosaic_epochs: ``(start, stop)``: the mosaic (with the data module's ``mosaic`` probability) only in these
+            epochs, inside the strong ones. None: in every strong epoch.
+
+    ``stage(epoch)`` is ``"mosaic"`` (strong with the mosaic), ``"strong"``, ``"weak"`` or ``"plain"``; a sample
+    without an epoch (a loader other than the data module's) gets the strongest.
+    """
+
+    strong_epochs: tuple[int, int] | None = None
+    mosaic_epochs: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("strong_epochs", "mosaic_epochs"):
+            value = getattr(self, name)
+            if value is not None and (len(value) != 2 or not 0 <= value[0] <= value[1]):
+                raise ValueError(f"{name} must be (start, stop) epochs with 0 <= start <= stop, got {value}")
+
+    def stage(self, epoch: int | None, mosaic: bool) -> str:
+        """The stage of ``epoch`` (``mosaic``: the data module draws mosaics at all)."""
+        if epoch is not None and self.strong_epochs is not None:
+            start, stop = self.strong_epochs
+            if epoch < start:
+                return "weak"
+            if epoch >= stop:
+                return "plain"
+        in_mosaic = epoch is None or self.mosaic_epochs is None or self.mosaic_epochs[0] <= epoch < self.mosaic_epochs[1]
+        return "mosaic" if mosaic and in_mosaic else "strong"
 
 
 def build_val_transforms(size: int = DETR_VAL_SIZE, max_size: int = DETR_MAX_SIZE) -> A.Compose:

@@ -9,6 +9,7 @@
 ``"simplefpn:<ViT>"``                           ViTDet's simple feature pyramid on a visiontf or ``timm:`` ViT (:mod:`~visiontf.models.backbones.vitdet`)
 ``"swin_T_224_1k" | "swin_B_384_22k" | ...``    IDEA-Research/DINO's Swin layout (:mod:`~visiontf.models.backbones.dino_swin`)
 ``"resnet18vd" | ... | "resnet101vd"``          RT-DETR's ResNet-vd (:mod:`~visiontf.models.backbones.resnet_vd`; its ImageNet files load)
+``"hgnetv2_b0" | ... | "hgnetv2_b6"``           D-FINE's HGNetv2 (:mod:`~visiontf.models.backbones.hgnetv2`; its ImageNet files load)
 a :class:`Backbone` instance                    used as given (injected)
 ==============================================  ============================================================
 """
@@ -70,6 +71,12 @@ def build_backbone(
         if dilation:
             raise ValueError(f"dilation (DC5) is not built for {name}")
         return resnet_vd_backbone(name, channels_last=channels_last, frozen_bn=frozen_bn, **common, **kwargs)
+    from visiontf.models.backbones.hgnetv2 import HGNETV2_NAMES, hgnetv2_backbone
+
+    if name in HGNETV2_NAMES:
+        if dilation:
+            raise ValueError(f"dilation (DC5) is not built for {name}")
+        return hgnetv2_backbone(name, channels_last=channels_last, frozen_bn=frozen_bn, **common, **kwargs)
     from visiontf.models.backbones.dino_swin import DINO_SWIN_NAMES
 
     if name in DINO_SWIN_NAMES:

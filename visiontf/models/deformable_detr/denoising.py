@@ -41,7 +41,10 @@ RT-DETR (``src/zoo/rtdetr/denoising.py`` of lyuwenyu/RT-DETR, v1 and v2) builds 
 same noise; two of its constants differ, and are options here (``inverse_sigmoid_eps``, ``pad_box``):
 its inverse sigmoid clamps at 1e-5, and its padding slots hold the all-zero box (x, y, w, h all 0, which
 the clamp maps to about -11.5 in inverse-sigmoid space) rather than DINO's centred one. Its box noise
-scale is 1.0 (DINO 0.4).
+scale is 1.0 (DINO 0.4). D-FINE (Peterande/D-FINE ``src/zoo/dfine/denoising.py``) adds one step, an option here
+(``flip_negative_sizes``): a noised box whose corners crossed (x2 < x1 after the noise) has a negative width, which
+it makes positive (the absolute value) before the inverse sigmoid, where RT-DETR's clamp turns it into a box of no
+width.
 """
 from __future__ import annotations
 
@@ -188,6 +191,7 @@ def build_contrastive_denoising(
     generator: torch.Generator | None = None,
     inverse_sigmoid_eps: float = INVERSE_SIGMOID_EPS,
     pad_box: str = "centre",
+    flip_negative_sizes: bool = False,
 ) -> DenoisingQueries:
     """Groups of positive and negative noised ground-truth queries (DINO's contrastive denoising).
 
@@ -205,6 +209,8 @@ def build_contrastive_denoising(
         inverse_sigmoid_eps: the clamp of the inverse sigmoid of the noised boxes (DINO 1e-3, RT-DETR 1e-5).
         pad_box: the reference of padding slots: ``"centre"`` (DINO: 0 in inverse-sigmoid space, a centred box
             of half the image) or ``"zero"`` (RT-DETR: the all-zero box, clamped).
+        flip_negative_sizes: a noised box of negative width or height (crossed corners) gets its absolute value
+            (D-FINE); False leaves it to the inverse sigmoid's clamp (DINO, RT-DETR).
 
     Returns:
         :class:`DenoisingQueries` on the targets' device. When no image has a box (or
@@ -276,6 +282,8 @@ def build_contrastive_denoising(
         magnitude = _rand((blocks * n, 4), generator, device) + is_negative[:, None].to(torch.float32)
         xyxy = (xyxy + sign * magnitude * half_wh * box_noise_scale).clamp(0, 1)
         copy_boxes = box_convert(xyxy, "xyxy", "cxcywh")
+        if flip_negative_sizes:
+            copy_boxes = copy_boxes.abs()  # centres are >= 0 already: only crossed corners' sizes change
 
     out_labels = torch.full((batch_size, pad_size), num_classes, dtype=torch.int64, device=device)
     out_boxes = torch.zeros(batch_size, pad_size, 4, dtype=torch.float32, device=device)
@@ -312,6 +320,7 @@ class ContrastiveDenoising:
         label_noise_ratio, box_noise_scale: DINO's 0.5 and 0.4.
         inverse_sigmoid_eps, pad_box: DINO's 1e-3 and centred padding boxes; RT-DETR's 1e-5 and ``"zero"``
             (see the module docstring).
+        flip_negative_sizes: D-FINE's absolute value of crossed boxes' sizes.
     """
 
     num_denoising: int = 100
@@ -319,6 +328,7 @@ class ContrastiveDenoising:
     box_noise_scale: float = 0.4
     inverse_sigmoid_eps: float = INVERSE_SIGMOID_EPS
     pad_box: str = "centre"
+    flip_negative_sizes: bool = False
 
     def __post_init__(self) -> None:
         if self.num_denoising < 1:
@@ -327,7 +337,7 @@ class ContrastiveDenoising:
     def __call__(self, targets: Sequence[Mapping[str, Tensor]], num_classes: int, num_queries: int) -> DenoisingQueries:
         return build_contrastive_denoising(targets, num_classes, num_queries, self.num_denoising, self.label_noise_ratio,
                                            self.box_noise_scale, inverse_sigmoid_eps=self.inverse_sigmoid_eps,
-                                           pad_box=self.pad_box)
+                                           pad_box=self.pad_box, flip_negative_sizes=self.flip_negative_sizes)
 
 
 def denoising_match_indices(meta: DenoisingMeta) -> list[tuple[Tensor, Tensor]]:

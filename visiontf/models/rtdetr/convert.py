@@ -16,7 +16,7 @@ transformers' separate ``q_proj``, ``k_proj``, ``v_proj`` are concatenated in th
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from visiontf.models._registry import WeightsLayoutError
 from visiontf.models.backbones.resnet_vd import presnet_to_timm, transformers_resnet_to_timm
 
-__all__ = ["checkpoint_entry", "convert_state_dict", "layout_of", "original_to_visiontf", "transformers_to_visiontf"]
+__all__ = ["checkpoint_entry", "convert_state_dict", "finish_conversion", "layout_of", "original_key", "original_to_visiontf",
+           "transformers_key", "transformers_to_visiontf"]
 
 #: buffers of the originals that visiontf computes instead of storing
 _COMPUTED = ("decoder.anchors", "decoder.valid_mask")
@@ -65,7 +66,7 @@ def _attention(rest: str, prefix: str) -> str | None:
     return None
 
 
-def _original_key(key: str) -> str | None:
+def original_key(key: str) -> str | None:
     if key.startswith("backbone."):
         new = presnet_to_timm(key[len("backbone."):])
         return None if new is None else "backbone.body." + new
@@ -92,13 +93,15 @@ def _original_key(key: str) -> str | None:
     return None
 
 
-def original_to_visiontf(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
-    """lyuwenyu's v1/v2 layout -> visiontf's names; returns the converted tensors and the keys of no known place."""
+def original_to_visiontf(state: Mapping[str, Tensor], key_fn: Callable[[str], str | None] | None = None) -> tuple[dict[str, Tensor], list[str]]:
+    """lyuwenyu's v1/v2 layout -> visiontf's names; returns the converted tensors and the keys of no known place.
+    ``key_fn`` renames one key (a family built on RT-DETR's names: D-FINE's); None: RT-DETR's."""
+    rename = key_fn or original_key
     out, unknown = {}, []
     for key, value in state.items():
         if key in _COMPUTED or key.endswith(".num_points_scale"):
             continue
-        new = _original_key(key)
+        new = rename(key)
         (unknown.append(key) if new is None else out.__setitem__(new, value))
     return out, unknown
 
@@ -108,14 +111,17 @@ _HF_LAYER = {"self_attn_layer_norm": "norm1", "encoder_attn_layer_norm": "norm2"
              "self_attn.o_proj": "self_attn.proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
 
 
-def transformers_to_visiontf(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
-    """transformers' ``RTDetr(V2)ForObjectDetection`` layout -> visiontf's names (q/k/v fused into ``qkv``)."""
+def transformers_to_visiontf(state: Mapping[str, Tensor], key_fn: Callable[[str], str | tuple[str, str] | None] | None = None,
+                             ) -> tuple[dict[str, Tensor], list[str]]:
+    """transformers' ``RTDetr(V2)ForObjectDetection`` layout -> visiontf's names (q/k/v fused into ``qkv``); ``key_fn``
+    renames one key (a name, a (fused name, "q" | "k" | "v") pair, or None: no place), RT-DETR's by default."""
+    rename = key_fn or transformers_key
     out, unknown = {}, []
     split: dict[str, dict[str, Tensor]] = {}
     for key, value in state.items():
-        if key.endswith(".n_points_scale") or key in ("model.anchors", "model.valid_mask"):
+        if key.endswith((".n_points_scale", ".num_points_scale")) or key in ("model.anchors", "model.valid_mask"):
             continue  # computed by visiontf
-        new = _transformers_key(key)
+        new = rename(key)
         if new is None:
             unknown.append(key)
         elif isinstance(new, tuple):  # (fused name, "q" | "k" | "v")
@@ -130,7 +136,7 @@ def transformers_to_visiontf(state: Mapping[str, Tensor]) -> tuple[dict[str, Ten
     return out, unknown
 
 
-def _transformers_key(key: str) -> str | tuple[str, str] | None:
+def transformers_key(key: str) -> str | tuple[str, str] | None:
     if key.startswith("model.backbone.model."):
         new = transformers_resnet_to_timm(key[len("model.backbone.model."):])
         return None if new is None else "backbone.body." + new
@@ -189,9 +195,16 @@ def convert_state_dict(state: Mapping[str, Tensor], model: nn.Module, strict: bo
     else:
         converted, unknown = transformers_to_visiontf(state)
         source = "transformers' RTDetr(V2)ForObjectDetection"
+    return finish_conversion(converted, unknown, model, f"this {source} checkpoint has tensors visiontf's RT-DETR has no place for",
+                             strict)
+
+
+def finish_conversion(converted: dict[str, Tensor], unknown: list[str], model: nn.Module, message: str, strict: bool = True,
+                      ) -> dict[str, Tensor]:
+    """Refuse ``unknown`` keys (``strict``; ``message`` then the keys), and make BatchNorm step counters
+    (``num_batches_tracked``) follow the model: dropped where its norms are frozen, filled where a file has none."""
     if unknown and strict:
-        raise WeightsLayoutError(f"this {source} checkpoint has tensors visiontf's RT-DETR has no place for: "
-                                 f"{', '.join(unknown[:6])}{' ...' if len(unknown) > 6 else ''}")
+        raise WeightsLayoutError(f"{message}: {', '.join(unknown[:6])}{' ...' if len(unknown) > 6 else ''}")
     own = model.state_dict()
     converted = {k: v for k, v in converted.items() if not k.endswith("num_batches_tracked") or k in own}
     for key, value in own.items():

@@ -93,34 +93,54 @@ class RTDetrDecoder(nn.Module):
         if len(in_channels) > levels:
             raise ValueError(f"the decoder attends to num_levels={levels} levels, fewer than the encoder's {len(in_channels)} maps")
         self.options, self.num_classes, self.tables = options, num_classes, tables
-        projections = [ConvNormAct(c, d, 1) for c in in_channels]
-        channels = in_channels[-1]
-        for _ in range(levels - len(in_channels)):
-            projections.append(ConvNormAct(channels, d, 3, 2))
-            channels = d
-        self.input_proj = nn.ModuleList(projections)
+        self.input_proj = nn.ModuleList(self._input_projections(in_channels))
         self.enc_output = nn.Sequential()
         self.enc_output.proj = nn.Linear(d, d)
         self.enc_output.norm = nn.LayerNorm(d)
         self.enc_score_head = nn.Linear(d, num_classes)
-        self.enc_bbox_head = MLP(d, d, 4, 3)
-        self.query_pos_head = MLP(4, 2 * d, d, 2)
-        points = options.num_points
-        layers = []
-        for _ in range(options.num_layers):
-            layer = DeformableDecoderLayer(d, options.nhead, levels, points if isinstance(points, int) else points[0],
-                                           options.dim_feedforward, options.dropout, options.attn_method)
-            # RT-DETRv2's attention options (points per level, discrete sampling, offset scale) on the shared core
-            layer.cross_attn = MSDeformAttn(d, levels, options.nhead, points, method=options.attn_method, sampling=options.sampling,
-                                            offset_scale=options.offset_scale)
-            layer.mlp.act = activation(options.activation)
-            layers.append(layer)
-        self.layers = nn.ModuleList(layers)
+        self.enc_bbox_head = self._mlp(d, d, 4, 3)
+        self.query_pos_head = self._mlp(4, 2 * d, d, 2)
+        self.layers = nn.ModuleList(self._layer() for _ in range(options.num_layers))
         self.score_heads = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(options.num_layers))
-        self.bbox_heads = nn.ModuleList(MLP(d, d, 4, 3) for _ in range(options.num_layers))
+        self.bbox_heads = nn.ModuleList(self._box_head() for _ in range(options.num_layers))
         self.denoising_class_embed = nn.Embedding(num_classes + 1, d, padding_idx=num_classes) if num_denoising > 0 else None
         self.tgt_embed = nn.Embedding(options.num_queries, d) if options.learn_query_content else None
+        self._add_parts()
         self.reset_parameters()
+
+    # ------------------------------------------------------------------------------------ parts (a subclass's own)
+    def _input_projections(self, in_channels: list[int]) -> list[nn.Module]:
+        """One 1x1 convolution and BatchNorm per encoder map; extra levels are 3x3 stride-2 convolutions of the last."""
+        d = self.options.hidden_dim
+        projections: list[nn.Module] = [ConvNormAct(c, d, 1) for c in in_channels]
+        channels = in_channels[-1]
+        for _ in range(self.options.num_levels - len(in_channels)):
+            projections.append(ConvNormAct(channels, d, 3, 2))
+            channels = d
+        return projections
+
+    def _mlp(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> nn.Module:
+        """The heads' MLPs (ReLU between the layers)."""
+        return MLP(input_dim, hidden_dim, output_dim, num_layers)
+
+    def _layer(self) -> nn.Module:
+        """One decoder layer: the Deformable DETR layer with RT-DETRv2's attention options on the shared core."""
+        options, d, levels = self.options, self.options.hidden_dim, self.options.num_levels
+        points = options.num_points
+        layer = DeformableDecoderLayer(d, options.nhead, levels, points if isinstance(points, int) else points[0],
+                                       options.dim_feedforward, options.dropout, options.attn_method)
+        layer.cross_attn = MSDeformAttn(d, levels, options.nhead, points, method=options.attn_method, sampling=options.sampling,
+                                        offset_scale=options.offset_scale)
+        layer.mlp.act = activation(options.activation)
+        return layer
+
+    def _box_head(self) -> nn.Module:
+        """A layer's box head: a 3-layer MLP to the 4 box deltas."""
+        d = self.options.hidden_dim
+        return self._mlp(d, d, 4, 3)
+
+    def _add_parts(self) -> None:
+        """Modules a subclass adds to these (built before :meth:`reset_parameters`); RT-DETR has none."""
 
     def reset_parameters(self) -> None:
         """The original's: class biases at prior 0.01, box heads' last layers zero, xavier projections."""
@@ -133,7 +153,8 @@ class RTDetrDecoder(nn.Module):
         for layer in self.query_pos_head.layers:
             nn.init.xavier_uniform_(layer.weight)
         for proj in self.input_proj:
-            nn.init.xavier_uniform_(proj.conv.weight)
+            if isinstance(proj, ConvNormAct):
+                nn.init.xavier_uniform_(proj.conv.weight)
         for layer in self.layers:
             nn.init.xavier_uniform_(layer.mlp.fc1.weight)
             nn.init.xavier_uniform_(layer.mlp.fc2.weight)
@@ -168,8 +189,10 @@ class RTDetrDecoder(nn.Module):
         content = self.tgt_embed.weight[None].expand(len(memory), -1, -1) if self.tgt_embed is not None else pick(output).detach()
         return {"content": content, "boxes_unact": boxes_unact.detach(), "logits": pick(logits), "boxes": boxes_unact.sigmoid()}
 
-    def forward(self, feats: list[Tensor], denoising: DenoisingQueries | None = None, need_weights: bool = False) -> DecoderOutput:
-        """Decode; ``denoising`` (training) puts its queries before the matching ones."""
+    def queries(self, feats: list[Tensor], denoising: DenoisingQueries | None = None) -> dict:
+        """The decoder's inputs: ``memory`` and its ``shapes``, the ``selected`` proposals, the queries' ``content`` and
+        reference boxes ``ref_unact`` (inverse-sigmoid space; ``denoising``'s queries first) and the self-attention
+        ``mask`` (True = may attend; None without denoising queries)."""
         memory, shapes = self.memory(feats)
         selected = self.select(memory, shapes)
         content, ref_unact = selected["content"], selected["boxes_unact"]
@@ -178,6 +201,12 @@ class RTDetrDecoder(nn.Module):
             content = torch.cat([self.denoising_class_embed(denoising.labels).to(content.dtype), content], 1)
             ref_unact = torch.cat([denoising.boxes_unact.to(ref_unact.dtype), ref_unact], 1)
             mask = ~denoising.attn_mask  # the layers' attention takes True = may attend
+        return {"memory": memory, "shapes": shapes, "selected": selected, "content": content, "ref_unact": ref_unact, "mask": mask}
+
+    def forward(self, feats: list[Tensor], denoising: DenoisingQueries | None = None, need_weights: bool = False) -> DecoderOutput:
+        """Decode; ``denoising`` (training) puts its queries before the matching ones."""
+        q = self.queries(feats, denoising)
+        memory, shapes, selected, content, ref_unact, mask = (q[k] for k in ("memory", "shapes", "selected", "content", "ref_unact", "mask"))
         levels = self.options.num_levels
         last = self.options.num_layers - 1 if self.training else self.options.eval_idx % self.options.num_layers
         ref = ref_unact.sigmoid()  # detached: the reference every layer attends with

@@ -11,9 +11,21 @@
   convolution with BatchNorm, summed, SiLU), added, and a 1x1 projection back when the hidden width
   differs. Every convolution has no bias and is followed by BatchNorm.
 
+D-FINE (Peterande/D-FINE, ``src/zoo/dfine/hybrid_encoder.py``) keeps AIFI and the two passes and changes three parts,
+each an option of :class:`~visiontf.models.rtdetr.options.EncoderOptions` here:
+
+* ``fusion_block="elan"``: the fusion blocks are CSP-ELAN blocks (:class:`CSPELANLayer`, its ``RepNCSPELAN4``: a 1x1
+  convolution to twice the width, split in halves; the second half goes through two branches in a chain, each a
+  CSPRep block and a 3x3 convolution at a narrower branch width; both halves and both branch outputs are
+  concatenated and projected back by a 1x1 convolution);
+* ``lateral_act=False``: the lateral 1x1 convolutions are linear (convolution and BatchNorm only);
+* ``downsample="scdown"``: the bottom-up downsampling is YOLOv10's SCDown (:class:`SCDown`: a 1x1 convolution, then
+  a depthwise 3x3 stride-2 one, both linear) instead of a 3x3 stride-2 convolution with SiLU.
+
 Names follow the original's key layout where the structure is the same (``lateral_convs``, ``fpn_blocks``,
-``downsample_convs``, ``pan_blocks``, each convolution a ``conv`` / ``norm`` pair), so that its checkpoints
-map onto them one to one (:mod:`visiontf.models.rtdetr.convert`).
+``downsample_convs``, ``pan_blocks``, each convolution a ``conv`` / ``norm`` pair; D-FINE's blocks' ``cv1``..``cv4``),
+so that its checkpoints map onto them one to one (:mod:`visiontf.models.rtdetr.convert`,
+:mod:`visiontf.models.dfine.convert`).
 """
 from __future__ import annotations
 
@@ -26,7 +38,8 @@ from torch import Tensor, nn
 from visiontf.models.rtdetr.options import EncoderOptions
 from visiontf.nn import TransformerEncoderLayer
 
-__all__ = ["CSPRepLayer", "ConvNormAct", "HybridEncoder", "RepVggBlock", "activation", "sincos_position_embedding"]
+__all__ = ["CSPELANLayer", "CSPRepLayer", "ConvNormAct", "HybridEncoder", "RepVggBlock", "SCDown", "activation",
+           "sincos_position_embedding"]
 
 
 def activation(name: str | None) -> nn.Module:
@@ -40,11 +53,13 @@ def activation(name: str | None) -> nn.Module:
 
 
 class ConvNormAct(nn.Sequential):
-    """A bias-free convolution ("same" padding for odd kernels), BatchNorm and an optional activation."""
+    """A bias-free convolution ("same" padding for odd kernels; ``groups`` as nn.Conv2d's), BatchNorm and an optional
+    activation."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, act: str | None = None) -> None:
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, act: str | None = None,
+                 groups: int = 1) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=(kernel_size - 1) // 2, bias=False)
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=(kernel_size - 1) // 2, groups=groups, bias=False)
         self.norm = nn.BatchNorm2d(out_channels)
         if act is not None:
             self.act = activation(act)
@@ -96,6 +111,47 @@ class CSPRepLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))
+
+
+class CSPELANLayer(nn.Module):
+    """D-FINE's fusion block (its ``RepNCSPELAN4``): ``cv4(cat[a, b, c, d])`` with ``a, b`` the halves of ``cv1(x)``,
+    ``c = cv2(b)`` and ``d = cv3(c)``; ``cv2`` and ``cv3`` are each a CSPRep block and a 3x3 convolution at
+    ``branch`` channels.
+
+    Args:
+        in_channels, out_channels: of the block.
+        hidden: ``cv1``'s width (twice the encoder's width in D-FINE), split in two halves.
+        branch: the branches' width (D-FINE: ``round(expansion * hidden_dim // 2)``).
+        num_blocks: RepVGG blocks in each branch's CSPRep block.
+        act: every convolution's activation.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, hidden: int, branch: int, num_blocks: int, act: str = "silu") -> None:
+        super().__init__()
+        if hidden % 2:
+            raise ValueError(f"CSPELANLayer splits its hidden width in halves: give an even width, got {hidden}")
+        self.cv1 = ConvNormAct(in_channels, hidden, 1, act=act)
+        self.cv2 = nn.Sequential(CSPRepLayer(hidden // 2, branch, num_blocks, 1.0, act), ConvNormAct(branch, branch, 3, act=act))
+        self.cv3 = nn.Sequential(CSPRepLayer(branch, branch, num_blocks, 1.0, act), ConvNormAct(branch, branch, 3, act=act))
+        self.cv4 = ConvNormAct(hidden + 2 * branch, out_channels, 1, act=act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        first, second = self.cv1(x).chunk(2, 1)
+        one = self.cv2(second)
+        return self.cv4(torch.cat([first, second, one, self.cv3(one)], 1))
+
+
+class SCDown(nn.Module):
+    """YOLOv10's spatial-channel decoupled downsampling, as D-FINE uses it: a linear 1x1 convolution, then a linear
+    depthwise ``kernel_size`` convolution of stride ``stride`` (each with BatchNorm)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 2) -> None:
+        super().__init__()
+        self.cv1 = ConvNormAct(in_channels, out_channels, 1)
+        self.cv2 = ConvNormAct(out_channels, out_channels, kernel_size, stride, groups=out_channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.cv2(self.cv1(x))
 
 
 @functools.lru_cache(maxsize=32)
@@ -159,10 +215,18 @@ class HybridEncoder(nn.Module):
             for _ in options.aifi_levels)
         blocks = round(3 * options.depth_mult)
         act = options.fusion_act
-        self.lateral_convs = nn.ModuleList(ConvNormAct(d, d, 1, act=act) for _ in range(levels - 1))
-        self.fpn_blocks = nn.ModuleList(CSPRepLayer(2 * d, d, blocks, options.expansion, act) for _ in range(levels - 1))
-        self.downsample_convs = nn.ModuleList(ConvNormAct(d, d, 3, 2, act=act) for _ in range(levels - 1))
-        self.pan_blocks = nn.ModuleList(CSPRepLayer(2 * d, d, blocks, options.expansion, act) for _ in range(levels - 1))
+        self.lateral_convs = nn.ModuleList(ConvNormAct(d, d, 1, act=act if options.lateral_act else None) for _ in range(levels - 1))
+        self.fpn_blocks = nn.ModuleList(self._fusion_block(d, blocks) for _ in range(levels - 1))
+        self.downsample_convs = nn.ModuleList(SCDown(d, d, 3, 2) if options.downsample == "scdown" else ConvNormAct(d, d, 3, 2, act=act)
+                                              for _ in range(levels - 1))
+        self.pan_blocks = nn.ModuleList(self._fusion_block(d, blocks) for _ in range(levels - 1))
+
+    def _fusion_block(self, d: int, blocks: int) -> nn.Module:
+        """A block fusing two concatenated ``d``-channel maps into one: RT-DETR's CSPRep or D-FINE's CSP-ELAN."""
+        options = self.options
+        if options.fusion_block == "elan":
+            return CSPELANLayer(2 * d, d, 2 * d, round(options.expansion * d // 2), blocks, options.fusion_act)
+        return CSPRepLayer(2 * d, d, blocks, options.expansion, options.fusion_act)
 
     def forward(self, maps: list[Tensor]) -> list[Tensor]:
         feats = [proj(x) for proj, x in zip(self.input_proj, maps)]

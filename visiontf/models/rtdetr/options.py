@@ -25,6 +25,8 @@ __all__ = ["DecoderOptions", "DenoisingOptions", "EncoderOptions", "ResNetVdOpti
 T = TypeVar("T")
 
 ACTIVATIONS = ("relu", "gelu", "silu")
+FUSION_BLOCKS = ("csprep", "elan")
+DOWNSAMPLES = ("conv", "scdown")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class EncoderOptions:
         expansion: hidden width of the CSPRep fusion blocks, as a fraction of ``hidden_dim`` (0.5 for R18/R34 and the M models).
         depth_mult: RepVGG blocks per fusion block, ``round(3 * depth_mult)``.
         fusion_act: activation of the fusion convolutions (SiLU).
+        fusion_block: ``"csprep"`` (RT-DETR's CSPRep blocks) or ``"elan"`` (D-FINE's CSP-ELAN blocks, whose branches are
+            ``round(expansion * hidden_dim // 2)`` wide).
+        lateral_act: the top-down pass's lateral 1x1 convolutions end with ``fusion_act`` (RT-DETR) or are linear (D-FINE).
+        downsample: the bottom-up pass's downsampling, ``"conv"`` (a 3x3 stride-2 convolution with ``fusion_act``,
+            RT-DETR) or ``"scdown"`` (D-FINE's linear 1x1 and depthwise 3x3 stride-2 convolutions).
     """
 
     hidden_dim: int = 256
@@ -78,6 +85,9 @@ class EncoderOptions:
     expansion: float = 1.0
     depth_mult: float = 1.0
     fusion_act: str = "silu"
+    fusion_block: str = "csprep"
+    lateral_act: bool = True
+    downsample: str = "conv"
 
 
 @dataclass(frozen=True)
@@ -176,6 +186,10 @@ def check_sections(backbone: ResNetVdOptions | None, encoder: EncoderOptions, de
                        ("decoder.activation", decoder.activation)):
         if act not in ACTIVATIONS:
             raise ValueError(f"{where} must be one of {ACTIVATIONS}, got {act!r}")
+    if encoder.fusion_block not in FUSION_BLOCKS:
+        raise ValueError(f"encoder.fusion_block must be one of {FUSION_BLOCKS}, got {encoder.fusion_block!r}")
+    if encoder.downsample not in DOWNSAMPLES:
+        raise ValueError(f"encoder.downsample must be one of {DOWNSAMPLES}, got {encoder.downsample!r}")
     if decoder.hidden_dim % decoder.nhead:
         raise ValueError(f"decoder.hidden_dim={decoder.hidden_dim} must be divisible by decoder.nhead={decoder.nhead}")
     if decoder.num_layers < 1 or decoder.num_queries < 1 or decoder.num_levels < 1:

@@ -22,7 +22,7 @@ each image's own extent, so the outputs are relative to each unpadded image as e
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,10 +33,10 @@ from visiontf.models._registry import register_model
 from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
 from visiontf.models.backbones.resnet_vd import ResNetVdBackbone
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
-from visiontf.models.deformable_detr.denoising import ContrastiveDenoising
+from visiontf.models.deformable_detr.denoising import ContrastiveDenoising, DenoisingQueries
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.models.rtdetr.convert import convert_state_dict
-from visiontf.models.rtdetr.decoder import INVERSE_SIGMOID_EPS, RTDetrDecoder
+from visiontf.models.rtdetr.decoder import INVERSE_SIGMOID_EPS, DecoderOutput, RTDetrDecoder
 from visiontf.models.rtdetr.hybrid_encoder import HybridEncoder
 from visiontf.models.rtdetr.options import (
     DecoderOptions,
@@ -149,6 +149,25 @@ class RTDETR(BackboneLayerDepth, Detector):
         return self.encoder.fuse_repvgg()
 
     # ------------------------------------------------------------------------------------ forward
+    def _outputs(self, dec: DecoderOutput, dn: DenoisingQueries | None, to_image: Callable[[Tensor], Tensor]) -> dict:
+        """The output dict of :meth:`forward` from the decoder's (``to_image``: padded canvas -> each image's boxes)."""
+        P = dn.meta.pad_size if dn is not None else 0
+        logits, boxes = dec.logits, to_image(dec.boxes)
+        out: dict = {"pred_logits": logits[-1, :, P:], "pred_boxes": boxes[-1, :, P:]}
+        if self.training:
+            if self.decoder.options.aux_loss:
+                out["aux_outputs"] = [{"pred_logits": a[:, P:], "pred_boxes": b[:, P:]} for a, b in zip(logits[:-1], boxes[:-1])]
+                out["interm_outputs"] = {"pred_logits": dec.proposal_logits, "pred_boxes": to_image(dec.proposal_boxes)}
+            if dn is not None:
+                out["dn_outputs"] = {"pred_logits": logits[-1, :, :P], "pred_boxes": boxes[-1, :, :P]}
+                if self.decoder.options.aux_loss:
+                    out["dn_outputs"]["aux_outputs"] = [{"pred_logits": a[:, :P], "pred_boxes": b[:, :P]} for a, b in zip(logits[:-1], boxes[:-1])]
+                out["dn_meta"] = dn.meta
+            elif self.decoder.denoising_class_embed is not None:
+                # every parameter takes part in every step (DDP), as DINO's label_enc.weight[0, 0] * 0
+                out["pred_logits"] = out["pred_logits"] + 0.0 * self.decoder.denoising_class_embed.weight[0, 0]
+        return out
+
     def forward(self, images: Tensor, mask: Tensor | None = None, targets: Sequence[dict] | None = None,
                 need_weights: bool = False) -> dict:
         """Detect objects.
@@ -194,20 +213,7 @@ class RTDETR(BackboneLayerDepth, Detector):
             dec = self.decoder(feats, dn)
         to_image = (lambda b: b) if ratios is None else (lambda b: b / ratios[:, None].to(b.dtype))  # noqa: E731
         P = dn.meta.pad_size if dn is not None else 0
-        logits, boxes = dec.logits, to_image(dec.boxes)
-        out: dict = {"pred_logits": logits[-1, :, P:], "pred_boxes": boxes[-1, :, P:]}
-        if self.training:
-            if self.decoder.options.aux_loss:
-                out["aux_outputs"] = [{"pred_logits": a[:, P:], "pred_boxes": b[:, P:]} for a, b in zip(logits[:-1], boxes[:-1])]
-                out["interm_outputs"] = {"pred_logits": dec.proposal_logits, "pred_boxes": to_image(dec.proposal_boxes)}
-            if dn is not None:
-                out["dn_outputs"] = {"pred_logits": logits[-1, :, :P], "pred_boxes": boxes[-1, :, :P]}
-                if self.decoder.options.aux_loss:
-                    out["dn_outputs"]["aux_outputs"] = [{"pred_logits": a[:, :P], "pred_boxes": b[:, :P]} for a, b in zip(logits[:-1], boxes[:-1])]
-                out["dn_meta"] = dn.meta
-            elif self.decoder.denoising_class_embed is not None:
-                # every parameter takes part in every step (DDP), as DINO's label_enc.weight[0, 0] * 0
-                out["pred_logits"] = out["pred_logits"] + 0.0 * self.decoder.denoising_class_embed.weight[0, 0]
+        out = self._outputs(dec, dn, to_image)
         if need_weights:
             loc, weights = sampled[-1]
             if loc.dim() == 5:  # a count per level: (B, Q, M, J, 2); the picture takes one count for all levels

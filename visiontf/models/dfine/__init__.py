@@ -1,0 +1,1 @@
+"""D-FINE and DEIM: RT-DETR with an HGNetv2 backbone and fine-grained distribution refinement of the box edges."""
