@@ -30,7 +30,7 @@ browser:
 WORKERS ?= 2
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 # the inner loop: the unit tiers only (CI runs everything through `make test`); tests/README.md lists the tiers
 test-fast: $(STAMP)
