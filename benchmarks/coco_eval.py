@@ -1,4 +1,4 @@
-"""Benchmark: evaluating a COCO results file, ``tools/eval_coco_results.py`` vs plain pycocotools.
+"""Benchmark: evaluating a COCO results file, ``tools/eval.py --annotations A --predictions P`` vs plain pycocotools.
 
 Both run as whole processes (start-up, JSON loading, evaluation, summary), timed by wall clock,
 on generated COCO-sized data of two shapes, 5,000 images (``--quick``: 1,000) with 100 detections each:
@@ -201,7 +201,7 @@ def _run_shape(shape: str, n: int, repeats: int, backend: str = "auto") -> dict:
         ours_s, ref_s, ours_cpu, ref_cpu, loads = [], [], [], [], []
         for _ in range(repeats):
             loads.append(round(os.getloadavg()[0], 1))
-            t, cpu, proc = _timed([sys.executable, str(REPO / "tools" / "eval_coco_results.py"), "--annotations",
+            t, cpu, proc = _timed([sys.executable, str(REPO / "tools" / "eval.py"), "--annotations",
                                    str(ann_file), "--predictions", str(res_file), "--output", str(tmp / "ours.json"),
                                    "--backend", backend])
             ours_s.append(t)
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=None, help="number of images (overrides --quick)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--shape", choices=(*SHAPES, "both"), default="both")
-    p.add_argument("--backend", default="auto", help="tools/eval_coco_results.py's --backend")
+    p.add_argument("--backend", default="auto", help="tools/eval.py's --backend")
     args = p.parse_args(argv)
     rows = run(args.quick, args.images, args.repeats, SHAPES if args.shape == "both" else (args.shape,), args.backend)
     for r in rows:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""A local web app to try a model: drop an image, see its detections, masks, restorations or classes.
+"""A local web app to try a model: drop an image, see its detections, masks, restorations or classes (the same command as ``visiontf-app``).
 
     python tools/app.py --ckpt_path K.ckpt [--device cpu] [--port 7860] [--score_threshold 0.5]
     python tools/app.py --weights model.safetensors
@@ -8,9 +8,6 @@ Needs Gradio (``pip install visiontf[app]``); serves on http://127.0.0.1:7860 an
 Uploads and results live in one ``visiontf_app_*`` temporary folder, removed when the app stops (Ctrl+C, SIGTERM).
 """
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from visiontf.cli import app_main
 

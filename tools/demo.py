@@ -6,11 +6,8 @@
 The recipe is ``visiontf.cli.demo.DEMO_CONFIG``; see :mod:`visiontf.cli.demo`.
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from visiontf.cli.demo import demo_main  # noqa: E402
+from visiontf.cli.demo import demo_main
 
 if __name__ == "__main__":
     sys.exit(demo_main())

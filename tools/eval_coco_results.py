@@ -1,11 +1,8 @@
-"""Evaluate a COCO results file: prints the 12-line table, optionally writes stats JSON (never imports torch)."""
+"""Deprecated: use ``tools/eval.py --annotations A --predictions P`` (or ``visiontf-eval``), which this forwards to."""
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from visiontf.cli.eval import main
 
 if __name__ == "__main__":
-    from visiontf.cli.errors import run_tool
-    from visiontf.evaluation.coco import main
-
-    sys.exit(run_tool(main, prog="eval_coco_results.py"))
+    print("eval_coco_results.py is deprecated: use tools/eval.py --annotations A --predictions P", file=sys.stderr)
+    sys.exit(main())

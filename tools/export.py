@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Export a checkpoint: safetensors + config (visiontf.load_model) and optionally ONNX.
+"""Export a checkpoint: safetensors + config (visiontf.load_model) and optionally ONNX (the same command as ``visiontf-export``).
 
     python tools/export.py --ckpt_path K.ckpt [--config C.yaml] --output model.safetensors [--onnx model.onnx] [--image_size 224 224]
 
@@ -8,11 +8,8 @@ atol + rtol * |PyTorch| (--atol/--rtol, default 1e-3 each) and, for detectors, t
 detections (visiontf.inference.onnx_check).
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from visiontf.cli import export_main  # noqa: E402
+from visiontf.cli import export_main
 
 if __name__ == "__main__":
     sys.exit(export_main())

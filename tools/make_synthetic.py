@@ -18,10 +18,8 @@ import inspect
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from visiontf.cli.errors import run_tool  # noqa: E402
-from visiontf.core.arguments import ToolParser, UsageError  # noqa: E402
+from visiontf.cli.errors import run_tool
+from visiontf.core.arguments import ToolParser, UsageError
 
 #: the set `make demo` trains detr_tiny on: large, class-coloured shapes a CPU DETR learns in minutes
 DETECTION_DEMO = {"image_size": (128, 160), "object_size": (0.12, 0.35), "max_objects": 3, "colour_by_class": True}

@@ -10,11 +10,8 @@ e.g. by scripts/experiments/convergence.py), one colour per [LABEL=]PATH argumen
     python tools/plot_logs.py --vs_minutes detr=outputs/conv/runs/detr deform=outputs/conv/runs/deform --output conv.png
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from visiontf.cli.errors import run_tool  # noqa: E402
+from visiontf.cli.errors import run_tool
 
 if __name__ == "__main__":
     if {"--vs_minutes", "--vs-minutes"} & set(sys.argv[1:]):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Predict on images or folders: annotated pictures, predictions.json, optional attention maps.
+"""Predict on images or folders: annotated pictures, predictions.json, optional attention maps (the same command as ``visiontf-predict``).
 
     python tools/predict.py --config C.yaml --ckpt_path K.ckpt --input img.jpg folder/ --output out/ [--attention]
     python tools/predict.py --weights model.safetensors --input folder/ --output out/ --score_threshold 0.7
@@ -7,11 +7,8 @@
     python tools/predict.py --ckpt_path ipt.ckpt --input lr/ --output sr/   # restoration: <name>.png per input
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from visiontf.cli import predict_main  # noqa: E402
+from visiontf.cli import predict_main
 
 if __name__ == "__main__":
     sys.exit(predict_main())

@@ -8,10 +8,8 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from visiontf.cli.errors import run_tool  # noqa: E402
-from visiontf.core.arguments import ToolParser  # noqa: E402
+from visiontf.cli.errors import run_tool
+from visiontf.core.arguments import ToolParser
 
 
 def check_values(args) -> None:

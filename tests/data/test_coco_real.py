@@ -311,7 +311,7 @@ def test_results_with_category_ids_not_in_the_annotations_are_refused_naming_the
     from cli_runner import error_line, run_tools
 
     cases = [{"argv": [tool, "--annotations", VAL_ANN, "--predictions", results]}
-             for tool in ("tools/eval_coco_results.py", "tools/eval.py")]
+             for tool in ("tools/eval.py",)]
     for r in run_tools(cases, tmp_path):
         assert r["code"] == 2
         line = error_line(r)

@@ -260,7 +260,7 @@ def test_cli_prints_table_writes_stats_and_never_imports_torch(data, tmp_path):
     ann_file, res_file, _, _, ref, table = data
     out = tmp_path / "stats.json"
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", str(REPO / "tools" / "eval_coco_results.py"),
+        [sys.executable, "-X", "importtime", str(REPO / "tools" / "eval.py"),
          "--annotations", str(ann_file), "--predictions", str(res_file), "--output", str(out)],
         capture_output=True, text=True, timeout=120,
     )
@@ -277,7 +277,7 @@ def test_cli_bad_input_exit_code(tmp_path, data):
     ann_file, *_ = data
     res = tmp_path / "r.json"
     res.write_text('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": 0.3}')  # truncated
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "eval_coco_results.py"), "--annotations",
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "eval.py"), "--annotations",
                            str(ann_file), "--predictions", str(res)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "r.json: malformed JSON at line 1" in proc.stderr

@@ -1,7 +1,7 @@
 """COCO evaluation with pycocotools semantics, on pycocotools or faster-coco-eval.
 
 This module must not import torch (directly or through visiontf): evaluating a results file from
-the command line (:func:`main`, ``tools/eval_coco_results.py``) should start in well under a
+the command line (:func:`main`, ``tools/eval.py --annotations A --predictions P``) should start in well under a
 second. faster-coco-eval gives the same 12 numbers as pycocotools, several times faster. What visiontf
 adds around it is kept cheap: files read with orjson (garbage collection paused while the containers are
 made), and the result checks run as one pass over columns read once (numpy), not result by result.
