@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from visiontf.core.config_checks import (
+    ConfigError,
     check_config,
     non_negative,
     non_negative_int,
@@ -23,7 +24,18 @@ from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.models.contract import Detector
 from visiontf.tasks.base import BaseTask
 from visiontf.tasks.mask_eval import MaskEvaluation, sync_thing_classes
-from visiontf.tasks.optim import OptimArgsMixin, build_optimizer, build_scheduler, group_parameters, layer_decay_groups, lr_groups
+from visiontf.tasks.optim import (
+    FlatCosine,
+    OptimArgsMixin,
+    ParamGroupRule,
+    build_flat_cosine,
+    build_optimizer,
+    build_scheduler,
+    group_parameters,
+    layer_decay_groups,
+    lr_groups,
+    rule_groups,
+)
 
 if TYPE_CHECKING:
     from visiontf.evaluation.readouts.readouts import DetectionReport
@@ -111,6 +123,15 @@ class DetectionTask(OptimArgsMixin, BaseTask):
     ``layer_decay`` (ViTDet: 0.7) scales each parameter's learning rate by ``layer_decay ** (L + 1 - i)``
     at the depth ``(i, L)`` its model's ``layer_depth`` gives (a ViT backbone's blocks;
     :func:`~visiontf.tasks.optim.layer_decay_groups`); None: no decay.
+
+    ``param_groups``: declared optimizer groups, a list of :class:`~visiontf.tasks.optim.ParamGroupRule` sections
+    (``{pattern, kinds, weight_decay, lr}``): the parameters whose name the regular expression finds and whose kind
+    (``norm``, ``bias``, ``weight``, by the module holding them) is listed get the rule's weight decay and learning
+    rate; the first rule that takes a parameter wins, the rest keep the groups above. The originals' weight-decay
+    exemptions (RT-DETR, D-FINE, DEIM) are written so in their configs.
+
+    ``schedule: flat_cosine`` with a ``flat_cosine`` section (:class:`~visiontf.tasks.optim.FlatCosine`) is DEIM's
+    flat-cosine rate by epoch, its warm-up over ``warmup_steps`` (quadratic, as DEIM's).
     """
 
     task = "detection"
@@ -126,10 +147,12 @@ class DetectionTask(OptimArgsMixin, BaseTask):
         lr_backbone: float = 1e-5,
         lr_offsets_mult: float = 0.1,
         weight_decay: float = 1e-4,
-        schedule: Literal["step", "cosine", "constant"] = "step",
+        schedule: Literal["step", "cosine", "constant", "flat_cosine"] = "step",
         lr_drop_epochs: int | None = 200,
         warmup_steps: int = 0,
         layer_decay: float | None = None,
+        param_groups: list[ParamGroupRule] | None = None,
+        flat_cosine: FlatCosine | None = None,
         cost_class: float | None = None,
         cost_bbox: float | None = None,
         cost_giou: float | None = None,
@@ -146,13 +169,27 @@ class DetectionTask(OptimArgsMixin, BaseTask):
     ) -> None:
         check_config(type(self).__name__, "model", lr=(lr, positive), lr_backbone=(lr_backbone, non_negative),
                      lr_offsets_mult=(lr_offsets_mult, non_negative), weight_decay=(weight_decay, non_negative),
-                     schedule=(schedule, one_of("step", "cosine", "constant")),
+                     schedule=(schedule, one_of("step", "cosine", "constant", "flat_cosine")),
                      lr_drop_epochs=(lr_drop_epochs, optional(positive_int)), warmup_steps=(warmup_steps, non_negative_int),
                      layer_decay=(layer_decay, optional(unit_interval_open_left)),
                      cost_class=(cost_class, optional(non_negative)), cost_bbox=(cost_bbox, optional(non_negative)),
                      cost_giou=(cost_giou, optional(non_negative)), loss_ce=(loss_ce, optional(non_negative)),
                      loss_bbox=(loss_bbox, optional(non_negative)), loss_giou=(loss_giou, optional(non_negative)),
                      eos_coef=(eos_coef, optional(unit_interval_open_left)), compile=(compile, one_of(False, True, "transformer")))
+        # the typed sections, checked here and kept as plain mappings in the hyper-parameters (checkpoints, hparams.yaml)
+        try:
+            rules = [ParamGroupRule.of(r) for r in param_groups or ()]
+            schedule_args = None if flat_cosine is None else FlatCosine.of(flat_cosine)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{type(self).__name__}: model.init_args.{e}") from None
+        if (schedule == "flat_cosine") != (schedule_args is not None):
+            raise ConfigError(f"{type(self).__name__}: model.init_args.schedule flat_cosine and the flat_cosine section go "
+                              "together: set both (flat_cosine: {flat_epochs: ..., no_aug_epochs: ...}) or neither")
+        if rules and layer_decay is not None:
+            raise ConfigError(f"{type(self).__name__}: model.init_args.param_groups and layer_decay do not combine yet; "
+                              "use one of them")
+        param_groups = [r.as_dict() for r in rules] or None
+        flat_cosine = None if schedule_args is None else schedule_args.as_dict()
         super().__init__(model_name, num_classes, model_kwargs, pretrained, compile is True, on_nonfinite)
         # "transformer": torch.compile of the encoder-decoder alone; the backbone (cuDNN's convolutions
         # already) and the post-processing stay eager, and the graph breaks of the rest do not matter
@@ -303,11 +340,18 @@ class DetectionTask(OptimArgsMixin, BaseTask):
         hp = self.hparams
         lrs = {"default": hp.lr, "backbone": hp.lr_backbone, "offsets": hp.lr * hp.lr_offsets_mult}
         # default and backbone are always there (possibly empty), so DETR's optimizer state keeps its layout
-        if hp.layer_decay is None:
+        rules = [ParamGroupRule.of(r) for r in hp.get("param_groups") or ()]
+        if rules:  # the declared groups (weight-decay exemptions, their own rates) split off the lr groups
+            groups = rule_groups(self.model, lrs, rules, always=("default", "backbone"))
+        elif hp.layer_decay is None:
             groups = lr_groups(group_parameters(self.model), lrs, always=("default", "backbone"))
         else:  # ViTDet's layer-wise decay over the depths the model's backbone declares (a ViT's blocks)
             groups = layer_decay_groups(self.model, lrs, hp.layer_decay, always=("default", "backbone"))
         args = self.optim_args
         opt = build_optimizer("adamw", groups, args.lr, args.weight_decay)
+        if hp.get("flat_cosine") is not None:  # DEIM's flat-cosine, by epoch
+            epochs = max(1, self.trainer.max_epochs or 1) if self._trainer is not None else 1
+            sched = build_flat_cosine(opt, FlatCosine.of(hp.flat_cosine), self.steps_per_epoch(), epochs, args.warmup_steps)
+            return {"optimizer": opt, "lr_scheduler": sched}
         sched = build_scheduler(opt, args.schedule, self.total_steps(), args.warmup_steps, step_epochs=hp.lr_drop_epochs)
         return {"optimizer": opt, "lr_scheduler": sched}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -98,8 +99,8 @@ _FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 def can_fuse_adamw(param_groups: Iterable[dict]) -> bool:
     """Whether torch's fused AdamW takes these groups: floating-point parameters on CPU or CUDA.
-    Fused, one AdamW step of ``dino_tiny`` takes 5 ms on a 2-core CPU instead of 21 ms (the for-loop
-    implementation is torch's CPU default); the update is the same up to float rounding."""
+    Fused, the update is one kernel over all parameters instead of torch's CPU default, a Python loop over
+    them, which costs most on small models (measured in docs/record/speed.md#measurements-behind-comments-in-the-code); the update is the same up to float rounding."""
     params = [p for g in param_groups for p in g["params"]]
     return bool(params) and all(p.is_floating_point() and p.device.type in _FUSED_ADAMW_DEVICES for p in params)
 
@@ -225,3 +226,185 @@ class OptimArgsMixin:
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)  # type: ignore[misc]
         renamed_hyperparameters(checkpoint.get("hyper_parameters") or {}, type(self).__name__)
+
+
+# ---------------------------------------------------------------------------------------- declared parameter groups
+#: what a parameter is, for :class:`ParamGroupRule`'s ``kinds``
+PARAM_KINDS = ("norm", "bias", "weight")
+
+_NORM_TYPES: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm,
+                                            *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()))
+
+
+def param_kinds(model: nn.Module) -> dict[str, str]:
+    """Each parameter's kind by the module that holds it: ``"norm"`` (a normalisation layer's weight or bias:
+    BatchNorm, LayerNorm, GroupNorm and their subclasses, whatever they are called), ``"bias"`` (another layer's
+    ``bias``) or ``"weight"`` (the rest: convolution and linear weights, embeddings, scales)."""
+    kinds: dict[str, str] = {}
+    for prefix, module in model.named_modules():
+        is_norm = isinstance(module, _NORM_TYPES)
+        for name, _ in module.named_parameters(recurse=False):
+            full = f"{prefix}.{name}" if prefix else name
+            kinds[full] = "norm" if is_norm else "bias" if name == "bias" else "weight"
+    return kinds
+
+
+@dataclass(frozen=True)
+class ParamGroupRule:
+    """One declared optimizer group (a config section: ``model.init_args.param_groups`` is a list of them).
+
+    The trainable parameters whose name ``pattern`` finds (``re.search``; ``""``: every name) and whose kind
+    (:func:`param_kinds`) is in ``kinds`` (empty: any) train with this group's ``weight_decay`` and ``lr`` instead of
+    the task's. The first rule that takes a parameter wins; parameters no rule takes keep the task's groups. A rule
+    leaves the learning-rate group a parameter is in (the model's ``param_group``: backbone, default, offsets) as it
+    is unless it sets ``lr``, so "backbone norms without decay" keeps the backbone's rate.
+
+    Args:
+        pattern: a regular expression searched in the parameter's name (``"^(encoder|decoder)\\."``).
+        kinds: any of ``"norm"``, ``"bias"``, ``"weight"``.
+        weight_decay: the group's weight decay (None: the task's).
+        lr: the group's learning rate, absolute (None: the rate of the parameter's own learning-rate group).
+    """
+
+    pattern: str = ""
+    kinds: tuple[str, ...] = ()
+    weight_decay: float | None = None
+    lr: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", tuple(self.kinds))
+        bad = [k for k in self.kinds if k not in PARAM_KINDS]
+        if bad:
+            raise ValueError(f"param_groups: kinds {bad} unknown; use any of {list(PARAM_KINDS)}")
+        try:
+            re.compile(self.pattern)
+        except re.error as e:
+            raise ValueError(f"param_groups: pattern {self.pattern!r} is not a regular expression ({e})") from None
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ValueError(f"param_groups: weight_decay must be >= 0, got {self.weight_decay}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"param_groups: lr must be > 0, got {self.lr}")
+
+    def takes(self, name: str, kind: str) -> bool:
+        return (not self.kinds or kind in self.kinds) and re.search(self.pattern, name) is not None
+
+    @classmethod
+    def of(cls, value: ParamGroupRule | Mapping[str, Any]) -> ParamGroupRule:
+        """A rule from itself or from its fields as a mapping (a checkpoint's hyper-parameters hold mappings)."""
+        if isinstance(value, ParamGroupRule):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(f"param_groups: each entry is a mapping of {[f.name for f in fields(cls)]}, got {value!r}")
+        unknown = sorted(set(value) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"param_groups: unknown field(s) {unknown}; a rule has {[f.name for f in fields(cls)]}")
+        return cls(**value)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "kinds": list(self.kinds), "weight_decay": self.weight_decay, "lr": self.lr}
+
+
+def rule_groups(model: nn.Module, lrs: dict[str, float], rules: Sequence[ParamGroupRule],
+                always: Sequence[str] = ()) -> list[dict]:
+    """:func:`lr_groups` with the declared :class:`ParamGroupRule` groups split off.
+
+    Per learning-rate group (in the order of ``lrs``): the parameters no rule takes (kept, possibly empty, for the
+    names in ``always``), then one group per rule that takes any of them, in the rules' order, with the rule's
+    ``weight_decay`` and ``lr`` where it sets them. Every group carries ``rule``: None or the rule's index.
+    """
+    if not isinstance(model, VisionModel):
+        raise TypeError(f"{type(model).__name__} is not a visiontf model, so it has no param_group(name)")
+    kinds = param_kinds(model)
+    buckets: dict[tuple[str, int | None], list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        rule = next((i for i, r in enumerate(rules) if r.takes(name, kinds[name])), None)
+        buckets.setdefault((model.param_group(name), rule), []).append(p)
+    unknown = sorted({g for g, _ in buckets} - set(lrs))
+    if unknown:
+        raise ValueError(f"the model names parameter group(s) {unknown}; this task sets learning rates for {sorted(lrs)}")
+    out: list[dict] = []
+    for group, lr in lrs.items():
+        if (group, None) in buckets or group in always:
+            out.append({"params": buckets.get((group, None), []), "lr": lr, "rule": None})
+        for i, r in enumerate(rules):
+            if (group, i) in buckets:
+                g = {"params": buckets[(group, i)], "lr": lr if r.lr is None else r.lr, "rule": i}
+                if r.weight_decay is not None:
+                    g["weight_decay"] = r.weight_decay
+                out.append(g)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- DEIM's flat-cosine schedule
+@dataclass(frozen=True)
+class FlatCosine:
+    """DEIM's flat-cosine learning rate (``model.init_args.flat_cosine``, with ``schedule: flat_cosine``).
+
+    A warm-up over the task's ``warmup_steps`` (DEIM's is quadratic: ``(step / warmup) ** 2``), the full rate until
+    epoch ``flat_epochs``, a half cosine down to ``min_ratio`` times the rate until ``no_aug_epochs`` before the end,
+    and ``min_ratio`` times the rate after. DEIM-D-FINE-S: flat 64, no_aug 12 of 132 epochs, min_ratio 0.5 (its
+    ``lr_gamma``); DEIM-D-FINE-N's flat 7800 of 160 with min_ratio 1 keeps the full rate. Each parameter group follows
+    it at its own rate. DEIM sets the rate after each step for the next one (its step k >= 1 runs at the formula's
+    value at k - 1, its first step at the full rate); here step k runs at the value at k.
+
+    Args:
+        flat_epochs: the epoch the cosine starts at (DEIM's ``flat_epoch``; the warm-up is inside it).
+        no_aug_epochs: the last epochs, at the lowest rate (DEIM's ``no_aug_epoch``).
+        min_ratio: the lowest rate over the full one (DEIM's ``lr_gamma``).
+        warmup: ``"quadratic"`` (DEIM) or ``"linear"``.
+    """
+
+    flat_epochs: int
+    no_aug_epochs: int = 0
+    min_ratio: float = 0.5
+    warmup: str = "quadratic"
+
+    def __post_init__(self) -> None:
+        for name in ("flat_epochs", "no_aug_epochs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or int(v) != v or v < 0:
+                raise ValueError(f"flat_cosine.{name} must be a whole number of epochs >= 0, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        if not 0 <= self.min_ratio <= 1:
+            raise ValueError(f"flat_cosine.min_ratio must be in [0, 1], got {self.min_ratio}")
+        if self.warmup not in ("quadratic", "linear"):
+            raise ValueError(f"flat_cosine.warmup must be 'quadratic' or 'linear', got {self.warmup!r}")
+
+    @classmethod
+    def of(cls, value: FlatCosine | Mapping[str, Any]) -> FlatCosine:
+        if isinstance(value, FlatCosine):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(f"flat_cosine: a mapping of {[f.name for f in fields(cls)]}, got {value!r}")
+        unknown = sorted(set(value) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"flat_cosine: unknown field(s) {unknown}; it has {[f.name for f in fields(cls)]}")
+        return cls(**value)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"flat_epochs": self.flat_epochs, "no_aug_epochs": self.no_aug_epochs, "min_ratio": self.min_ratio,
+                "warmup": self.warmup}
+
+    def factor(self, step: int, steps_per_epoch: int, total_epochs: int, warmup_steps: int) -> float:
+        """The rate at optimizer step ``step`` (0-based) over the full rate."""
+        total = steps_per_epoch * total_epochs
+        flat = steps_per_epoch * self.flat_epochs
+        tail = steps_per_epoch * self.no_aug_epochs
+        if step <= warmup_steps and warmup_steps > 0:
+            t = step / warmup_steps
+            return t * t if self.warmup == "quadratic" else t
+        if step <= flat:
+            return 1.0
+        if step >= total - tail:
+            return self.min_ratio
+        t = (step - flat) / max(1, total - flat - tail)
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def build_flat_cosine(optimizer: torch.optim.Optimizer, schedule: FlatCosine, steps_per_epoch: int, total_epochs: int,
+                      warmup_steps: int) -> dict:
+    """A Lightning ``lr_scheduler`` dict for :class:`FlatCosine`, stepped every optimizer step."""
+    f = lambda step: schedule.factor(step, steps_per_epoch, total_epochs, warmup_steps)  # noqa: E731
+    return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, f), "interval": "step"}
