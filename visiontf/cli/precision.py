@@ -2,8 +2,8 @@
 
 bf16 autocast is a speed-up on a CPU with bf16 instructions (AVX512-BF16 or AMX on x86, the ``bf16``
 feature on Arm) and a large slow-down elsewhere, where oneDNN emulates it: the CPU recipe
-(``configs/deformable_detr/deformable_detr_tiny_shapes.yaml``) made 766 steps in 8 minutes with bf16
-on a 2-core AVX512-BF16 machine and 59 on a 2-core AVX2-only one. A config that asks for bf16 can
+(``configs/deformable_detr/deformable_detr_tiny_shapes.yaml``) makes an order of magnitude fewer steps
+under emulated bf16 (docs/record/speed.md#measurements-behind-comments-in-the-code). A config that asks for bf16 can
 name, in the top-level key ``precision_without_native_bf16``, the precision to train and evaluate
 with on CPUs without it; :func:`resolve_cpu_precision` applies it (one log line when it does).
 ``VISIONTF_NATIVE_BF16=1`` (or ``0``) overrides what ``/proc/cpuinfo`` says, so that either path can be

@@ -21,12 +21,23 @@ from visiontf.data.datasets.coco import CocoDetection, collate_detection
 from visiontf.data.files.coco_annotations import AnnotationError, label_maps, load_coco_json, parse_categories
 from visiontf.data.files.detection_layouts import resolve_detection_layout
 from visiontf.data.loading import BatchSamplerLoader, EpochIndex, TrainLoader, default_num_workers, loader_kwargs
+from visiontf.data.mixup import MixUp, MixUpCollate
 from visiontf.data.samplers import aspect_ratio_groups, eval_batch_sampler, train_sampler
 from visiontf.data.transforms import detection as DT
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CocoDataModule", "ScheduledCocoDetection"]
+
+
+class _EpochTagged:
+    """A training dataset whose targets carry their sample's ``epoch`` (None without one), for a collate that draws by
+    epoch (:class:`~visiontf.data.mixup.MixUpCollate`, which removes it)."""
+
+    def __getitem__(self, key: int | EpochIndex) -> tuple[Any, dict[str, Any]]:
+        image, target = super().__getitem__(key)  # type: ignore[misc]
+        target["epoch"] = key.epoch if isinstance(key, EpochIndex) else None
+        return image, target
 
 
 class ScheduledCocoDetection(CocoDetection):
@@ -49,6 +60,14 @@ class ScheduledCocoDetection(CocoDetection):
         return super().__getitem__(key)
 
 
+class _TaggedCocoDetection(_EpochTagged, CocoDetection):
+    pass
+
+
+class _TaggedScheduledCocoDetection(_EpochTagged, ScheduledCocoDetection):
+    pass
+
+
 class CocoDataModule(DetectionDataModule):
     """COCO-layout detection data (``root/train2017``, ``root/annotations/instances_*.json``, ...).
 
@@ -67,8 +86,8 @@ class CocoDataModule(DetectionDataModule):
     ``scale_per_batch`` gives every image of a batch the same random scale (YOLO's and RT-DETR's
     multi-scale training), and ``aspect_ratio_groups`` > 1 fills each batch from one of that many
     aspect-ratio bins (torchvision's ``GroupedBatchSampler``, Detectron2's aspect-ratio grouping),
-    read from the annotated image sizes. With DETR's per-image scales, a batch of 8 is about 30 %
-    padding on the shapes sets; with both (2 groups) about 12 %.
+    read from the annotated image sizes. With DETR's per-image scales much of a batch is padding on the
+    synthetic sets; both options together cut it (docs/record/speed.md#measurements-behind-comments-in-the-code).
 
     ``mosaic`` (0 by default) is the probability that a training image is a 2x2 mosaic of four
     (albumentations' ``Mosaic``, each fitted into a cell of the median image size): four images' objects
@@ -82,6 +101,10 @@ class CocoDataModule(DetectionDataModule):
     DEIM also starts it at epoch 4); ``mosaic_epochs: [start, stop]`` draws mosaics only in those epochs (DEIM: the
     first half). Each training sample's epoch comes with its key, so the schedule holds in every worker process and
     on resume.
+
+    ``mixup: {prob, epochs, ratio}`` (:class:`~visiontf.data.mixup.MixUp`; off by default) is DEIM's MixUp: with
+    probability ``prob`` in epochs ``epochs[0] <= epoch < epochs[1]``, the collate mixes each training image with the
+    batch's previous one and keeps the boxes of both (DEIM: probability 0.5 in its mosaic epochs).
 
     ``label_space: category_id`` makes the class index the COCO category id (``num_classes`` = the
     largest id + 1: 91 for COCO), as the original DETR, Deformable DETR and DINO train: their published
@@ -121,6 +144,7 @@ class CocoDataModule(DetectionDataModule):
         masks: bool = False,
         strong_aug_epochs: tuple[int, int] | None = None,
         mosaic_epochs: tuple[int, int] | None = None,
+        mixup: MixUp | None = None,
     ):
         check_config(type(self).__name__, "data", batch_size=(batch_size, positive_int),
                      val_batch_size=(val_batch_size, optional(positive_int)),
@@ -129,6 +153,11 @@ class CocoDataModule(DetectionDataModule):
                      crop_size=(crop_size, each(positive_int, 2)), val_size=(val_size, positive_int),
                      size_divisibility=(size_divisibility, non_negative_int),
                      aspect_ratio_groups=(aspect_ratio_groups, non_negative_int), mosaic=(mosaic, fraction))
+        try:  # a typed section, kept as a plain mapping in the hyper-parameters
+            self.mixup = None if mixup is None else MixUp.of(mixup)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"CocoDataModule: data.init_args.{e}") from None
+        mixup = None if self.mixup is None else self.mixup.as_dict()
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
@@ -180,6 +209,8 @@ class CocoDataModule(DetectionDataModule):
         mosaic = self.mosaic if train else 0.0
         scheduled = train and self.schedule != DT.AugmentationSchedule()
         kind = ScheduledCocoDetection if scheduled else CocoDetection
+        if train and self.mixup is not None:  # the collate draws MixUp by the samples' epoch
+            kind = _TaggedScheduledCocoDetection if scheduled else _TaggedCocoDetection
         ds = kind(img_dir, ann_file, seed=self.seed, label_space=self.label_space, mosaic=mosaic > 0, masks=self.masks)
         if train:  # after parsing: the mosaic cell is sized from the split's images
             cell = self._mosaic_cell(ds) if mosaic else None
@@ -229,7 +260,9 @@ class CocoDataModule(DetectionDataModule):
             raise RuntimeError(f"CocoDataModule: {name} dataset not set up; call setup() with the matching stage first")
         # train: epoch-seeded order whose keys seed each sample's augmentation (exact resume, any worker
         # count); eval under DDP: each image once across ranks (CocoMetric de-duplicates repeats too)
-        collate = partial(collate_detection, size_divisibility=self.size_divisibility)
+        collate: Any = partial(collate_detection, size_divisibility=self.size_divisibility)
+        if shuffle and self.mixup is not None:
+            collate = MixUpCollate(self.mixup, self.seed, self.size_divisibility)
         kwargs = loader_kwargs(self.num_workers, self.seed, self.pin_memory, self.persistent_workers)
         if shuffle:
             sampler = train_sampler(ds, self.trainer, self.seed, **self._batch_layout(ds, batch_size))

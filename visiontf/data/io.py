@@ -188,7 +188,8 @@ def image_size(path: str | Path) -> tuple[int, int]:
 
 def _header_orientation(img: Image.Image) -> int:
     """The EXIF orientation of an opened image, from what precedes its pixel data. (A PNG's ``getexif`` decodes
-    the whole image to look for an eXIf chunk after the pixels: a 324-Mpx PNG cost 2.4 s and 310 MB here.)"""
+    the whole image to look for an eXIf chunk after the pixels, which a decompression-bomb upload makes slow
+    and large: docs/record/speed.md#measurements-behind-comments-in-the-code.)"""
     if img.format == "PNG":
         raw = img.info.get("exif")
         if not raw:

@@ -8,9 +8,9 @@ cannot be predicted are listed in ``failed.json`` with the reason, and counted i
 
 Each batch allocates and frees large buffers (full-size float images, pictures). glibc's malloc
 raises its mmap threshold after such frees and then serves them from the heap, which fragments and
-grows with the number of images although nothing is kept (measured: +174 MiB peak from 100 to 200
-1024^2 images). :func:`return_large_buffers_to_the_os` fixes the threshold at 1 MiB, so those buffers
-are mapped and unmapped each time and the peak stays flat (``benchmarks/predict_memory.py``).
+grows with the number of images although nothing is kept. :func:`return_large_buffers_to_the_os`
+fixes the threshold at 1 MiB, so those buffers are mapped and unmapped each time and the peak stays
+flat (``benchmarks/predict_memory.py`` measures it; docs/record/speed.md#measurements-behind-comments-in-the-code).
 """
 from __future__ import annotations
 

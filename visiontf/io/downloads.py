@@ -1,8 +1,8 @@
 """Fail fast, without retries, when ``pretrained=True`` needs a download and there is no network.
 
 timm downloads through the HuggingFace hub client, which retries a failed request five times with
-back-off (2, 4, 8, 8 s): offline, ``create_model(..., pretrained=True)`` spent about 50 s before
-its error. torch hub (the original DETR weights, torchvision's ResNets) does not retry, but a
+back-off (2, 4, 8, 8 s): offline, ``create_model(..., pretrained=True)`` waited through every retry
+before its error. torch hub (the original DETR weights, torchvision's ResNets) does not retry, but a
 firewall that drops packets leaves it waiting on a socket without a timeout.
 
 Before a download, :func:`network_problem` says why there is no network, if there is none:

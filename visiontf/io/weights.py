@@ -120,7 +120,7 @@ def corrupt_file_error(path: Path, reason: str) -> WeightsError:
 def damaged_record(path: Path) -> str | None:
     """Why the zip archive ``torch.save`` wrote is damaged (a missing directory, a record whose CRC-32
     does not match), or None. torch.load itself does not check the CRCs, so a flipped block would
-    load as wrong weights; checking reads the file once (about 0.15 s per 400 MB from the page cache).
+    load as wrong weights; checking reads the file once more (cheap beside the load itself; docs/record/speed.md#measurements-behind-comments-in-the-code).
     Files in torch's legacy (non-zip) format are not checked here."""
     if not zipfile.is_zipfile(path):
         return None if is_complete_torch_file(path) else "the archive ends early or has no directory"

@@ -100,7 +100,8 @@ _FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 def can_fuse_adamw(param_groups: Iterable[dict]) -> bool:
     """Whether torch's fused AdamW takes these groups: floating-point parameters on CPU or CUDA.
     Fused, the update is one kernel over all parameters instead of torch's CPU default, a Python loop over
-    them, which costs most on small models (measured in docs/record/speed.md#measurements-behind-comments-in-the-code); the update is the same up to float rounding."""
+    them, which costs most on small models (docs/record/speed.md#measurements-behind-comments-in-the-code);
+    the update is the same up to float rounding."""
     params = [p for g in param_groups for p in g["params"]]
     return bool(params) and all(p.is_floating_point() and p.device.type in _FUSED_ADAMW_DEVICES for p in params)
 

@@ -116,7 +116,7 @@ class CatMaxRatioCrop(BaseCrop):
         """Whether a crop of ``mask`` at ``coords`` satisfies the class-ratio rule."""
         x0, y0, x1, y1 = coords
         crop = mask[y0:y1, x0:x1]
-        if crop.dtype == np.uint8:  # bincount is ~10x faster than unique on big crops
+        if crop.dtype == np.uint8:  # bincount counts in one pass; unique sorts the crop
             counts = np.bincount(crop.ravel(), minlength=256)
             if 0 <= self.ignore_index < 256:
                 counts[self.ignore_index] = 0

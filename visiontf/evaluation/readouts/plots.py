@@ -41,7 +41,8 @@ def plot_pr_curves(arrays: CocoArrays, names: dict[int, str], iou: float = 0.5, 
     """Small multiples, one panel per category with ground truth (the first: the mean over them): COCO's
     interpolated precision at its 101 recall points (``precision[t, :, k, all, max_dets]``, the curve
     whose mean is the class's AP at this IoU). Every panel spans recall 0..1 (right) and precision
-    0..1 (up), with dotted lines at 0.5. Drawn on one canvas: a grid of 72 Axes took 15 s to save here."""
+    0..1 (up), with dotted lines at 0.5. Drawn on one canvas: a grid of one matplotlib Axes per class is many
+    times slower to lay out and save (docs/record/speed.md#measurements-behind-comments-in-the-code)."""
     from matplotlib.collections import LineCollection, PolyCollection
 
     t = arrays.iou_index(iou)

@@ -369,11 +369,11 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
 #: the published models (COCO, 50 epochs) and a CPU-sized one; settings as data, one function each below
 DEFAULT_CFGS: dict[str, ModelCfg] = {
     # 44.5 AP; 40.07 M parameters with 91 classes
-    "deformable_detr_resnet50": ModelCfg(dict(backbone="resnet50", channels_last=True)),
+    "deformable_detr_resnet50": ModelCfg(sections_of(backbone="resnet50", channels_last=True)),
     # 46.2 AP; 40.85 M
-    "deformable_detr_resnet50_box_refine": ModelCfg(dict(backbone="resnet50", channels_last=True, with_box_refine=True)),
+    "deformable_detr_resnet50_box_refine": ModelCfg(sections_of(backbone="resnet50", channels_last=True, with_box_refine=True)),
     # 46.9 AP ("++": refinement + two-stage); 41.18 M
-    "deformable_detr_resnet50_two_stage": ModelCfg(dict(backbone="resnet50", channels_last=True, with_box_refine=True,
+    "deformable_detr_resnet50_two_stage": ModelCfg(sections_of(backbone="resnet50", channels_last=True, with_box_refine=True,
                                                         two_stage=True)),
     # CPU-sized: ResNet-18 trunk, d 128, 3 levels (strides 8/16/32: small objects need the stride-8
     # map, the stride-64 level buys little at 128-512 px), 2 encoder points (the encoder runs on
@@ -381,8 +381,8 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
     # queries), 2 encoder + 3 decoder layers (set prediction needs decoder depth more than encoder
     # depth), FFN 512, 100 queries (few objects per image), refinement on (cheap, converges faster),
     # dropout 0 (short schedules, as DINO and D-FINE), channels-last (the ResNet-18 is most of a CPU
-    # train step; oneDNN convolutions made it 1.5x faster at batch 8, 256 px)
-    "deformable_detr_tiny": ModelCfg(dict(
+    # train step, and oneDNN runs NHWC convolutions faster; docs/record/speed.md)
+    "deformable_detr_tiny": ModelCfg(sections_of(
         backbone="resnet18", num_feature_levels=3, hidden_dim=128, nheads=4, enc_layers=2, dec_layers=3, dim_feedforward=512,
         num_queries=100, enc_n_points=2, dec_n_points=4, with_box_refine=True, dropout=0.0, channels_last=True,
     )),

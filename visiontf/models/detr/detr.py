@@ -320,7 +320,7 @@ def build_detr(
     return model_cls(body, pos, input_proj, transformer, num_classes, num_queries, aux_loss, pretrained_cfg, **model_kwargs)
 
 
-# channels-last: about 20 % faster convolutions on CPU (oneDNN) and on tensor cores; docs/benchmarks.md
+# channels-last: oneDNN (CPU) and tensor cores run NHWC convolutions faster; docs/record/speed.md#measurements-behind-comments-in-the-code
 _CL = dict(channels_last=True)
 _TAGS = ("detection", "detr")
 

@@ -288,8 +288,8 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
     "ipt_denoise_sigma50": ModelCfg(dict(tasks=("denoise_sigma50",))),
     "ipt_derain": ModelCfg(dict(tasks=("derain",))),
     "ipt_pretrain": ModelCfg(dict(tasks=PRETRAIN_TASKS)),
-    # 8 features x 4x4 patches = 128-dim tokens, 144 per 48x48 window, 2+2 layers: a training step at
-    # batch 8 of 48x48 crops takes ~0.28 s on one loaded CPU core (16 features x 3x3: 144 dims, 0.65 s)
+    # 8 features x 4x4 patches = 128-dim tokens, 144 per 48x48 window, 2+2 layers: small enough for a
+    # training step on one CPU core (cheaper than 16 features x 3x3 patches, 144-dim tokens; docs/record/speed.md)
     "ipt_tiny": ModelCfg(dict(tasks=("sr_x2",), n_feats=8, patch_dim=4, num_heads=4, num_layers=2)),
 }
 

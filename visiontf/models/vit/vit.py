@@ -261,7 +261,7 @@ def _timm_weights(name: str) -> Callable[[], dict]:
         from visiontf.io.downloads import HF_HOST, DownloadError, hf_hub_offline, network_problem
 
         timm_name = DEFAULT_CFGS[name].pretrained_cfg.hf_hub_id
-        # offline, the hub client would retry for ~50 s; in offline mode it reads its cache or fails at once
+        # offline, the hub client would wait through its retries; in offline mode it reads its cache or fails at once
         problem = network_problem(f"https://{HF_HOST}")
         try:
             with hf_hub_offline() if problem else contextlib.nullcontext():
