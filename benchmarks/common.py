@@ -27,7 +27,7 @@ ROW_KEYS = ("benchmark", "ours_s", "ref_s", "ratio", "same_result")
 
 
 def setup_torch(threads: int = NUM_THREADS) -> None:
-    """Fix the intra-op thread count (the timings in docs/benchmarks.md use 2)."""
+    """Fix the intra-op thread count (the timings in docs/record/speed.md use 2)."""
     torch.set_num_threads(threads)
 
 

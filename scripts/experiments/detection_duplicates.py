@@ -1,4 +1,4 @@
-"""Where a trained DINO-line detector's duplicates come from (the figures of docs/dino.md, "Duplicates").
+"""Where a trained DINO-line detector's duplicates come from (the figures of docs/record/detection.md, "Duplicates").
 
 For a checkpoint and its COCO-layout validation split, without NMS:
 

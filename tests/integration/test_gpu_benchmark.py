@@ -1,7 +1,7 @@
 """benchmarks/gpu.py's parts that run without a GPU: the reference op's loader, the budget, the TF32 emulation, the table.
 
 The whole ``--device cpu --tiny`` run takes about ten minutes on a 2-core machine (its output is in
-docs/benchmarks.md); here the cheap parts and section (c) end to end.
+docs/record/speed.md); here the cheap parts and section (c) end to end.
 """
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ def test_config_trains_two_clipped_steps_on_cuda(family_data, tmp_path, family, 
 # ------------------------------------------------------------------ evaluation and prediction under bf16
 # DETR: every query is a detection. With two-step weights, DINO's query selection (the top encoder
 # proposals of near-tied scores) changes under any rounding, so its bf16 agreement is measured on the
-# trained recipe instead (docs/benchmarks.md, "Precision"); here it must run and return float32.
+# trained recipe instead (docs/record/speed.md, "Precision"); here it must run and return float32.
 @pytest.mark.parametrize("family", ["detr"])
 def test_eval_under_bf16_gives_the_float32_stats(fitted, family_data, tmp_path, family):
     ckpt = fitted[(family, "32-true")] / "checkpoints" / "last.ckpt"

@@ -3,7 +3,7 @@
 A set-prediction detector (DETR's one-to-one matching) should not need NMS. This counts the pairs
 of predictions of one image and one category that overlap with IoU > ``iou`` while both score more
 than ``score``: the duplicates an NMS at that IoU would remove, among detections that matter.
-The defaults (IoU 0.7, score 0.3) are those reported beside mAP in docs/dino.md.
+The defaults (IoU 0.7, score 0.3) are those reported beside mAP in docs/record/detection.md ("Duplicates").
 """
 from __future__ import annotations
 
