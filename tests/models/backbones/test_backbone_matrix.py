@@ -9,21 +9,12 @@ import visiontf
 from visiontf.detection import build_criterion
 from visiontf.inference.export import example_inputs, export_onnx
 from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, onnx_and_torch_outputs
+from visiontf.models.backbones.registry import backbone_examples, find_backbone, list_backbones
 
-TINY_VIT = dict(depth=2, embed_dim=64, num_heads=2)
-TINY_SWIN = dict(embed_dim=32, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
-#: one of each kind: torchvision ResNet, timm CNN, timm Swin (NHWC), timm ViT, visiontf ViT, the simple
-#: feature pyramid on visiontf's ViT (windows) and on timm's DINOv2 (patch 14), DINO's Swin layout
-BACKBONES = {
-    "resnet18": {},
-    "timm:convnext_atto": dict(depths=(1, 1, 1, 1), dims=(16, 32, 64, 128)),
-    "timm:swin_tiny_patch4_window7_224": TINY_SWIN,
-    "timm:vit_tiny_patch16_224": TINY_VIT,
-    "vit_tiny_patch16_224": TINY_VIT,
-    "simplefpn:vit_tiny_patch16_224": dict(TINY_VIT, window_size=2, global_blocks=(1,), out_channels=32),
-    "simplefpn:timm:vit_small_patch14_dinov2": dict(TINY_VIT, img_size=56, out_channels=32),
-    "swin_T_224_1k": dict(TINY_SWIN, window_size=3),
-}
+#: one row per example of every registered backbone kind (register_backbone's ``examples``: a torchvision ResNet,
+#: timm's CNN, Swin (NHWC) and ViT, visiontf's ViT, the simple feature pyramid on visiontf's ViT (windows) and on
+#: timm's DINOv2 (patch 14), DINO's Swin layout, RT-DETR's ResNet-vd, D-FINE's HGNetv2): a new kind joins by registering
+BACKBONES = backbone_examples()
 #: the families' CPU-sized models, a little smaller still
 FAMILIES = {
     "detr_tiny": dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=8),
@@ -47,7 +38,7 @@ def _targets() -> list[dict]:
             {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])}]
 
 
-@pytest.mark.slow  # 24 tiny models, each trained 2 steps and exported
+@pytest.mark.slow  # 30 tiny models, each trained 2 steps and exported
 @pytest.mark.parametrize("backbone", sorted(BACKBONES))
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_backbone_in_family_trains_and_exports(family, backbone, tmp_path):
@@ -85,3 +76,10 @@ def test_every_backbone_forwards_in_every_family():
             with torch.no_grad():
                 out = model(images)
             assert out["pred_boxes"].shape == (1, 8, 4) and torch.isfinite(out["pred_logits"]).all(), (family, backbone)
+
+
+def test_every_registered_kind_has_an_example_in_the_matrix():
+    kinds = {name: find_backbone(name).kind for name in BACKBONES}
+    assert set(kinds.values()) == set(list_backbones())
+    assert {"resnet", "resnet_vd", "hgnetv2", "dino_swin", "simplefpn", "timm", "vit"} <= set(kinds.values())
+

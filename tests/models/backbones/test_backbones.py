@@ -157,7 +157,7 @@ def test_refusals_list_what_fits():
         build_backbone("timm:convnext_atto", out_indices=(1, 4))
     with pytest.raises(ValueError, match=r"increasing feature indices among 0 \(stride 2\)"):
         build_backbone("resnet18", out_indices=(3, 2))
-    with pytest.raises(ValueError, match="'timm:<timm model name>'"):
+    with pytest.raises(ValueError, match="timm: 'timm:<name>'"):
         build_backbone("vgg16")
     with pytest.raises(ValueError, match="dilation"):
         build_backbone("vit_tiny_patch16_224", dilation=True, depth=1)

@@ -12,6 +12,9 @@
 ``"hgnetv2_b0" | ... | "hgnetv2_b6"``           D-FINE's HGNetv2 (:mod:`~visiontf.models.backbones.hgnetv2`; its ImageNet files load)
 a :class:`Backbone` instance                    used as given (injected)
 ==============================================  ============================================================
+
+Each row is a kind in the backbone registry (:mod:`~visiontf.models.backbones.registry`): the file that defines it
+registers its builder with ``register_backbone``, and a new kind is one new file in this package.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from visiontf.models.backbones.backbone import SIMPLEFPN_PREFIX, Backbone
+from visiontf.models.backbones.backbone import Backbone
+from visiontf.models.backbones.registry import find_backbone
 
 
 def build_backbone(
@@ -58,33 +62,7 @@ def build_backbone(
         return name
     if not isinstance(name, str):
         raise TypeError(f"backbone must be a name or a visiontf.models.backbones.backbone.Backbone, got {type(name).__name__}")
-    common = dict(out_indices=out_indices, num_levels=num_levels, min_stride=min_stride, pretrained=pretrained, train_backbone=train_backbone,
-                  freeze_stem=freeze_stem, frozen_stages=frozen_stages)
-    if name.startswith(SIMPLEFPN_PREFIX):
-        from visiontf.models.backbones.vitdet import SimpleFeaturePyramidBackbone
-
-        return SimpleFeaturePyramidBackbone(name[len(SIMPLEFPN_PREFIX):], pretrained=pretrained, train_backbone=train_backbone,
-                                            frozen_stages=frozen_stages, **kwargs)
-    from visiontf.models.backbones.resnet_vd import RESNET_VD_NAMES, resnet_vd_backbone
-
-    if name in RESNET_VD_NAMES:
-        if dilation:
-            raise ValueError(f"dilation (DC5) is not built for {name}")
-        return resnet_vd_backbone(name, channels_last=channels_last, frozen_bn=frozen_bn, **common, **kwargs)
-    from visiontf.models.backbones.hgnetv2 import HGNETV2_NAMES, hgnetv2_backbone
-
-    if name in HGNETV2_NAMES:
-        if dilation:
-            raise ValueError(f"dilation (DC5) is not built for {name}")
-        return hgnetv2_backbone(name, channels_last=channels_last, frozen_bn=frozen_bn, **common, **kwargs)
-    from visiontf.models.backbones.dino_swin import DINO_SWIN_NAMES
-
-    if name in DINO_SWIN_NAMES:
-        from visiontf.models.backbones.dino_swin import DinoSwinBackbone
-
-        if dilation:
-            raise ValueError(f"dilation (DC5) is not built for DINO's Swin ({name}); use its stages 1-3 (strides 8-32)")
-        return DinoSwinBackbone(name, **common, **kwargs)
-    from visiontf.models.backbones.detr_backbone import DetrBackbone
-
-    return DetrBackbone(name, dilation=dilation, channels_last=channels_last, frozen_bn=frozen_bn, timm_kwargs=kwargs, **common)
+    entry = find_backbone(name)
+    return entry.build(name, out_indices=out_indices, num_levels=num_levels, min_stride=min_stride, pretrained=pretrained,
+                       train_backbone=train_backbone, freeze_stem=freeze_stem, frozen_stages=frozen_stages, frozen_bn=frozen_bn,
+                       channels_last=channels_last, dilation=dilation, **kwargs)

@@ -26,6 +26,7 @@ from visiontf.models._registry import key_mismatch
 from visiontf.models.backbones import timm_features
 from visiontf.models.backbones.backbone import TIMM_PREFIX, Backbone, check_indices, select_levels
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
+from visiontf.models.backbones.registry import register_backbone
 from visiontf.models.vit.vit import visiontf_vits
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,28 @@ class DetrBackbone(Backbone):
         features = self.body(self.pad(images))
         maps = list(features.values()) if isinstance(features, dict) else list(features)
         return timm_features.to_nchw(maps, self.nhwc)
+
+
+_TINY_VIT = dict(depth=2, embed_dim=64, num_heads=2)
+
+
+@register_backbone("resnet", names=RESNETS, examples={"resnet18": {}},
+                   summary="torchvision's ResNet with FrozenBN (the original DETR checkpoints' layout)")
+@register_backbone("timm", prefix=TIMM_PREFIX, summary="any timm model with features_only: CNNs, Swin (NHWC), ViTs",
+                   examples={"timm:convnext_atto": dict(depths=(1, 1, 1, 1), dims=(16, 32, 64, 128)),
+                             "timm:swin_tiny_patch4_window7_224": dict(embed_dim=32, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8)),
+                             "timm:vit_tiny_patch16_224": _TINY_VIT})
+@register_backbone("vit", names=visiontf_vits, examples={"vit_tiny_patch16_224": _TINY_VIT},
+                   summary="visiontf's ViT / DeiT through its features_only form (stride = the patch)")
+def detr_backbone(name: str, *, out_indices: Sequence[int] | None = None, num_levels: int = 1, min_stride: int = 8,
+                 pretrained: bool | str | Path | None = None, train_backbone: bool = True, freeze_stem: bool = True,
+                 frozen_stages: int | None = None, frozen_bn: bool = True, channels_last: bool = False,
+                 dilation: bool = False, **kwargs: Any) -> DetrBackbone:
+    """The registry's builder of torchvision ResNets, ``timm:`` models and visiontf ViTs; ``kwargs`` go to timm's
+    ``create_model`` or the ViT (:class:`DetrBackbone`)."""
+    return DetrBackbone(name, dilation=dilation, train_backbone=train_backbone, pretrained=pretrained, channels_last=channels_last,
+                        frozen_bn=frozen_bn, freeze_stem=freeze_stem, out_indices=out_indices, num_levels=num_levels,
+                        min_stride=min_stride, frozen_stages=frozen_stages, timm_kwargs=kwargs)
 
 
 def _features_body(name: str, out_indices: Sequence[int] | None, levels: tuple[int, int], pretrained: bool | str | Path | None,

@@ -18,12 +18,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models.backbones.backbone import Backbone, check_indices, select_levels
+from visiontf.models.backbones.registry import register_backbone
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +259,21 @@ class DinoSwinBackbone(Backbone):
 
     def forward_maps(self, images: Tensor) -> list[Tensor]:
         return self.body(images)
+
+
+
+@register_backbone("dino_swin", names=DINO_SWIN_NAMES, summary="IDEA-Research/DINO's Swin layout",
+                   examples={"swin_T_224_1k": dict(embed_dim=32, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8), window_size=3)})
+def dino_swin_backbone(name: str, *, out_indices: Sequence[int] | None = None, num_levels: int = 3, min_stride: int = 8,
+                       pretrained: bool | str | Path | None = None, train_backbone: bool = True, freeze_stem: bool = True,
+                       frozen_stages: int | None = None, frozen_bn: bool = True, channels_last: bool = False,
+                       dilation: bool = False, **kwargs: Any) -> DinoSwinBackbone:
+    """The registry's builder of DINO's Swin names (LayerNorm throughout: ``frozen_bn`` and ``channels_last`` change
+    nothing); ``kwargs``: ``drop_path_rate`` and the sizes (``embed_dim``, ``depths``, ``num_heads``, ``window_size``)."""
+    if dilation:
+        raise ValueError(f"dilation (DC5) is not built for DINO's Swin ({name}); use its stages 1-3 (strides 8-32)")
+    return DinoSwinBackbone(name, out_indices=out_indices, num_levels=num_levels, min_stride=min_stride, pretrained=pretrained,
+                            train_backbone=train_backbone, freeze_stem=freeze_stem, frozen_stages=frozen_stages, **kwargs)
 
 
 def load_swin_release(body: SwinTransformer, name: str, pretrained: bool | str | Path) -> None:

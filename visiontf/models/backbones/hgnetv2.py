@@ -28,6 +28,7 @@ from visiontf.io.weights import WeightsError, load_state_dict_file
 from visiontf.models._registry import key_mismatch
 from visiontf.models.backbones.backbone import Backbone
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
+from visiontf.models.backbones.registry import register_backbone
 
 log = logging.getLogger(__name__)
 
@@ -159,13 +160,17 @@ class HGNetV2Backbone(Backbone):
         log.info("HGNetv2 %s: loaded %d tensors from %s", self.arch, len(state), path)
 
 
+@register_backbone("hgnetv2", names=HGNETV2_NAMES, examples={"hgnetv2_b0": {}},
+                   summary="D-FINE's HGNetv2 (its ImageNet files load)")
 def hgnetv2_backbone(name: str, *, out_indices: Sequence[int] | None = None, num_levels: int = 3, min_stride: int = 8,
                      pretrained: bool | str | Path | None = None, train_backbone: bool = True, freeze_stem: bool = True,
                      frozen_stages: int | None = None, frozen_bn: bool = True, channels_last: bool = False,
-                     **kwargs) -> HGNetV2Backbone:
+                     dilation: bool = False, **kwargs) -> HGNetV2Backbone:
     """``build_backbone``'s reading of ``"hgnetv2_b0"``..``"hgnetv2_b6"``: stages numbered 1..4 (strides 4..32), the
     DETR papers' frozen stem (``freeze_stem``) or ``frozen_stages``; ``train_backbone=False`` freezes all; the
     learnable affine blocks where the architecture was trained with them (B0-B3)."""
+    if dilation:
+        raise ValueError(f"dilation (DC5) is not built for {name}")
     from visiontf.models.backbones.backbone import check_indices, select_levels
 
     strides = (2, 4, 8, 16, 32)

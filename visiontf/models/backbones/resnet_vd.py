@@ -29,6 +29,7 @@ from visiontf.io.weights import WeightsError, load_state_dict_file
 from visiontf.models._registry import key_mismatch
 from visiontf.models.backbones.backbone import Backbone
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
+from visiontf.models.backbones.registry import register_backbone
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +163,15 @@ class ResNetVdBackbone(Backbone):
         log.info("ResNet-vd R%d: loaded %d tensors from %s", self.depth, len(state), path)
 
 
+@register_backbone("resnet_vd", names=RESNET_VD_NAMES, examples={"resnet18vd": {}},
+                   summary="RT-DETR's ResNet-vd (its ImageNet files load)")
 def resnet_vd_backbone(name: str, *, out_indices: Sequence[int] | None = None, num_levels: int = 3, min_stride: int = 8,
                        pretrained: bool | str | Path | None = None, train_backbone: bool = True, freeze_stem: bool = True,
-                       frozen_stages: int | None = None, frozen_bn: bool = True, channels_last: bool = False, **kwargs) -> ResNetVdBackbone:
+                       frozen_stages: int | None = None, frozen_bn: bool = True, channels_last: bool = False, dilation: bool = False, **kwargs) -> ResNetVdBackbone:
     """``build_backbone``'s reading of ``"resnet{18,34,50,101}vd"``: its feature numbering (1..4 = layer1..layer4), the
     DETR papers' frozen stem and first stage (``freeze_stem``) or ``frozen_stages``; ``train_backbone=False`` freezes all."""
+    if dilation:
+        raise ValueError(f"dilation (DC5) is not built for {name}")
     from visiontf.models.backbones.backbone import check_indices, select_levels
 
     strides = (2, 4, 8, 16, 32)

@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.models.backbones.backbone import TIMM_PREFIX, Backbone
+from visiontf.models.backbones.backbone import SIMPLEFPN_PREFIX, TIMM_PREFIX, Backbone
+from visiontf.models.backbones.registry import register_backbone
 from visiontf.models.vit.vit import visiontf_vits
 
 #: what a ViT's embedding holds besides its blocks: layer 0 of layer-wise decay
@@ -224,3 +225,22 @@ class SimpleFeaturePyramidBackbone(Backbone):
             maps.append(F.max_pool2d(maps[-1], kernel_size=1, stride=2))
         return maps
 
+
+_TINY_VIT = dict(depth=2, embed_dim=64, num_heads=2)
+
+
+@register_backbone("simplefpn", prefix=SIMPLEFPN_PREFIX, summary="ViTDet's simple feature pyramid on a visiontf or timm: ViT",
+                   examples={"simplefpn:vit_tiny_patch16_224": dict(_TINY_VIT, window_size=2, global_blocks=(1,), out_channels=32),
+                             "simplefpn:timm:vit_small_patch14_dinov2": dict(_TINY_VIT, img_size=56, out_channels=32)})
+def simplefpn_backbone(name: str, *, out_indices: Sequence[int] | None = None, num_levels: int = 1, min_stride: int = 8,
+                       pretrained: bool | str | Path | None = None, train_backbone: bool = True, freeze_stem: bool = True,
+                       frozen_stages: int | None = None, frozen_bn: bool = True, channels_last: bool = False,
+                       dilation: bool = False, **kwargs: Any) -> SimpleFeaturePyramidBackbone:
+    """The registry's builder of ``"simplefpn:<ViT>"``: the pyramid's own keywords (``window_size``,
+    ``global_blocks``, ``out_channels``, ...) and the ViT's in ``kwargs``. The levels are the pyramid's
+    (``out_indices``, ``num_levels`` and ``min_stride`` are not read), the stem trains unless ``frozen_stages`` says
+    otherwise (ViTDet), and a ViT has no BatchNorm to freeze."""
+    if dilation:
+        raise ValueError(f"dilation (DC5) is for CNNs; {name} is a ViT pyramid")
+    return SimpleFeaturePyramidBackbone(name[len(SIMPLEFPN_PREFIX):], pretrained=pretrained, train_backbone=train_backbone,
+                                        frozen_stages=frozen_stages, **kwargs)
