@@ -214,3 +214,57 @@ def test_ddp_ranks_hold_the_same_ema(tmp_path):
     assert not torch.equal(r0["unsynced"]["net.1.running_mean"], r1["unsynced"]["net.1.running_mean"])
     assert torch.equal(r0["unsynced"]["net.0.weight"], r1["unsynced"]["net.0.weight"])  # DDP keeps parameters equal
     assert torch.equal(r0["synced"]["net.1.running_mean"], r0["unsynced"]["net.1.running_mean"])  # rank 0's wins
+
+
+class Scored(Tiny):
+    """Tiny with a scripted validation score per epoch (what a detector logs as val/mAP)."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.scores = scores
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.log("val/mAP", self.scores[self.current_epoch])
+
+
+class AtEpochStart(L.Callback):
+    """Listed after ModelEMA: the raw weights, the EMA, its update count and decay at each epoch's start."""
+
+    def __init__(self, ema: ModelEMA) -> None:
+        self.ema, self.seen = ema, {}
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.seen[trainer.current_epoch] = (_clone(pl_module.state_dict()), _clone(self.ema._average_model.module.state_dict()),
+                                            self.ema.num_updates, self.ema.decay,
+                                            _clone(trainer.optimizers[0].state[next(iter(pl_module.parameters()))]))
+
+
+def test_restart_puts_back_the_best_state_before_its_epoch(tmp_path):
+    """D-FINE's ema_restart: at the start of restart_epoch, the raw weights, the EMA (with its update count) and the
+    optimizer state of the best validation before it; the decay is restart_decay from there."""
+    torch.manual_seed(0)
+    ema = ModelEMA(decay=0.9, warmup_steps=0, restart_epoch=3, restart_decay=0.5)
+    rec, starts = RecordRaw(ema), AtEpochStart(ema)
+    model = Scored([0.3, 0.5, 0.4, 0.9, 0.1])  # the best before epoch 3 is epoch 1's
+    _trainer(tmp_path, [ema, rec, starts], max_epochs=4, limit_val_batches=1, num_sanity_val_steps=0).fit(model, _loader(), _loader())
+    end_of_1 = 2 * BATCHES_PER_EPOCH - 1
+    raw, averaged, updates, decay, adam = starts.seen[3]
+    assert all(torch.equal(raw[k], rec.raw[end_of_1][k]) for k in raw)
+    assert all(torch.equal(averaged[k], rec.averaged[end_of_1][k]) for k in averaged)
+    assert updates == 2 * BATCHES_PER_EPOCH and decay == 0.5 and ema.restarted_from == 0.5
+    assert int(adam["step"]) == 2 * BATCHES_PER_EPOCH  # AdamW's state of that step, not of epoch 2's end
+    # epoch 2's own end state was different: the restart did something
+    assert not torch.equal(rec.raw[3 * BATCHES_PER_EPOCH - 1]["net.0.weight"], raw["net.0.weight"])
+    # the EMA goes on from there: 4 more updates
+    assert ema.num_updates == 3 * BATCHES_PER_EPOCH
+
+
+def test_without_restart_nothing_is_kept(tmp_path):
+    ema = ModelEMA(decay=0.9, warmup_steps=0)
+    starts = AtEpochStart(ema)
+    _trainer(tmp_path, [ema, starts], max_epochs=3, limit_val_batches=1, num_sanity_val_steps=0).fit(Scored([0.5, 0.1, 0.2]),
+                                                                                                   _loader(), _loader())
+    assert ema._best is None and ema.restarted_from is None and [s[2] for s in starts.seen.values()] == [0, 4, 8]
+    with pytest.raises(ValueError, match="restart_epoch"):
+        ModelEMA(restart_epoch=0)

@@ -33,12 +33,21 @@ What this subclass adds to it:
   checkpoint holds (Lightning's base class would evaluate the final average, or the raw weights);
 * a checkpoint written after training ended (``ModelCheckpoint.on_train_end``) still stores the
   raw weights in ``current_model_state``, although the model then holds the EMA;
+* D-FINE's restart at the end of the strong augmentation (``restart_epoch``, D-FINE's ``stop_epoch``): while the
+  epochs before it are validated, the callback keeps the weights, the EMA (with its update count) and the optimizer
+  state of the best validation (``monitor``, of the EMA's weights, as D-FINE's ``best_stg1.pth``); at the start of
+  epoch ``restart_epoch`` it puts them back, and trains on from there with ``restart_decay`` (None: the decay stays).
+  D-FINE also assigns its ``ema_restart_decay`` to its EMA's ``decay`` attribute then, which its update formula does not
+  read (the formula closes over the decay it was built with): its decay stays, so its configs here leave
+  ``restart_decay`` unset. The kept state lives in memory: a run resumed between the best epoch and the restart puts
+  back the best state seen since the resume;
 * the copy is made before ``configure_model``: visiontf tasks build their layers in ``__init__``
   and ``configure_model`` only compiles, and a compiled module is not worth deep-copying. A
   mismatch between the copy and the model is refused at fit start.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from typing import Any
@@ -72,6 +81,10 @@ class ModelEMA(WeightAveraging):
             and RF-DETR do; False keeps the EMA's buffers equal to the model's.
         device: where the EMA lives (default: the model's device); ``"cpu"`` saves accelerator
             memory at the cost of a copy per step.
+        restart_epoch: D-FINE's restart: at the start of this epoch, put back the weights, EMA and optimizer state of
+            the best validation before it (None: no restart).
+        restart_decay: the decay after the restart (None: unchanged).
+        monitor: the validation metric that picks the best state (higher is better).
 
     The update count is ``AveragedModel.n_averaged``, saved in checkpoints and restored on resume.
     """
@@ -82,15 +95,27 @@ class ModelEMA(WeightAveraging):
         warmup_steps: int = 2000,
         use_buffers: bool = True,
         device: torch.device | str | int | None = None,
+        restart_epoch: int | None = None,
+        restart_decay: float | None = None,
+        monitor: str = "val/mAP",
     ) -> None:
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"ModelEMA: decay must be in [0, 1], got {decay}")
+        if restart_epoch is not None and (isinstance(restart_epoch, bool) or int(restart_epoch) != restart_epoch or restart_epoch < 1):
+            raise ValueError(f"ModelEMA: restart_epoch must be an epoch >= 1 (D-FINE's stop_epoch), got {restart_epoch!r}")
+        if restart_decay is not None and not 0.0 <= restart_decay <= 1.0:
+            raise ValueError(f"ModelEMA: restart_decay must be in [0, 1], got {restart_decay}")
         if warmup_steps < 0:
             raise ValueError(f"ModelEMA: warmup_steps must be >= 0, got {warmup_steps}")
         super().__init__(device=device, use_buffers=use_buffers, multi_avg_fn=self._average)
         self.decay = float(decay)
         self.warmup_steps = int(warmup_steps)
         self._raw_after_fit: dict[str, Tensor] | None = None
+        self.restart_epoch = None if restart_epoch is None else int(restart_epoch)
+        self.restart_decay = None if restart_decay is None else float(restart_decay)
+        self.monitor = monitor
+        self._best: tuple[float, dict[str, Any]] | None = None
+        self.restarted_from: float | None = None  # the monitored value of the state put back, once restarted
 
     # -- the average ---------------------------------------------------------------------------
     def decay_at(self, update: int) -> float:
@@ -160,6 +185,38 @@ class ModelEMA(WeightAveraging):
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
             super().on_validation_epoch_end(trainer, pl_module)
+
+    # -- D-FINE's restart -------------------------------------------------------------------------
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if (self.restart_epoch is None or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking
+                or self._average_model is None or trainer.current_epoch >= self.restart_epoch):
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            return
+        value = float(value)
+        if self._best is None or value > self._best[0]:
+            cpu = lambda sd: {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}  # noqa: E731
+            self._best = (value, {
+                "model": cpu(pl_module.state_dict()), "ema": cpu(self._average_model.state_dict()),
+                "optimizers": [copy.deepcopy(o.state_dict()) for o in trainer.optimizers]})
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.restart_epoch is None or trainer.current_epoch != self.restart_epoch or self.restarted_from is not None:
+            return
+        if self._best is not None:
+            value, state = self._best
+            pl_module.load_state_dict(state["model"])
+            assert self._average_model is not None
+            self._average_model.load_state_dict(state["ema"])
+            for opt, saved in zip(trainer.optimizers, state["optimizers"]):
+                opt.load_state_dict(saved)
+            self.restarted_from = value
+            self._best = None
+        if self.restart_decay is not None:
+            self.decay = self.restart_decay
+        log.info("ModelEMA: restart at epoch %d from the best state before it (%s %s), decay %s", trainer.current_epoch,
+                 self.monitor, "none validated" if self.restarted_from is None else f"{self.restarted_from:.4f}", self.decay)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # a checkpoint saved after this (ModelCheckpoint.on_train_end) must still carry the raw weights

@@ -108,7 +108,8 @@ def test_dfine_recipes_follow_the_original(size):
     assert trainer["precision"] == "16-mixed" and trainer["devices"] * data["batch_size"] == 4 * per_gpu
     assert (args["lr"], args["lr_backbone"], args["weight_decay"], args["schedule"], args["warmup_steps"]) == (lr, lr_backbone, wd, "constant", warmup)
     ema = next(c for c in trainer["callbacks"] if c["class_path"].endswith("ModelEMA"))["init_args"]
-    assert ema == {"decay": 0.9999, "warmup_steps": 1000}
+    # the restart at the end of the strong augmentation (D-FINE's stop_epoch, its ema_restart_decay read by nothing)
+    assert ema == {"decay": 0.9999, "warmup_steps": 1000, "restart_epoch": strong[1]}
     assert data["strong_aug_epochs"] == strong and args["model_name"] == f"dfine_{size}"
     assert data["scales"] == ([640] if size == "n" else [480, 512, 544, 576, 608] + [640] * {"s": 20, "m": 6, "l": 4, "x": 3}[size]
                               + [800, 768, 736, 704, 672])
@@ -124,6 +125,9 @@ def test_deim_recipes_follow_the_original(size):
     assert trainer["max_epochs"] == epochs and trainer["devices"] * data["batch_size"] == 4 * per_gpu
     assert (args["lr"], args["lr_backbone"], args["weight_decay"], args["warmup_steps"]) == (lr, lr_backbone, wd, 2000)
     assert (data["mosaic"], data["mosaic_epochs"], data["strong_aug_epochs"]) == (0.5, [start, mosaic_stop], [start, stop])
+    assert data["mixup"] == {"prob": 0.5, "epochs": [start, mosaic_stop]}  # its collate's mixup_prob and mixup_epochs
+    ema = next(c for c in trainer["callbacks"] if c["class_path"].endswith("ModelEMA"))["init_args"]
+    assert ema == {"decay": 0.9999, "warmup_steps": 1000, "restart_epoch": stop}
     assert args["model_name"] == f"deim_dfine_{size}"
 
 
