@@ -115,7 +115,7 @@ class DetrBackbone(Backbone):
             if pretrained:
                 _load_imagenet(resnet, name, pretrained)
             if frozen_bn:
-                # same buffers and state dict; saves the elementwise BN passes (docs/benchmarks.md)
+                # same buffers and state dict; saves the elementwise BN passes (docs/record/speed.md)
                 fold_frozen_batchnorm(resnet)
             if out_indices is None:
                 stages = tuple(select_levels(_RESNET_STRIDES, num_levels, min_stride))

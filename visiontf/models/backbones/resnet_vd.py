@@ -121,7 +121,7 @@ class ResNetVdBackbone(Backbone):
                                  "ResNet{18,34}_vd_pretrained_from_paddle.pth, ResNet50_vd_ssld_v2_...): download one and pass its path")
             self.load_imagenet(pretrained)
         if frozen_bn:
-            # the same buffers and state dict; the frozen BN rides on its convolution (docs/benchmarks.md)
+            # the same buffers and state dict; the frozen BN rides on its convolution (docs/record/speed.md)
             fold_frozen_batchnorm(body)
         if freeze_at >= 0:
             frozen = ["conv1.", "bn1."] + [f"layer{i}." for i in range(1, freeze_at + 1)]
