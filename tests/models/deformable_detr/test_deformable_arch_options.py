@@ -19,12 +19,14 @@ from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 
 
-def test_every_option_is_a_keyword_of_the_builder_with_the_same_default():
-    """Configs' model_kwargs and checkpoints' hyper-parameters stay flat: the registered names' builder takes each option."""
+def test_the_builder_takes_the_options_as_one_section_and_old_flat_keywords_by_name():
+    """Configs' model_kwargs hold an ``arch`` section; old flat keywords (checkpoints' hyper-parameters) map by field name."""
+    from visiontf.models.deformable_detr.build import SECTION_DEFAULTS, flat_keywords
+
     params = inspect.signature(build_deformable_detr).parameters
+    assert "arch" in params and SECTION_DEFAULTS["arch"] == DeformableArchOptions()
     for field in dataclasses.fields(DeformableArchOptions):
-        assert field.name in params, field.name
-        assert params[field.name].default == field.default, field.name
+        assert flat_keywords()[field.name] == ("arch", field.name)
 
 
 def test_the_registered_variants_keep_their_architecture_in_one_frozen_object():

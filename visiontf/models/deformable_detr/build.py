@@ -1,24 +1,35 @@
-"""Deformable DETR / DINO assembled from flat keyword arguments: the one place they are read.
+"""Deformable DETR / DINO from typed sections: the torchvision-style builder of the family.
 
 :class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR` takes its parts (a backbone, a position embedding,
 a neck, the transformer, the denoising generator) and its typed options, as the original DETR takes
-``DETR(backbone, transformer, num_classes, ...)`` and detrex builds DINO from configured parts. A registered
-name's entry of ``DEFAULT_CFGS``, a config's ``model_kwargs`` and a checkpoint's saved hyper-parameters are
-flat keyword arguments (each one visible to LightningCLI, ``create_model("dino_tiny", num_queries=50)``):
-:func:`build_deformable_detr` turns them into those parts. A config swaps a backbone or a neck with one
-keyword (``backbone: timm:convnext_tiny``, ``backbone: simplefpn:vit_small_patch16_224``); Python code may
-build the parts itself and inject them.
+``DETR(backbone, transformer, num_classes, ...)`` and detrex builds DINO from configured parts.
+:func:`build_deformable_detr` makes those parts from four sections, the config's object graph::
+
+    model_kwargs:
+      backbone: {name: resnet50, pretrained: true}            # BackboneSpec
+      arch: {hidden_dim: 256, num_queries: 900, two_stage: true, with_box_refine: true}   # DeformableArchOptions
+      dino: {mixed_query_selection: true, num_denoising: 100}  # DinoOptions
+      postprocess: {num_top: 300}                              # PostprocessOptions
+
+Each section is the dataclass or a mapping of its fields, read by name on top of the variant's
+``DEFAULT_CFGS`` entry (:func:`merge_sections`: a variant config sets only what differs). ``backbone`` may
+also be a name (``backbone: timm:convnext_tiny``) or an injected :class:`Backbone`. The flat keywords of
+before the sections (``hidden_dim=...``, ``backbone_pretrained=...``, ``num_select=...``: old configs and
+checkpoints' saved hyper-parameters) still build the same model, moved into their sections by name
+(:func:`nest_flat_keywords`) with one ``FutureWarning`` naming the nested spelling.
 """
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 from torch import nn
 
 from visiontf.models.backbones.backbone import Backbone
-from visiontf.models.backbones.build import build_backbone
+from visiontf.models.backbones.spec import FLAT_BACKBONE_KEYWORDS, BackboneSpec
+from visiontf.models.contract import ModelCfg, build_model
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising
 from visiontf.models.deformable_detr.dino_options import DinoOptions
@@ -27,7 +38,8 @@ from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.nn.position_relation import PositionRelationEmbedding
 
-__all__ = ["build_deformable_detr", "build_deformable_transformer", "level_projections"]
+__all__ = ["SECTIONS", "build_deformable_detr", "build_deformable_transformer", "create_deformable", "level_projections",
+           "merge_sections", "nest_flat_keywords", "sections_of"]
 
 #: DeformableDETR or a subclass (bound loosely: the model module imports this one)
 M = TypeVar("M", bound=nn.Module)
@@ -57,102 +69,166 @@ def build_deformable_transformer(arch: DeformableArchOptions, dino: DinoOptions,
     return transformer
 
 
+#: the builder's typed sections: keyword -> its dataclass
+SECTIONS: dict[str, type] = {"backbone": BackboneSpec, "arch": DeformableArchOptions, "dino": DinoOptions,
+                             "postprocess": PostprocessOptions}
+#: each section's value when a config leaves it out (Deformable DETR keeps 100 detections per image)
+SECTION_DEFAULTS: dict[str, Any] = {"backbone": BackboneSpec(), "arch": DeformableArchOptions(), "dino": DinoOptions(),
+                                    "postprocess": PostprocessOptions(num_top=100)}
+#: the flat keywords whose field has another name: flat keyword -> (section, field)
+_RENAMED = {**{k: ("backbone", v) for k, v in FLAT_BACKBONE_KEYWORDS.items()}, "num_select": ("postprocess", "num_top")}
+
+
+def flat_keywords() -> dict[str, tuple[str, str]]:
+    """Every flat keyword of before the sections -> (section, field): by field name, never by position."""
+    names = {f.name: (section, f.name) for section in ("arch", "dino", "postprocess") for f in dataclasses.fields(SECTIONS[section])}
+    return {**names, **_RENAMED}
+
+
+def nest_flat_keywords(flat: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """(the flat keywords among ``flat`` as section mappings, the other keywords as they are)."""
+    where = flat_keywords()
+    sections: dict[str, dict[str, Any]] = {}
+    rest: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key in where:
+            section, name = where[key]
+            sections.setdefault(section, {})[name] = value
+        else:
+            rest[key] = value
+    return sections, rest
+
+
+def _as_mapping(section: str, value: Any) -> Any:
+    """A section as a mapping of its fields (a dataclass's set fields); a backbone name as ``{name: ...}``."""
+    if section == "backbone" and isinstance(value, str):
+        return {"name": value}
+    if section == "backbone" and isinstance(value, BackboneSpec):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return value
+
+
+def merge_sections(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` on top of ``base`` (a variant's keywords), section by section and field by field: a config
+    sets only what differs. A backbone of another name keeps none of the base backbone's ``kwargs`` (they are that
+    backbone's own); an injected :class:`Backbone` replaces the section."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        old = merged.get(key)
+        if key in SECTIONS and not isinstance(value, Backbone) and old is not None and not isinstance(old, Backbone):
+            old_map, new_map = _as_mapping(key, old), _as_mapping(key, value)
+            if isinstance(old_map, Mapping) and isinstance(new_map, Mapping):
+                if key == "backbone" and new_map.get("name", old_map.get("name")) != old_map.get("name"):
+                    old_map = {k: v for k, v in old_map.items() if k != "kwargs"}
+                elif key == "backbone" and isinstance(old_map.get("kwargs"), Mapping) and isinstance(new_map.get("kwargs"), Mapping):
+                    new_map = {**new_map, "kwargs": {**old_map["kwargs"], **new_map["kwargs"]}}  # the same backbone's own, merged
+                value = {**old_map, **new_map}
+        merged[key] = value
+    return merged
+
+
+def sections_of(backbone: str | None = None, **flat: Any) -> dict[str, Any]:
+    """A variant's settings, spelt flat in code, as its sections (by field name, no warning): ``DEFAULT_CFGS`` entries."""
+    nested, rest = nest_flat_keywords(flat)
+    if rest:
+        raise TypeError(f"sections_of: {sorted(rest)} belong to no section ({', '.join(SECTIONS)})")
+    if backbone is not None:
+        nested["backbone"] = {"name": backbone, **nested.get("backbone", {})}
+    return nested
+
+
+def _section(name: str, value: Any) -> Any:
+    """A section as its dataclass: a mapping read by field name on top of the section's default."""
+    cls, default = SECTIONS[name], SECTION_DEFAULTS[name]
+    if name == "backbone":
+        return BackboneSpec.coerce(value, default)
+    if value is None:
+        return default
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name}: expected a mapping of {cls.__name__} fields or a {cls.__name__}, got {type(value).__name__}")
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ValueError(f"{name}: unknown key(s) {unknown}; the {name} section ({cls.__name__}) takes {', '.join(fields)}")
+    return dataclasses.replace(default, **value)
+
+
+def _warn_flat(names: Sequence[str], sections: Mapping[str, Mapping[str, Any]]) -> None:
+    nested = "; ".join(f"{s}: {{{', '.join(f'{k}: {v!r}' for k, v in fields.items())}}}" for s, fields in sections.items())
+    names = sorted(names)
+    warnings.warn(f"flat model keywords ({', '.join(names)}) are read into their sections; write them nested "
+                  f"(model_kwargs: {{{nested}}}): the flat spelling will be removed", FutureWarning, stacklevel=3)
+
+
+def create_deformable(model_cls: type[M], cfg: ModelCfg, **kwargs: Any) -> M:
+    """A registered variant: its ``DEFAULT_CFGS`` entry with the caller's sections merged on top (:func:`merge_sections`)."""
+    flat, rest = nest_flat_keywords(cfg.kwargs)
+    if flat:
+        raise ValueError(f"{model_cls.__name__}'s DEFAULT_CFGS entry has flat keywords {sorted(flat)}: write them in sections")
+    merged = merge_sections(rest, {k: v for k, v in kwargs.items() if k in SECTIONS})
+    given = {k: v for k, v in kwargs.items() if k not in SECTIONS}
+    return build_model(lambda **kw: build_deformable_detr(model_cls, **kw), dataclasses.replace(cfg, kwargs=merged), **given)
+
+
 def build_deformable_detr(
     model_cls: type[M],
     /,
     num_classes: int = 91,
-    backbone: str | Backbone = "resnet50",
-    num_feature_levels: int = 4,
-    hidden_dim: int = 256,
-    nheads: int = 8,
-    enc_layers: int = 6,
-    dec_layers: int = 6,
-    dim_feedforward: int = 1024,
-    dropout: float = 0.1,
-    num_queries: int = 300,
-    enc_n_points: int = 4,
-    dec_n_points: int = 4,
-    with_box_refine: bool = False,
-    two_stage: bool = False,
-    aux_loss: bool = True,
+    backbone: BackboneSpec | Mapping[str, Any] | str | Backbone | None = None,
+    arch: DeformableArchOptions | Mapping[str, Any] | None = None,
+    dino: DinoOptions | Mapping[str, Any] | None = None,
+    postprocess: PostprocessOptions | Mapping[str, Any] | None = None,
     attn_method: str = "gather",
-    backbone_pretrained: bool | str | Path | None = None,
-    train_backbone: bool = True,
-    channels_last: bool = False,
-    frozen_bn: bool = True,
-    freeze_stem: bool = True,
-    backbone_stages: Sequence[int] | None = None,
-    mixed_query_selection: bool = False,
-    look_forward_twice: bool = False,
-    num_denoising: int = 0,
-    dn_label_noise_ratio: float = 0.5,
-    dn_box_noise_scale: float = 0.4,
-    num_query_groups: int = 1,
-    share_decoder_heads: bool = False,
-    distinct_query_iou: float | None = None,
-    position_relation: bool = False,
-    distinct_between_layers: bool = False,
-    pos_temperature: float = 10000.0,
-    num_select: int = 100,
-    decoder_norm: bool = False,
-    nms_iou_threshold: float | None = None,
-    nms_class_agnostic: bool = True,
-    pos_offset: float = 0.5,
-    inverse_sigmoid_eps: float = 1e-5,
-    select_padded_proposals: bool = False,
-    backbone_kwargs: Mapping[str, Any] | None = None,
     **model_kwargs: Any,
 ) -> M:
-    """``model_cls`` (:class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR` or a subclass) from flat keyword arguments.
+    """``model_cls`` (:class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR` or a subclass) from its sections.
 
     Args:
         num_classes: object classes (sigmoid outputs; COCO: 91, the original's max category id + 1).
-        backbone: ``"resnet18|34|50|101"``, ``"timm:<name>"``, a visiontf ViT, ``"simplefpn:<ViT>"`` (ViTDet's
-            simple feature pyramid as the neck's input), a DINO Swin name, or a
-            :class:`~visiontf.models.backbones.backbone.Backbone` (see :func:`~visiontf.models.backbones.backbone.build_backbone`).
-        backbone_kwargs: more options of the backbone (``frozen_stages``, timm's ``create_model`` keywords,
-            the simple feature pyramid's).
-        backbone_pretrained, train_backbone, channels_last, frozen_bn, freeze_stem: see ``build_backbone``.
-        backbone_stages: the backbone features that give the first levels (timm's numbering of the backbone's
-            ``feature_info``; ResNets: feature i = ``layer{i}``); default the coarsest ``min(L, 3)`` of
-            distinct strides >= 8 (C3-C5). ``(1, 2, 3)``: strides 4/8/16 from a ResNet truncated after layer3.
+        backbone: a :class:`~visiontf.models.backbones.spec.BackboneSpec` (or its mapping, or a backbone name);
+            ``stages`` default to the coarsest ``min(L, 3)`` maps of stride >= 8 (C3-C5); ``(1, 2, 3)``: strides
+            4/8/16 from a ResNet truncated after layer3. Or an injected :class:`Backbone`.
+        arch: :class:`~visiontf.models.deformable_detr.arch_options.DeformableArchOptions` (the architecture).
+        dino: :class:`~visiontf.models.deformable_detr.dino_options.DinoOptions` (the DINO line's options;
+            ``num_denoising``, ``dn_label_noise_ratio`` and ``dn_box_noise_scale`` also make the
+            :class:`~visiontf.models.deformable_detr.denoising.ContrastiveDenoising` generator).
+        postprocess: :class:`~visiontf.models.postprocess_options.PostprocessOptions` (detections kept per image,
+            Deformable DETR 100, DINO 300; NMS off by default, DINO's class-agnostic when on).
         attn_method: ``"gather"`` (fused Triton kernels on CUDA), ``"triton"`` or ``"grid_sample"``
             (exportable), see :func:`visiontf.nn.ms_deform_core.ms_deform_attn_core`.
-        num_select, nms_iou_threshold, nms_class_agnostic: the post-processing
-            (:class:`~visiontf.models.postprocess_options.PostprocessOptions`: detections kept per image,
-            Deformable DETR 100, DINO 300; NMS off by default, DINO's class-agnostic when on).
-        model_kwargs: to ``model_cls`` (``pretrained_cfg``; a subclass's own, e.g. the mask head's).
-
-    The architecture's fields (:class:`~visiontf.models.deformable_detr.arch_options.DeformableArchOptions`:
-    ``hidden_dim`` ... ``select_padded_proposals``) and the DINO line's training options
-    (:class:`~visiontf.models.deformable_detr.dino_options.DinoOptions`: ``mixed_query_selection`` ...
-    ``distinct_between_layers``; ``num_denoising``, ``dn_label_noise_ratio`` and ``dn_box_noise_scale`` also
-    make the :class:`~visiontf.models.deformable_detr.denoising.ContrastiveDenoising` generator) keep their documented meaning.
+        model_kwargs: to ``model_cls`` (``pretrained_cfg``; a subclass's own, e.g. the mask head's). The flat
+            keywords of before the sections are read into them by name, with one ``FutureWarning``.
     """
+    flat, rest = nest_flat_keywords(model_kwargs)
+    if flat:
+        _warn_flat([k for k in model_kwargs if k not in rest], flat)
+        model_kwargs = rest
+        given = merge_sections({"backbone": backbone, "arch": arch, "dino": dino, "postprocess": postprocess}, flat)
+        backbone, arch, dino, postprocess = (given[k] for k in ("backbone", "arch", "dino", "postprocess"))
     # the options first, checked, so that a wrong value is refused before a backbone is built
-    arch = DeformableArchOptions(
-        hidden_dim=hidden_dim, nheads=nheads, enc_layers=enc_layers, dec_layers=dec_layers, dim_feedforward=dim_feedforward,
-        dropout=dropout, num_queries=num_queries, num_feature_levels=num_feature_levels, enc_n_points=enc_n_points,
-        dec_n_points=dec_n_points, with_box_refine=with_box_refine, two_stage=two_stage, aux_loss=aux_loss,
-        decoder_norm=decoder_norm, pos_temperature=pos_temperature, pos_offset=pos_offset,
-        inverse_sigmoid_eps=inverse_sigmoid_eps, select_padded_proposals=select_padded_proposals)
-    dino = DinoOptions(mixed_query_selection, look_forward_twice, num_denoising, dn_label_noise_ratio, dn_box_noise_scale,
-                       num_query_groups, share_decoder_heads, distinct_query_iou, position_relation, distinct_between_layers)
-    dino.check(num_queries, with_box_refine, two_stage)
-    postprocess = PostprocessOptions(num_select, nms_iou_threshold, nms_class_agnostic)
+    arch = _section("arch", arch)
+    dino = _section("dino", dino)
+    dino.check(arch.num_queries, arch.with_box_refine, arch.two_stage)
+    postprocess = _section("postprocess", postprocess)
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    stages = None if backbone_stages is None else tuple(int(i) for i in backbone_stages)
-    if stages is not None and not 1 <= len(stages) <= num_feature_levels:
-        raise ValueError(f"backbone_stages={stages} must name between 1 and num_feature_levels={num_feature_levels} stages")
-    # the parts, in the order the single constructor built them (a seed gives the same initial weights)
-    body = build_backbone(
-        backbone, out_indices=stages, num_levels=min(num_feature_levels, 3), pretrained=backbone_pretrained,
-        train_backbone=train_backbone, channels_last=channels_last, frozen_bn=frozen_bn, freeze_stem=freeze_stem,
-        **(backbone_kwargs or {}),
-    )
-    position_embedding = PositionEmbeddingSine2d(hidden_dim // 2, pos_temperature, normalize=True, offset=pos_offset)
-    neck = level_projections(body.channels, hidden_dim, num_feature_levels)
+    levels = arch.num_feature_levels
+    if isinstance(backbone, Backbone):
+        body = backbone
+    else:
+        spec = _section("backbone", backbone)
+        if spec.stages is not None and not 1 <= len(spec.stages) <= levels:
+            raise ValueError(f"backbone.stages={spec.stages} must name between 1 and num_feature_levels={levels} stages")
+        # the parts, in the order the single constructor built them (a seed gives the same initial weights)
+        body = spec.build(num_levels=min(levels, 3))
+    position_embedding = PositionEmbeddingSine2d(arch.hidden_dim // 2, arch.pos_temperature, normalize=True, offset=arch.pos_offset)
+    neck = level_projections(body.channels, arch.hidden_dim, levels)
     transformer = build_deformable_transformer(arch, dino, attn_method)
-    denoising = ContrastiveDenoising(num_denoising, dn_label_noise_ratio, dn_box_noise_scale) if num_denoising > 0 else None
-    return model_cls(body, position_embedding, neck, transformer, num_classes, arch, dino, denoising, postprocess, **model_kwargs)
+    denoising = (ContrastiveDenoising(dino.num_denoising, dino.dn_label_noise_ratio, dino.dn_box_noise_scale)
+                 if dino.num_denoising > 0 else None)
+    return model_cls(body, position_embedding, neck, transformer, num_classes, arch_options=arch, dino_options=dino,
+                     denoising=denoising, postprocess_options=postprocess, **model_kwargs)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import torch
@@ -28,9 +27,9 @@ from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
 from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
-from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
+from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
-from visiontf.models.deformable_detr.build import build_deformable_detr
+from visiontf.models.deformable_detr.build import create_deformable, sections_of
 from visiontf.models.deformable_detr.convert import convert_state_dict
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising
 from visiontf.models.deformable_detr.dino_options import DinoOptions
@@ -390,13 +389,13 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 
 
 #: the registry-wide test's settings: the variant's backbone and levels, a transformer of 32 dims, 1 + 2 layers
-_TEST = dict(test_kwargs=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5),
+_TEST = dict(test_kwargs=dict(arch=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5)),
              test_image_size=(64, 64))
 
 
 def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
     # the flat keyword arguments become the model's parts here, and only here
-    return build_model(partial(build_deformable_detr, DeformableDETR), cfg, **kwargs)
+    return create_deformable(DeformableDETR, cfg, **kwargs)
 
 
 @register_model(tags=("detection", "deformable_detr"), filter_fn=convert_state_dict, **_TEST)

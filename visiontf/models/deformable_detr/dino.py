@@ -24,11 +24,9 @@ Parameter counts with 91 classes equal the original's: 46,893,182 (4-scale) and 
 """
 from __future__ import annotations
 
-from functools import partial
-
 from visiontf.models._registry import register_model
-from visiontf.models.contract import ModelCfg, build_model
-from visiontf.models.deformable_detr.build import build_deformable_detr
+from visiontf.models.contract import ModelCfg
+from visiontf.models.deformable_detr.build import create_deformable, sections_of
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict
 
@@ -48,20 +46,20 @@ ORIGINAL_CODE = dict(pos_offset=0.0, inverse_sigmoid_eps=1e-3, select_padded_pro
 DEFAULT_CFGS: dict[str, ModelCfg] = {
     # DINO-4scale R50: 6+6 layers, d 256, 8 heads, FFN 2048, dropout 0, 4 levels x 4 points, 900 queries
     # (the top 900 proposals), 300 detections kept per image
-    "dino_resnet50_4scale": ModelCfg(dict(
+    "dino_resnet50_4scale": ModelCfg(sections_of(
         backbone="resnet50", channels_last=True, num_feature_levels=4, hidden_dim=256, nheads=8, enc_layers=6, dec_layers=6,
         dim_feedforward=2048, dropout=0.0, num_queries=900, enc_n_points=4, dec_n_points=4, num_select=300, **DINO_OPTIONS,
         **ORIGINAL_CODE,
     )),
     # DINO-5scale R50: layer1..layer4 (strides 4-32) and one extra stride-64 level; otherwise as 4-scale
     # (the config's other difference, batch size 1 per GPU, is a training setting)
-    "dino_resnet50_5scale": ModelCfg(dict(
+    "dino_resnet50_5scale": ModelCfg(sections_of(
         backbone="resnet50", channels_last=True, num_feature_levels=5, backbone_stages=(1, 2, 3, 4), hidden_dim=256, nheads=8,
         enc_layers=6, dec_layers=6, dim_feedforward=2048, dropout=0.0, num_queries=900, enc_n_points=4, dec_n_points=4,
         num_select=300, **DINO_OPTIONS, **ORIGINAL_CODE,
     )),
     # CPU-sized, trained from scratch in minutes (the recipe: configs/deformable_detr/deformable_detr_tiny_shapes.yaml)
-    "dino_tiny": ModelCfg(dict(
+    "dino_tiny": ModelCfg(sections_of(
         backbone="timm:regnetx_002", frozen_bn=False, freeze_stem=False, channels_last=True, num_feature_levels=3,
         hidden_dim=128, nheads=4, enc_layers=2, dec_layers=3, dim_feedforward=256, dropout=0.0, num_queries=100,
         enc_n_points=2, dec_n_points=4, num_select=100, **{**DINO_OPTIONS, "num_denoising": 50},
@@ -71,12 +69,12 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 
 #: the registry-wide test's settings: the variant's backbone and levels, a transformer of 32 dims, 1 + 2 layers,
 #: 5 queries and denoising slots
-TEST_SETTINGS = dict(test_kwargs=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5,
-                              num_select=5), test_image_size=(64, 64))
+TEST_SETTINGS = dict(test_kwargs=dict(arch=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5),
+                                      postprocess=dict(num_top=5)), test_image_size=(64, 64))
 
 
 def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
-    return build_model(partial(build_deformable_detr, DeformableDETR), cfg, **kwargs)
+    return create_deformable(DeformableDETR, cfg, **kwargs)
 
 
 @register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **TEST_SETTINGS)

@@ -18,12 +18,9 @@ only ``backbone`` and what it implies differ.
 """
 from __future__ import annotations
 
-import dataclasses
-from functools import partial
-
 from visiontf.models._registry import register_model
-from visiontf.models.contract import ModelCfg, build_model
-from visiontf.models.deformable_detr.build import build_deformable_detr
+from visiontf.models.contract import ModelCfg
+from visiontf.models.deformable_detr.build import create_deformable, sections_of
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.dino import DINO_OPTIONS, ORIGINAL_CODE, TEST_SETTINGS
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict
@@ -35,28 +32,24 @@ _DINO_4SCALE = dict(num_feature_levels=4, hidden_dim=256, nheads=8, enc_layers=6
 VITDET_PYRAMID = dict(window_size=14, global_blocks=(2, 5, 8, 11), drop_path_rate=0.1, out_channels=256)
 
 DEFAULT_CFGS: dict[str, ModelCfg] = {
-    "dino_swin_large_4scale": ModelCfg(dict(backbone="swin_L_384_22k", freeze_stem=False, **_DINO_4SCALE, **ORIGINAL_CODE)),
-    "dino_swin_tiny_4scale": ModelCfg(dict(backbone="swin_T_224_1k", freeze_stem=False, **_DINO_4SCALE, **ORIGINAL_CODE)),
-    "dino_vit_small_simplefpn": ModelCfg(dict(
+    "dino_swin_large_4scale": ModelCfg(sections_of(backbone="swin_L_384_22k", freeze_stem=False, **_DINO_4SCALE, **ORIGINAL_CODE)),
+    "dino_swin_tiny_4scale": ModelCfg(sections_of(backbone="swin_T_224_1k", freeze_stem=False, **_DINO_4SCALE, **ORIGINAL_CODE)),
+    "dino_vit_small_simplefpn": ModelCfg(sections_of(
         backbone="simplefpn:vit_small_patch16_224", freeze_stem=False, backbone_kwargs=VITDET_PYRAMID, **_DINO_4SCALE,
     )),
 }
 
 
 def _create(cfg: ModelCfg, **kwargs) -> DeformableDETR:
-    base = dict(cfg.kwargs)
-    variant = base.pop("backbone_kwargs", None)
-    if variant is not None and kwargs.get("backbone", base["backbone"]) == base["backbone"]:
-        # the variant's backbone settings, a config's backbone_kwargs on top (another backbone: none of them)
-        base["backbone_kwargs"] = {**variant, **(kwargs.pop("backbone_kwargs", None) or {})}
-    return build_model(partial(build_deformable_detr, DeformableDETR), dataclasses.replace(cfg, kwargs=base), **kwargs)
+    # the variant's backbone kwargs, a config's on top; another backbone keeps none of them (merge_sections)
+    return create_deformable(DeformableDETR, cfg, **kwargs)
 
 
 #: the registry-wide test's settings: DINO's 32-dim transformer of dino.py, on a Swin of 8 channels / a ViT of 32
 _SMALL_SWIN = dict(embed_dim=8, depths=(2, 2, 2, 2), num_heads=(1, 1, 2, 2), window_size=7)
 _SMALL_VIT = dict(embed_dim=32, depth=4, num_heads=2, window_size=2, global_blocks=(1, 3))
-_TEST_SWIN = dict(test_kwargs=dict(TEST_SETTINGS["test_kwargs"], backbone_kwargs=_SMALL_SWIN), test_image_size=(64, 64))
-_TEST_VIT = dict(test_kwargs=dict(TEST_SETTINGS["test_kwargs"], backbone_kwargs=_SMALL_VIT), test_image_size=(64, 64))
+_TEST_SWIN = dict(test_kwargs=dict(TEST_SETTINGS["test_kwargs"], backbone=dict(kwargs=_SMALL_SWIN)), test_image_size=(64, 64))
+_TEST_VIT = dict(test_kwargs=dict(TEST_SETTINGS["test_kwargs"], backbone=dict(kwargs=_SMALL_VIT)), test_image_size=(64, 64))
 
 
 @register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **_TEST_SWIN)

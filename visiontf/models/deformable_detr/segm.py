@@ -18,7 +18,6 @@ predicted the same mask for every query (``docs/segmentation.md``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Literal
 
 import torch
@@ -26,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
-from visiontf.models.contract import ModelCfg, build_model
-from visiontf.models.deformable_detr.build import build_deformable_detr
+from visiontf.models.contract import ModelCfg
+from visiontf.models.deformable_detr.build import create_deformable
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.dino import DEFAULT_CFGS as DINO_CFGS
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict as dino_convert
@@ -211,11 +210,11 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 
 #: the registry-wide test's settings: dino_tiny's backbone, 8 heads of 16 dims (the mask head's GroupNorm(8) takes
 #: hidden_dim + heads, and hidden_dim halved four times: hidden_dim a multiple of 128), 1 + 2 layers, 5 queries
-_TEST = dict(test_kwargs=dict(hidden_dim=128, nheads=8, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5,
-                              num_select=5, num_denoising=4), test_image_size=(64, 64))
+_TEST = dict(test_kwargs=dict(arch=dict(hidden_dim=128, nheads=8, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5),
+                              postprocess=dict(num_top=5), dino=dict(num_denoising=4)), test_image_size=(64, 64))
 
 
 @register_model(tags=("detection", "dino"), filter_fn=convert_state_dict, **_TEST)
 def dino_tiny_masks(**kwargs) -> DeformableDETRSegm:
     """``dino_tiny`` with DETR's mask head over its multi-scale memory (instance masks; panoptic with ``thing_classes``)."""
-    return build_model(partial(build_deformable_detr, DeformableDETRSegm), DEFAULT_CFGS["dino_tiny_masks"], **kwargs)
+    return create_deformable(DeformableDETRSegm, DEFAULT_CFGS["dino_tiny_masks"], **kwargs)
