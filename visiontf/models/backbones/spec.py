@@ -23,7 +23,7 @@ __all__ = ["FLAT_BACKBONE_KEYWORDS", "BackboneSpec"]
 #: the flat keywords of before the section -> the field of :class:`BackboneSpec` each one is now
 FLAT_BACKBONE_KEYWORDS = {"backbone_pretrained": "pretrained", "train_backbone": "train", "channels_last": "channels_last",
                           "frozen_bn": "frozen_bn", "freeze_stem": "freeze_stem", "backbone_stages": "stages",
-                          "backbone_kwargs": "kwargs"}
+                          "backbone_kwargs": "kwargs", "dilation": "dilation"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class BackboneSpec:
         freeze_stem: the stem and first stage stay frozen (the DETR papers').
         channels_last: run the backbone in channels-last memory format.
         stages: the backbone features the detector reads (the backbone's numbering); None: the detector's default.
+        dilation: DC5, the last stage dilated instead of strided (bottleneck ResNets; timm CNNs: output stride 16).
         kwargs: the kind's own keywords (``frozen_stages``, timm's ``create_model`` keywords, the pyramid's).
     """
 
@@ -49,6 +50,7 @@ class BackboneSpec:
     freeze_stem: bool = True
     channels_last: bool = False
     stages: tuple[int, ...] | None = None
+    dilation: bool = False
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,7 +85,7 @@ class BackboneSpec:
         return build_backbone(self.name, out_indices=self.stages if stages is None else stages, num_levels=num_levels,
                               min_stride=min_stride, pretrained=self.pretrained, train_backbone=self.train,
                               channels_last=self.channels_last, frozen_bn=self.frozen_bn, freeze_stem=self.freeze_stem,
-                              **self.kwargs)
+                              dilation=self.dilation, **self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from the defaults, as a config's mapping (plain data)."""

@@ -20,25 +20,24 @@ checkpoints' saved hyper-parameters) still build the same model, moved into thei
 """
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from torch import nn
 
 from visiontf.models.backbones.backbone import Backbone
-from visiontf.models.backbones.spec import FLAT_BACKBONE_KEYWORDS, BackboneSpec
-from visiontf.models.contract import ModelCfg, build_model
+from visiontf.models.backbones.spec import BackboneSpec
+from visiontf.models.contract import ModelCfg
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising
 from visiontf.models.deformable_detr.dino_options import DinoOptions
 from visiontf.models.deformable_detr.transformer import DeformableTransformer
 from visiontf.models.postprocess_options import PostprocessOptions
+from visiontf.models.sections import Sections
 from visiontf.nn import PositionEmbeddingSine2d
 from visiontf.nn.position_relation import PositionRelationEmbedding
 
-__all__ = ["SECTIONS", "build_deformable_detr", "build_deformable_transformer", "create_deformable", "level_projections",
+__all__ = ["DEFORMABLE_SECTIONS", "SECTIONS", "build_deformable_detr", "build_deformable_transformer", "create_deformable", "level_projections",
            "merge_sections", "nest_flat_keywords", "sections_of"]
 
 #: DeformableDETR or a subclass (bound loosely: the model module imports this one)
@@ -69,109 +68,38 @@ def build_deformable_transformer(arch: DeformableArchOptions, dino: DinoOptions,
     return transformer
 
 
-#: the builder's typed sections: keyword -> its dataclass
-SECTIONS: dict[str, type] = {"backbone": BackboneSpec, "arch": DeformableArchOptions, "dino": DinoOptions,
-                             "postprocess": PostprocessOptions}
-#: each section's value when a config leaves it out (Deformable DETR keeps 100 detections per image)
-SECTION_DEFAULTS: dict[str, Any] = {"backbone": BackboneSpec(), "arch": DeformableArchOptions(), "dino": DinoOptions(),
-                                    "postprocess": PostprocessOptions(num_top=100)}
-#: the flat keywords whose field has another name: flat keyword -> (section, field)
-_RENAMED = {**{k: ("backbone", v) for k, v in FLAT_BACKBONE_KEYWORDS.items()}, "num_select": ("postprocess", "num_top")}
+#: the builder's typed sections (Deformable DETR keeps 100 detections per image when a config leaves it out)
+DEFORMABLE_SECTIONS = Sections.with_backbone(
+    {"arch": DeformableArchOptions, "dino": DinoOptions, "postprocess": PostprocessOptions},
+    {"arch": DeformableArchOptions(), "dino": DinoOptions(), "postprocess": PostprocessOptions(num_top=100)},
+    renamed={"num_select": ("postprocess", "num_top")})
+SECTIONS: Mapping[str, type] = DEFORMABLE_SECTIONS.classes
+SECTION_DEFAULTS: Mapping[str, Any] = DEFORMABLE_SECTIONS.defaults
 
 
 def flat_keywords() -> dict[str, tuple[str, str]]:
     """Every flat keyword of before the sections -> (section, field): by field name, never by position."""
-    names = {f.name: (section, f.name) for section in ("arch", "dino", "postprocess") for f in dataclasses.fields(SECTIONS[section])}
-    return {**names, **_RENAMED}
+    return DEFORMABLE_SECTIONS.flat_keywords()
 
 
 def nest_flat_keywords(flat: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """(the flat keywords among ``flat`` as section mappings, the other keywords as they are)."""
-    where = flat_keywords()
-    sections: dict[str, dict[str, Any]] = {}
-    rest: dict[str, Any] = {}
-    for key, value in flat.items():
-        if key in where:
-            section, name = where[key]
-            sections.setdefault(section, {})[name] = value
-        else:
-            rest[key] = value
-    return sections, rest
-
-
-def _as_mapping(section: str, value: Any) -> Any:
-    """A section as a mapping of its fields (a dataclass's set fields); a backbone name as ``{name: ...}``."""
-    if section == "backbone" and isinstance(value, str):
-        return {"name": value}
-    if section == "backbone" and isinstance(value, BackboneSpec):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    return value
-
-
-def merge_sections(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``overrides`` on top of ``base`` (a variant's keywords), section by section and field by field: a config
-    sets only what differs. A backbone of another name keeps none of the base backbone's ``kwargs`` (they are that
-    backbone's own); an injected :class:`Backbone` replaces the section."""
-    merged = dict(base)
-    for key, value in overrides.items():
-        old = merged.get(key)
-        if key in SECTIONS and not isinstance(value, Backbone) and old is not None and not isinstance(old, Backbone):
-            old_map, new_map = _as_mapping(key, old), _as_mapping(key, value)
-            if isinstance(old_map, Mapping) and isinstance(new_map, Mapping):
-                if key == "backbone" and new_map.get("name", old_map.get("name")) != old_map.get("name"):
-                    old_map = {k: v for k, v in old_map.items() if k != "kwargs"}
-                elif key == "backbone" and isinstance(old_map.get("kwargs"), Mapping) and isinstance(new_map.get("kwargs"), Mapping):
-                    new_map = {**new_map, "kwargs": {**old_map["kwargs"], **new_map["kwargs"]}}  # the same backbone's own, merged
-                value = {**old_map, **new_map}
-        merged[key] = value
-    return merged
+    return DEFORMABLE_SECTIONS.nest(flat)
 
 
 def sections_of(backbone: str | None = None, **flat: Any) -> dict[str, Any]:
     """A variant's settings, spelt flat in code, as its sections (by field name, no warning): ``DEFAULT_CFGS`` entries."""
-    nested, rest = nest_flat_keywords(flat)
-    if rest:
-        raise TypeError(f"sections_of: {sorted(rest)} belong to no section ({', '.join(SECTIONS)})")
-    if backbone is not None:
-        nested["backbone"] = {"name": backbone, **nested.get("backbone", {})}
-    return nested
+    return DEFORMABLE_SECTIONS.of(backbone, **flat)
 
 
-def _section(name: str, value: Any) -> Any:
-    """A section as its dataclass: a mapping read by field name on top of the section's default."""
-    cls, default = SECTIONS[name], SECTION_DEFAULTS[name]
-    if name == "backbone":
-        return BackboneSpec.coerce(value, default)
-    if value is None:
-        return default
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name}: expected a mapping of {cls.__name__} fields or a {cls.__name__}, got {type(value).__name__}")
-    fields = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(value) - set(fields))
-    if unknown:
-        raise ValueError(f"{name}: unknown key(s) {unknown}; the {name} section ({cls.__name__}) takes {', '.join(fields)}")
-    return dataclasses.replace(default, **value)
-
-
-def _warn_flat(names: Sequence[str], sections: Mapping[str, Mapping[str, Any]]) -> None:
-    nested = "; ".join(f"{s}: {{{', '.join(f'{k}: {v!r}' for k, v in fields.items())}}}" for s, fields in sections.items())
-    names = sorted(names)
-    warnings.warn(f"flat model keywords ({', '.join(names)}) are read into their sections; write them nested "
-                  f"(model_kwargs: {{{nested}}}): the flat spelling will be removed", FutureWarning, stacklevel=3)
+def merge_sections(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` on top of ``base`` section by section (:meth:`visiontf.models.sections.Sections.merge`)."""
+    return DEFORMABLE_SECTIONS.merge(base, overrides)
 
 
 def create_deformable(model_cls: type[M], cfg: ModelCfg, **kwargs: Any) -> M:
     """A registered variant: its ``DEFAULT_CFGS`` entry with the caller's sections merged on top (:func:`merge_sections`)."""
-    flat, rest = nest_flat_keywords(cfg.kwargs)
-    if flat:
-        raise ValueError(f"{model_cls.__name__}'s DEFAULT_CFGS entry has flat keywords {sorted(flat)}: write them in sections")
-    merged = merge_sections(rest, {k: v for k, v in kwargs.items() if k in SECTIONS})
-    given = {k: v for k, v in kwargs.items() if k not in SECTIONS}
-    return build_model(lambda **kw: build_deformable_detr(model_cls, **kw), dataclasses.replace(cfg, kwargs=merged), **given)
+    return DEFORMABLE_SECTIONS.create(lambda **kw: build_deformable_detr(model_cls, **kw), cfg, **kwargs)
 
 
 def build_deformable_detr(
@@ -203,24 +131,21 @@ def build_deformable_detr(
         model_kwargs: to ``model_cls`` (``pretrained_cfg``; a subclass's own, e.g. the mask head's). The flat
             keywords of before the sections are read into them by name, with one ``FutureWarning``.
     """
-    flat, rest = nest_flat_keywords(model_kwargs)
-    if flat:
-        _warn_flat([k for k in model_kwargs if k not in rest], flat)
-        model_kwargs = rest
-        given = merge_sections({"backbone": backbone, "arch": arch, "dino": dino, "postprocess": postprocess}, flat)
-        backbone, arch, dino, postprocess = (given[k] for k in ("backbone", "arch", "dino", "postprocess"))
+    S = DEFORMABLE_SECTIONS
+    given, model_kwargs = S.migrate({"backbone": backbone, "arch": arch, "dino": dino, "postprocess": postprocess}, model_kwargs)
+    backbone = given["backbone"]
     # the options first, checked, so that a wrong value is refused before a backbone is built
-    arch = _section("arch", arch)
-    dino = _section("dino", dino)
+    arch = S.section("arch", given["arch"])
+    dino = S.section("dino", given["dino"])
     dino.check(arch.num_queries, arch.with_box_refine, arch.two_stage)
-    postprocess = _section("postprocess", postprocess)
+    postprocess = S.section("postprocess", given["postprocess"])
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     levels = arch.num_feature_levels
     if isinstance(backbone, Backbone):
         body = backbone
     else:
-        spec = _section("backbone", backbone)
+        spec = S.section("backbone", backbone)
         if spec.stages is not None and not 1 <= len(spec.stages) <= levels:
             raise ValueError(f"backbone.stages={spec.stages} must name between 1 and num_feature_levels={levels} stages")
         # the parts, in the order the single constructor built them (a seed gives the same initial weights)

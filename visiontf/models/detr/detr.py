@@ -8,9 +8,7 @@ HuggingFace ``DetrForObjectDetection`` weights load through :mod:`visiontf.model
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import partial
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,19 +17,12 @@ from torch import Tensor, nn
 
 from visiontf.models._registry import register_model, torch_hub_state_dict
 from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
-from visiontf.models.backbones.build import build_backbone
-from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, build_model
+from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
+from visiontf.models.detr.build import DETR_SECTIONS, build_detr
 from visiontf.models.detr.convert import convert_state_dict
 from visiontf.models.detr.settings import detr_settings
+from visiontf.models.detr.transformer import DetrTransformer
 from visiontf.models.postprocess_options import PostprocessOptions
-from visiontf.nn import (
-    PositionEmbeddingLearned2d,
-    PositionEmbeddingSine2d,
-    TransformerDecoder,
-    TransformerDecoderLayer,
-    TransformerEncoder,
-    TransformerEncoderLayer,
-)
 from visiontf.nn.precision import at_least_float32
 
 
@@ -52,55 +43,6 @@ class MLP(nn.Module):
         return x
 
 
-class DetrTransformer(nn.Module):
-    """Post-norm encoder (no final norm) + decoder whose final norm is applied to every layer's output."""
-
-    def __init__(self, d_model: int, nhead: int, num_encoder_layers: int, num_decoder_layers: int, dim_feedforward: int, dropout: float) -> None:
-        super().__init__()
-        common = dict(
-            mlp_dim=dim_feedforward, dropout=dropout, attn_drop=dropout, norm_first=False,
-            act_layer=nn.ReLU, norm_eps=1e-5,
-        )
-        self.encoder = TransformerEncoder(TransformerEncoderLayer(d_model, nhead, **common), num_encoder_layers)
-        self.decoder = TransformerDecoder(
-            TransformerDecoderLayer(d_model, nhead, **common), num_decoder_layers, norm=nn.LayerNorm(d_model, eps=1e-5)
-        )
-        self.d_model = d_model
-        self._reset_parameters()
-
-    def _reset_parameters(self) -> None:
-        # the original: xavier on every matrix; nn.MultiheadAttention zeroes its projection biases
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-        for m in self.modules():
-            if hasattr(m, "qkv") and hasattr(m, "proj"):
-                nn.init.zeros_(m.qkv.bias)
-                nn.init.zeros_(m.proj.bias)
-
-    def forward(
-        self,
-        src: Tensor,
-        key_padding_mask: Tensor | None,
-        query_embed: Tensor,
-        pos: Tensor,
-        return_intermediate: bool = True,
-        need_weights: bool = False,
-    ) -> dict[str, Tensor | None]:
-        """src/pos (B, HW, C), query_embed (Q, C) -> ``{"hs": (L, B, Q, C), "memory", "enc_attn", "dec_attn"}``."""
-        B = src.shape[0]
-        enc = self.encoder(src, pos, key_padding_mask, need_weights=need_weights)
-        memory = enc["output"]
-        query_pos = query_embed.to(memory.dtype).unsqueeze(0).expand(B, -1, -1)
-        tgt = torch.zeros_like(query_pos)
-        dec = self.decoder(
-            tgt, memory, query_pos, pos, key_padding_mask,
-            return_intermediate=return_intermediate, need_weights=need_weights,
-        )
-        hs = dec["output"] if return_intermediate else dec["output"].unsqueeze(0)
-        return {"hs": hs, "memory": memory, "enc_attn": enc["attn"], "dec_attn": dec["attn"]}
-
-
 #: the DETR family's eval preprocessing: ImageNet statistics, shorter side 800, longer at most 1333
 DETECTION_CFG = PretrainedCfg(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, min_size=800, max_size=1333)
 
@@ -109,7 +51,7 @@ class DETR(BackboneLayerDepth, Detector):
     """DEtection TRansformer: CNN backbone, transformer encoder-decoder, set-prediction heads.
 
     Built from its parts, as the original's ``DETR(backbone, transformer, num_classes, num_queries,
-    aux_loss)``; :func:`build_detr` makes them from the flat keyword arguments of ``DEFAULT_CFGS``,
+    aux_loss)``; :func:`~visiontf.models.detr.build.build_detr` makes them from the typed sections of ``DEFAULT_CFGS``,
     configs and checkpoints (what ``create_model`` calls).
 
     Args:
@@ -254,72 +196,6 @@ class DETR(BackboneLayerDepth, Detector):
                 "feature_size": (int(h), int(w)), "enc_attn": out["enc_attn"], "dec_attn": out["dec_attn"]}
 
 
-M = TypeVar("M", bound=DETR)
-
-
-def build_detr(
-    model_cls: type[M],
-    num_classes: int = 91,
-    backbone: str | Backbone = "resnet50",
-    dilation: bool = False,
-    hidden_dim: int = 256,
-    nheads: int = 8,
-    enc_layers: int = 6,
-    dec_layers: int = 6,
-    dim_feedforward: int = 2048,
-    dropout: float = 0.1,
-    num_queries: int = 100,
-    position_embedding: str = "sine",
-    aux_loss: bool = True,
-    backbone_pretrained: bool | str | Path | None = None,
-    train_backbone: bool = True,
-    channels_last: bool = False,
-    frozen_bn: bool = True,
-    freeze_stem: bool = True,
-    pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
-    backbone_kwargs: Mapping[str, Any] | None = None,
-    **model_kwargs: Any,
-) -> M:
-    """``model_cls`` (:class:`DETR` or a subclass) from flat keyword arguments: the one reader of them.
-
-    Args:
-        backbone: ``"resnet18|34|50|101"``, ``"timm:<name>"``, a visiontf ViT, ``"simplefpn:<ViT>"``, a
-            DINO Swin name, or a :class:`~visiontf.models.backbones.backbone.Backbone` (see
-            :func:`~visiontf.models.backbones.build.build_backbone`).
-        backbone_kwargs: more options of the backbone (``out_indices``, ``frozen_stages``, timm's
-            ``create_model`` keywords, the simple feature pyramid's); see ``build_backbone``.
-        dilation: DC5 (dilated last stage).
-        hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout: the transformer's.
-        position_embedding: ``"sine"`` (the default of the published models) or ``"learned"``.
-        backbone_pretrained: None, a local ImageNet checkpoint, or True (torchvision download).
-        train_backbone: False freezes the whole backbone.
-        channels_last: run the backbone in channels-last memory format.
-        frozen_bn, freeze_stem: see :func:`~visiontf.models.backbones.build.build_backbone`; both True (the paper) by default.
-        num_classes, num_queries, aux_loss, pretrained_cfg, model_kwargs: to ``model_cls``.
-
-    The parts are made in the order the original makes them (backbone, position embedding,
-    projection, transformer; the model then its queries and heads), so a seed gives the same weights.
-    """
-    if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1 (object classes, without 'no object'), got {num_classes}")
-    if hidden_dim % 2:
-        raise ValueError(f"hidden_dim must be even for the 2D position embedding, got {hidden_dim}")
-    options = dict(backbone_kwargs or {})
-    if model_cls.backbone_stages is not None:  # a mask head's FPN reads the finer stages too
-        options.setdefault("out_indices", model_cls.backbone_stages)
-    body = build_backbone(backbone, dilation=dilation, train_backbone=train_backbone, pretrained=backbone_pretrained,
-                          channels_last=channels_last, frozen_bn=frozen_bn, freeze_stem=freeze_stem, **options)
-    if position_embedding in ("sine", "v2"):
-        pos: nn.Module = PositionEmbeddingSine2d(hidden_dim // 2, normalize=True)
-    elif position_embedding in ("learned", "v3"):
-        pos = PositionEmbeddingLearned2d(hidden_dim // 2)
-    else:
-        raise ValueError(f"position_embedding must be 'sine' or 'learned', got {position_embedding!r}")
-    input_proj = nn.Conv2d(body.num_channels, hidden_dim, kernel_size=1)
-    transformer = DetrTransformer(hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout)
-    return model_cls(body, pos, input_proj, transformer, num_classes, num_queries, aux_loss, pretrained_cfg, **model_kwargs)
-
-
 # channels-last: oneDNN (CPU) and tensor cores run NHWC convolutions faster; docs/record/speed.md#measurements-behind-comments-in-the-code
 _CL = dict(channels_last=True)
 _TAGS = ("detection", "detr")
@@ -327,26 +203,26 @@ _TAGS = ("detection", "detr")
 #: every registered DETR variant: the original checkpoints (facebookresearch/detr) and a CPU-sized one
 _FB = "https://dl.fbaipublicfiles.com/detr/"
 DEFAULT_CFGS: dict[str, ModelCfg] = {
-    "detr_resnet50": ModelCfg(dict(backbone="resnet50", **_CL), PretrainedCfg(url=_FB + "detr-r50-e632da11.pth")),
-    "detr_resnet50_dc5": ModelCfg(dict(backbone="resnet50", dilation=True, **_CL),
+    "detr_resnet50": ModelCfg(DETR_SECTIONS.of(backbone="resnet50", **_CL), PretrainedCfg(url=_FB + "detr-r50-e632da11.pth")),
+    "detr_resnet50_dc5": ModelCfg(DETR_SECTIONS.of(backbone="resnet50", dilation=True, **_CL),
                                   PretrainedCfg(url=_FB + "detr-r50-dc5-f0fb7ef5.pth")),
-    "detr_resnet101": ModelCfg(dict(backbone="resnet101", **_CL), PretrainedCfg(url=_FB + "detr-r101-2c7b67e5.pth")),
-    "detr_resnet101_dc5": ModelCfg(dict(backbone="resnet101", dilation=True, **_CL),
+    "detr_resnet101": ModelCfg(DETR_SECTIONS.of(backbone="resnet101", **_CL), PretrainedCfg(url=_FB + "detr-r101-2c7b67e5.pth")),
+    "detr_resnet101_dc5": ModelCfg(DETR_SECTIONS.of(backbone="resnet101", dilation=True, **_CL),
                                    PretrainedCfg(url=_FB + "detr-r101-dc5-a2e86def.pth")),
-    "detr_tiny": ModelCfg(dict(backbone="resnet18", hidden_dim=128, nheads=4, enc_layers=3, dec_layers=3,
+    "detr_tiny": ModelCfg(DETR_SECTIONS.of(backbone="resnet18", hidden_dim=128, nheads=4, enc_layers=3, dec_layers=3,
                                dim_feedforward=512, num_queries=50)),
 }
 
 
 #: the registry-wide test's settings: the variant's own backbone (ResNet-50 for the R101s: the same blocks) and a
 #: transformer of 32 dims, 1 + 2 layers, 5 queries, on 64-px images
-_TINY = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5)
+_TINY = dict(arch=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5))
 _TEST = dict(test_kwargs=_TINY, test_image_size=(64, 64))
 _TEST_R101 = dict(test_kwargs=dict(_TINY, backbone="resnet50"), test_image_size=(64, 64))
 
 
 def _create(name: str, **kwargs) -> DETR:
-    return build_model(partial(build_detr, DETR), DEFAULT_CFGS[name], **kwargs)
+    return DETR_SECTIONS.create(lambda **kw: build_detr(DETR, **kw), DEFAULT_CFGS[name], **kwargs)
 
 
 def _original(name: str):

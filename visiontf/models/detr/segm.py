@@ -10,14 +10,14 @@ trains alone on the frozen detector (``freeze_detector=True``, its ``--frozen_we
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model, torch_hub_state_dict
-from visiontf.models.contract import ModelCfg, PretrainedCfg, build_model
+from visiontf.models.contract import ModelCfg, PretrainedCfg
+from visiontf.models.detr.build import DETR_SECTIONS, build_detr
 from visiontf.models.detr.convert import convert_state_dict
-from visiontf.models.detr.detr import DETR, build_detr
+from visiontf.models.detr.detr import DETR
 from visiontf.models.detr.mask_head import MaskHeadSmallConv, MHAttentionMap
 from visiontf.models.mask_options import MaskOptions
 from visiontf.models.matched_masks import MASK_LOGITS_OF, MatchedMaskLogits, TrainMasks, check_train_masks
@@ -119,14 +119,14 @@ class DETRSegm(DETR):
 _FB = "https://dl.fbaipublicfiles.com/detr/"
 _PANOPTIC = dict(num_classes=250, thing_classes=tuple(range(91)), channels_last=True)
 DEFAULT_CFGS: dict[str, ModelCfg] = {
-    "detr_resnet50_panoptic": ModelCfg(dict(backbone="resnet50", **_PANOPTIC),
+    "detr_resnet50_panoptic": ModelCfg(DETR_SECTIONS.of(backbone="resnet50", **_PANOPTIC),
                                        PretrainedCfg(url=_FB + "detr-r50-panoptic-00ce5173.pth")),
-    "detr_resnet50_dc5_panoptic": ModelCfg(dict(backbone="resnet50", dilation=True, **_PANOPTIC),
+    "detr_resnet50_dc5_panoptic": ModelCfg(DETR_SECTIONS.of(backbone="resnet50", dilation=True, **_PANOPTIC),
                                            PretrainedCfg(url=_FB + "detr-r50-dc5-panoptic-da08f1b1.pth")),
-    "detr_resnet101_panoptic": ModelCfg(dict(backbone="resnet101", **_PANOPTIC),
+    "detr_resnet101_panoptic": ModelCfg(DETR_SECTIONS.of(backbone="resnet101", **_PANOPTIC),
                                         PretrainedCfg(url=_FB + "detr-r101-panoptic-40021d53.pth")),
     # detr_tiny's detector (its weights load) with 8 attention maps: GroupNorm needs 128 + heads divisible by 8
-    "detr_tiny_masks": ModelCfg(dict(backbone="resnet18", hidden_dim=128, nheads=4, enc_layers=3, dec_layers=3,
+    "detr_tiny_masks": ModelCfg(DETR_SECTIONS.of(backbone="resnet18", hidden_dim=128, nheads=4, enc_layers=3, dec_layers=3,
                                      dim_feedforward=512, num_queries=50, mask_heads=8)),
 }
 _TAGS = ("detection", "detr")
@@ -134,13 +134,13 @@ _TAGS = ("detection", "detr")
 
 #: the registry-wide test's settings: as DETR's, with 8 heads of 16 dims (the mask head's GroupNorm(8) takes
 #: hidden_dim + heads, and hidden_dim halved four times: hidden_dim a multiple of 128)
-_TINY = dict(hidden_dim=128, nheads=8, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5)
+_TINY = dict(arch=dict(hidden_dim=128, nheads=8, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=5))
 _TEST = dict(test_kwargs=_TINY, test_image_size=(64, 64))
 _TEST_R101 = dict(test_kwargs=dict(_TINY, backbone="resnet50"), test_image_size=(64, 64))
 
 
 def _create(name: str, **kwargs) -> DETRSegm:
-    return build_model(partial(build_detr, DETRSegm), DEFAULT_CFGS[name], **kwargs)
+    return DETR_SECTIONS.create(lambda **kw: build_detr(DETRSegm, **kw), DEFAULT_CFGS[name], **kwargs)
 
 
 def _original(name: str):
