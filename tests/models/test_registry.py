@@ -13,6 +13,7 @@ import torch
 
 from visiontf.adapters.base import get_adapter
 from visiontf.inference.export import export_onnx, onnx_max_abs_diff
+from visiontf.inference.onnx_check import check_onnx
 from visiontf.io.weights import save_model
 from visiontf.models import create_model, get_entry, list_models, load_model
 
@@ -83,3 +84,8 @@ def test_onnx_export_equals_pytorch(name, tmp_path):
     path = export_onnx(model, tmp_path / f"{name}.onnx", size)
     example = adapter.example_inputs(model, size, batch_size=2, pad=True)
     assert onnx_max_abs_diff(model, path, example) < 1e-3, name
+    if {"rtdetr", "dfine"} & set(get_entry(name).tags):
+        # the real-time DETRs' graphs follow the input (issue 50): at another size and batch too, within 1e-4
+        # (tie-aware: padded areas give equal query-selection scores, which either runtime may order either way)
+        other = adapter.example_inputs(model, (size[0] + 32, size[1] + 16), batch_size=1, pad=False)
+        assert check_onnx(model, path, other)["onnx_max_abs_diff"] < 1e-4, name

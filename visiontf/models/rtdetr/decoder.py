@@ -32,6 +32,7 @@ from visiontf.models.detr.detr import MLP
 from visiontf.models.rtdetr.hybrid_encoder import ConvNormAct, activation
 from visiontf.models.rtdetr.options import DecoderOptions
 from visiontf.nn import MSDeformAttn
+from visiontf.nn.ms_deform_tables import tracing_shapes
 
 __all__ = ["DecoderOutput", "RTDetrDecoder", "anchor_boxes"]
 
@@ -39,12 +40,15 @@ __all__ = ["DecoderOutput", "RTDetrDecoder", "anchor_boxes"]
 INVERSE_SIGMOID_EPS = 1e-5
 
 
-@functools.lru_cache(maxsize=32)
-def _anchors(shapes: tuple[tuple[int, int], ...], eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def _anchor_values(shapes, eps: float, dtype: torch.dtype, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """The tables of :func:`anchor_boxes` from sizes that are ints, or traced 0-dim tensors while a graph is exported
+    (row-major positions by broadcasting, so the graph follows the input's size)."""
     boxes = []
     for level, (h, w) in enumerate(shapes):
-        y, x = torch.meshgrid(torch.arange(h, dtype=dtype), torch.arange(w, dtype=dtype), indexing="ij")
-        centre = torch.stack([(x + 0.5) / w, (y + 0.5) / h], -1).reshape(-1, 2)
+        ys, xs = torch.arange(h, dtype=dtype, device=device), torch.arange(w, dtype=dtype, device=device)
+        y = (ys[:, None] + 0 * xs[None, :]).reshape(-1)
+        x = (xs[None, :] + 0 * ys[:, None]).reshape(-1)
+        centre = torch.stack([(x + 0.5) / w, (y + 0.5) / h], -1)
         boxes.append(torch.cat([centre, torch.full_like(centre, 0.05 * 2.0 ** level)], -1))
     anchors = torch.cat(boxes)[None]
     valid = ((anchors > eps) & (anchors < 1 - eps)).all(-1, keepdim=True)
@@ -52,11 +56,18 @@ def _anchors(shapes: tuple[tuple[int, int], ...], eps: float, dtype: torch.dtype
     return torch.where(valid, unact, torch.inf), valid
 
 
+@functools.lru_cache(maxsize=32)
+def _anchors(shapes: tuple[tuple[int, int], ...], eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    return _anchor_values(shapes, eps, dtype)
+
+
 def anchor_boxes(shapes: list[tuple[int, int]], eps: float = 1e-2, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     """(1, S, 4) anchor boxes of every position in inverse-sigmoid space (inf where masked) and (1, S, 1) their
     validity: centre ``((x + 0.5) / W, (y + 0.5) / H)``, side ``0.05 * 2^level``, valid when all four coordinates
     are inside ``(eps, 1 - eps)``."""
+    if tracing_shapes():  # ONNX export: computed in the graph from the traced level sizes
+        return _anchor_values(shapes, float(eps), dtype, device)
     unact, valid = _anchors(tuple((int(h), int(w)) for h, w in shapes), float(eps), dtype)
     return unact.to(device), valid.to(device)
 
@@ -169,7 +180,8 @@ class RTDetrDecoder(nn.Module):
         maps = [proj(x) for proj, x in zip(self.input_proj, feats)]
         for level in range(len(maps), self.options.num_levels):
             maps.append(self.input_proj[level](feats[-1] if level == len(feats) else maps[-1]))
-        shapes = [(int(m.shape[-2]), int(m.shape[-1])) for m in maps]
+        # traced sizes while a graph is exported (the graph then follows the input's size), Python ints otherwise
+        shapes = [(m.shape[-2], m.shape[-1]) if tracing_shapes() else (int(m.shape[-2]), int(m.shape[-1])) for m in maps]
         return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], 1), shapes
 
     def select(self, memory: Tensor, shapes: list[tuple[int, int]]) -> dict[str, Tensor]:

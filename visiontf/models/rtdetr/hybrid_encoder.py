@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from visiontf.models.rtdetr.options import EncoderOptions
 from visiontf.nn import TransformerEncoderLayer
+from visiontf.nn.ms_deform_tables import tracing_shapes
 
 __all__ = ["CSPELANLayer", "CSPRepLayer", "ConvNormAct", "HybridEncoder", "RepVggBlock", "SCDown", "activation",
            "sincos_position_embedding"]
@@ -154,24 +155,29 @@ class SCDown(nn.Module):
         return self.cv2(self.cv1(x))
 
 
-@functools.lru_cache(maxsize=32)
-def _sincos_table(height: int, width: int, dim: int, temperature: float, layout: str, dtype: torch.dtype) -> Tensor:
+def _sincos_values(height, width, dim: int, temperature: float, layout: str, dtype: torch.dtype) -> Tensor:
+    """The table of :func:`sincos_position_embedding`; ``height`` and ``width`` are ints, or traced 0-dim tensors
+    while a graph is exported (the table then follows the input's size)."""
     quarter = dim // 4
+    t = torch.arange(height * width)
     if layout == "original":
         # RT-DETR's build_2d_sincos_position_embedding, float32: its meshgrid of (w, h) with "ij" indexing flattens
         # column-major, so token t (row-major: y * W + x) gets the coordinates (t // H, t % H) - on a square map
         # (the published training size) the embedding of (y, x)
         omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float32) / quarter)
-        t = torch.arange(height * width)
         first, second = (t // height).float(), (t % height).float()
     else:
         # transformers' build_2d_sinusoidal_position_embedding: row-major (y, x), computed in float64
         omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / quarter)
-        t = torch.arange(height * width)
         first, second = (t // width).double(), (t % width).double()
     a, b = first[:, None] * omega[None], second[:, None] * omega[None]
     table = torch.cat([a.sin(), a.cos(), b.sin(), b.cos()], dim=1)[None]
     return table if layout == "original" else table.to(dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _sincos_table(height: int, width: int, dim: int, temperature: float, layout: str, dtype: torch.dtype) -> Tensor:
+    return _sincos_values(height, width, dim, temperature, layout, dtype)
 
 
 def sincos_position_embedding(height: int, width: int, dim: int, temperature: float = 10000.0, layout: str = "original",
@@ -186,6 +192,8 @@ def sincos_position_embedding(height: int, width: int, dim: int, temperature: fl
     if dim % 4:
         raise ValueError(f"the 2-d sine-cosine embedding needs a hidden_dim divisible by 4, got {dim}")
     key_dtype = torch.float32 if layout == "original" else dtype
+    if tracing_shapes():  # ONNX export: computed in the graph from the traced size, not a constant of the export size
+        return _sincos_values(height, width, int(dim), float(temperature), layout, key_dtype).to(device)
     return _sincos_table(int(height), int(width), int(dim), float(temperature), layout, key_dtype).to(device)
 
 
