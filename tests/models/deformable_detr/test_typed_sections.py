@@ -111,3 +111,9 @@ def test_a_checkpoint_saved_with_flat_hyper_parameters_loads_with_one_warning(tm
     loaded, said = _future_warnings(lambda: DetectionTask.load_from_checkpoint(path, weights_only=False))
     assert len(said) == 1
     _same(loaded.model, task.model)
+    # a checkpoint of now: the sections saved as plain data, loaded without a warning
+    torch.save({"epoch": 0, "global_step": 0, "pytorch-lightning_version": L.__version__, "state_dict": task.state_dict(),
+                "hyper_parameters": dict(task.hparams)}, path)
+    (model, info), said = _future_warnings(lambda: load_checkpoint_model(path))
+    assert not said and info["hyper_parameters"]["model_kwargs"]["arch"]["hidden_dim"] == 32
+    _same(model, task.model)
