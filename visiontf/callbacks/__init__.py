@@ -15,6 +15,7 @@ _LAZY = {
     "RNGStateCheckpoint": "visiontf.callbacks.rng_state",
     "LogPredictionImages": "visiontf.callbacks.prediction_images",
     "ModelEMA": "visiontf.callbacks.ema",
+    "OnnxRuntimeEvaluation": "visiontf.callbacks.onnx_eval",
     "ValidationSchedule": "visiontf.callbacks.validation_schedule",
     "WandbCheckpoints": "visiontf.callbacks.wandb_checkpoints",
 }

@@ -494,7 +494,7 @@ def _take_option(argv: list[str], name: str) -> str | None:
 
 
 def eval_main(argv: list[str] | None = None) -> int:
-    """``tools/eval.py --config C --ckpt_path K [--trainer.* / --data.* / --model.*] [--output stats.json]
+    """``tools/eval.py --config C --ckpt_path K [--trainer.* / --data.* / --model.*] [--output stats.json] [--onnx M.onnx]
     [--per_class] [--readouts.out_dir D] [--quiet]``.
 
     Runs ``validate`` (any task; DDP flags work) and writes the logged metrics as JSON on rank 0; Lightning's
@@ -502,7 +502,8 @@ def eval_main(argv: list[str] | None = None) -> int:
     ``--per_class`` (detection): prints the per-class table and adds its rows to the JSON as ``per_class``;
     the flat ``<stage>/per_class/...`` scalars the task logs are left out of the JSON either way. The
     readouts callback writes its files (PR curves, confusion matrix, TIDE) into ``<root>/readouts/val``
-    or ``--readouts.out_dir``.
+    or ``--readouts.out_dir``. ``--onnx M.onnx``: the exported graph, run by onnxruntime, stands in for the model
+    (:class:`visiontf.callbacks.OnnxRuntimeEvaluation`): the same data, post-processing and evaluator.
     """
     return run_tool(_eval, argv, prog="eval.py")
 
@@ -523,13 +524,16 @@ def _take_flag(argv: list[str], name: str) -> bool:
 def _eval(argv: list[str]) -> int:
     argv = list(argv)
     output = _take_option(argv, "--output")
+    onnx = _take_option(argv, "--onnx")
+    if onnx:  # the exported graph in place of the model, through the same steps and evaluator
+        argv += ["--trainer.callbacks+=visiontf.callbacks.OnnxRuntimeEvaluation", f"--trainer.callbacks.onnx={onnx}"]
     per_class = _take_flag(argv, "--per_class")
     quiet = _take_flag(argv, "--quiet")
     if quiet:  # the evaluation's own bar off, and only warnings and errors besides the stats
         argv.append("--trainer.enable_progress_bar=false")
         logging.getLogger().setLevel(logging.WARNING)
     set_progress(not quiet)
-    cli = make_cli(["validate", *argv], extra_options=("--output", "--per_class", "--quiet"), quiet=quiet)
+    cli = make_cli(["validate", *argv], extra_options=("--output", "--onnx", "--per_class", "--quiet"), quiet=quiet)
     trainer = cli.trainer
     stats = {k: float(v) for k, v in trainer.callback_metrics.items()
              if getattr(v, "numel", lambda: 1)() == 1 and "/per_class/" not in k}

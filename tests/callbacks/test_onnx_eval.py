@@ -1,0 +1,63 @@
+"""``tools/eval.py --onnx``'s callback: the exported graph, run by onnxruntime, stands in for the task's model during
+evaluation and gives what the model gives; the model comes back afterwards."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import visiontf
+from visiontf.callbacks.onnx_eval import OnnxRuntimeEvaluation, OnnxRuntimeModel
+from visiontf.inference.export import example_inputs, export_onnx
+from visiontf.models import get_entry
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    kwargs = dict(get_entry("rtdetr_tiny").test_kwargs)
+    torch.manual_seed(0)
+    model = visiontf.create_model("rtdetr_tiny", **kwargs).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn(p.shape))
+    return model, export_onnx(model, tmp_path_factory.mktemp("onnx") / "m.onnx", image_size=(64, 64))
+
+
+def test_the_graph_answers_as_the_model_at_another_size(exported):
+    model, path = exported
+    runner = OnnxRuntimeModel(path, model, threads=1)
+    inputs = example_inputs(model, image_size=(96, 128), batch_size=1)
+    with torch.no_grad():
+        ref = model(inputs["images"], inputs["mask"])
+    got = runner(inputs["images"], inputs["mask"])
+    assert set(got) == {"pred_logits", "pred_boxes"}
+    for k in got:
+        torch.testing.assert_close(got[k], ref[k], rtol=0, atol=1e-4)
+    # no mask (nothing padded) as the model takes it
+    torch.testing.assert_close(runner(inputs["images"])["pred_boxes"], ref["pred_boxes"], rtol=0, atol=1e-4)
+    # what the task reads of its model is the model's; the runner has no parameters of its own
+    assert runner.class_head == model.class_head == "sigmoid" and runner.postprocess_options is model.postprocess_options
+    assert not list(runner.parameters())
+
+
+def test_the_callback_swaps_the_graph_in_for_validation_only(exported):
+    model, path = exported
+    module = torch.nn.Module()
+    module.model = model
+    trainer = SimpleNamespace(sanity_checking=True)
+    callback = OnnxRuntimeEvaluation(str(path), threads=1)
+    callback.on_validation_start(trainer, module)
+    assert module.model is model  # Lightning's sanity check runs the PyTorch model
+    trainer.sanity_checking = False
+    callback.on_validation_start(trainer, module)
+    assert isinstance(module.model, OnnxRuntimeModel)
+    callback.on_validation_end(trainer, module)
+    assert module.model is model
+
+
+def test_a_missing_graph_is_named_with_the_fix(exported, tmp_path):
+    model, _ = exported
+    with pytest.raises(FileNotFoundError, match=r"--onnx .*nothing\.onnx: no such file \(write one with tools/export\.py --onnx"):
+        OnnxRuntimeModel(tmp_path / "nothing.onnx", model)
