@@ -93,9 +93,9 @@ def test_paper_recipes_set_the_papers_optimiser(config):
     trainer, args = cfg["trainer"], cfg["model"]["init_args"]
     assert trainer["gradient_clip_val"] == 0.1 and trainer["max_epochs"] == 50
     assert trainer["devices"] * trainer.get("num_nodes", 1) * cfg["data"]["init_args"]["batch_size"] == 32
-    assert args["model_kwargs"]["backbone_pretrained"] is True
+    assert args["model_kwargs"]["backbone"]["pretrained"] is True
     # the real R50 model without its download
-    task = DetectionTask(**{**args, "model_kwargs": {**args["model_kwargs"], "backbone_pretrained": False}}, num_classes=80)
+    task = DetectionTask(**{**args, "model_kwargs": {**args["model_kwargs"], "backbone": {"pretrained": False}}}, num_classes=80)
     opt = task.configure_optimizers()
     groups = opt["optimizer"].param_groups
     assert [g["lr"] for g in groups] == pytest.approx([2e-4, 2e-5, 2e-5])
