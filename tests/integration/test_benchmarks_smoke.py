@@ -70,3 +70,14 @@ def test_ipt_train_step_rows_against_the_original_module():
     from benchmarks import ipt
 
     _check(ipt.run(quick=True, tiled=False), 1)
+
+
+@pytest.mark.slow
+def test_realtime_detr_against_transformers_rows():
+    """D-FINE-N at its published size in transformers, loaded into visiontf: eager, fused and onnxruntime rows."""
+    pytest.importorskip("transformers")
+    from benchmarks import realtime_detr
+
+    rows = realtime_detr.run(models=("dfine_n",), threads=(1,), repeats=1, size=320)
+    _check(rows, 3)
+    assert all(r["queries_agreeing"] >= realtime_detr.AGREE for r in rows)
