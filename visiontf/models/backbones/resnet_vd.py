@@ -28,6 +28,7 @@ from torch import Tensor
 from visiontf.io.weights import WeightsError, load_state_dict_file
 from visiontf.models._registry import key_mismatch
 from visiontf.models.backbones.backbone import Backbone
+from visiontf.models.backbones.fast_pool import replace_max_pool
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
 from visiontf.models.backbones.registry import register_backbone
 
@@ -128,6 +129,7 @@ class ResNetVdBackbone(Backbone):
             for name, p in body.named_parameters():
                 if name.startswith(tuple(frozen)):
                     p.requires_grad_(False)
+        replace_max_pool(body, "maxpool")  # the same values, faster in inference (fast_pool)
         if channels_last:
             body.to(memory_format=torch.channels_last)
 
