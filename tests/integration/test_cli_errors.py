@@ -171,7 +171,7 @@ def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy)
         "bad root": f"{tmp / 'nope'}: dataset root not found (--data.root)",
         "abbreviation": "unknown option --trainer.max_epoch; did you mean --trainer.max_epochs?",
         "bad int": "--trainer.max_epochs: expected an int, got three",
-        "bad choice": "--model.init_args.schedule: expected one of step, cosine, constant, got linear",
+        "bad choice": "--model.init_args.schedule: expected one of step, cosine, constant, flat_cosine, got linear",
         "unknown data option": "--data.init_args.rot: not an option of CocoDataModule; did you mean root?",
         "missing config": f"--config: File does not exist: '{tmp / 'nope.yaml'}'",
         "unknown model": "unknown model 'detr_tinyy'. Did you mean: detr_tiny,",

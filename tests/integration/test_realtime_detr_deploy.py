@@ -1,4 +1,4 @@
-"""RT-DETR and D-FINE deployed as a user does it (issue 50, stage 5): fine-tuned from weights with COCO's 80 classes
+"""RT-DETR and D-FINE deployed as a user does it: fine-tuned from weights with COCO's 80 classes
 to a set whose category ids are 3, 7 and 12 (neither 0/1-based nor contiguous), exported with a dynamic ONNX
 graph, evaluated through the same COCO evaluator with PyTorch and with onnxruntime (``tools/eval.py --onnx``),
 and predicted with the original ids written back."""

@@ -85,7 +85,7 @@ def test_onnx_export_equals_pytorch(name, tmp_path):
     example = adapter.example_inputs(model, size, batch_size=2, pad=True)
     assert onnx_max_abs_diff(model, path, example) < 1e-3, name
     if {"rtdetr", "dfine"} & set(get_entry(name).tags):
-        # the real-time DETRs' graphs follow the input (issue 50): at another size and batch too, within 1e-4
+        # the real-time DETRs' graphs follow the input: at another size and batch too, within 1e-4
         # (tie-aware: padded areas give equal query-selection scores, which either runtime may order either way)
         other = adapter.example_inputs(model, (size[0] + 32, size[1] + 16), batch_size=1, pad=False)
         assert check_onnx(model, path, other)["onnx_max_abs_diff"] < 1e-4, name
