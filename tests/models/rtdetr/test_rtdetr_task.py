@@ -129,3 +129,21 @@ def test_resnet_vd_is_a_backbone_name_of_every_detector():
     assert backbone.channels == [512, 1024, 2048] and backbone.strides == [8, 16, 32]
     frozen = {n.split(".")[0] for n, p in backbone.body.named_parameters() if not p.requires_grad}
     assert frozen == {"conv1", "layer1"}  # the DETR papers' frozen stem and first stage
+
+
+@pytest.mark.parametrize("name", ["rtdetr_tiny", "dfine_tiny"])
+def test_every_parameter_gets_a_gradient_when_no_image_has_a_box(name):
+    """Plain DDP waits forever for a parameter without a gradient: a process whose images all lost their boxes to the
+    crop has no denoising query, and the denoising label embedding must still take part (a recipe run hung so)."""
+    from visiontf.detection.set_loss import build_criterion
+
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=4).train()
+    criterion = build_criterion(model, 4)
+    empty = {"labels": torch.zeros(0, dtype=torch.long), "boxes": torch.zeros(0, 4)}
+    one = {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])}
+    for targets in ([one, empty], [empty, empty]):
+        model.zero_grad()
+        out = model(torch.randn(2, 3, 96, 96), None, targets=targets)
+        criterion(out, targets)["loss"].backward()
+        assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []

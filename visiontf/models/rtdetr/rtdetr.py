@@ -163,8 +163,9 @@ class RTDETR(BackboneLayerDepth, Detector):
                 if self.decoder.options.aux_loss:
                     out["dn_outputs"]["aux_outputs"] = [{"pred_logits": a[:, :P], "pred_boxes": b[:, :P]} for a, b in zip(logits[:-1], boxes[:-1])]
                 out["dn_meta"] = dn.meta
-            elif self.decoder.denoising_class_embed is not None:
-                # every parameter takes part in every step (DDP), as DINO's label_enc.weight[0, 0] * 0
+            if P == 0 and self.decoder.denoising_class_embed is not None:
+                # every parameter takes part in every step, also when this process's images have no box and so no
+                # denoising query (plain DDP waits forever for the missing gradient), as DINO's label_enc.weight[0, 0] * 0
                 out["pred_logits"] = out["pred_logits"] + 0.0 * self.decoder.denoising_class_embed.weight[0, 0]
         return out
 
