@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from visiontf.data.datasets.coco import CocoDetection  # noqa: E402
-from visiontf.data.synthetic.detection import make_detection_dataset  # noqa: E402
 from visiontf.data.transforms import detection as DT  # noqa: E402
+from visiontf.tasks.detection.coco_dataset import CocoDetection  # noqa: E402
+from visiontf.tasks.detection.detection_synthetic import make_detection_dataset  # noqa: E402
 
 
 def torchvision_pipeline():

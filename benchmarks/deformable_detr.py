@@ -8,7 +8,7 @@ Rows (ratio = reference / ours, > 1: ours better):
   elementwise frozen BN, contiguous NCHW and its pure-PyTorch attention core
   ``ms_deform_attn_core_pytorch``; the original's batch-wide focal matcher), identical weights,
   dropout off. The loss is visiontf's ``SetCriterion(class_loss="focal")`` for both (its maths is
-  the original's, ``tests/detection/test_deformable_detr_criterion.py``), so the rows compare models and
+  the original's, ``tests/set_prediction/test_deformable_detr_criterion.py``), so the rows compare models and
   matchers. Batch 2 at 512x640 (``--quick``: 384x512), the second image padded as in a real batch.
 * ``inference``: eval-mode forward under ``no_grad``.
 * ``peak memory``: each model in a fresh subprocess, one train step; peak RSS (``VmHWM``) on CPU,
@@ -43,11 +43,11 @@ from benchmarks.memory import _peak_rss_mib  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
 from reference.deformable_detr import OriginalDeformableDETR, original_match  # noqa: E402
 
-from visiontf.detection import HungarianMatcher, SetCriterion  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
 from visiontf.models.deformable_detr.build import build_deformable_detr  # noqa: E402
 from visiontf.models.deformable_detr.convert import convert_state_dict  # noqa: E402
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR  # noqa: E402
+from visiontf.set_prediction import HungarianMatcher, SetCriterion  # noqa: E402
 
 NUM_CLASSES = 91
 MODEL = "deformable_detr_resnet50_box_refine"

@@ -36,10 +36,10 @@ from benchmarks.matcher import reference_batchwide_match  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
 from reference.detr import OriginalDETR  # noqa: E402
 
-from visiontf.detection import HungarianMatcher, SetCriterion  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
 from visiontf.models.detr.convert import convert_state_dict  # noqa: E402
 from visiontf.models.detr.detr import DETR, build_detr  # noqa: E402
+from visiontf.set_prediction import HungarianMatcher, SetCriterion  # noqa: E402
 
 NUM_CLASSES = 91  # COCO layout, as the published models
 #: (batch, height, width) per mode; "tiny" is the smoke test's size with a small model

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from benchmarks.detr import NUM_CLASSES, BatchWideMatcher, build_models, make_batch
 from benchmarks.gpu_common import Budget, gpu_row
-from visiontf.detection import HungarianMatcher, SetCriterion
+from visiontf.set_prediction import HungarianMatcher, SetCriterion
 
 
 def _round_tf32(t: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ def _fit(root: Path, workers: int, steps: int, device: torch.device, tiny: bool,
 
 def run(device: torch.device, tiny: bool, budget: Budget, plan: list[tuple[int, int]]) -> list[dict]:
     """``plan``: (workers, steps) of each run, the most informative first."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     if not budget.allows("end-to-end DINO-4scale fit (f)", 30 if tiny else 90):
         return []

@@ -38,10 +38,10 @@ from benchmarks.gpu_common import Budget, free_cuda, gpu_row, peak_memory_mib, t
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the own-words baselines: tests/reference/
 from reference.deformable_detr import OriginalDeformableDETR
 
-from visiontf.detection import HungarianMatcher, SetCriterion, build_criterion
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
+from visiontf.set_prediction import HungarianMatcher, SetCriterion, build_criterion
 from visiontf.tasks.optim import build_optimizer
 
 SIZE = {"real": (800, 1216), "tiny": (64, 96)}

@@ -20,7 +20,7 @@ from torchvision.ops import box_convert, generalized_box_iou
 
 # Run as a script from a checkout that is not pip-installed: make the repository importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from visiontf.detection import HungarianMatcher  # noqa: E402
+from visiontf.set_prediction import HungarianMatcher  # noqa: E402
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ from reference import vqgan as ref  # noqa: E402
 
 from benchmarks.common import cli, max_abs_diff, pick_device, row, time_interleaved  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
-from visiontf.models.vqgan.transformer import GPT  # noqa: E402
+from visiontf.models.vqgan.gpt import GPT  # noqa: E402
 from visiontf.models.vqgan.vqgan import DEFAULT_CFGS  # noqa: E402
 
 _DD = ("ch", "ch_mult", "num_res_blocks", "attn_resolutions", "resolution", "z_channels")

@@ -87,7 +87,7 @@ except ModuleNotFoundError:  # pragma: no cover
 def _patch_eval_samplers() -> None:
     import importlib
 
-    from visiontf.adapters.task_table import data_module_class_paths
+    from visiontf.tasks.task_table import data_module_class_paths
 
     # visiontf.data.samplers: its eval_batch_sampler (the COCO eval loaders) looks eval_sampler up there;
     # then the module of every data module in the task table

@@ -45,8 +45,8 @@ def _batch(rank: int, step: int):
 
 
 def _train(name: str, kwargs: dict, rank: int) -> tuple[str, float]:
-    from visiontf.detection import build_criterion
     from visiontf.models import create_model
+    from visiontf.set_prediction import build_criterion
 
     torch.manual_seed(0)
     model = create_model("deformable_detr_tiny", num_classes=3, **SMALL, **kwargs)
@@ -87,7 +87,7 @@ if __name__ == "__main__":
     os.environ.setdefault("MASTER_PORT", "29533")
     # imported once here and forked (nothing has run a kernel yet, so no OpenMP pool to inherit):
     # two fresh interpreters would import torch and visiontf again, most of this script's time
-    import visiontf.detection  # noqa: F401
     import visiontf.models  # noqa: F401
+    import visiontf.set_prediction  # noqa: F401
 
     mp.start_processes(_worker, args=(sys.argv[1],), nprocs=2, join=True, start_method="fork")

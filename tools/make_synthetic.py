@@ -9,7 +9,7 @@
     python tools/make_synthetic.py --task panoptic --out data/panoptic_shapes   # shapes on sky and ground (COCO panoptic)
     python tools/make_synthetic.py --task photos --out data/photos   # scikit-image's photographs
 
-Each set's writer is named by the task table (visiontf/adapters/task_table.py: a row's ``synthetic``, and
+Each set's writer is named by the task table (visiontf/tasks/task_table.py: a row's ``synthetic``, and
 ``data_synthetic`` for a data module of another layout), by task and by the writer's own name
 (``panoptic``, ``photos``: restoration and generation read the photographs). Deterministic for a seed. No
 network, no downloads.
@@ -18,7 +18,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from visiontf.cli.errors import run_tool
+from visiontf.cli.tool_errors import run_tool
 from visiontf.core.arguments import ToolParser, UsageError
 
 #: the set `make demo` trains detr_tiny on: large, class-coloured shapes a CPU DETR learns in minutes
@@ -30,7 +30,7 @@ def generators() -> dict[str, str]:
     and each writer's by its own name: the photographs (real photos scikit-image ships: the IPT and VQGAN recipes)
     and the panoptic set (things and stuff in COCO's panoptic format, the things also as instances with RLE masks:
     DETR's masks)."""
-    from visiontf.adapters.task_table import synthetic_writers
+    from visiontf.tasks.task_table import synthetic_writers
 
     return synthetic_writers()
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     if args.out.is_dir() and any(args.out.iterdir()):
         # a set written over another mixes in the old files (more images, stale annotations)
         raise UsageError(f"--out {args.out}: the folder is not empty; remove it or give a new folder")
-    from visiontf.adapters.task_table import import_class
+    from visiontf.tasks.task_table import import_class
 
     make = import_class(generators()[args.task])
     kwargs = {"seed": args.seed}

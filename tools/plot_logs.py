@@ -11,7 +11,7 @@ e.g. by scripts/experiments/convergence.py), one colour per [LABEL=]PATH argumen
 """
 import sys
 
-from visiontf.cli.errors import run_tool
+from visiontf.cli.tool_errors import run_tool
 
 if __name__ == "__main__":
     if {"--vs_minutes", "--vs-minutes"} & set(sys.argv[1:]):

@@ -8,7 +8,7 @@
 import sys
 from pathlib import Path
 
-from visiontf.cli.errors import run_tool
+from visiontf.cli.tool_errors import run_tool
 from visiontf.core.arguments import ToolParser
 
 

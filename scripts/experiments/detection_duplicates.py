@@ -28,10 +28,10 @@ from torchvision.ops import batched_nms, box_convert, box_iou
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import setup_torch  # noqa: E402
-from visiontf.data.coco import CocoDataModule  # noqa: E402
-from visiontf.detection.postprocess import DeformablePostProcess  # noqa: E402
 from visiontf.evaluation.duplicates import duplicate_stats  # noqa: E402
+from visiontf.set_prediction.postprocess import DeformablePostProcess  # noqa: E402
 from visiontf.tasks.checkpoints import load_checkpoint_model  # noqa: E402
+from visiontf.tasks.detection.coco_data import CocoDataModule  # noqa: E402
 
 
 def coco_map(gt: COCO, results: list[dict]) -> float:

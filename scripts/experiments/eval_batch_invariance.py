@@ -44,7 +44,7 @@ def _batches(n: int, batch_size: int, how: str) -> list[list[int]]:
 
 @torch.no_grad()
 def _detections(model, images: list[torch.Tensor], batch_size: int, how: str) -> list[dict]:
-    from visiontf.detection import build_postprocess
+    from visiontf.set_prediction import build_postprocess
 
     out: list[dict] = [{} for _ in images]
     post = build_postprocess(model)
@@ -93,7 +93,7 @@ def detection_rows(seed: int) -> list[str]:
 
 @torch.no_grad()
 def segmentation_rows(seed: int) -> list[str]:
-    from visiontf.tasks.segmentation import SegmentationTask
+    from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
     torch.manual_seed(seed)
     task = SegmentationTask("setr_naive_vit_tiny_patch16", num_classes=4, inference_mode="slide", crop_size=64, stride=32,

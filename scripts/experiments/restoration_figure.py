@@ -21,10 +21,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from visiontf.data.files.restoration import read_rgb8  # noqa: E402
 from visiontf.data.transforms.imresize import bicubic_downscale, imresize  # noqa: E402
-from visiontf.evaluation.restoration import calc_psnr  # noqa: E402
 from visiontf.inference import Predictor  # noqa: E402
+from visiontf.tasks.restoration.restoration_files import read_rgb8  # noqa: E402
+from visiontf.tasks.restoration.restoration_measures import calc_psnr  # noqa: E402
 
 
 def _t(a: np.ndarray) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""bf16 on the CPU only where it is native (visiontf.cli.precision): a config asking for bf16-mixed
+"""bf16 on the CPU only where it is native (visiontf.cli.cpu_precision): a config asking for bf16-mixed
 trains in its precision_without_native_bf16 on a CPU that would emulate bf16."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from visiontf.cli import precision as cpu_precision
-from visiontf.cli.precision import cpu_has_native_bf16, resolve_cpu_precision
+from visiontf.cli import cpu_precision
+from visiontf.cli.cpu_precision import cpu_has_native_bf16, resolve_cpu_precision
 
 # /proc/cpuinfo lines of real machines (flags shortened)
 AMD_ZEN2 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse sse2 avx f16c fma avx2 sha_ni\n"
@@ -34,7 +34,7 @@ def test_environment_forces_either_cpu_kind(monkeypatch, value, native):
 def test_the_log_line_says_what_decided(monkeypatch, caplog):
     """The environment override is named as the reason, not the CPU flags it stands in for."""
     monkeypatch.delenv(cpu_precision.NATIVE_BF16_ENV, raising=False)
-    with caplog.at_level(logging.INFO, logger="visiontf.cli.precision"):
+    with caplog.at_level(logging.INFO, logger="visiontf.cli.cpu_precision"):
         resolve_cpu_precision("bf16-mixed", "cpu", "32-true", native_bf16=False)
         monkeypatch.setenv(cpu_precision.NATIVE_BF16_ENV, "0")
         resolve_cpu_precision("bf16-mixed", "cpu", "32-true")
@@ -62,7 +62,7 @@ def test_resolve_cpu_precision(precision, accelerator, fallback, native, expecte
 
 
 def test_fallback_is_logged_once(caplog):
-    with caplog.at_level(logging.INFO, logger="visiontf.cli.precision"):
+    with caplog.at_level(logging.INFO, logger="visiontf.cli.cpu_precision"):
         resolve_cpu_precision("bf16-mixed", "cpu", "32-true", native_bf16=False)
         resolve_cpu_precision("bf16-mixed", "cpu", "32-true", native_bf16=True)
     lines = [r.getMessage() for r in caplog.records]
@@ -73,7 +73,7 @@ def test_fallback_is_logged_once(caplog):
 def test_cpu_recipe_precision_follows_the_cpu(monkeypatch, tmp_path, native, expected):
     """The CPU recipe's config asks for bf16-mixed: its Trainer gets it only on a CPU with native bf16."""
     from visiontf.cli.train import make_cli
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     root = tmp_path / "data"
     make_detection_dataset(root, num_train=2, num_val=1, image_size=(48, 64), num_classes=2)

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from visiontf.core.errors import UserError
-from visiontf.data.coco import CocoDataModule
 from visiontf.data.loading import EpochIndex
 from visiontf.data.samplers import EpochSampler, aspect_ratio_groups
-from visiontf.data.synthetic.detection import make_detection_dataset
 from visiontf.data.transforms import detection as DT
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
 
 class _Items(torch.utils.data.Dataset):

@@ -10,7 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from visiontf.data.classification import (
+from visiontf.data.io import ImageReadError
+from visiontf.tasks.classification.classification_data import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
     ClassificationDataModule,
@@ -19,8 +20,7 @@ from visiontf.data.classification import (
     classification_transforms,
     find_classes,
 )
-from visiontf.data.io import ImageReadError
-from visiontf.data.synthetic.classification import make_classification_dataset
+from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
 
 @pytest.fixture(scope="module")

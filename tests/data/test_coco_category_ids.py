@@ -13,12 +13,12 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from test_coco_real import DATA, VAL_ANN, _detections_on_truth, _load
 
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.datasets.coco import CocoDetection
-from visiontf.data.files.coco_annotations import AnnotationError
 from visiontf.data.transforms import detection as DT
 from visiontf.evaluation.coco import CocoEvalError
-from visiontf.evaluation.coco_metric import CocoMetric
+from visiontf.tasks.detection.coco_annotations import AnnotationError
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.coco_dataset import CocoDetection
+from visiontf.tasks.detection.coco_metric import CocoMetric
 
 #: ids COCO skips within 1..90, and 0: classes of a 91-output head that never occur
 GAPS = (0, 12, 26, 29, 30, 45, 66, 68, 69, 71, 83)
@@ -110,7 +110,7 @@ def test_published_91_class_weights_evaluate_with_their_heads_through_tools_eval
     from test_coco_real import CONFIG, TOY_DATA
 
     from visiontf import create_model
-    from visiontf.detection import build_postprocess
+    from visiontf.set_prediction import build_postprocess
 
     kwargs = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=12,
                   num_denoising=6, num_query_groups=2, nms_iou_threshold=0.7, nms_class_agnostic=False)

@@ -14,12 +14,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DistributedSampler, SequentialSampler
 
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.datasets.coco import CocoDetection, collate_detection
-from visiontf.data.files.coco_annotations import AnnotationError
 from visiontf.data.io import ImageReadError
-from visiontf.data.synthetic.detection import make_detection_dataset
 from visiontf.data.transforms import detection as DT
+from visiontf.tasks.detection.coco_annotations import AnnotationError
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.coco_dataset import CocoDetection, collate_detection
+from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
 MEAN = np.array(DT.IMAGENET_MEAN)[:, None, None]
 STD = np.array(DT.IMAGENET_STD)[:, None, None]
@@ -184,7 +184,7 @@ def test_images_left_without_a_box_are_kept_and_counted(tmp_path, caplog):
     images = [dict(_img(tmp_path, f"{i}.png"), id=i) for i in (1, 2, 3)]
     anns = [_ann(1, [5, 5, 10, 10]), _ann(2, [1, 1, 30, 30], image_id=3, iscrowd=1)]
     ann = write_coco(tmp_path, images, anns)
-    with caplog.at_level(logging.INFO, logger="visiontf.data.coco"):
+    with caplog.at_level(logging.INFO, logger="visiontf.tasks.detection.coco_data"):
         ds = CocoDetection(tmp_path, ann)
     assert "2 of 3 image(s) have no box to train on" in caplog.text and "image ids [2, 3]" in caplog.text
     assert ds.index.counts["without_boxes"] == 2 and len(ds) == 3
@@ -201,7 +201,7 @@ def test_per_annotation_problems_are_counted_and_logged(tmp_path, caplog):
         _ann(9, [1, 1, 30, 30], iscrowd=1),  # crowd: evaluation only
     ]
     ann = write_coco(tmp_path, [_img(tmp_path)], anns)
-    with caplog.at_level(logging.INFO, logger="visiontf.data.coco"):
+    with caplog.at_level(logging.INFO, logger="visiontf.tasks.detection.coco_data"):
         ds = CocoDetection(tmp_path, ann)
     text = caplog.text
     assert "dropped 2 annotation(s) with an image_id not in 'images' (e.g. annotation ids [2, 3])" in text

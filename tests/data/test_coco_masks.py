@@ -10,12 +10,12 @@ import torch
 from pycocotools.coco import COCO
 from torchvision.ops import masks_to_boxes
 
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.datasets.coco import CocoDetection
-from visiontf.data.files.coco_annotations import AnnotationError
-from visiontf.data.files.coco_masks import decode_segmentation, encode_mask
-from visiontf.data.synthetic import make_detection_dataset
 from visiontf.data.transforms import detection as DT
+from visiontf.tasks.detection.coco_annotations import AnnotationError
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.coco_dataset import CocoDetection
+from visiontf.tasks.detection.coco_masks import decode_segmentation, encode_mask
+from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
 REAL = "tests/fixtures/coco_real"
 

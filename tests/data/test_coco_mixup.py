@@ -12,9 +12,9 @@ import torch
 from PIL import Image
 
 from visiontf.core.config_checks import ConfigError
-from visiontf.data.coco import CocoDataModule
 from visiontf.data.loading import EpochIndex
 from visiontf.data.mixup import MixUp, MixUpCollate, mix_batch
+from visiontf.tasks.detection.coco_data import CocoDataModule
 
 SMALL = dict(scales=[96], max_size=200, crop_scales=[96], crop_size=[80, 120], val_size=96)
 

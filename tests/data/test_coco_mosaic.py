@@ -12,10 +12,10 @@ import torch
 from PIL import Image
 
 from visiontf.core.config_checks import ConfigError
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.files.coco_annotations import AnnotationError
 from visiontf.data.loading import EpochIndex
 from visiontf.data.transforms import detection as DT
+from visiontf.tasks.detection.coco_annotations import AnnotationError
+from visiontf.tasks.detection.coco_data import CocoDataModule
 
 MEAN = np.array(DT.IMAGENET_MEAN)[:, None, None]
 STD = np.array(DT.IMAGENET_STD)[:, None, None]

@@ -9,11 +9,11 @@ import pytest
 import torch
 from pycocotools import mask as mask_utils
 
-from visiontf.data.coco_panoptic import CocoPanopticDataModule
-from visiontf.data.datasets.coco_panoptic import CocoPanoptic
-from visiontf.data.files.coco_annotations import AnnotationError
-from visiontf.data.synthetic.panoptic import make_panoptic_dataset
 from visiontf.io.panoptic_ids import read_panoptic_png
+from visiontf.tasks.detection.coco_annotations import AnnotationError
+from visiontf.tasks.detection.coco_panoptic_data import CocoPanopticDataModule
+from visiontf.tasks.detection.coco_panoptic_dataset import CocoPanoptic
+from visiontf.tasks.detection.panoptic_synthetic import make_panoptic_dataset
 
 
 @pytest.fixture(scope="module")

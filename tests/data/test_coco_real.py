@@ -20,13 +20,13 @@ from PIL import Image
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.datasets.coco import CocoDetection
 from visiontf.data.io import read_image
 from visiontf.data.loading import EpochIndex
 from visiontf.data.transforms import detection as DT
 from visiontf.evaluation.coco import STAT_NAMES, CocoEvalError, evaluate_coco
-from visiontf.evaluation.coco_metric import CocoMetric
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.coco_dataset import CocoDetection
+from visiontf.tasks.detection.coco_metric import CocoMetric
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "fixtures" / "coco_real"
@@ -255,8 +255,8 @@ def _crowd_only(ann_file: Path, image_id: int) -> dict:
 
 
 def test_an_image_with_only_crowd_regions_trains_on_no_object_and_evaluates_as_pycocotools(tmp_path):
-    from visiontf.data.datasets.coco import collate_detection
-    from visiontf.tasks.detection import DetectionTask
+    from visiontf.tasks.detection.coco_dataset import collate_detection
+    from visiontf.tasks.detection.detection_task import DetectionTask
 
     root = tmp_path / "coco"
     shutil.copytree(DATA, root, ignore=shutil.ignore_patterns("*.py", "*.md"))

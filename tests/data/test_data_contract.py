@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from visiontf.adapters.base import adapter_for_task
-from visiontf.adapters.task_table import TASK_TABLE, TASKS, import_class
 from visiontf.data.base import DetectionDataModule, VisionDataModule, trainer_datamodule
+from visiontf.tasks.task_inference import adapter_for_task
+from visiontf.tasks.task_table import TASK_TABLE, TASKS, import_class
 
 ROOT = Path(__file__).resolve().parents[2]
 

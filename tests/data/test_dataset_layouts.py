@@ -6,11 +6,11 @@ import pytest
 from handmade_data import CATEGORIES, make_dataset
 
 from visiontf.core.errors import UserError
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.files.coco_annotations import AnnotationError, load_coco_json
-from visiontf.data.files.detection_layouts import resolve_detection_layout
-from visiontf.data.files.yolo import convert_yolo, label_file, read_data_yaml
 from visiontf.data.loading import DatasetLayoutError
+from visiontf.tasks.detection.coco_annotations import AnnotationError, load_coco_json
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.detection_layouts import resolve_detection_layout
+from visiontf.tasks.detection.yolo import convert_yolo, label_file, read_data_yaml
 
 IDS = sorted(CATEGORIES)
 NAMES = [CATEGORIES[c] for c in IDS]

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from visiontf.data.datasets.restoration import add_noise
-from visiontf.data.files.restoration import ImageReadError, find_records, read_rgb8
 from visiontf.data.loading import DatasetLayoutError, EpochIndex
-from visiontf.data.restoration import RestorationDataModule
 from visiontf.data.transforms.imresize import bicubic_downscale, imresize, resize_weights
+from visiontf.tasks.restoration.restoration_data import RestorationDataModule
+from visiontf.tasks.restoration.restoration_dataset import add_noise
+from visiontf.tasks.restoration.restoration_files import ImageReadError, find_records, read_rgb8
 
 
 def _write(path, array):

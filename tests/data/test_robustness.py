@@ -68,7 +68,7 @@ def test_error_in_dataloader_worker_names_the_file(tmp_path):
     """A worker process's exception reaches the user as the same type, with the file name in the message."""
     from torch.utils.data import DataLoader
 
-    from visiontf.data.classification import ImageFolderDataset
+    from visiontf.tasks.classification.classification_data import ImageFolderDataset
 
     (tmp_path / "a").mkdir()
     _png(tmp_path / "a" / "ok.png")
@@ -81,15 +81,15 @@ def test_error_in_dataloader_worker_names_the_file(tmp_path):
 
 
 def test_missing_annotation_file_is_a_clear_error(tmp_path):
-    from visiontf.data.files.coco_annotations import AnnotationError, load_coco_json
+    from visiontf.tasks.detection.coco_annotations import AnnotationError, load_coco_json
 
     with pytest.raises(AnnotationError, match=r"instances_val\.json: annotation file not found"):
         load_coco_json(tmp_path / "instances_val.json")
 
 
 def test_empty_coco_split_is_reported(tmp_path):
-    from visiontf.data.datasets.coco import CocoDetection
-    from visiontf.data.files.coco_annotations import AnnotationError
+    from visiontf.tasks.detection.coco_annotations import AnnotationError
+    from visiontf.tasks.detection.coco_dataset import CocoDetection
 
     ann = tmp_path / "empty.json"
     ann.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}]}))

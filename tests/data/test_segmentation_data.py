@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from visiontf.data.classification import DatasetLayoutError
-from visiontf.data.segmentation import (
+from visiontf.tasks.classification.classification_data import DatasetLayoutError
+from visiontf.tasks.segmentation.segmentation_data import (
     ADE20K_CLASSES,
     CITYSCAPES_CLASSES,
     CatMaxRatioCrop,
@@ -25,7 +25,7 @@ from visiontf.data.segmentation import (
     segmentation_collate,
     segmentation_transforms,
 )
-from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
 
 SMALL = dict(num_train=6, num_val=3, num_classes=4, image_size=(48, 64))
 

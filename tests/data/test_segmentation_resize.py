@@ -9,8 +9,8 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torchvision.transforms.v2 import functional as TF
 
-from visiontf.adapters.segmentation import SegmentationPreprocess, SegmentationSettings
 from visiontf.data.transforms.segmentation import keep_ratio_size, resize_image_like_mmcv, segmentation_transforms
+from visiontf.tasks.segmentation.segmentation_inference import SegmentationPreprocess, SegmentationSettings
 
 
 def mmcv_rescale_size(w: int, h: int, scale: tuple[int, int]) -> tuple[int, int]:

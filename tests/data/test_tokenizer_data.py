@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from visiontf.data.image_folder import ImageFolderDataset, TokenizerDataModule, list_images
 from visiontf.data.io import ImageReadError
 from visiontf.data.loading import DatasetLayoutError, EpochIndex
+from visiontf.tasks.generation.image_folder_data import ImageFolderDataset, TokenizerDataModule, list_images
 
 
 def _write(path, size=(40, 56), value=None, seed=0):

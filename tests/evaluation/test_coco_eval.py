@@ -16,8 +16,8 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from visiontf.evaluation.coco import STAT_NAMES, CocoEvalError, evaluate_coco
-from visiontf.evaluation.coco_metric import METRIC_NAMES, CocoMetric
 from visiontf.evaluation.duplicates import duplicate_stats
+from visiontf.tasks.detection.coco_metric import METRIC_NAMES, CocoMetric
 
 REPO = Path(__file__).resolve().parents[2]
 CAT_IDS = [1, 3, 7]  # non-contiguous on purpose
@@ -215,7 +215,7 @@ def test_metric_matches_pycocotools_and_ignores_repeated_images(data):
 
 def test_metric_merges_ranks_and_deduplicates(data, monkeypatch):
     """Two ranks' states merged as DDP's gather would: an image seen on both counts once."""
-    import visiontf.evaluation.coco_metric as cm
+    import visiontf.tasks.detection.coco_metric as cm
 
     ann_file, _, gt, dets, *_ = data
     ids = [img["id"] for img in gt["images"]]

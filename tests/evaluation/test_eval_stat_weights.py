@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visiontf.tasks.detection import DetectionTask, eval_stat_weight
+from visiontf.tasks.detection.detection_task import DetectionTask, eval_stat_weight
 
 TINY_DETR = {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1, "dim_feedforward": 32, "num_queries": 6}
 TINY_DINO = {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1, "dim_feedforward": 32, "num_queries": 6,

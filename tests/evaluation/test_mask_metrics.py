@@ -13,13 +13,13 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-import visiontf.evaluation.coco_mask_metric as cmm
-import visiontf.evaluation.panoptic_metric as pqm
+import visiontf.tasks.detection.coco_mask_metric as cmm
+import visiontf.tasks.detection.panoptic_metric as pqm
 from visiontf.evaluation.coco import evaluate_coco
-from visiontf.evaluation.coco_mask_metric import CocoMaskMetric, encode_masks
 from visiontf.evaluation.panoptic import pq_compute
-from visiontf.evaluation.panoptic_metric import PanopticMetric
 from visiontf.io.panoptic_ids import read_panoptic_png
+from visiontf.tasks.detection.coco_mask_metric import CocoMaskMetric, encode_masks
+from visiontf.tasks.detection.panoptic_metric import PanopticMetric
 
 REAL = "tests/fixtures/coco_real/annotations"
 

@@ -129,7 +129,7 @@ def test_coco_metric_over_two_ranks_gives_pycocotools_per_class_rows(real, backe
     confusion matrix and TIDE of the same detections."""
     import torch
 
-    import visiontf.evaluation.coco_metric as cm
+    import visiontf.tasks.detection.coco_metric as cm
     from visiontf.evaluation.readouts.confusion import detection_confusion_matrix
     from visiontf.evaluation.readouts.tide import tide_errors
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from reference.fixtures import load_fixture
 
-from visiontf.evaluation.restoration import calc_psnr, calc_ssim, quantize, rgb_to_y
+from visiontf.tasks.restoration.restoration_measures import calc_psnr, calc_ssim, quantize, rgb_to_y
 
 
 def _pair(h=40, w=52, seed=0, noise=0.05):

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from visiontf.data.files.segmentation import ade20k_pairs
-from visiontf.data.segmentation import SegmentationDataModule, segmentation_collate, segmentation_transforms
-from visiontf.data.synthetic.segmentation import make_segmentation_dataset
 from visiontf.models.contract import Segmenter
-from visiontf.tasks.segmentation import SegmentationTask
+from visiontf.tasks.segmentation.segmentation_data import SegmentationDataModule, segmentation_collate, segmentation_transforms
+from visiontf.tasks.segmentation.segmentation_files import ade20k_pairs
+from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
+from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
 IGN = 255
 
@@ -248,7 +248,7 @@ def test_bad_protocol_is_named(ade_root):
 
 def test_validation_pictures_of_mmseg_batches(ade_root, tiny_task):
     """LogPredictionImages draws mmseg-protocol batches at the image's size (annotation resized to it)."""
-    from visiontf.adapters.base import adapter_for_task
+    from visiontf.tasks.task_inference import adapter_for_task
 
     dm = SegmentationDataModule(ade_root, layout="ade20k", base_size=SCALE, val_batch_size=2, num_workers=0)
     dm.setup("validate")

@@ -13,8 +13,8 @@ import torch
 from scipy import linalg
 from torch.utils.data import DataLoader, TensorDataset
 
-from visiontf.evaluation.fid import INCEPTION_FILE, InceptionWeightsMissing
-from visiontf.tasks.tokenizer import TokenizerTask
+from visiontf.tasks.generation.fid import INCEPTION_FILE, InceptionWeightsMissing
+from visiontf.tasks.generation.tokenizer_task import TokenizerTask
 
 TOY = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "n_embed": 16, "embed_dim": 4,
        "z_channels": 32, "resolution": 16}

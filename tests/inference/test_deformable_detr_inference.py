@@ -13,11 +13,11 @@ from PIL import Image
 from torchvision.ops import box_convert
 
 import visiontf
-from visiontf.adapters.deformable_attention import deformable_sampling_points, save_sampling_points_figure
 from visiontf.cli import export_main, predict_main
-from visiontf.detection import DeformablePostProcess
 from visiontf.inference.predictor import Predictor
 from visiontf.nn.ms_deform_attn import MSDeformAttn
+from visiontf.set_prediction import DeformablePostProcess
+from visiontf.tasks.detection.deformable_attention import deformable_sampling_points, save_sampling_points_figure
 
 TINY = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}
 

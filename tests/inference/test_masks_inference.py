@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import visiontf
-from visiontf.detection import build_criterion
 from visiontf.inference import Predictor
 from visiontf.inference.export import example_inputs, export_model, export_onnx, onnx_max_abs_diff
 from visiontf.inference.predict_files import predict_to_folder
 from visiontf.models import create_model
-from visiontf.models.deformable_detr.segm import MASK_HEAD_PREFIXES
+from visiontf.models.deformable_detr.deformable_detr_segm import MASK_HEAD_PREFIXES
+from visiontf.set_prediction import build_criterion
 
 SMALL = dict(enc_layers=1, dec_layers=1, num_queries=8)
 
@@ -33,7 +33,7 @@ def _confident(model):
 
 @pytest.fixture(scope="module")
 def panoptic_set(tmp_path_factory):
-    from visiontf.data.synthetic.panoptic import make_panoptic_dataset
+    from visiontf.tasks.detection.panoptic_synthetic import make_panoptic_dataset
 
     return make_panoptic_dataset(tmp_path_factory.mktemp("pan"), num_train=0, num_val=4, num_classes=2, seed=3)
 
@@ -131,7 +131,7 @@ def test_dino_mask_model_trains_with_denoising_and_sigmoid_panoptic():
     terms["loss"].backward()
     assert model.mask_head.lay1.weight.grad is not None and model.class_embed[0].weight.grad is None
 
-    from visiontf.tasks.mask_eval import panoptic_predictions
+    from visiontf.tasks.detection.mask_eval import panoptic_predictions
 
     model.eval()
     model.mask_options = visiontf.models.mask_options.MaskOptions(panoptic_threshold=0.0, thing_classes=(0,))

@@ -14,7 +14,7 @@ from handmade_data import make_dataset
 from visiontf.cli.predict import datamodule_from_config
 from visiontf.core.errors import UsageError
 
-CONFIG = "configs/detr/detr_tiny_shapes.yaml"  # data: visiontf.data.coco.CocoDataModule, root data/demo_det
+CONFIG = "configs/detr/detr_tiny_shapes.yaml"  # data: visiontf.tasks.detection.coco_data.CocoDataModule, root data/demo_det
 PATHS = {"train_images": "images/train", "val_images": "images/val",
          "init_args.train_ann": "annotations/train.json", "init_args.val_ann": "annotations/val.json"}
 
@@ -51,7 +51,7 @@ def test_the_data_is_optional_unless_data_options_were_given(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="visiontf.cli.predict"):
         dm, init_args = datamodule_from_config(CONFIG, {"root": missing}, required=False)
     assert dm is None and init_args["root"] == missing
-    assert "could not build the data module visiontf.data.coco.CocoDataModule" in caplog.text
+    assert "could not build the data module visiontf.tasks.detection.coco_data.CocoDataModule" in caplog.text
     assert "dataset root not found" in caplog.text
     with pytest.raises(Exception, match="dataset root not found"):
         datamodule_from_config(CONFIG, {"root": missing}, required=True)
@@ -61,7 +61,7 @@ def test_config_mistakes_are_usage_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("data: [unclosed\n")
     no_data = tmp_path / "model_only.yaml"
-    no_data.write_text("model:\n  class_path: visiontf.tasks.detection.DetectionTask\n")
+    no_data.write_text("model:\n  class_path: visiontf.tasks.detection.detection_task.DetectionTask\n")
     with pytest.raises(UsageError, match=r"--data.root needs --config \(the config names the data module\)"):
         datamodule_from_config(None, {"root": "x"})
     with pytest.raises(UsageError, match="nope.yaml: file not found"):

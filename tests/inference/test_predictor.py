@@ -196,7 +196,7 @@ def test_from_lightning_checkpoint(tmp_path):
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
-    from visiontf.tasks.classification import ClassificationTask
+    from visiontf.tasks.classification.classification_task import ClassificationTask
 
     task = ClassificationTask("vit_tiny_patch16_224", num_classes=4, model_kwargs={"img_size": 32, "depth": 1}, warmup_steps=0)
     data = DataLoader(TensorDataset(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])), batch_size=2)
@@ -232,8 +232,8 @@ def dino():
 def _direct_detections(model, images, min_size, max_size):
     """What the Predictor should return, written out: resize, normalise, pad with a mask, the model,
     the model's post-processing at the original sizes, boxes clipped to the image."""
-    from visiontf.adapters.detection import DetectionPreprocess, DetectionSettings
-    from visiontf.detection import build_postprocess
+    from visiontf.set_prediction import build_postprocess
+    from visiontf.tasks.detection.detection_inference import DetectionPreprocess, DetectionSettings
 
     prep = DetectionPreprocess(DetectionSettings(min_size=min_size, max_size=max_size, mean=model.pretrained_cfg.mean,
                                                  std=model.pretrained_cfg.std))

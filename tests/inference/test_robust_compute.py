@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------------------------------- segmentation loss
 def test_a_batch_with_every_pixel_ignored_trains_with_a_zero_loss_counted_in_the_log(tmp_path):
-    from visiontf.tasks.segmentation import SegmentationTask
+    from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
     task = SegmentationTask(model_name="setr_naive_vit_tiny_patch16", num_classes=3, lr=1e-3, optimizer="adamw",
                             model_kwargs={"img_size": 32, "encoder_kwargs": {"depth": 4}})
@@ -104,7 +104,7 @@ def test_a_model_failing_on_one_image_fails_that_image_only(tmp_path, caplog):
 
 
 def test_classifier_on_a_10_by_10000_image_crops_before_resizing(tmp_path):
-    from visiontf.adapters.classification import classification_view
+    from visiontf.tasks.classification.classification_inference import classification_view
 
     x = torch.linspace(0, 60, 10000)
     image = torch.stack([0.5 + 0.4 * torch.sin(x), 0.5 + 0.4 * torch.cos(x / 3), x / 60])[:, None, :].expand(3, 10, 10000)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visiontf.adapters import get_adapter
 from visiontf.inference import Predictor
 from visiontf.models import create_model
+from visiontf.tasks.task_inference import get_adapter
 
 TOY = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "n_embed": 16, "embed_dim": 4,
        "z_channels": 32, "resolution": 16}
@@ -38,7 +38,7 @@ def test_second_stage_is_refused_with_the_way_to_sample():
 
 
 def test_transformer_task_refuses_a_missing_first_stage():
-    from visiontf.tasks.transformer import MissingFirstStageError, TransformerTask
+    from visiontf.tasks.generation.gpt_task import MissingFirstStageError, TransformerTask
 
     with pytest.raises(MissingFirstStageError, match="first_stage_ckpt"):
         TransformerTask(model_kwargs={"first_stage_kwargs": TOY, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32})
@@ -46,7 +46,7 @@ def test_transformer_task_refuses_a_missing_first_stage():
 
 def test_transformer_task_groups_and_loss(tmp_path):
     """minGPT's groups (only Linear weights decay), AdamW betas (0.9, 0.95), the first stage frozen."""
-    from visiontf.tasks.transformer import TransformerTask
+    from visiontf.tasks.generation.gpt_task import TransformerTask
 
     net = create_model("vqgan_transformer_tiny", first_stage_kwargs=TOY, block_size=16, n_layer=1, n_head=2, n_embd=32)
     path = tmp_path / "net.pt"
@@ -70,7 +70,7 @@ def test_transformer_task_validation_logs_bits_per_token(tmp_path):
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
-    from visiontf.tasks.transformer import TransformerTask
+    from visiontf.tasks.generation.gpt_task import TransformerTask
 
     kwargs = {"first_stage_kwargs": TOY, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32}
     path = tmp_path / "net.pt"

@@ -322,8 +322,8 @@ def test_a_mask_models_record_carries_predict_pys_segmentations_and_a_valid_pano
 def test_panoptic_files_are_valid_coco_panoptic_with_and_without_segments(tmp_path):
     """COCO panoptic reserves 0 for unlabelled pixels: no segment gives an all-0 PNG, a pixel of a segment nobody
     lists is 0, a listed segment without pixels is left out; every pair written scores with pq_compute."""
-    from visiontf.adapters.masks import PanopticFiles
     from visiontf.io.panoptic_ids import read_panoptic_png
+    from visiontf.tasks.detection.mask_drawing import PanopticFiles
 
     files = PanopticFiles(tmp_path, {0: 1, 2: 3}, lambda label: f"class_{label}", lambda label: label < 2)
     files.add({"ids": np.zeros((6, 8), dtype=np.int64), "segments_info": []}, "empty", 1)

@@ -42,7 +42,7 @@ class _Records(logging.Handler):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A 3-class run trained with ``fit --ckpt_path last`` on an empty run folder (the requeue case)."""
-    from visiontf.data.synthetic.classification import make_classification_dataset
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
     tmp = tmp_path_factory.mktemp("ckpt_errors")
     data = make_classification_dataset(tmp / "data3", num_train=4, num_val=2, num_classes=3, image_size=32)
@@ -121,7 +121,7 @@ def test_truncated_checkpoint_is_corrupt_or_incomplete_naming_the_file(trained, 
 
 
 def test_other_number_of_classes_points_to_pretrained_and_that_fine_tunes(trained, tmp_path, capsys):
-    from visiontf.data.synthetic.classification import make_classification_dataset
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
     data4 = make_classification_dataset(tmp_path / "data4", num_train=4, num_val=2, num_classes=4, image_size=32)
     with pytest.raises(CheckpointError, match=r"trained for 3 classes, but this run has 4.*--model.init_args.pretrained="):
@@ -151,7 +151,7 @@ def test_checkpoint_of_another_task_or_model_is_refused_before_loading(trained):
 def test_eval_with_a_detection_config_refuses_a_classification_checkpoint(trained, tmp_path, capsys):
     """The tester's case: the checkpoint of another task used to load into the wrong model and fail
     deep inside; now the error names the file and both tasks, before any weight is copied."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     det = make_detection_dataset(tmp_path / "det", num_train=2, num_val=2, image_size=(64, 64))["root"]
     args = ["--config", "configs/detr/detr_tiny_shapes.yaml", f"--data.init_args.root={det}",
@@ -221,7 +221,7 @@ def test_eval_with_the_dino_config_refuses_a_detr_tiny_checkpoint_unless_asked(t
     on the command line says it is meant, and runs."""
     import json
 
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     det = make_detection_dataset(tmp_path / "det", num_train=2, num_val=2, image_size=(64, 64))["root"]
     common = [f"--data.init_args.root={det}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
@@ -249,8 +249,8 @@ def test_the_task_check_reads_what_the_allow_list_takes(tmp_path):
     is of its task; the task check once read it with a plain torch.load, which refused the path."""
     from visiontf.io.weights import safe_torch_load
     from visiontf.tasks.checkpoints import check_checkpoint_task, checkpoint_arguments
-    from visiontf.tasks.classification import ClassificationTask
-    from visiontf.tasks.detection import DetectionTask
+    from visiontf.tasks.classification.classification_task import ClassificationTask
+    from visiontf.tasks.detection.detection_task import DetectionTask
 
     path = tmp_path / "paths.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 3},

@@ -31,7 +31,7 @@ def test_every_config_parses(printed_configs, config):
 
 @pytest.mark.slow
 def test_fit_links_num_classes_and_writes_last_checkpoint(tmp_path):
-    from visiontf.data.synthetic.classification import make_classification_dataset
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
     root = make_classification_dataset(tmp_path / "data", num_train=12, num_val=6, num_classes=3, image_size=32)
     cmd = [sys.executable, "tools/train.py", "fit", "--config", "configs/vit/vit_tiny_synthetic.yaml",

@@ -19,9 +19,9 @@ from cli_runner import error_line, run_tools
 from handmade_data import CATEGORIES, make_dataset
 
 import visiontf
-from visiontf.adapters.task_table import TASKS
-from visiontf.cli.errors import user_message
+from visiontf.cli.tool_errors import user_message
 from visiontf.core.errors import UsageError
+from visiontf.tasks.task_table import TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/detr/detr_tiny_shapes.yaml"
@@ -35,7 +35,7 @@ def fake_checkpoint(path: Path) -> Path:
     model = visiontf.create_model("detr_tiny", num_classes=3, **TINY)
     torch.save({
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-        "hyper_parameters": {"_class_path": "visiontf.tasks.detection.DetectionTask", "model_name": "detr_tiny",
+        "hyper_parameters": {"_class_path": "visiontf.tasks.detection.detection_task.DetectionTask", "model_name": "detr_tiny",
                              "num_classes": 3, "model_kwargs": TINY},
         "class_names": NAMES, "label_to_cat_id": dict(enumerate(IDS)),
         "preprocess": {"min_size": 64, "max_size": 96}, "epoch": 0,
@@ -108,7 +108,7 @@ def test_light_mistakes_fail_fast_in_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def heavy(tmp_path_factory):
     """The cases that import Lightning or build a model, run in one process: {name: (argv, result)}."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     tmp = tmp_path_factory.mktemp("cli")
     four_classes = make_detection_dataset(tmp / "four", num_train=2, num_val=2, image_size=(64, 80))["root"]

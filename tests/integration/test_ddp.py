@@ -41,7 +41,7 @@ def _cls_overrides(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cls_checkpoint(tmp_path_factory) -> tuple[Path, list[str]]:
-    from visiontf.data.synthetic.classification import make_classification_dataset
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
     tmp = tmp_path_factory.mktemp("cls")
     root = make_classification_dataset(tmp / "data", num_train=12, num_val=NUM_VAL, num_classes=3, image_size=32)
@@ -140,7 +140,7 @@ def _pin_box_head(ckpt_path: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def det_ddp_fit(tmp_path_factory) -> tuple[Path, Path, list[str]]:
     """A 2-process CPU DDP ``fit`` of the tiny DETR (1 epoch, 2 optimizer steps): last.ckpt, eval ckpt, overrides."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     tmp = tmp_path_factory.mktemp("det")
     paths = make_detection_dataset(tmp / "data", num_train=8, num_val=NUM_VAL, image_size=(64, 64), num_classes=2)
@@ -168,7 +168,7 @@ def test_detection_ddp_fit_writes_last_checkpoint(det_ddp_fit):
 def test_detection_ddp_eval_equals_single_process(det_ddp_fit, tmp_path):
     """COCO stats and the per-class numbers (``--per_class``) on 2 ranks equal 1 rank, with the unrepeated
     sampler and with the repeating one (de-dup)."""
-    from visiontf.evaluation.coco_metric import METRIC_NAMES
+    from visiontf.tasks.detection.coco_metric import METRIC_NAMES
 
     _, ckpt, overrides = det_ddp_fit
     overrides = [*overrides, "--per_class"]
@@ -203,9 +203,9 @@ def test_duplicate_detections_change_coco_map_unless_deduplicated(tmp_path):
 
     import torch
 
-    from visiontf.data.synthetic.detection import make_detection_dataset
     from visiontf.evaluation.coco import evaluate_coco
-    from visiontf.evaluation.coco_metric import CocoMetric
+    from visiontf.tasks.detection.coco_metric import CocoMetric
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     paths = make_detection_dataset(tmp_path, num_train=0, num_val=NUM_VAL, image_size=(64, 64), num_classes=2)
     gt = json.loads(paths["val_ann"].read_text())
@@ -242,8 +242,8 @@ def test_set_criterion_averages_num_boxes_over_ranks(monkeypatch):
     """
     import torch
 
-    import visiontf.detection.criterion as crit
-    from visiontf.detection import HungarianMatcher, SetCriterion
+    import visiontf.set_prediction.criterion as crit
+    from visiontf.set_prediction import HungarianMatcher, SetCriterion
 
     calls = []
 
@@ -272,8 +272,8 @@ def test_detection_eval_step_runs_no_collective(monkeypatch):
     with batch 1 as 4 batches on rank 0 and 3 on rank 1, so rank 0's 4th all_reduce never finds a partner."""
     import torch
 
-    import visiontf.detection.criterion as crit
-    from visiontf.tasks.detection import DetectionTask
+    import visiontf.set_prediction.criterion as crit
+    from visiontf.tasks.detection.detection_task import DetectionTask
 
     def forbidden(*a, **k):
         raise RuntimeError("collective op in an eval step")
@@ -295,7 +295,7 @@ SEG_CONFIG = "configs/setr/setr_tiny_synthetic.yaml"
 
 def test_segmentation_ddp_eval_equals_single_process(tmp_path):
     """mIoU, mAcc, aAcc and every per-class IoU on 2 ranks equal 1 rank (same-size images: no batch padding)."""
-    from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+    from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
 
     root = make_segmentation_dataset(tmp_path / "data", num_train=2, num_val=NUM_VAL, num_classes=4, image_size=(64, 64))
     overrides = [f"--data.init_args.root={root}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",

@@ -69,7 +69,7 @@ def _pin_box_heads(ckpt_path: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def ddp_fit(tmp_path_factory) -> tuple[Path, Path, list[str]]:
     """2-process ``fit``: 8 images / (2 ranks x batch 2) = 2 optimizer steps, then validation."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     tmp = tmp_path_factory.mktemp("deformable_ddp")
     paths = make_detection_dataset(tmp / "data", num_train=8, num_val=NUM_VAL, image_size=(64, 64), num_classes=2)
@@ -112,7 +112,7 @@ def _evaluate_here(ckpt: Path, out: Path, overrides: list[str]) -> dict[str, flo
 
 
 def test_ddp_eval_equals_single_process(ddp_fit, tmp_path):
-    from visiontf.evaluation.coco_metric import METRIC_NAMES
+    from visiontf.tasks.detection.coco_metric import METRIC_NAMES
 
     _, ckpt, overrides = ddp_fit
     single = _evaluate_here(ckpt, tmp_path / "single.json", overrides)

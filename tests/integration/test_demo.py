@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from visiontf.adapters.drawing import color_for, compare_detections
+from visiontf.tasks.drawing import color_for, compare_detections
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 def fitted(tmp_path_factory) -> dict:
     """A 2-step fit with the default loggers (CSV + TensorBoard) and readouts pictures at its validation, run
     through tests/import_watch.py; then the pinned checkpoint."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     tmp = tmp_path_factory.mktemp("readouts")
     paths = make_detection_dataset(tmp / "data", num_train=8, num_val=NUM_VAL, image_size=(64, 64), num_classes=2)

@@ -60,7 +60,7 @@ def _fit(data: Path, out: Path, accelerator: str) -> tuple[list[dict], dict]:
     not torch.cuda.is_available(), reason="no CUDA device: the CUDA fit (Triton's atomic-free backward) needs one"))])
 def test_two_deterministic_fits_are_the_same_bit_for_bit(tmp_path, accelerator):
     """Losses of all 20 steps, the weights (raw and EMA) and AdamW's moments of two fits: the same bits."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     data = tmp_path / "data"
     make_detection_dataset(data, num_train=8, num_val=2, image_size=(64, 80), num_classes=3)

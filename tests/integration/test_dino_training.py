@@ -29,7 +29,7 @@ def _overrides(root: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def toy_set(tmp_path_factory) -> Path:
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     root = tmp_path_factory.mktemp("dino") / "data"
     make_detection_dataset(root, num_train=8, num_val=2, image_size=(64, 80), num_classes=3)

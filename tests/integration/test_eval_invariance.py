@@ -69,7 +69,7 @@ def _mixed_sizes(img_dir: Path, ann_file: Path) -> None:
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """detr_tiny and dino_tiny fitted 2 steps (1 process): family -> (data with own truth, checkpoint)."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     base = tmp_path_factory.mktemp("invariance")
     paths = make_detection_dataset(base / "data", num_train=4, num_val=len(VAL_SIZES), image_size=(64, 80), num_classes=3)
@@ -179,8 +179,8 @@ def _setr_own_maps_as_truth(ckpt: Path, root: Path) -> None:
     import torch
     from PIL import Image
 
-    from visiontf.data.segmentation import SegmentationDataModule
-    from visiontf.tasks.segmentation import SegmentationTask
+    from visiontf.tasks.segmentation.segmentation_data import SegmentationDataModule
+    from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
     task = SegmentationTask.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False).eval()
     dm = SegmentationDataModule(root, num_classes=task.hparams.num_classes, crop_size=32, base_size=(48, 48),
@@ -199,7 +199,7 @@ def setr_fitted(tmp_path_factory) -> tuple[Path, Path]:
     """setr_naive_vit_tiny_patch16 (4 narrow blocks) fitted 2 steps; validation images of 3 sizes, masks its own maps."""
     from PIL import Image
 
-    from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+    from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
 
     base = tmp_path_factory.mktemp("setr_invariance")
     root = make_segmentation_dataset(base / "data", num_train=4, num_val=len(SETR_SIZES), num_classes=4,

@@ -80,13 +80,13 @@ VARIANTS: dict[str, tuple[tuple[str, ...], object]] = {
 
 def _clean_checkpoint() -> dict:
     """What ``tools/train.py fit`` writes for an ``ipt_tiny`` run, at step 0 (hyper-parameters as LightningCLI saves them)."""
-    from visiontf.tasks.restoration import RestorationTask
+    from visiontf.tasks.restoration.restoration_task import RestorationTask
 
     torch.manual_seed(0)
     task = RestorationTask("ipt_tiny", model_kwargs=dict(SMALL), lr=1e-3, schedule="constant")
-    hp = {"_class_path": "visiontf.tasks.restoration.RestorationTask",
+    hp = {"_class_path": "visiontf.tasks.restoration.restoration_task.RestorationTask",
           "_instantiator": "lightning.pytorch.cli.instantiate_module", **dict(task.hparams)}
-    dm = {"_class_path": "visiontf.data.restoration.RestorationDataModule",
+    dm = {"_class_path": "visiontf.tasks.restoration.restoration_data.RestorationDataModule",
           "_instantiator": "lightning.pytorch.cli.instantiate_module", "root": "data", "tasks": ["sr_x2"]}
     return {"epoch": 0, "global_step": 0, "pytorch-lightning_version": L.__version__, "state_dict": task.state_dict(),
             "callbacks": {}, "optimizer_states": [], "lr_schedulers": [], "hparams_name": "kwargs",
@@ -121,8 +121,8 @@ def _photos(root: Path) -> Path:
 def test_every_variant_is_refused_naming_the_file_and_the_key(tmp_path):
     clean = _clean_checkpoint()
     saved = checkpoint_arguments(clean, "x.ckpt")  # what visiontf writes passes, as the classes it names
-    from visiontf.data.restoration import RestorationDataModule
-    from visiontf.tasks.restoration import RestorationTask
+    from visiontf.tasks.restoration.restoration_data import RestorationDataModule
+    from visiontf.tasks.restoration.restoration_task import RestorationTask
 
     assert saved.task is RestorationTask and saved.data is RestorationDataModule
     assert saved.task_arguments["model_kwargs"] == SMALL and "_class_path" not in saved.task_arguments
@@ -138,7 +138,7 @@ def test_every_variant_is_refused_naming_the_file_and_the_key(tmp_path):
 
 
 def test_types_keys_and_shapes_are_those_the_constructor_declares():
-    from visiontf.tasks.detection import DetectionTask
+    from visiontf.tasks.detection.detection_task import DetectionTask
 
     ok = check_arguments(DetectionTask, {"model_name": "detr_tiny", "num_classes": 3, "lr": 1, "schedule": "step",
                                          "compile": "transformer", "matcher_kwargs": None}, "f.ckpt", "hyper_parameters")
@@ -180,7 +180,7 @@ def test_types_keys_and_shapes_are_those_the_constructor_declares():
 def test_every_table_class_declares_types_the_checker_reads():
     """Each task and data module of the task table takes only arguments whose types the checker reads: its
     defaults pass as they are (a class-typed or callable argument would be refused, as it must be)."""
-    from visiontf.adapters.task_table import data_module_class_paths, task_class_paths
+    from visiontf.tasks.task_table import data_module_class_paths, task_class_paths
 
     classes = set(checkpoint_classes().values())
     assert len(classes) == len(task_class_paths()) + len(data_module_class_paths()) > 10
@@ -195,10 +195,10 @@ def test_every_table_class_declares_types_the_checker_reads():
 
 
 def test_the_short_names_and_the_config_own_class_are_the_allowed_spellings():
-    from visiontf.tasks.restoration import RestorationTask
+    from visiontf.tasks.restoration.restoration_task import RestorationTask
 
     allowed = checkpoint_classes()
-    for spelling in ("visiontf.tasks.restoration.RestorationTask", "visiontf.tasks.restoration:RestorationTask",
+    for spelling in ("visiontf.tasks.restoration.restoration_task.RestorationTask", "visiontf.tasks.restoration.restoration_task:RestorationTask",
                      "RestorationTask"):
         assert allowed[spelling] is RestorationTask
 
@@ -217,7 +217,7 @@ def test_the_short_names_and_the_config_own_class_are_the_allowed_spellings():
 
 # ------------------------------------------------------------------------------------------- through every tool
 API = '''import sys
-from visiontf.cli.errors import run_tool
+from visiontf.cli.tool_errors import run_tool
 
 def main(argv):
     which, ckpt = argv
@@ -228,13 +228,13 @@ def main(argv):
         from visiontf.inference import Predictor
         Predictor.from_checkpoint(ckpt)
     elif which == "RestorationTask.load_from_checkpoint":
-        from visiontf.tasks.restoration import RestorationTask
+        from visiontf.tasks.restoration.restoration_task import RestorationTask
         RestorationTask.load_from_checkpoint(ckpt)
     elif which == "RestorationDataModule.load_from_checkpoint":
-        from visiontf.data.restoration import RestorationDataModule
+        from visiontf.tasks.restoration.restoration_data import RestorationDataModule
         RestorationDataModule.load_from_checkpoint(ckpt)
     elif which == "TransformerTask(first_stage_ckpt)":
-        from visiontf.tasks.transformer import TransformerTask
+        from visiontf.tasks.generation.gpt_task import TransformerTask
         TransformerTask(first_stage_ckpt=ckpt)
     elif which == "import":
         __import__(ckpt)
@@ -365,7 +365,7 @@ def test_with_the_string_check_off_the_strings_still_run_nothing(tmp_path, monke
     as the plain strings they are (the model refuses an unknown argument), through the CLI and the Python API."""
     import visiontf.core.saved_arguments as saved_arguments
     from visiontf.cli.train import make_cli
-    from visiontf.tasks.restoration import RestorationTask
+    from visiontf.tasks.restoration.restoration_task import RestorationTask
 
     monkeypatch.setattr(saved_arguments, "_embedded_document", lambda text: None)
     marker = tmp_path / "payload_ran"
@@ -389,8 +389,8 @@ def test_with_the_string_check_off_the_strings_still_run_nothing(tmp_path, monke
 def test_the_python_api_loads_a_clean_checkpoint_as_lightning_does(tmp_path):
     """``load_from_checkpoint``'s own arguments keep their meaning: overrides on top, a YAML ``hparams_file`` in
     place of the saved hyper-parameters, the weights loaded, the data module's state restored."""
-    from visiontf.data.restoration import RestorationDataModule
-    from visiontf.tasks.restoration import RestorationTask
+    from visiontf.tasks.restoration.restoration_data import RestorationDataModule
+    from visiontf.tasks.restoration.restoration_task import RestorationTask
 
     clean = _clean_checkpoint()
     clean["RestorationDataModule"] = {}
@@ -430,6 +430,6 @@ def test_a_resumed_run_is_built_with_and_saves_the_checkpoint_arguments(tmp_path
     resumed = safe_torch_load(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert resumed["global_step"] > first["global_step"]
     hp = resumed["hyper_parameters"]
-    assert hp["_class_path"] == "visiontf.tasks.restoration.RestorationTask" and hp["model_kwargs"] == SMALL
+    assert hp["_class_path"] == "visiontf.tasks.restoration.restoration_task.RestorationTask" and hp["model_kwargs"] == SMALL
     assert {k: v for k, v in hp.items() if k != "model_kwargs"} == \
         {k: v for k, v in first["hyper_parameters"].items() if k != "model_kwargs"}

@@ -27,8 +27,8 @@ KWARGS = {"frozen_bn": False, "freeze_stem": False, "num_queries": 8, "dropout":
 
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory) -> tuple[Path, list[str]]:
-    from visiontf.data.synthetic.panoptic import make_panoptic_dataset
     from visiontf.models import create_model
+    from visiontf.tasks.detection.panoptic_synthetic import make_panoptic_dataset
 
     tmp = tmp_path_factory.mktemp("masks_ddp")
     paths = make_panoptic_dataset(tmp / "data", num_train=2, num_val=7, num_classes=2, image_size=(64, 80), seed=5)
@@ -42,7 +42,7 @@ def pinned(tmp_path_factory) -> tuple[Path, list[str]]:
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     state["criterion.empty_weight"] = torch.cat([torch.ones(4), torch.tensor([0.1])])
     ckpt = {"state_dict": state,
-            "hyper_parameters": {"_class_path": "visiontf.tasks.detection.DetectionTask", "model_name": "detr_tiny_masks",
+            "hyper_parameters": {"_class_path": "visiontf.tasks.detection.detection_task.DetectionTask", "model_name": "detr_tiny_masks",
                                  "num_classes": 4, "model_kwargs": KWARGS},
             "epoch": 0, "global_step": 0, "pytorch-lightning_version": lightning.__version__}
     path = tmp / "pinned.ckpt"
@@ -61,7 +61,7 @@ def _same(single: dict, other: dict, keys: list[str]) -> None:
 
 def test_mask_model_ddp_eval_equals_single_process(pinned, tmp_path):
     from visiontf.evaluation.coco import METRIC_NAMES
-    from visiontf.evaluation.panoptic_metric import PQ_METRIC_NAMES
+    from visiontf.tasks.detection.panoptic_metric import PQ_METRIC_NAMES
 
     ckpt, overrides = pinned
     metrics = [f"val/segm_{k}" for k in METRIC_NAMES] + [f"val/{k}" for k in PQ_METRIC_NAMES] + ["val/map"]

@@ -18,14 +18,14 @@ from PIL import Image
 from torchvision.ops import box_convert
 
 import visiontf
-from visiontf.data.datasets.coco import CocoDetection
-from visiontf.data.files.coco_annotations import AnnotationError
-from visiontf.data.files.image_ids import match_image_ids
 from visiontf.data.io import ImageReadError, read_image, read_mask
 from visiontf.evaluation.coco import CocoEvalError, evaluate_coco
 from visiontf.inference.predict_files import predict_to_folder
 from visiontf.inference.predictor import InputError, Predictor
 from visiontf.models.contract import Detector, PretrainedCfg
+from visiontf.tasks.detection.coco_annotations import AnnotationError
+from visiontf.tasks.detection.coco_dataset import CocoDetection
+from visiontf.tasks.detection.image_ids import match_image_ids
 
 
 # ---------------------------------------------------------------------------------------- image ids
@@ -119,7 +119,7 @@ def test_nan_scores_scored_silently_wrong_before(gt):
 
 
 def test_results_cli_names_the_entry_and_exits_2(gt, tmp_path, capsys):
-    from visiontf.cli.errors import run_tool
+    from visiontf.cli.tool_errors import run_tool
     from visiontf.evaluation.coco import main
 
     (tmp_path / "gt.json").write_text(json.dumps(gt))
@@ -131,7 +131,7 @@ def test_results_cli_names_the_entry_and_exits_2(gt, tmp_path, capsys):
 
 
 def test_coco_metric_drops_a_diverged_models_non_finite_detections(gt, tmp_path, caplog):
-    from visiontf.evaluation.coco_metric import CocoMetric
+    from visiontf.tasks.detection.coco_metric import CocoMetric
 
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     metric = CocoMetric(tmp_path / "gt.json", {0: 1}, backend="pycocotools")
@@ -177,7 +177,7 @@ def test_jpeg_masks_are_refused_or_read_on_request(tmp_path, caplog):
     assert moved.any()
     np.testing.assert_array_equal(read_mask(tmp_path / "ok.png"), labels)
 
-    from visiontf.data.datasets.segmentation import SegmentationDataset
+    from visiontf.tasks.segmentation.segmentation_dataset import SegmentationDataset
 
     Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(tmp_path / "img.png")
     pairs = [(tmp_path / "img.png", tmp_path / "mask.png")]
@@ -197,7 +197,7 @@ def test_annotated_size_disagreeing_with_the_image_uses_the_real_size_and_counts
     (it used to be dropped, with one warning per image per epoch) and inside the real one."""
     from torch.utils.data import DataLoader
 
-    from visiontf.data.datasets.coco import collate_detection
+    from visiontf.tasks.detection.coco_dataset import collate_detection
 
     for name in ("a.png", "b.png"):
         _image(tmp_path / name, (80, 60))
@@ -206,7 +206,7 @@ def test_annotated_size_disagreeing_with_the_image_uses_the_real_size_and_counts
     ann = tmp_path / "ann.json"
     ann.write_text(json.dumps({"images": images, "annotations": anns, "categories": [{"id": 1, "name": "x"}]}))
     ds = CocoDetection(tmp_path, ann)
-    with caplog.at_level(logging.WARNING, logger="visiontf.data.coco"):
+    with caplog.at_level(logging.WARNING, logger="visiontf.tasks.detection.coco_data"):
         targets = [ds[0][1], ds[1][1], ds[0][1]]
     assert all(t["boxes"].shape == (1, 4) for t in targets)
     np.testing.assert_allclose(targets[0]["boxes"][0].numpy(), [60 / 80, 20 / 60, 20 / 80, 20 / 60], atol=1e-6)
@@ -216,7 +216,7 @@ def test_annotated_size_disagreeing_with_the_image_uses_the_real_size_and_counts
     for _ in range(2):
         assert len(list(DataLoader(ds, batch_size=1, num_workers=1, collate_fn=collate_detection))) == 2
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="visiontf.data.coco"):
+    with caplog.at_level(logging.WARNING, logger="visiontf.tasks.detection.coco_data"):
         assert ds.log_size_mismatches() == 2
     assert "2 image(s) whose real size differs" in caplog.text and "a.png" in caplog.text
 
@@ -235,7 +235,7 @@ def test_string_ids_are_errors_naming_the_entry(tmp_path):
 
 
 def test_broken_symbolic_links_are_named_or_counted(tmp_path, vit, caplog):
-    from visiontf.data.classification import ImageFolderDataset
+    from visiontf.tasks.classification.classification_data import ImageFolderDataset
 
     for cls in ("a", "b"):
         (tmp_path / "train" / cls).mkdir(parents=True)
@@ -253,7 +253,7 @@ def test_broken_symbolic_links_are_named_or_counted(tmp_path, vit, caplog):
 def test_config_values_and_one_class_name_the_key(tmp_path):
     from visiontf.cli.train import make_cli
     from visiontf.core.config_checks import ConfigError
-    from visiontf.data.synthetic.classification import make_classification_dataset
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
     data = make_classification_dataset(tmp_path / "d", num_train=4, num_val=2, num_classes=2, image_size=32)
     base = ["fit", "--config", "configs/vit/vit_tiny_synthetic.yaml", f"--data.init_args.root={data}",
@@ -267,7 +267,7 @@ def test_config_values_and_one_class_name_the_key(tmp_path):
     one = make_classification_dataset(tmp_path / "one", num_train=2, num_val=1, num_classes=1, image_size=32)
     with pytest.raises(ConfigError, match=r"model\.init_args\.num_classes=1: must be an integer >= 2.*data\.num_classes"):
         make_cli([*base, f"--data.init_args.root={one}"])
-    from visiontf.tasks.detection import DetectionTask
+    from visiontf.tasks.detection.detection_task import DetectionTask
 
     with pytest.raises(ConfigError, match=r"model\.init_args\.eos_coef=0: must be a number in \(0, 1\]"):
         DetectionTask(num_classes=2, eos_coef=0)
@@ -304,7 +304,7 @@ def test_non_finite_detections_are_dropped_and_counted_never_written_as_nan(tmp_
         model.bbox_embed.layers[-1].bias.fill_(float("nan"))
     image = tmp_path / "a.png"
     Image.fromarray(np.full((40, 50, 3), 120, np.uint8)).save(image)
-    with caplog.at_level(logging.WARNING, logger="visiontf.adapters.detection"):
+    with caplog.at_level(logging.WARNING, logger="visiontf.tasks.detection.detection_inference"):
         predict_to_folder(Predictor(model, device="cpu", preprocess={"min_size": 32, "max_size": 64}), [image], tmp_path / "out", score_threshold=None)
     text = (tmp_path / "out" / "predictions.json").read_text()
     records = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in predictions.json"))
@@ -327,7 +327,7 @@ def test_duplicate_annotation_ids_are_refused_naming_them(tmp_path):
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from visiontf.data.files.coco_annotations import parse_coco
+    from visiontf.tasks.detection.coco_annotations import parse_coco
 
     dup = _self_scored_file(tmp_path / "dup.json", same_id=True)
     results = [{"image_id": a["image_id"], "category_id": 1, "bbox": a["bbox"], "score": 1.0}

@@ -14,9 +14,9 @@ import pytest
 from cli_runner import error_line, run_tools
 from handmade_data import own_detections_as_truth
 
-from visiontf.detection import build_postprocess, set_postprocess
 from visiontf.models import create_model
 from visiontf.models.postprocess_options import PostprocessOptions
+from visiontf.set_prediction import build_postprocess, set_postprocess
 
 CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
 TOY_MODEL = ("--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
@@ -54,7 +54,7 @@ def test_detr_takes_the_same_options():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, Path]:
     """A toy dino_tiny of the CPU recipe (NMS 0.7 within each label), fitted a few steps."""
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     base = tmp_path_factory.mktemp("postprocess")
     root = base / "data"

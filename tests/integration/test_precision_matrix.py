@@ -23,7 +23,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from PIL import Image
 from torch import nn
 
-from visiontf.tasks.base import BaseTask
+from visiontf.tasks.base_task import BaseTask
 
 pytestmark = pytest.mark.slow
 
@@ -104,10 +104,10 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def family_data(tmp_path_factory) -> dict[str, Path]:
-    from visiontf.data.synthetic.classification import make_classification_dataset
-    from visiontf.data.synthetic.detection import make_detection_dataset
-    from visiontf.data.synthetic.panoptic import make_panoptic_dataset
-    from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
+    from visiontf.tasks.detection.panoptic_synthetic import make_panoptic_dataset
+    from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
 
     base = tmp_path_factory.mktemp("precision_data")
     cls = make_classification_dataset(base / "cls", num_train=8, num_val=4, num_classes=3, image_size=64)

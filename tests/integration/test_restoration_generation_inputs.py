@@ -16,10 +16,10 @@ from cli_runner import error_line, run_tools
 from PIL import Image
 
 from visiontf.core.errors import UserError
-from visiontf.data.files.restoration import read_rgb8
 from visiontf.data.io import read_image
 from visiontf.inference.predictor import Predictor
 from visiontf.models import ModelArgumentError, WeightsLayoutError, create_model
+from visiontf.tasks.restoration.restoration_files import read_rgb8
 
 IPT = {"scale": 2, "n_feats": 4, "patch_dim": 4, "num_heads": 2, "num_layers": 1, "tile_size": 16}
 TOY = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "n_embed": 16, "embed_dim": 4,
@@ -83,8 +83,8 @@ def test_odd_images_are_restored_and_reconstructed_at_their_own_size(tmp_path, c
 
 
 def test_training_folders_with_odd_images_skip_and_count_or_refuse_in_strict_mode(tmp_path, caplog):
-    from visiontf.data.image_folder import TokenizerDataModule
-    from visiontf.data.restoration import RestorationDataModule
+    from visiontf.tasks.generation.image_folder_data import TokenizerDataModule
+    from visiontf.tasks.restoration.restoration_data import RestorationDataModule
 
     images = _odd_images(tmp_path / "train")
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(tmp_path / "train" / "ok.png")
@@ -145,7 +145,7 @@ def _task_checkpoint(path, model_name: str, kwargs: dict) -> str:
 
 
 def test_a_transformer_without_its_tokenizer_is_refused_at_build_or_start_naming_it(tmp_path):
-    from visiontf.tasks.transformer import MissingFirstStageError, TransformerTask
+    from visiontf.tasks.generation.gpt_task import MissingFirstStageError, TransformerTask
 
     gpt = {k: v for k, v in GPT.items() if k != "first_stage_kwargs"}
     missing = str(tmp_path / "gone" / "last.ckpt")

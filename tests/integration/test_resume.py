@@ -56,7 +56,7 @@ def _load(path: Path) -> dict:
 
 
 def test_resume_after_sigkill_is_bitwise_exact(tmp_path):
-    from visiontf.data.synthetic.classification import make_classification_dataset
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
     data = make_classification_dataset(tmp_path / "data", num_train=4 * STEPS_PER_EPOCH, num_val=3, num_classes=3,
                                        image_size=32)
@@ -88,16 +88,16 @@ def test_resume_after_sigkill_is_bitwise_exact(tmp_path):
 # ---- the seeding, per data module, with one worker ----------------------------------------------
 
 def _classification_dm(tmp_path):
-    from visiontf.data.classification import ClassificationDataModule
-    from visiontf.data.synthetic.classification import make_classification_dataset
+    from visiontf.tasks.classification.classification_data import ClassificationDataModule
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
     root = make_classification_dataset(tmp_path / "cls", num_train=8, num_val=2, num_classes=2, image_size=32)
     return ClassificationDataModule(root, image_size=24, batch_size=4, num_workers=1)
 
 
 def _coco_dm(tmp_path):
-    from visiontf.data.coco import CocoDataModule
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.coco_data import CocoDataModule
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     paths = make_detection_dataset(tmp_path / "det", num_train=8, num_val=2, image_size=(64, 80))
     return CocoDataModule(paths["root"], batch_size=4, num_workers=1, scales=[48, 64], max_size=96,
@@ -105,8 +105,8 @@ def _coco_dm(tmp_path):
 
 
 def _segmentation_dm(tmp_path):
-    from visiontf.data.segmentation import SegmentationDataModule
-    from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+    from visiontf.tasks.segmentation.segmentation_data import SegmentationDataModule
+    from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
 
     root = make_segmentation_dataset(tmp_path / "seg", num_train=8, num_val=2, num_classes=3, image_size=(48, 64))
     return SegmentationDataModule(root, crop_size=32, base_size=(96, 48), batch_size=4, num_workers=1)
@@ -170,7 +170,7 @@ def test_extending_a_finished_run_trains_the_batches_of_an_uninterrupted_run(tmp
     batch again): every later step was shifted by one and the run ended a step later."""
     import json
 
-    from visiontf.data.synthetic.classification import make_classification_dataset
+    from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
 
     data = make_classification_dataset(tmp_path / "data", num_train=8, num_val=2, num_classes=2, image_size=32)
     env = subprocess_env(PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")

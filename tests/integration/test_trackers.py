@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory) -> dict:
-    from visiontf.data.synthetic.detection import make_detection_dataset
+    from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     tmp = tmp_path_factory.mktemp("trackers")
     paths = make_detection_dataset(tmp / "data", num_train=8, num_val=NUM_VAL, image_size=(64, 64), num_classes=2)

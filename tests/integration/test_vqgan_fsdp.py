@@ -62,7 +62,7 @@ def test_fsdp_shards_the_transformer_keeps_the_first_stage_and_resumes_exactly(d
     _fit(data, part, tmp_path / "probe_resume", "--trainer.max_epochs=3", "--ckpt_path=last")
     # block by block (wrap_modules) instead of one unit: the class path form of the strategy
     wrapped = ('--trainer.strategy={"class_path": "visiontf.tasks.fsdp.FSDPStrategy", '
-               '"init_args": {"wrap_modules": ["visiontf.models.vqgan.transformer.Block"]}}')
+               '"init_args": {"wrap_modules": ["visiontf.models.vqgan.gpt.Block"]}}')
     _fit(data, tmp_path / "blocks", tmp_path / "probe_blocks", "--trainer.max_epochs=1", wrapped)
 
     reference = create_model("vqgan_transformer_tiny", first_stage_kwargs=TOY, **GPT)
@@ -120,9 +120,9 @@ def test_frozen_subtrees_are_the_largest_frozen_modules_and_wrap_modules_are_che
     assert frozen_subtrees(holder) == [net.first_stage_model]
     net.transformer.ln_f.requires_grad_(False)
     assert frozen_subtrees(holder) == [net.first_stage_model, net.transformer.ln_f]
-    strategy = FSDPStrategy(wrap_modules=["visiontf.models.vqgan.transformer.Block"])
-    from visiontf.models.vqgan.transformer import Block
+    strategy = FSDPStrategy(wrap_modules=["visiontf.models.vqgan.gpt.Block"])
+    from visiontf.models.vqgan.gpt import Block
 
     assert strategy.kwargs["auto_wrap_policy"]._module_classes == {Block}  # Lightning turns the set into a policy
     with pytest.raises(ValueError, match="not an importable class"):
-        FSDPStrategy(wrap_modules=["visiontf.models.vqgan.transformer.NoSuchBlock"])
+        FSDPStrategy(wrap_modules=["visiontf.models.vqgan.gpt.NoSuchBlock"])

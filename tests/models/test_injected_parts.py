@@ -109,7 +109,7 @@ def test_a_config_swaps_the_backbone_and_neck_with_flat_keywords(tmp_path):
 
 def test_detr_takes_its_parts_and_its_builder_the_flat_keywords():
     from visiontf.models.detr.detr import DETR, DetrTransformer, build_detr
-    from visiontf.models.detr.segm import DETRSegm
+    from visiontf.models.detr.detr_segm import DETRSegm
 
     params = inspect.signature(DETR.__init__).parameters
     assert len(params) <= 12 and list(params)[1:5] == ["backbone", "position_embedding", "input_proj", "transformer"], list(params)

@@ -9,9 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from visiontf.adapters.detection import ATTENTION_PICTURES
-from visiontf.adapters.task_table import TASK_TABLE, import_class
-from visiontf.detection.postprocess import POSTPROCESS_BY_CLASS_HEAD
 from visiontf.models import create_model, get_entry, list_models
 from visiontf.models.contract import (
     MODEL_KINDS,
@@ -28,6 +25,9 @@ from visiontf.models.contract import (
 )
 from visiontf.models.mask_options import MaskOptions
 from visiontf.models.postprocess_options import PostprocessOptions
+from visiontf.set_prediction.postprocess import POSTPROCESS_BY_CLASS_HEAD
+from visiontf.tasks.detection.detection_inference import ATTENTION_PICTURES
+from visiontf.tasks.task_table import TASK_TABLE, import_class
 
 #: every family module: where each registered name's function is defined
 FAMILIES = sorted({get_entry(name).fn.__module__ for name in list_models()})
@@ -123,7 +123,7 @@ def test_merged_keeps_unset_fields_and_to_dict_drops_them():
 
 
 def test_a_task_refuses_a_model_of_another_kind():
-    from visiontf.tasks.segmentation import SegmentationTask
+    from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
     with pytest.raises(ValueError, match=r"'vit_tiny_patch16_224' is a VisionTransformer, not a Segmenter"):
         SegmentationTask(model_name="vit_tiny_patch16_224", num_classes=3, model_kwargs={"img_size": 32, "depth": 1})

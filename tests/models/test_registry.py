@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visiontf.adapters.base import get_adapter
 from visiontf.inference.export import export_onnx, onnx_max_abs_diff
 from visiontf.inference.onnx_check import check_onnx
 from visiontf.io.weights import save_model
 from visiontf.models import create_model, get_entry, list_models, load_model
+from visiontf.tasks.task_inference import get_adapter
 
 MODELS = list_models()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visiontf.detection import HungarianMatcher, SetCriterion
 from visiontf.models.deformable_detr.queries import self_attn_mask
-from visiontf.tasks.detection import DetectionTask
+from visiontf.set_prediction import HungarianMatcher, SetCriterion
+from visiontf.tasks.detection.detection_task import DetectionTask
 
 TINY = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=32, num_queries=5)
 

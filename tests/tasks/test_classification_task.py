@@ -3,10 +3,10 @@ import lightning as L
 import pytest
 import torch
 
-from visiontf.data.classification import ClassificationDataModule
-from visiontf.data.synthetic.classification import make_classification_dataset
-from visiontf.tasks.base import NonFiniteLossError
-from visiontf.tasks.classification import ClassificationTask
+from visiontf.tasks.base_task import NonFiniteLossError
+from visiontf.tasks.classification.classification_data import ClassificationDataModule
+from visiontf.tasks.classification.classification_synthetic import make_classification_dataset
+from visiontf.tasks.classification.classification_task import ClassificationTask
 
 TINY = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "num_heads": 2}
 

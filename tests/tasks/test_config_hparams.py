@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from visiontf.data.classification import ClassificationDataModule
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.segmentation import SegmentationDataModule
-from visiontf.tasks.classification import ClassificationTask
-from visiontf.tasks.detection import DetectionTask
-from visiontf.tasks.segmentation import SegmentationTask
+from visiontf.tasks.classification.classification_data import ClassificationDataModule
+from visiontf.tasks.classification.classification_task import ClassificationTask
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.detection_task import DetectionTask
+from visiontf.tasks.segmentation.segmentation_data import SegmentationDataModule
+from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = [(ClassificationTask, ClassificationDataModule), (DetectionTask, CocoDataModule),

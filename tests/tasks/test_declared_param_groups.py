@@ -11,7 +11,7 @@ import yaml
 from torch import nn
 
 from visiontf.core.config_checks import ConfigError
-from visiontf.tasks.detection import DetectionTask
+from visiontf.tasks.detection.detection_task import DetectionTask
 from visiontf.tasks.optim import ParamGroupRule, param_kinds, rule_groups
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -13,12 +13,12 @@ import torch
 import yaml
 from torch import nn
 
-import visiontf.detection.set_loss as set_loss
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.synthetic.detection import make_detection_dataset
-from visiontf.detection import DeformablePostProcess, PostProcess, SetCriterion
+import visiontf.set_prediction.set_loss as set_loss
 from visiontf.models.contract import Detector
-from visiontf.tasks.detection import DetectionTask, split_loss_terms
+from visiontf.set_prediction import DeformablePostProcess, PostProcess, SetCriterion
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
+from visiontf.tasks.detection.detection_task import DetectionTask, split_loss_terms
 
 ROOT = Path(__file__).resolve().parents[2]
 # a small deformable model: ResNet-18 trunk, d 64, 1 + 2 layers, 12 queries

@@ -16,10 +16,10 @@ from cli_runner import run_tools
 from PIL import Image
 
 import visiontf
-from visiontf.data.depth import DepthDataModule
-from visiontf.data.synthetic.depth import DEPTH_SCALE, FAR, make_depth_dataset
 from visiontf.models.contract import DepthEstimator
-from visiontf.tasks.depth import depth_terms
+from visiontf.tasks.depth.depth_data import DepthDataModule
+from visiontf.tasks.depth.depth_synthetic import DEPTH_SCALE, FAR, make_depth_dataset
+from visiontf.tasks.depth.depth_task import depth_terms
 
 TINY = {"img_size": (32, 40), "encoder_kwargs": {"patch_size": 8, "depth": 1, "embed_dim": 48, "num_heads": 3}, "channels": 16}
 

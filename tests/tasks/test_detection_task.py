@@ -8,10 +8,10 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
 
-from visiontf.data.coco import CocoDataModule
-from visiontf.data.synthetic.detection import make_detection_dataset
 from visiontf.models.contract import Detector
-from visiontf.tasks.detection import DetectionTask
+from visiontf.tasks.detection.coco_data import CocoDataModule
+from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
+from visiontf.tasks.detection.detection_task import DetectionTask
 
 TINY_DETR = {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 8}
 SIZES = {"scales": [64, 80], "max_size": 112, "crop_scales": [64], "crop_size": [48, 64], "val_size": 72}

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from visiontf.core.config_checks import ConfigError
-from visiontf.tasks.detection import DetectionTask
+from visiontf.tasks.detection.detection_task import DetectionTask
 from visiontf.tasks.optim import FlatCosine, build_flat_cosine
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

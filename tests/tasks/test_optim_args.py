@@ -13,13 +13,13 @@ import lightning as L
 import pytest
 import torch
 
-from visiontf.tasks.classification import ClassificationTask
-from visiontf.tasks.depth import DepthTask
-from visiontf.tasks.detection import DetectionTask
+from visiontf.tasks.classification.classification_task import ClassificationTask
+from visiontf.tasks.depth.depth_task import DepthTask
+from visiontf.tasks.detection.detection_task import DetectionTask
+from visiontf.tasks.generation.tokenizer_task import TokenizerTask
 from visiontf.tasks.optim import OptimArgs, OptimArgsMixin
-from visiontf.tasks.restoration import RestorationTask
-from visiontf.tasks.segmentation import SegmentationTask
-from visiontf.tasks.tokenizer import TokenizerTask
+from visiontf.tasks.restoration.restoration_task import RestorationTask
+from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
 TASKS = (ClassificationTask, DetectionTask, SegmentationTask, RestorationTask, DepthTask)
 TINY_VIT = {"img_size": 32, "patch_size": 8, "depth": 1, "embed_dim": 48, "num_heads": 3}

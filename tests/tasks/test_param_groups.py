@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visiontf.tasks.classification import ClassificationTask
-from visiontf.tasks.detection import DetectionTask
-from visiontf.tasks.segmentation import SegmentationTask
+from visiontf.tasks.classification.classification_task import ClassificationTask
+from visiontf.tasks.detection.detection_task import DetectionTask
+from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
 
 def _old_classification(model, hp):

@@ -11,12 +11,12 @@ import pytest
 import torch
 from ipt_helpers import RECIPE, toy_overrides
 
-from visiontf.evaluation.restoration import calc_psnr
-from visiontf.evaluation.restoration_metric import RestorationScores
 from visiontf.models import create_model
 from visiontf.models.ipt.task_names import PRETRAIN_TASKS
 from visiontf.tasks.checkpoints import CheckpointError, check_checkpoint_fits
-from visiontf.tasks.restoration import RestorationTask, bicubic_upscale, patch_contrastive_loss
+from visiontf.tasks.restoration.restoration_measures import calc_psnr
+from visiontf.tasks.restoration.restoration_metric import RestorationScores
+from visiontf.tasks.restoration.restoration_task import RestorationTask, bicubic_upscale, patch_contrastive_loss
 
 
 def test_bicubic_upscale_is_matlabs_imresize():

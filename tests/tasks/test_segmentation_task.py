@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from visiontf.tasks.segmentation import SegmentationTask, segmentation_scores
+from visiontf.tasks.segmentation.segmentation_task import SegmentationTask, segmentation_scores
 
 IGN = 255
 # 4x4 ground truth with a 2x2 ignored corner; class 3 never appears in it
@@ -136,8 +136,8 @@ def test_short_fit_logs_miou(tmp_path):
 
 @pytest.mark.slow
 def test_fit_with_the_segmentation_datamodule(tmp_path):
-    seg = pytest.importorskip("visiontf.data.segmentation")
-    synth = pytest.importorskip("visiontf.data.synthetic.segmentation")
+    seg = pytest.importorskip("visiontf.tasks.segmentation.segmentation_data")
+    synth = pytest.importorskip("visiontf.tasks.segmentation.segmentation_synthetic")
     root = synth.make_segmentation_dataset(tmp_path / "seg", num_train=4, num_val=2, num_classes=3, image_size=(64, 64))
     dm = seg.SegmentationDataModule(root, layout="generic", crop_size=64, base_size=(64, 64), batch_size=2,
                                     num_workers=0, photometric=False)

@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from visiontf.io.weights import WeightsError
 from visiontf.models.vqgan.discriminator import NLayerDiscriminator
 from visiontf.models.vqgan.quantize import VectorQuantizer2
-from visiontf.tasks.tokenizer import TokenizerTask
-from visiontf.tasks.vqgan_loss import LPIPSWeightsMissing, adaptive_weight, code_usage, hinge_d_loss, load_lpips
+from visiontf.tasks.generation.tokenizer_task import TokenizerTask
+from visiontf.tasks.generation.vqgan_loss import LPIPSWeightsMissing, adaptive_weight, code_usage, hinge_d_loss, load_lpips
 
 #: a VQGAN small enough for a test step (GroupNorm needs multiples of 32 channels)
 TOY = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "n_embed": 16, "embed_dim": 4,

@@ -1,6 +1,6 @@
 """What a detection evaluation shows beyond its 12 numbers, written to files and to every logger.
 
-At the end of each validation and test of a :class:`~visiontf.tasks.detection.DetectionTask` (rank 0;
+At the end of each validation and test of a :class:`~visiontf.tasks.detection.detection_task.DetectionTask` (rank 0;
 the COCO metric has every rank's detections by then):
 
 * the per-class table (AP, AP50, AP75, AR@100, instances), logged at INFO as mmdetection prints it,
@@ -39,7 +39,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from visiontf.callbacks.logger_sinks import log_files, log_image, log_table
 from visiontf.evaluation.readouts.per_class import PER_CLASS_COLUMNS
 from visiontf.evaluation.readouts.readouts import PR_IOUS, DetectionReport, write_readouts
-from visiontf.tasks.detection import DetectionTask
+from visiontf.tasks.detection.detection_task import DetectionTask
 
 log = logging.getLogger(__name__)
 

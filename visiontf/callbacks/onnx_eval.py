@@ -2,7 +2,7 @@
 
 ``tools/eval.py --config C.yaml --ckpt_path K.ckpt --onnx model.onnx`` adds this callback: for validation, test
 and prediction it puts an :class:`OnnxRuntimeModel` in place of the task's PyTorch model, so the same data module,
-post-processing and COCO evaluator (:class:`~visiontf.evaluation.coco_metric.CocoMetric`) score what onnxruntime
+post-processing and COCO evaluator (:class:`~visiontf.tasks.detection.coco_metric.CocoMetric`) score what onnxruntime
 computes. Run once with and once without ``--onnx`` to compare the export with the checkpoint it came from. In a
 config::
 
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from visiontf.adapters.base import get_adapter
+from visiontf.tasks.task_inference import get_adapter
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 from torch import Tensor
 
-from visiontf.adapters import get_adapter
 from visiontf.callbacks.logger_sinks import log_image
 from visiontf.data.base import trainer_datamodule
+from visiontf.tasks.task_inference import get_adapter
 
 log = logging.getLogger(__name__)
 

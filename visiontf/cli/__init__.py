@@ -5,7 +5,7 @@
   (``tools/predict.py``, ``tools/export.py``).
 * :mod:`visiontf.cli.demo`: ``make demo`` (``tools/demo.py``); its recipe is ``DEMO_CONFIG``.
 * :mod:`visiontf.cli.app`: the local web app (``tools/app.py``, Gradio: ``pip install visiontf[app]``).
-* :mod:`visiontf.cli.errors`: every tool's ``main`` runs through ``run_tool``: a user mistake ends
+* :mod:`visiontf.cli.tool_errors`: every tool's ``main`` runs through ``run_tool``: a user mistake ends
   as one line on stderr and exit code 2 (``--debug`` or ``VISIONTF_DEBUG=1`` for the traceback).
 
 Names resolve lazily, so the predict/export path never imports Lightning's CLI machinery.

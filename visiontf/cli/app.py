@@ -1,7 +1,7 @@
 """``tools/app.py --ckpt_path K``: a local web app to try a model by dropping images on it (Gradio).
 
 One page for every task: an image (or a batch of files) in; the task adapter's picture of the result
-(:meth:`~visiontf.adapters.base.TaskAdapter.view`: boxes and labels, segmentation overlays, a restored
+(:meth:`~visiontf.tasks.task_inference.TaskAdapter.view`: boxes and labels, segmentation overlays, a restored
 image beside its input, a VQGAN reconstruction beside the original), a one-line summary, the top
 classes of a classifier, the predictions as JSON and as a download. For detectors a score slider
 redraws the boxes without running the model again (the model keeps every detection; the slider filters).
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from visiontf.cli.checks import checkpoint_file, weights_file
-from visiontf.cli.errors import debug_enabled, run_tool, user_message
+from visiontf.cli.tool_errors import debug_enabled, run_tool, user_message
 from visiontf.core.arguments import ToolParser
 from visiontf.core.errors import UsageError
 from visiontf.models.contract import Detector

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from visiontf.cli.errors import run_tool
+from visiontf.cli.tool_errors import run_tool
 from visiontf.core.arguments import ToolParser
 from visiontf.core.errors import UserError
 
@@ -78,10 +78,10 @@ def draw_pictures(ckpt: Path, ann_file: Path, images_dir: Path, out: Path, num: 
     ``demo_detections.png``: all of them stacked (the README's picture)."""
     import torch
 
-    from visiontf.adapters.drawing import compare_detections, save_image, side_by_side
-    from visiontf.data.files.coco_annotations import load_coco_json, parse_coco
     from visiontf.data.io import read_image
     from visiontf.inference.predictor import Predictor
+    from visiontf.tasks.detection.coco_annotations import load_coco_json, parse_coco
+    from visiontf.tasks.drawing import compare_detections, save_image, side_by_side
 
     index = parse_coco(load_coco_json(ann_file), ann_file)
     predictor = Predictor.from_checkpoint(ckpt, device="cpu")

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Evaluate a results file (no torch) or a checkpoint (``validate`` through the training CLI)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if is_results_file_mode(args):
-        from visiontf.cli.errors import run_tool
+        from visiontf.cli.tool_errors import run_tool
         from visiontf.evaluation.coco import main as results_main
 
         return run_tool(results_main, args, prog="eval.py")

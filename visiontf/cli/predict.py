@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from visiontf.cli.checks import checkpoint_file, input_paths, output_folder, weights_file
-from visiontf.cli.errors import run_tool
+from visiontf.cli.tool_errors import run_tool
 from visiontf.core.arguments import ToolParser
 from visiontf.core.errors import UsageError
 
@@ -76,8 +76,8 @@ def _data_parser():
     any VisionDataModule, untyped arguments taken as they are, mistakes raised instead of printed)."""
     from jsonargparse import ArgumentParser
 
-    from visiontf.adapters.task_table import data_module_class_paths, import_class
     from visiontf.data.base import VisionDataModule
+    from visiontf.tasks.task_table import data_module_class_paths, import_class
 
     # every data module of the task table imported, so that a short class_path ("CocoDataModule")
     # resolves among the imported subclasses as it does for tools/train.py
@@ -123,7 +123,7 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
             raise UsageError(f"--data.{next(iter(overrides))}: --config {path} has no data section with a class_path "
                              "to apply it to; give the config the model was trained with")
         return None, {}
-    from visiontf.cli.errors import user_message
+    from visiontf.cli.tool_errors import user_message
 
     parser = _data_parser()
     # the config's section first, then the overrides over it, in the command line's order
@@ -170,9 +170,9 @@ def resolve_classes(saved_names: Sequence[str] | None, saved_ids: dict[int, int]
 
 # ---------------------------------------------------------------------------------------- task options
 def task_options() -> dict[str, tuple[Any, ...]]:
-    """Each task's ``tools/predict.py`` options (:class:`~visiontf.adapters.settings.PredictOption`), declared
+    """Each task's ``tools/predict.py`` options (:class:`~visiontf.tasks.eval_settings.PredictOption`), declared
     by its adapter (importing the adapters imports torch)."""
-    from visiontf.adapters.task_table import TASK_TABLE, import_class
+    from visiontf.tasks.task_table import TASK_TABLE, import_class
 
     return {task: tuple(import_class(row.adapter).predict_options) for task, row in TASK_TABLE.items()}
 
@@ -203,11 +203,11 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     Preprocessing: the settings saved with the checkpoint or export, the task's options on top (the
     ``--config`` gives class names and category ids only).
     """
-    from visiontf.adapters.base import get_adapter
     from visiontf.inference.predictor import Predictor, saved_settings
     from visiontf.io.weights import labels_path, read_labels_file
     from visiontf.models import load_model
     from visiontf.tasks.checkpoints import load_checkpoint_model
+    from visiontf.tasks.task_inference import get_adapter
 
     config = getattr(args, "config", None)
     dm, _ = datamodule_from_config(config, data_overrides, required=bool(data_overrides))
@@ -384,11 +384,11 @@ def _export(argv: Sequence[str]) -> int:
 
     import torch
 
-    from visiontf.adapters.base import get_adapter
     from visiontf.inference.export import export_model
     from visiontf.inference.onnx_check import ExportTolerance
     from visiontf.inference.predictor import saved_settings
     from visiontf.tasks.checkpoints import load_checkpoint_model
+    from visiontf.tasks.task_inference import get_adapter
 
     model, info = load_checkpoint_model(ckpt)
     dm, _ = datamodule_from_config(args.config, data_overrides, required=bool(data_overrides))

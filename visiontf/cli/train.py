@@ -3,7 +3,7 @@
 Subclass mode: the YAML's ``model.class_path`` and ``data.class_path`` choose the task and data
 module. ``data.num_classes`` is linked into ``model.init_args.num_classes`` at instantiation.
 
-Mistakes end as one line (:func:`visiontf.cli.errors.run_tool`): the parsers raise instead of
+Mistakes end as one line (:func:`visiontf.cli.tool_errors.run_tool`): the parsers raise instead of
 printing the usage (``exit_on_error=False``) and refuse abbreviated options (``allow_abbrev=False``:
 ``--trainer.max_epoch 3`` is an error, not ``max_epochs``); a ``--ckpt_path`` is checked against the
 config's model before Lightning loads it (:func:`check_ckpt_path`). ``last.ckpt`` is always the latest
@@ -32,15 +32,14 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _get_module_type, _InstantiatorFn
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from visiontf.adapters.task_table import data_module_class_paths, import_class, task_class_paths
 from visiontf.callbacks import LastAndBestCheckpoint, RNGStateCheckpoint
 from visiontf.callbacks.checkpoint_io import install_atomic_checkpoint_io
 from visiontf.callbacks.detection_readouts import DetectionReadouts
 from visiontf.callbacks.epoch_lines import EpochLines
 from visiontf.callbacks.validation_schedule import ValidationSchedule
 from visiontf.cli.checks import checkpoint_file
-from visiontf.cli.errors import run_tool
-from visiontf.cli.precision import resolve_cpu_precision
+from visiontf.cli.cpu_precision import resolve_cpu_precision
+from visiontf.cli.tool_errors import run_tool
 from visiontf.core.arguments import unknown_option_error, unknown_options
 from visiontf.core.errors import UsageError, UserError
 from visiontf.core.progress import set_progress
@@ -53,6 +52,7 @@ from visiontf.tasks.checkpoints import (
     resolve_checkpoint,
     run_checkpoint_dir,
 )
+from visiontf.tasks.task_table import data_module_class_paths, import_class, task_class_paths
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 for _class_path in (*task_class_paths(), *data_module_class_paths()):
     import_class(_class_path)
 
-#: the parsers' settings: raise on errors (one line, see visiontf.cli.errors), no abbreviated options
+#: the parsers' settings: raise on errors (one line, see visiontf.cli.tool_errors), no abbreviated options
 _PARSER_KWARGS = {"exit_on_error": False, "allow_abbrev": False}
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -146,7 +146,7 @@ class VisionCLI(LightningCLI):
         parser.add_argument(
             "--precision_without_native_bf16", type=str | None, default=None,
             help="the trainer.precision used instead of a bf16 one on a CPU without native bf16 (e.g. 32-true; "
-                 "bf16 is emulated there, many times slower); null: trainer.precision as given (visiontf.cli.precision)")
+                 "bf16 is emulated there, many times slower); null: trainer.precision as given (visiontf.cli.cpu_precision)")
         parser.add_argument(
             "--torch_num_threads", type=int | None, default=None,
             help="torch's intra-op CPU threads for this run (torch.set_num_threads); null: torch's default (all cores). "

@@ -6,7 +6,7 @@
 * Abbreviations are refused (``--score 0.5`` is not ``--score_threshold 0.5``): an abbreviation that
   works today silently changes meaning when an option is added.
 * A parsing mistake raises :class:`UsageError` naming the option and, for an unknown one, the closest
-  known options; :func:`visiontf.cli.errors.run_tool` prints it as one line and exits with code 2.
+  known options; :func:`visiontf.cli.tool_errors.run_tool` prints it as one line and exits with code 2.
 
 Standard library only, so every layer's ``main`` may use it without importing torch.
 """
@@ -59,7 +59,7 @@ def unknown_option_error(name: str, known: Iterable[str], prog: str | None = Non
 class ToolParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` with visiontf's conventions (see the module docstring).
 
-    ``--debug`` is listed in every tool's help; :func:`visiontf.cli.errors.run_tool` reads it (or
+    ``--debug`` is listed in every tool's help; :func:`visiontf.cli.tool_errors.run_tool` reads it (or
     ``VISIONTF_DEBUG=1``) and shows the full traceback of an error instead of one line.
     """
 

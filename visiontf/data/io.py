@@ -104,7 +104,7 @@ def read_image(path: str | Path) -> np.ndarray:
     if _is_16bit_rgb_png(path):
         import cv2
 
-        # rounded to 8 bits (x / 257) as the restoration reader does (visiontf.data.files.restoration.read_rgb8),
+        # rounded to 8 bits (x / 257) as the restoration reader does (visiontf.tasks.restoration.restoration_files.read_rgb8),
         # so a 16-bit photo is predicted from the pixels it was evaluated on; PNG carries no EXIF rotation
         bgr = cv2.imdecode(np.fromfile(str(path), dtype=np.uint8), cv2.IMREAD_UNCHANGED)
         if bgr is not None and bgr.dtype == np.uint16 and bgr.ndim == 3 and bgr.shape[2] == 3:

@@ -107,7 +107,7 @@ def _pad_to(masks: Tensor, h: int, w: int) -> Tensor:
 
 
 class MixUpCollate:
-    """The detection collate (:func:`visiontf.data.datasets.coco.collate_detection`'s padding) with :class:`MixUp`.
+    """The detection collate (:func:`visiontf.tasks.detection.coco_dataset.collate_detection`'s padding) with :class:`MixUp`.
 
     Each target carries its sample's ``epoch`` (the data module's epoch-tagged training dataset), which is removed here.
     """

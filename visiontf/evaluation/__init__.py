@@ -13,14 +13,9 @@ _LAZY = {
     "STAT_NAMES": "visiontf.evaluation.coco",
     "METRIC_NAMES": "visiontf.evaluation.coco",
     "COCO_STATS": "visiontf.evaluation.coco",
-    "CocoMetric": "visiontf.evaluation.coco_metric",
     "per_class_rows": "visiontf.evaluation.readouts.per_class",
     "detection_confusion_matrix": "visiontf.evaluation.readouts.confusion",
     "tide_errors": "visiontf.evaluation.readouts.tide",
-    "segmentation_scores": "visiontf.evaluation.segmentation",
-    "calc_psnr": "visiontf.evaluation.restoration",
-    "calc_ssim": "visiontf.evaluation.restoration",
-    "quantize": "visiontf.evaluation.restoration",
 }
 
 __all__ = sorted(_LAZY)

@@ -39,7 +39,7 @@ COCO_STATS = (
 )
 #: The stats' names as :func:`evaluate_coco` returns them.
 STAT_NAMES = tuple(name for name, _ in COCO_STATS)
-#: The stats' names as :class:`~visiontf.evaluation.coco_metric.CocoMetric` returns and the tasks log them.
+#: The stats' names as :class:`~visiontf.tasks.detection.coco_metric.CocoMetric` returns and the tasks log them.
 METRIC_NAMES = tuple(metric for _, metric in COCO_STATS)
 # (ap, iouThr, areaRng, maxDets) of each line of COCOeval.summarize(), to print the same table.
 _LINES = (
@@ -430,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Prints the 12-line COCO table; writes the named stats as JSON when ``--output`` is given;
     ``--per_class`` and ``--readouts``: :mod:`visiontf.evaluation.readouts.readouts`.
     Unusable input raises :class:`CocoEvalError`, which the tools print as one line with exit code 2
-    (:func:`visiontf.cli.errors.run_tool`).
+    (:func:`visiontf.cli.tool_errors.run_tool`).
     """
     from visiontf.core.arguments import ToolParser
 

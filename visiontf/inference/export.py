@@ -40,11 +40,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from visiontf.adapters.base import Task, get_adapter
-from visiontf.adapters.settings import EvalSettings
 from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, ExportTolerance, check_onnx, onnx_and_torch_outputs
 from visiontf.models.backbones.backbone import fixed_position_tables
 from visiontf.nn.ms_deform_attn import MSDeformAttn
+from visiontf.tasks.eval_settings import EvalSettings
+from visiontf.tasks.task_inference import Task, get_adapter
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def exportable_attention(model: nn.Module) -> Iterator[nn.Module]:
 def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | None = None, task: Task | None = None,
                 opset: int | None = None) -> Path:
     """Write ``model`` as an ONNX graph (see the module docstring for its inputs and outputs) in ``opset``
-    (by default the task's, :attr:`~visiontf.adapters.base.TaskAdapter.onnx_opset`)."""
+    (by default the task's, :attr:`~visiontf.tasks.task_inference.TaskAdapter.onnx_opset`)."""
     adapter = get_adapter(model, task)
     opset = adapter.onnx_opset if opset is None else opset
     path = Path(path)

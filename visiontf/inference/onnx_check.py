@@ -9,7 +9,7 @@ exports. The check therefore compares:
   (numpy's ``allclose`` rule; :class:`ExportTolerance`);
 * what the task's users consume, through the adapter's ``onnx_disagreements``: for detection the
   post-processed detections (boxes in pixels, scores, labels), tie-aware
-  (:func:`visiontf.detection.agreement.detections_disagreement`).
+  (:func:`visiontf.set_prediction.agreement.detections_disagreement`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from visiontf.adapters.base import Task, get_adapter
+from visiontf.tasks.task_inference import Task, get_adapter
 
 __all__ = ["DEFAULT_TOLERANCE", "ExportTolerance", "check_onnx", "onnx_and_torch_outputs"]
 

@@ -20,9 +20,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from visiontf.adapters.base import PreprocessModule, Task, TaskAdapter, get_adapter, infer_task
-from visiontf.adapters.settings import EvalSettings
-from visiontf.adapters.task_table import TASKS
 from visiontf.core.errors import UserError
 from visiontf.data.inputs import (
     InputError,
@@ -35,6 +32,9 @@ from visiontf.data.inputs import (
 )
 from visiontf.io.weights import labels_path, read_labels_file, write_labels_file
 from visiontf.tasks.checkpoints import load_checkpoint_model
+from visiontf.tasks.eval_settings import EvalSettings
+from visiontf.tasks.task_inference import PreprocessModule, Task, TaskAdapter, get_adapter, infer_task
+from visiontf.tasks.task_table import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Predictor:
         label_to_cat_id: detection label -> dataset category id (for COCO results files).
         postprocess: detection post-processing options over the model's own (a checkpoint's), e.g.
             ``{"nms_iou_threshold": 0.6}`` (0 or -1: no NMS), ``num_top``, ``nms_class_agnostic``
-            (:func:`visiontf.detection.set_postprocess`; the model is changed in place).
+            (:func:`visiontf.set_prediction.set_postprocess`; the model is changed in place).
         precision: ``"32-true"``, or ``"bf16-mixed"`` / ``"16-mixed"`` to run the model under
             ``torch.autocast`` as a Trainer with that precision validates (bf16 is fast on GPUs and
             on CPUs with native bf16; results are returned in float32).

@@ -4,18 +4,18 @@ registers its model names with :func:`register_model` as it loads (the table is
 # registration happens on import: every module that registers names (plain imports, so that the
 # package names visiontf.models.detr, .setr, ... stay the family packages)
 import visiontf.models.deformable_detr.deformable_detr
+import visiontf.models.deformable_detr.deformable_detr_segm
 import visiontf.models.deformable_detr.dino
 import visiontf.models.deformable_detr.dino_backbones
-import visiontf.models.deformable_detr.segm
 import visiontf.models.detr.detr
-import visiontf.models.detr.segm
+import visiontf.models.detr.detr_segm
 import visiontf.models.dfine.dfine
 import visiontf.models.ipt.ipt
 import visiontf.models.rtdetr.rtdetr
 import visiontf.models.setr.setr
 import visiontf.models.vit.depth
 import visiontf.models.vit.vit
-import visiontf.models.vqgan.transformer
+import visiontf.models.vqgan.gpt
 import visiontf.models.vqgan.vqgan  # noqa: F401
 from visiontf.models._registry import (
     ModelArgumentError,

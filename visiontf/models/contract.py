@@ -165,13 +165,13 @@ class Detector(VisionModel):
 
     num_classes: int = 0
     #: how logits become scores: "softmax" (K + 1, the last "no object") or "sigmoid" (K, focal loss);
-    #: picks the matcher, the loss and the post-processing (visiontf.detection)
+    #: picks the matcher, the loss and the post-processing (visiontf.set_prediction)
     class_head: str = "softmax"
     #: training steps pass the batch's targets (denoising queries are built from them)
     forward_takes_targets: bool = False
     #: which attention picture ``tools/predict.py --attention`` draws: "maps" or "sampling_points"
     attention_picture: str = "maps"
-    #: post-processing settings (replaced at evaluation by visiontf.detection.set_postprocess)
+    #: post-processing settings (replaced at evaluation by visiontf.set_prediction.set_postprocess)
     postprocess_options: PostprocessOptions = PostprocessOptions()
     #: a mask head's post-processing settings; None: the detector predicts no masks (``pred_masks``)
     mask_options: MaskOptions | None = None

@@ -1,7 +1,7 @@
 """A detector's post-processing settings, as torchvision keeps ``score_thresh``/``nms_thresh`` on the model.
 
 They live with the model (saved in its constructor arguments, so a checkpoint carries them) and can be
-replaced at evaluation or prediction without touching a weight: :func:`visiontf.detection.set_postprocess`.
+replaced at evaluation or prediction without touching a weight: :func:`visiontf.set_prediction.set_postprocess`.
 """
 from __future__ import annotations
 

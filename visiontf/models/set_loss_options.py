@@ -1,10 +1,10 @@
 """A detector's own matcher and set-loss settings: an optional capability, as :class:`~visiontf.models.contract.AttentionRollout` is.
 
 A detector's ``class_head`` gives the family defaults of its convention
-(:data:`visiontf.detection.set_loss.SET_LOSS_BY_CLASS_HEAD`: DETR's softmax, Deformable DETR's focal).
+(:data:`visiontf.set_prediction.set_loss.SET_LOSS_BY_CLASS_HEAD`: DETR's softmax, Deformable DETR's focal).
 A family trained with other published settings on the same logits (RT-DETR: the varifocal loss with
 weights 1 / 5 / 2) says so by implementing :class:`OwnSetLoss`, whose typed :class:`SetLossOptions`
-replace the class head's defaults in :func:`visiontf.detection.build_criterion`; a task's named
+replace the class head's defaults in :func:`visiontf.set_prediction.build_criterion`; a task's named
 overrides and ``criterion_kwargs`` still go on top.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ class SetLossOptions:
     """The Hungarian matcher's costs and the set loss of a sigmoid-head detector.
 
     Args:
-        class_loss: the class term (``visiontf.detection.SetCriterion``'s ``class_loss``: ``"focal"``,
+        class_loss: the class term (``visiontf.set_prediction.SetCriterion``'s ``class_loss``: ``"focal"``,
             ``"vfl"``, ``"ia_bce"``, ``"mal"``).
         cost_class, cost_bbox, cost_giou: the matching costs (focal class cost).
         focal_alpha, focal_gamma: of the focal matching cost (and of the focal / IA-BCE losses; the
@@ -50,12 +50,12 @@ class SetLossOptions:
             raise ValueError("loss weights must be >= 0")
 
     def matcher_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``visiontf.detection.HungarianMatcher``."""
+        """Keyword arguments of ``visiontf.set_prediction.HungarianMatcher``."""
         return {"class_cost": "focal", "cost_class": self.cost_class, "cost_bbox": self.cost_bbox, "cost_giou": self.cost_giou,
                 "focal_alpha": self.focal_alpha, "focal_gamma": self.focal_gamma}
 
     def criterion_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``visiontf.detection.SetCriterion`` other than the weights."""
+        """Keyword arguments of ``visiontf.set_prediction.SetCriterion`` other than the weights."""
         return {"class_loss": self.class_loss, "focal_alpha": self.focal_alpha, "focal_gamma": self.focal_gamma}
 
     def weight_dict(self) -> dict[str, float]:
@@ -66,7 +66,7 @@ class SetLossOptions:
 class FineGrainedLossOptions(SetLossOptions):
     """D-FINE's set loss (Peng et al., ICLR 2025) and DEIM's (Huang et al., CVPR 2025): the class and box terms of
     :class:`SetLossOptions` plus the distribution terms of a box head that predicts each edge as a distribution
-    (:class:`visiontf.detection.fine_grained.FineGrainedCriterion` computes them).
+    (:class:`visiontf.set_prediction.fine_grained.FineGrainedCriterion` computes them).
 
     Args:
         class_gamma: the class loss's gamma where it differs from the matcher's ``focal_gamma`` (DEIM: 1.5 for the

@@ -15,7 +15,7 @@ class PackedTokens:
 
     Deformable DETR's encoder output at padded positions is never used (those values are zeroed
     wherever they are read), so its per-token work (projections, FFN, attention queries) can skip
-    them: :class:`~visiontf.models.deformable_detr.transformer.DeformableTransformerEncoder` packs the
+    them: :class:`~visiontf.models.deformable_detr.deformable_transformer.DeformableTransformerEncoder` packs the
     tokens with this and the attention reads packed queries and values.
 
     Attributes:

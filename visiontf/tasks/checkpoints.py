@@ -268,7 +268,7 @@ def checkpoint_classes(*trusted: type | None) -> dict[str, type]:
     """The classes a checkpoint may name, by every spelling (``module.Class``, ``module:Class``, ``Class``): the
     task table's tasks and data modules (visiontf's own, imported here) and ``trusted`` (the classes that the
     user's own config or call names)."""
-    from visiontf.adapters.task_table import data_module_class_paths, import_class, task_class_paths
+    from visiontf.tasks.task_table import data_module_class_paths, import_class, task_class_paths
 
     ours = [import_class(p) for p in (*task_class_paths(), *data_module_class_paths())]
     return spelled([*ours, *(t for t in trusted if t is not None)])
@@ -331,8 +331,8 @@ def checkpoint_task(ckpt: dict[str, Any]) -> str | None:
     name = _saved_hparams(ckpt).get("model_name")
     if not isinstance(name, str) or not name:
         return None
-    from visiontf.adapters.task_table import TASKS
     from visiontf.models import get_entry
+    from visiontf.tasks.task_table import TASKS
 
     try:
         tags = get_entry(name).tags

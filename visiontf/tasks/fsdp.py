@@ -53,7 +53,7 @@ def _import_class(path: str) -> type[nn.Module]:
         cls = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as e:
         raise ValueError(f"FSDPStrategy: wrap_modules entry {path!r} is not an importable class "
-                         "(give module.path.ClassName, e.g. visiontf.models.vqgan.transformer.Block)") from e
+                         "(give module.path.ClassName, e.g. visiontf.models.vqgan.gpt.Block)") from e
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ValueError(f"FSDPStrategy: wrap_modules entry {path!r} is not an nn.Module class")
     return cls

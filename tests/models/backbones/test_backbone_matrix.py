@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import visiontf
-from visiontf.detection import build_criterion
 from visiontf.inference.export import example_inputs, export_onnx
 from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, onnx_and_torch_outputs
 from visiontf.models.backbones.registry import backbone_examples, find_backbone, list_backbones
+from visiontf.set_prediction import build_criterion
 
 #: one row per example of every registered backbone kind (register_backbone's ``examples``: a torchvision ResNet,
 #: timm's CNN, Swin (NHWC) and ViT, visiontf's ViT, the simple feature pyramid on visiontf's ViT (windows) and on

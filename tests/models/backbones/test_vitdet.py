@@ -9,7 +9,7 @@ import torch
 
 import visiontf
 from visiontf.models.backbones.build import build_backbone
-from visiontf.tasks.detection import DetectionTask
+from visiontf.tasks.detection.detection_task import DetectionTask
 from visiontf.tasks.optim import layer_decay_groups
 
 OURS = dict(depth=4)  # visiontf's ViT-Ti/16, 4 blocks

@@ -30,9 +30,9 @@ from deformable_helpers import (
 from deformable_helpers import hf_deformable_detr as _hf
 from safetensors.torch import save_file, save_model
 
-from visiontf.detection import DeformablePostProcess
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.convert import VARIANT_MODELS, checkpoint_variant, convert_state_dict, detect_format
+from visiontf.set_prediction import DeformablePostProcess
 
 #: largest difference to the original's outputs allowed, per dtype
 TOL = {torch.float32: 1e-4, torch.float64: 1e-8}

@@ -15,11 +15,10 @@ import torch
 import torch.nn.functional as F
 from deformable_helpers import TOY, VARIANT_NAMES, VARIANTS, fixture, inputs, max_diff, r50_layouts, randomize
 
-from visiontf.detection import SetCriterion
 from visiontf.models import create_model, list_models
 from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
-from visiontf.models.deformable_detr.transformer import (
+from visiontf.models.deformable_detr.deformable_transformer import (
     DeformableTransformer,
     encoder_reference_points,
     level_layout,
@@ -27,6 +26,7 @@ from visiontf.models.deformable_detr.transformer import (
     valid_counts,
 )
 from visiontf.nn import PositionEmbeddingSine2d
+from visiontf.set_prediction import SetCriterion
 
 #: parameters with 91 classes, as the original code builds them (REFERENCE.md: 40.07 M, 40.85 M, 41.18 M; r50_layouts.txt)
 R50_PARAMETERS = {

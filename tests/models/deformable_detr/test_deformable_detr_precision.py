@@ -12,7 +12,7 @@ import torch
 
 from visiontf.models import create_model
 from visiontf.nn.ms_deform_attn import MSDeformAttn
-from visiontf.tasks.detection import DetectionTask
+from visiontf.tasks.detection.detection_task import DetectionTask
 
 TINY = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}
 

@@ -9,12 +9,12 @@ from torch import nn
 from torchvision.ops import box_convert
 
 import visiontf.models.deformable_detr.denoising as dn
-from visiontf.detection import SetCriterion
 from visiontf.models.deformable_detr.denoising import (
     build_contrastive_denoising,
     denoising_match_indices,
     split_denoising_outputs,
 )
+from visiontf.set_prediction import SetCriterion
 
 
 def _targets(counts, num_classes=4, seed=0):

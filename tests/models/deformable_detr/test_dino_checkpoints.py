@@ -33,11 +33,11 @@ from reference.fixtures import FIXTURES, Fixture, load_fixture
 from torch import nn
 from torchvision.models.resnet import Bottleneck
 
-from visiontf.detection import build_postprocess
-from visiontf.detection.set_loss import build_criterion
 from visiontf.models import create_model
 from visiontf.models._registry import WeightsLayoutError, load_pretrained
 from visiontf.models.deformable_detr.dino_convert import DINO_MODELS, convert_state_dict
+from visiontf.set_prediction import build_postprocess
+from visiontf.set_prediction.set_loss import build_criterion
 
 TOL = {"float32": 1e-4, "float64": 1e-8}
 #: visiontf's post-processing returns float32 detections (its contract), also from float64 outputs

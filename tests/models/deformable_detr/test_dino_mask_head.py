@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 from handmade_data import shapes_batch as _shapes_batch
 
-from visiontf.detection import build_criterion
 from visiontf.models import create_model
-from visiontf.models.deformable_detr.segm import MASK_HEAD_PREFIXES, box_log_prior
+from visiontf.models.deformable_detr.deformable_detr_segm import MASK_HEAD_PREFIXES, box_log_prior
+from visiontf.models.detr.detr_segm import MASK_HEAD_PREFIXES as DETR_MASK_HEAD_PREFIXES
 from visiontf.models.detr.mask_head import MHAttentionMap
-from visiontf.models.detr.segm import MASK_HEAD_PREFIXES as DETR_MASK_HEAD_PREFIXES
 from visiontf.models.matched_masks import MASK_LOGITS_OF
+from visiontf.set_prediction import build_criterion
 
 SMALL = dict(enc_layers=1, dec_layers=2, num_queries=10, num_select=10)
 

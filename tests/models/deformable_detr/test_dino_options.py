@@ -14,12 +14,12 @@ from dino_helpers import DINO, TOY
 from dino_helpers import toy_batch as _inputs
 
 import visiontf.models.deformable_detr.denoising as dn
-from visiontf.detection import build_postprocess
 from visiontf.models import create_model, list_models
 from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.denoising import build_contrastive_denoising, denoising_attn_mask
 from visiontf.models.deformable_detr.queries import self_attn_mask
+from visiontf.set_prediction import build_postprocess
 
 
 def _model(seed: int = 0, **kw) -> DeformableDETR:
@@ -129,7 +129,7 @@ def test_look_forward_twice_sends_the_box_loss_of_a_layer_to_the_previous_one():
 
 def test_every_parameter_gets_a_gradient_also_for_a_batch_without_boxes():
     """DDP without find_unused_parameters: every option's parameters take part in every training step."""
-    from visiontf.detection.set_loss import build_criterion
+    from visiontf.set_prediction.set_loss import build_criterion
 
     images, mask, targets = _inputs()
     model = _model(**DINO, num_query_groups=2).train()

@@ -29,11 +29,11 @@ from test_dino_checkpoints import (
     save_checkpoint,
 )
 
-from visiontf.detection import build_postprocess
 from visiontf.models import create_model
 from visiontf.models.backbones.build import build_backbone
 from visiontf.models.backbones.dino_swin import DINO_SWIN_NAMES, SwinTransformer
 from visiontf.models.deformable_detr.dino_convert import convert_state_dict
+from visiontf.set_prediction import build_postprocess
 
 #: the published DINO-4scale Swin models visiontf registers, and their sections of published_layouts.txt
 REGISTERED = {"dino_swin_large_4scale": ("DINO_4scale_swin", "swin_L_384_22k"), "dino_swin_tiny_4scale": ("DINO_4scale_swin_T", "swin_T_224_1k")}

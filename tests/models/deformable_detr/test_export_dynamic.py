@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import visiontf
-from visiontf.detection import build_criterion, build_postprocess
-from visiontf.detection.agreement import detections_disagreement
 from visiontf.inference.export import example_inputs, export_model, export_onnx
 from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, check_onnx, onnx_and_torch_outputs
+from visiontf.set_prediction import build_criterion, build_postprocess
+from visiontf.set_prediction.agreement import detections_disagreement
 
 #: small enough for a few seconds per export; 30 queries leave two-stage enough positions at 128 px
 SMALL = dict(num_classes=3, num_queries=30, enc_layers=1, dec_layers=2, backbone_pretrained=False)

@@ -92,7 +92,7 @@ def test_a_variant_config_overrides_only_what_differs():
 
 def test_a_checkpoint_saved_with_flat_hyper_parameters_loads_with_one_warning(tmp_path):
     from visiontf.tasks.checkpoints import load_checkpoint_model
-    from visiontf.tasks.detection import DetectionTask
+    from visiontf.tasks.detection.detection_task import DetectionTask
 
     old = dict(frozen_bn=False, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=6,
                num_denoising=4, num_select=5)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import visiontf
-from visiontf.models.detr.arch_options import DetrArchOptions
 from visiontf.models.detr.build import build_detr
 from visiontf.models.detr.detr import DETR
+from visiontf.models.detr.detr_arch_options import DetrArchOptions
 
 FLAT = dict(backbone="resnet18", frozen_bn=False, dilation=False, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1,
             dim_feedforward=32, num_queries=4, position_embedding="learned")

@@ -34,7 +34,7 @@ from test_detr_checkpoints import (
 
 from visiontf.models import create_model
 from visiontf.models.detr.convert import convert_state_dict
-from visiontf.models.detr.segm import MASK_HEAD_PREFIXES
+from visiontf.models.detr.detr_segm import MASK_HEAD_PREFIXES
 
 #: the model each run of the fixture was made with, and its outputs' prefix there
 _RUNS = {"r50": ("detr_resnet50_panoptic", "", {}), "dc5": ("detr_resnet50_dc5_panoptic", "dc5.", {"dilation": True})}

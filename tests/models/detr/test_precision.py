@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from visiontf.detection import HungarianMatcher, SetCriterion
 from visiontf.models import create_model
-from visiontf.tasks.detection import DetectionTask
+from visiontf.set_prediction import HungarianMatcher, SetCriterion
+from visiontf.tasks.detection.detection_task import DetectionTask
 
 TINY = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=64, num_queries=8)
 NUM_CLASSES = 4

@@ -13,10 +13,10 @@ import pytest
 from PIL import Image
 
 from visiontf.core.config_checks import ConfigError
-from visiontf.data.coco import CocoDataModule, ScheduledCocoDetection
 from visiontf.data.loading import EpochIndex
 from visiontf.data.transforms import detection as DT
 from visiontf.data.transforms.detection import AugmentationSchedule
+from visiontf.tasks.detection.coco_data import CocoDataModule, ScheduledCocoDetection
 
 SMALL = dict(scales=[96, 112, 128], max_size=200, crop_scales=[96, 112, 128], crop_size=[80, 120], val_size=104)
 

@@ -24,13 +24,13 @@ import torch
 from reference.fixtures import FIXTURES, Fixture, load_fixture
 from rtdetr_helpers import one_thread  # noqa: F401 (a module fixture: one torch thread)
 
-from visiontf.detection import build_postprocess
-from visiontf.detection.set_loss import build_criterion
 from visiontf.models import create_model
 from visiontf.models.backbones.hgnetv2 import HGNetV2Backbone
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising
 from visiontf.models.dfine.convert import convert_state_dict
 from visiontf.models.rtdetr.convert import checkpoint_entry
+from visiontf.set_prediction import build_postprocess
+from visiontf.set_prediction.set_loss import build_criterion
 
 TOL = {"float32": 1e-4, "float64": 1e-8}
 #: float64: the originals' criterion scored the float64 outputs rounded to float32, as visiontf's does; float32: the outputs

@@ -20,10 +20,10 @@ import torch
 from rtdetr_helpers import NUM_CLASSES, QUERIES, one_thread  # noqa: F401 (one_thread: a module fixture)
 from torchvision.ops import box_convert
 
-from visiontf.detection.fine_grained import FineGrainedCriterion, box_to_distance, union_matching
-from visiontf.detection.set_loss import build_criterion
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.denoising import build_contrastive_denoising, denoising_match_indices
+from visiontf.set_prediction.fine_grained import FineGrainedCriterion, box_to_distance, union_matching
+from visiontf.set_prediction.set_loss import build_criterion
 
 pytest.importorskip("transformers")
 

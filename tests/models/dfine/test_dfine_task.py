@@ -10,9 +10,9 @@ import torch
 import yaml
 from rtdetr_helpers import one_thread  # noqa: F401 (a module fixture: one torch thread)
 
-from visiontf.detection.fine_grained import FineGrainedCriterion
 from visiontf.models import create_model
-from visiontf.tasks.detection import DetectionTask
+from visiontf.set_prediction.fine_grained import FineGrainedCriterion
+from visiontf.tasks.detection.detection_task import DetectionTask
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 BACKBONE = {"stem": (4, 4), "stages": ((4, 4, 8, 1, False, False, 3, 1), (8, 4, 16, 1, True, False, 3, 1), (16, 8, 24, 1, True, True, 5, 1),

@@ -64,7 +64,8 @@ def test_tiny_graph_follows_the_input_size(name, tmp_path):
 def test_a_graph_of_the_export_size_is_refused(tmp_path):
     """The check can fail: the same model exported with the size tables as constants (as before this stage) does not
     run, or differs, at another size."""
-    from visiontf.models.rtdetr import decoder, hybrid_encoder
+    from visiontf.models.rtdetr import hybrid_encoder
+    from visiontf.models.rtdetr import rtdetr_decoder as decoder
 
     model = _model("rtdetr_tiny")
     with pytest.MonkeyPatch.context() as mp:

@@ -23,12 +23,12 @@ import torch
 from reference.fixtures import FIXTURES, Fixture, load_fixture
 from rtdetr_helpers import one_thread  # noqa: F401 (a module fixture: one torch thread)
 
-from visiontf.detection import build_postprocess
-from visiontf.detection.set_loss import build_criterion
 from visiontf.models import create_model
 from visiontf.models.backbones.resnet_vd import ResNetVdBackbone, resnet_vd_state
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising
 from visiontf.models.rtdetr.convert import checkpoint_entry, convert_state_dict
+from visiontf.set_prediction import build_postprocess
+from visiontf.set_prediction.set_loss import build_criterion
 
 TOL = {"float32": 1e-4, "float64": 1e-8}
 #: float64: visiontf's criterion computes in float32 (1e-5 per term); float32: the outputs it reads already differ by

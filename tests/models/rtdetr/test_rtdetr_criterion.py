@@ -15,10 +15,10 @@ import pytest
 import torch
 from rtdetr_helpers import NUM_CLASSES, QUERIES, one_thread, transformers_config  # noqa: F401 (one_thread: a module fixture)
 
-from visiontf.detection.set_loss import build_criterion
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.denoising import build_contrastive_denoising
 from visiontf.models.rtdetr.rtdetr import RTDETR_LOSS
+from visiontf.set_prediction.set_loss import build_criterion
 
 pytest.importorskip("transformers")
 

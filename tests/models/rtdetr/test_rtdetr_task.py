@@ -10,7 +10,7 @@ import yaml
 from rtdetr_helpers import one_thread  # noqa: F401 (a module fixture: one torch thread)
 
 from visiontf.models import create_model
-from visiontf.tasks.detection import DetectionTask
+from visiontf.tasks.detection.detection_task import DetectionTask
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "rtdetr"
 TINY = {"encoder": {"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32}, "decoder": {"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32,
@@ -135,7 +135,7 @@ def test_resnet_vd_is_a_backbone_name_of_every_detector():
 def test_every_parameter_gets_a_gradient_when_no_image_has_a_box(name):
     """Plain DDP waits forever for a parameter without a gradient: a process whose images all lost their boxes to the
     crop has no denoising query, and the denoising label embedding must still take part (a recipe run hung so)."""
-    from visiontf.detection.set_loss import build_criterion
+    from visiontf.set_prediction.set_loss import build_criterion
 
     torch.manual_seed(0)
     model = create_model(name, num_classes=4).train()

@@ -1,4 +1,4 @@
-"""SETR's heads on other backbones than its own ViT (visiontf.models.setr.backbone): timm CNNs, timm's DINOv2
+"""SETR's heads on other backbones than its own ViT (visiontf.models.setr.setr_backbone): timm CNNs, timm's DINOv2
 ViT, DINO's Swin; the heads read the backbone's own maps, and MLA refuses maps of several widths."""
 from __future__ import annotations
 

@@ -259,7 +259,7 @@ def test_pretrained_cfg_carries_mmseg_test_settings():
 
 @pytest.mark.parametrize("decoder", DECODERS)
 def test_param_groups_give_the_segmentation_tasks_split(decoder):
-    from visiontf.tasks.segmentation import SegmentationTask
+    from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
     task = SegmentationTask(f"setr_{decoder}_vit_tiny_patch16", num_classes=3, lr=0.001, head_lr_mult=10.0,
                             model_kwargs={"img_size": 32, "encoder_kwargs": {"depth": 4}})
@@ -328,7 +328,7 @@ def test_class_count_adapts_only_when_asked(tmp_path):
 def test_eval_command_reads_an_mmseg_checkpoint(tmp_path):
     """docs/segmentation.md's command on the synthetic set with a tiny random mmseg-layout checkpoint."""
     from visiontf.cli import eval_main
-    from visiontf.data.synthetic.segmentation import make_segmentation_dataset
+    from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
 
     root = make_segmentation_dataset(tmp_path / "seg", num_train=2, num_val=2, num_classes=4, image_size=(64, 64))
     # mmseg's layout for configs/setr/setr_tiny_synthetic.yaml's model (ViT-Ti width, 4 blocks, 8-px patches)

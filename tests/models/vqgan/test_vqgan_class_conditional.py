@@ -10,11 +10,11 @@ import torch
 from PIL import Image
 
 from visiontf.core.errors import UserError
-from visiontf.data.classification import find_classes
-from visiontf.data.image_folder import TokenizerDataModule
 from visiontf.data.loading import DatasetLayoutError
 from visiontf.models import create_model
-from visiontf.tasks.transformer import TransformerTask
+from visiontf.tasks.classification.classification_data import find_classes
+from visiontf.tasks.generation.gpt_task import TransformerTask
+from visiontf.tasks.generation.image_folder_data import TokenizerDataModule
 
 TOY = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "n_embed": 16, "embed_dim": 4,
        "z_channels": 32, "resolution": 16}

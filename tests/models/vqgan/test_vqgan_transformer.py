@@ -16,7 +16,7 @@ from reference.fixtures import FIXTURES, load_fixture
 
 from visiontf.models import create_model
 from visiontf.models._registry import WeightsLayoutError
-from visiontf.models.vqgan.transformer import GPT, convert_state_dict, filter_logits
+from visiontf.models.vqgan.gpt import GPT, convert_state_dict, filter_logits
 
 TOL = {"float32": 1e-5, "float64": 1e-10}
 #: the first stage of the fixtures (taming's ddconfig in first_stage.safetensors' meta)

@@ -5,7 +5,6 @@ Names resolve lazily so that importing one generator does not import the others.
 from visiontf.core.lazy import lazy_getattr
 
 _LAZY = {
-    "make_detection_dataset": "visiontf.data.synthetic.detection",
 }
 
 __all__ = sorted(_LAZY)

@@ -185,7 +185,7 @@ def build_train_transforms(
     (albumentations' ``Mosaic``; each fitted into a ``mosaic_cell`` (h, w) cell, the whole grid kept), so it
     holds about four images' objects at half their size before DETR's resizes: DEIM's dense one-to-one
     matching (more matched queries per image). The call then needs ``mosaic_metadata=``: the three
-    others as dicts of the same fields (:class:`~visiontf.data.datasets.coco.CocoDetection` gives them).
+    others as dicts of the same fields (:class:`~visiontf.tasks.detection.coco_dataset.CocoDetection` gives them).
 
     ``crop=False`` leaves DETR's random-crop path out: the flip and the multi-scale resize only (an augmentation
     schedule's weak stage, :class:`AugmentationSchedule`).

@@ -25,7 +25,7 @@ from albumentations.pytorch import ToTensorV2
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 
-from visiontf.data.files.segmentation_labels import IGNORE_INDEX
+from visiontf.data.segmentation_labels import IGNORE_INDEX
 
 
 def keep_ratio_size(h: int, w: int, scale: Sequence[float]) -> tuple[int, int]:

@@ -29,9 +29,9 @@ from visiontf.models.backbones.backbone import Backbone
 from visiontf.models.backbones.spec import BackboneSpec
 from visiontf.models.contract import ModelCfg
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
+from visiontf.models.deformable_detr.deformable_transformer import DeformableTransformer
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising
 from visiontf.models.deformable_detr.dino_options import DinoOptions
-from visiontf.models.deformable_detr.transformer import DeformableTransformer
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.models.sections import Sections
 from visiontf.nn import PositionEmbeddingSine2d

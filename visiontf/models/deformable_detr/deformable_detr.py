@@ -31,12 +31,7 @@ from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr.build import create_deformable, sections_of
 from visiontf.models.deformable_detr.convert import convert_state_dict
-from visiontf.models.deformable_detr.denoising import ContrastiveDenoising
-from visiontf.models.deformable_detr.dino_options import DinoOptions
-from visiontf.models.deformable_detr.distinct_queries import DistinctQueriesBetweenLayers
-from visiontf.models.deformable_detr.feature_levels import feature_levels
-from visiontf.models.deformable_detr.queries import DeformableQueries, self_attn_mask
-from visiontf.models.deformable_detr.transformer import (
+from visiontf.models.deformable_detr.deformable_transformer import (
     DeformableTransformer,
     MultiScaleMemory,
     encoder_reference_points,
@@ -44,6 +39,11 @@ from visiontf.models.deformable_detr.transformer import (
     refine_boxes,
     valid_counts,
 )
+from visiontf.models.deformable_detr.denoising import ContrastiveDenoising
+from visiontf.models.deformable_detr.dino_options import DinoOptions
+from visiontf.models.deformable_detr.distinct_queries import DistinctQueriesBetweenLayers
+from visiontf.models.deformable_detr.feature_levels import feature_levels
+from visiontf.models.deformable_detr.queries import DeformableQueries, self_attn_mask
 from visiontf.models.detr.detr import DETECTION_CFG, MLP
 from visiontf.models.detr.settings import DeformableWeightsSettings
 from visiontf.models.postprocess_options import PostprocessOptions
@@ -102,7 +102,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
             ``dino_options.num_denoising``.
         postprocess_options: detections kept per image and NMS
             (:class:`~visiontf.models.postprocess_options.PostprocessOptions`; Deformable DETR keeps 100), which
-            :func:`visiontf.detection.build_postprocess` reads and ``set_postprocess`` replaces.
+            :func:`visiontf.set_prediction.build_postprocess` reads and ``set_postprocess`` replaces.
         pretrained_cfg: eval settings over :data:`~visiontf.models.detr.detr.DETECTION_CFG`.
     """
 
@@ -135,7 +135,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
         self.dino_options = dino_options
         _check_parts(backbone, neck, transformer, arch, dino_options, denoising)
         self.num_classes = num_classes
-        # replaceable at evaluation and prediction: visiontf.detection.set_postprocess
+        # replaceable at evaluation and prediction: visiontf.set_prediction.set_postprocess
         self.postprocess_options = postprocess_options
         self.denoising = denoising
         self.backbone = backbone

@@ -1,6 +1,6 @@
 """The level shapes and per-position tables of Deformable DETR's multi-scale features, eager or traced.
 
-Eager, the shapes are Python ints and :func:`~visiontf.models.deformable_detr.transformer.level_layout`
+Eager, the shapes are Python ints and :func:`~visiontf.models.deformable_detr.deformable_transformer.level_layout`
 builds the tables once per set of shapes (cached). While a graph is traced for ONNX
 (:func:`~visiontf.nn.ms_deform_tables.tracing_shapes`), the shapes stay the traced sizes of the
 feature maps and :func:`traced_level_layout` computes the same tables with tensor operations on
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from visiontf.models.deformable_detr.transformer import LevelLayout, level_layout
+from visiontf.models.deformable_detr.deformable_transformer import LevelLayout, level_layout
 from visiontf.nn.ms_deform_tables import size_table, tracing_shapes
 
 __all__ = ["feature_levels", "traced_level_layout"]
@@ -31,7 +31,7 @@ def feature_levels(maps: Sequence[Tensor], device: torch.device) -> tuple[list[t
 
 
 def traced_level_layout(shapes: Sequence[tuple], device: torch.device) -> LevelLayout:
-    """:func:`~visiontf.models.deformable_detr.transformer.level_layout`'s tables (the same values, dtypes
+    """:func:`~visiontf.models.deformable_detr.deformable_transformer.level_layout`'s tables (the same values, dtypes
     and order) from sizes that may be traced 0-dim tensors: one arange pair per level, no Python
     int of a size, no cache."""
     levels, xys, first_cols, first_rows = [], [], [], []

@@ -17,8 +17,8 @@ from torch import Tensor
 from torchvision.ops import batched_nms, box_convert
 
 from visiontf.models._registry import ModelArgumentError
+from visiontf.models.deformable_detr.deformable_transformer import MultiScaleMemory
 from visiontf.models.deformable_detr.denoising import DenoisingQueries
-from visiontf.models.deformable_detr.transformer import MultiScaleMemory
 from visiontf.nn.precision import at_least_float32
 
 __all__ = ["DeformableQueries", "distinct_first"]

@@ -23,8 +23,8 @@ from torch import nn
 from visiontf.models.backbones.backbone import Backbone
 from visiontf.models.backbones.spec import BackboneSpec
 from visiontf.models.contract import PretrainedCfg
-from visiontf.models.detr.arch_options import DetrArchOptions
-from visiontf.models.detr.transformer import DetrTransformer
+from visiontf.models.detr.detr_arch_options import DetrArchOptions
+from visiontf.models.detr.detr_transformer import DetrTransformer
 from visiontf.models.sections import Sections
 from visiontf.nn import PositionEmbeddingLearned2d, PositionEmbeddingSine2d
 
@@ -53,7 +53,7 @@ def build_detr(
         backbone: a :class:`~visiontf.models.backbones.spec.BackboneSpec` (or its mapping, or a backbone name;
             ``dilation``: DC5), or an injected :class:`Backbone`. A model class that reads several stages (the
             mask head's FPN: ``backbone_stages``) gets those unless the spec names its own.
-        arch: :class:`~visiontf.models.detr.arch_options.DetrArchOptions`.
+        arch: :class:`~visiontf.models.detr.detr_arch_options.DetrArchOptions`.
         pretrained_cfg, model_kwargs: to ``model_cls`` (a subclass's own, e.g. the mask head's). The flat keywords
             of before the sections are read into them by name, with one ``FutureWarning``.
 

@@ -5,7 +5,7 @@ Recognised layouts (detected from the keys):
 * the original facebookresearch/detr checkpoint (``backbone.0.body.*``, ``transformer.*`` with
   ``nn.MultiheadAttention``'s ``in_proj_weight``), also inside a panoptic checkpoint (``detr.``
   prefix; its mask head ``bbox_attention.*``, ``mask_head.*`` loads into a model with one,
-  :mod:`visiontf.models.detr.segm`, and is dropped with a warning for a detector without);
+  :mod:`visiontf.models.detr.detr_segm`, and is dropped with a warning for a detector without);
 * HuggingFace ``DetrForObjectDetection`` with transformers v4 names (``model.backbone.conv_encoder.model.*``,
   separate ``q_proj/k_proj/v_proj``, ``out_proj``, ``fc1``) and the v5 run-time renames
   (``model.backbone.model.*``, ``o_proj``, ``mlp.fc1``, ``model.position_embedding``), with a timm

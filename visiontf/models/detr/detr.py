@@ -20,8 +20,8 @@ from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
 from visiontf.models.detr.build import DETR_SECTIONS, build_detr
 from visiontf.models.detr.convert import convert_state_dict
+from visiontf.models.detr.detr_transformer import DetrTransformer
 from visiontf.models.detr.settings import detr_settings
-from visiontf.models.detr.transformer import DetrTransformer
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn.precision import at_least_float32
 
@@ -73,7 +73,7 @@ class DETR(BackboneLayerDepth, Detector):
     head_prefixes = ("class_embed.",)
     #: the settings weights in DETR's names were trained with, compared with the model's when loading
     weights_settings = staticmethod(detr_settings)
-    #: K + 1 logits per query, the last meaning "no object" (see visiontf.detection.build_postprocess)
+    #: K + 1 logits per query, the last meaning "no object" (see visiontf.set_prediction.build_postprocess)
     class_head = "softmax"
     #: the backbone stages :meth:`encode` returns (None: the last only); the mask head adds layer1..layer3
     backbone_stages: tuple[int, ...] | None = None
@@ -106,7 +106,7 @@ class DETR(BackboneLayerDepth, Detector):
         self.num_queries = num_queries
         self.hidden_dim = hidden_dim
         self.aux_loss = aux_loss
-        # every query a detection, as the original; replaceable at evaluation: visiontf.detection.set_postprocess
+        # every query a detection, as the original; replaceable at evaluation: visiontf.set_prediction.set_postprocess
         self.postprocess_options = PostprocessOptions()
         self.backbone = backbone
         self.position_embedding = position_embedding

@@ -12,7 +12,7 @@ Two modules:
   finer maps are layer3, layer2 and layer1 (strides 16, 8, 4).
 
 Both are family-agnostic: DETR feeds them its single-scale memory and ResNet stages
-(:mod:`visiontf.models.detr.segm`), the Deformable/DINO family its multi-scale memory.
+(:mod:`visiontf.models.detr.detr_segm`), the Deformable/DINO family its multi-scale memory.
 """
 from __future__ import annotations
 

@@ -6,19 +6,19 @@ D-FINE is RT-DETR (:mod:`visiontf.models.rtdetr`) with three changes:
 * the hybrid encoder with CSP-ELAN fusion blocks, linear lateral convolutions and SCDown downsampling (options of
   RT-DETR's :class:`~visiontf.models.rtdetr.hybrid_encoder.HybridEncoder`);
 * a decoder whose layers gate their deformable attention in and whose boxes are four edge distributions refined
-  layer by layer (fine-grained distribution refinement, :mod:`~visiontf.models.dfine.decoder`), scored with a
+  layer by layer (fine-grained distribution refinement, :mod:`~visiontf.models.dfine.dfine_decoder`), scored with a
   location-quality estimate.
 
 It trains with RT-DETR's varifocal loss, denoising and matcher plus two terms of its own: the fine-grained
 localisation loss on the edge distributions and the decoupled distillation of every layer towards the last (GO-LSD),
-with box terms on the union of all layers' matchings (:class:`~visiontf.detection.fine_grained.FineGrainedCriterion`).
+with box terms on the union of all layers' matchings (:class:`~visiontf.set_prediction.fine_grained.FineGrainedCriterion`).
 
 DEIM trains the same networks (``deim_dfine_*``: SiLU in the decoder's FFNs and MLP heads, the backbone's BatchNorm
 trained) with the matchability-aware loss and a data schedule: mosaics for dense one-to-one matching in the first
 half of training, strong augmentation stopped for the last epochs (``CocoDataModule``'s ``mosaic``,
 ``mosaic_epochs`` and ``strong_aug_epochs``).
 
-The model takes its settings as typed sections (:mod:`~visiontf.models.dfine.options`): ``backbone``, ``encoder``,
+The model takes its settings as typed sections (:mod:`~visiontf.models.dfine.dfine_options`): ``backbone``, ``encoder``,
 ``decoder``, ``denoising`` and ``loss``. Peterande's and DEIM's ``.pth`` files and transformers'
 ``DFineForObjectDetection`` load through :mod:`~visiontf.models.dfine.convert` (``create_model(name, pretrained=path)``).
 """
@@ -36,13 +36,13 @@ from visiontf.models.backbones.hgnetv2 import HGNetV2Backbone
 from visiontf.models.contract import ModelCfg, PretrainedCfg
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising, DenoisingQueries
 from visiontf.models.dfine.convert import convert_state_dict
-from visiontf.models.dfine.decoder import DFineDecoder, FineDecoderOutput
-from visiontf.models.dfine.options import FDRDecoderOptions, HGNetV2Options, check_fdr_sections
+from visiontf.models.dfine.dfine_decoder import DFineDecoder, FineDecoderOutput
+from visiontf.models.dfine.dfine_options import FDRDecoderOptions, HGNetV2Options, check_fdr_sections
 from visiontf.models.postprocess_options import PostprocessOptions
-from visiontf.models.rtdetr.decoder import INVERSE_SIGMOID_EPS
 from visiontf.models.rtdetr.hybrid_encoder import HybridEncoder
-from visiontf.models.rtdetr.options import DenoisingOptions, EncoderOptions, check_sections, section
 from visiontf.models.rtdetr.rtdetr import RTDETR, RTDETR_POSTPROCESS, TABLES
+from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS
+from visiontf.models.rtdetr.rtdetr_options import DenoisingOptions, EncoderOptions, check_sections, section
 from visiontf.models.set_loss_options import FineGrainedLossOptions
 
 __all__ = ["DEFAULT_CFGS", "DEIM_LOSS", "DFINE", "DFINE_LOSS", "build_dfine"]
@@ -56,12 +56,12 @@ DEIM_LOSS = dataclasses.replace(DFINE_LOSS, class_loss="mal", class_gamma=1.5)
 
 
 class DFINE(RTDETR):
-    """D-FINE / DEIM built from its parts: RT-DETR's model with :class:`~visiontf.models.dfine.decoder.DFineDecoder`.
+    """D-FINE / DEIM built from its parts: RT-DETR's model with :class:`~visiontf.models.dfine.dfine_decoder.DFineDecoder`.
 
     Args:
         backbone, encoder, num_classes, denoising, input_norm, postprocess_options, pretrained_cfg: as
             :class:`~visiontf.models.rtdetr.rtdetr.RTDETR`'s.
-        decoder: the :class:`~visiontf.models.dfine.decoder.DFineDecoder`.
+        decoder: the :class:`~visiontf.models.dfine.dfine_decoder.DFineDecoder`.
         loss: the family's loss options (:data:`DFINE_LOSS` or DEIM's :data:`DEIM_LOSS`); the distribution fields follow
             the decoder.
 
@@ -121,9 +121,9 @@ def build_dfine(
 
     Args:
         num_classes: K (COCO 80).
-        backbone: :class:`~visiontf.models.dfine.options.HGNetV2Options` fields, or a built Backbone.
-        encoder, denoising: RT-DETR's sections (:mod:`visiontf.models.rtdetr.options`).
-        decoder: :class:`~visiontf.models.dfine.options.FDRDecoderOptions` fields.
+        backbone: :class:`~visiontf.models.dfine.dfine_options.HGNetV2Options` fields, or a built Backbone.
+        encoder, denoising: RT-DETR's sections (:mod:`visiontf.models.rtdetr.rtdetr_options`).
+        decoder: :class:`~visiontf.models.dfine.dfine_options.FDRDecoderOptions` fields.
         loss: :class:`~visiontf.models.set_loss_options.FineGrainedLossOptions` fields over the variant's (D-FINE's
             or DEIM's).
         num_select, input_norm, tables, pretrained_cfg: as :func:`~visiontf.models.rtdetr.rtdetr.build_rtdetr`'s.

@@ -194,7 +194,7 @@ class IPT(Restorer):
             rgb_range=self.rgb_range, input_range=(0.0, 1.0), mean=RGB_MEAN, tasks=self.tasks,
             scale=self.scales[0] if len(self.scales) == 1 else self.scales, tile_size=tile_size, tile_stride=tile_size // 4,
             shave=tile_size // 2, crop_batch_size=crop_batch_size, self_ensemble=self_ensemble,
-            psnr="y",  # scored on Y, `scale` pixels cropped at each border (visiontf.evaluation.restoration)
+            psnr="y",  # scored on Y, `scale` pixels cropped at each border (visiontf.tasks.restoration.restoration_measures)
         ).merged(pretrained_cfg)
         if input_skip:
             for tail in self.tail:
@@ -244,7 +244,7 @@ class IPT(Restorer):
 
         Returns:
             (B, 3, H * scale, W * scale) in [0, 1] up to the network's overshoot (not clamped;
-            :func:`visiontf.evaluation.restoration.quantize` is the original's 8-bit rounding).
+            :func:`visiontf.tasks.restoration.restoration_measures.quantize` is the original's 8-bit rounding).
         """
         idx = self.task_index(task)
         _check_images(x)

@@ -12,7 +12,7 @@
   differs. Every convolution has no bias and is followed by BatchNorm.
 
 D-FINE (Peterande/D-FINE, ``src/zoo/dfine/hybrid_encoder.py``) keeps AIFI and the two passes and changes three parts,
-each an option of :class:`~visiontf.models.rtdetr.options.EncoderOptions` here:
+each an option of :class:`~visiontf.models.rtdetr.rtdetr_options.EncoderOptions` here:
 
 * ``fusion_block="elan"``: the fusion blocks are CSP-ELAN blocks (:class:`CSPELANLayer`, its ``RepNCSPELAN4``: a 1x1
   convolution to twice the width, split in halves; the second half goes through two branches in a chain, each a
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visiontf.models.rtdetr.options import EncoderOptions
+from visiontf.models.rtdetr.rtdetr_options import EncoderOptions
 from visiontf.nn import TransformerEncoderLayer
 from visiontf.nn.ms_deform_tables import tracing_shapes
 
@@ -202,7 +202,7 @@ class HybridEncoder(nn.Module):
 
     Args:
         in_channels: channels of the backbone's maps, finest first.
-        options: :class:`~visiontf.models.rtdetr.options.EncoderOptions`.
+        options: :class:`~visiontf.models.rtdetr.rtdetr_options.EncoderOptions`.
         tables: ``"original"`` or ``"transformers"``: the position embedding's layout and precision (see
             :func:`sincos_position_embedding`).
     """

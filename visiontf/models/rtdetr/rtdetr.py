@@ -2,7 +2,7 @@
 
 A ResNet-vd backbone (strides 8, 16, 32), the hybrid encoder (:mod:`~visiontf.models.rtdetr.hybrid_encoder`:
 attention on the coarsest map, convolutional fusion across scales), IoU-aware query selection and a deformable
-decoder with denoising groups in training (:mod:`~visiontf.models.rtdetr.decoder`). No NMS: every query
+decoder with denoising groups in training (:mod:`~visiontf.models.rtdetr.rtdetr_decoder`). No NMS: every query
 predicts one object, scored by sigmoid class scores trained with the varifocal loss.
 
 v1 and v2 are one network here. RT-DETRv2 adds options to the deformable attention (sampling points per level,
@@ -10,7 +10,7 @@ discrete sampling for TensorRT 8.4, :class:`~visiontf.nn.MSDeformAttn`) and a be
 published models have the v1 architecture with ``num_points`` as a list. Both originals' checkpoints and
 transformers' load through :mod:`~visiontf.models.rtdetr.convert` (``create_model(name, pretrained=path)``).
 
-The model takes its settings as typed sections (:mod:`~visiontf.models.rtdetr.options`): ``backbone``,
+The model takes its settings as typed sections (:mod:`~visiontf.models.rtdetr.rtdetr_options`): ``backbone``,
 ``encoder``, ``decoder``, ``denoising``; a config's ``model_kwargs`` gives each as a mapping of the fields
 it changes.
 
@@ -36,9 +36,9 @@ from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising, DenoisingQueries
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.models.rtdetr.convert import convert_state_dict
-from visiontf.models.rtdetr.decoder import INVERSE_SIGMOID_EPS, DecoderOutput, RTDetrDecoder
 from visiontf.models.rtdetr.hybrid_encoder import HybridEncoder
-from visiontf.models.rtdetr.options import (
+from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS, DecoderOutput, RTDetrDecoder
+from visiontf.models.rtdetr.rtdetr_options import (
     DecoderOptions,
     DenoisingOptions,
     EncoderOptions,
@@ -83,7 +83,7 @@ class RTDETR(BackboneLayerDepth, Detector):
     Args:
         backbone: a :class:`~visiontf.models.backbones.backbone.Backbone` (ResNet-vd for the published models).
         encoder: the :class:`~visiontf.models.rtdetr.hybrid_encoder.HybridEncoder`.
-        decoder: the :class:`~visiontf.models.rtdetr.decoder.RTDetrDecoder` (query selection, decoder, heads).
+        decoder: the :class:`~visiontf.models.rtdetr.rtdetr_decoder.RTDetrDecoder` (query selection, decoder, heads).
         num_classes: K sigmoid classes (COCO: 80, the originals' contiguous labels).
         denoising: the denoising generator in training (None: none).
         input_norm: ``"imagenet"``: images come ImageNet-normalised (visiontf's data modules and Predictor) and are
@@ -130,7 +130,7 @@ class RTDETR(BackboneLayerDepth, Detector):
 
     # ------------------------------------------------------------------------------------ contract
     def set_loss_options(self) -> SetLossOptions:
-        """RT-DETR's matcher and varifocal loss (``visiontf.detection.build_criterion`` reads them)."""
+        """RT-DETR's matcher and varifocal loss (``visiontf.set_prediction.build_criterion`` reads them)."""
         return RTDETR_LOSS
 
     def param_group(self, name: str) -> str:
@@ -245,8 +245,8 @@ def build_rtdetr(
 
     Args:
         num_classes: K (COCO 80).
-        backbone: :class:`~visiontf.models.rtdetr.options.ResNetVdOptions` fields, or a built Backbone.
-        encoder, decoder, denoising: the other sections (:mod:`~visiontf.models.rtdetr.options`); a
+        backbone: :class:`~visiontf.models.rtdetr.rtdetr_options.ResNetVdOptions` fields, or a built Backbone.
+        encoder, decoder, denoising: the other sections (:mod:`~visiontf.models.rtdetr.rtdetr_options`); a
             ``num_denoising`` of 0 builds no denoising.
         num_select: detections per image (the originals' 300).
         input_norm: ``"imagenet"`` (visiontf's pipelines) or ``"none"`` (images in [0, 1], the originals').

@@ -68,9 +68,9 @@ from visiontf.io.weights import load_state_dict_file
 from visiontf.models._registry import create_model, load_pretrained, register_model
 from visiontf.models.backbones.backbone import Backbone
 from visiontf.models.contract import ModelCfg, PretrainedCfg, Segmenter, build_model
-from visiontf.models.setr.backbone import is_setr_vit, setr_backbone
 from visiontf.models.setr.convert import convert_state_dict, encoder_state_from_vit, resize_pos_embed
 from visiontf.models.setr.heads import ClassifierHead, MLAHead, MLANeck, UpHead, norm_layer
+from visiontf.models.setr.setr_backbone import is_setr_vit, setr_backbone
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class SETR(Segmenter):
     Args:
         encoder: a visiontf ViT name (mmseg's encoder, exact), or any other backbone
             (``"timm:<name>"``, a DINO Swin, a :class:`~visiontf.models.backbones.backbone.Backbone`):
-            :mod:`~visiontf.models.setr.backbone`, ``out_indices`` then being its feature indices.
+            :mod:`~visiontf.models.setr.setr_backbone`, ``out_indices`` then being its feature indices.
         decoder: ``"naive"`` | ``"pup"`` (mmseg's ``SETRUPHead``) or ``"mla"`` (``MLANeck`` + ``SETRMLAHead``).
         out_indices: encoder blocks (0-based) whose tokens the heads read (mmseg's ``out_indices``);
             ``None``: :func:`default_out_indices`.
@@ -162,7 +162,7 @@ class SETR(Segmenter):
         self.new_classifier = new_classifier
         self.pos_embed_interp = pos_embed_interp
         self.with_cls_token = (decoder != "mla") if with_cls_token is None else bool(with_cls_token)
-        if not is_setr_vit(encoder):  # any other backbone: visiontf.models.setr.backbone
+        if not is_setr_vit(encoder):  # any other backbone: visiontf.models.setr.setr_backbone
             self.encoder = setr_backbone(encoder, out_indices, decoder, encoder_pretrained,
                                          dict(encoder_kwargs or {}, **({"drop_path_rate": drop_path_rate} if drop_path_rate else {})))
             dims, self.out_indices = list(self.encoder.channels), tuple(range(len(self.encoder.channels)))

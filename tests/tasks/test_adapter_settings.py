@@ -1,0 +1,96 @@
+"""Typed eval settings (visiontf/tasks/eval_settings.py): one frozen dataclass per task from the model's
+pretrained_cfg to the preprocessing, checkpoints and exports; unknown keys are refused by name
+everywhere (the adapters used to drop them silently); the layouts written before still load.
+
+Cost: tiny models, no training; a few seconds.
+"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import visiontf
+from visiontf.inference.predictor import Predictor
+from visiontf.tasks.eval_settings import EvalSettings, SettingsError
+from visiontf.tasks.task_inference import adapter_for_task, get_adapter
+from visiontf.tasks.task_table import TASKS
+
+TINY_DETR = {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}
+
+
+@pytest.fixture(scope="module")
+def vit():
+    return visiontf.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, depth=1).eval()
+
+
+@pytest.fixture(scope="module")
+def detr():
+    return visiontf.create_model("detr_tiny", num_classes=3, **TINY_DETR).eval()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_has_one_frozen_settings_type_whose_dict_reads_back_equal(task):
+    settings_type = adapter_for_task(task).settings_type
+    assert issubclass(settings_type, EvalSettings) and settings_type is not EvalSettings
+    defaults = settings_type()
+    with pytest.raises(AttributeError):  # frozen: a Predictor's settings cannot drift from what it preprocesses with
+        setattr(defaults, settings_type.keys()[0], None)
+    stored = json.loads(json.dumps(defaults.to_dict()))  # as an export's .labels.json holds them: lists
+    assert defaults.updated(stored) == defaults
+
+
+def test_a_key_of_another_task_is_refused_naming_it(vit, detr):
+    with pytest.raises(SettingsError, match=r"Predictor\(preprocess=\): unknown key\(s\) \['min_size'\] for "
+                                            r"ClassificationSettings; it takes input_size, crop_pct"):
+        Predictor(vit, device="cpu", preprocess={"min_size": 64})
+    with pytest.raises(SettingsError, match="test_mode='tiles': use 'whole' or 'slide'"):
+        adapter_for_task("segmentation").settings_type(test_mode="tiles")
+    assert Predictor(detr, device="cpu", preprocess={"min_size": 64}).settings.min_size == 64
+
+
+def test_a_file_with_an_unknown_setting_is_refused_naming_the_file(tmp_path, detr):
+    ckpt = tmp_path / "odd.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in detr.state_dict().items()},
+                "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 3, "model_kwargs": TINY_DETR},
+                "preprocess": {"min_size": 64, "short_side": 64}}, ckpt)
+    with pytest.raises(SettingsError, match=r"odd.ckpt: its saved preprocess: unknown key\(s\) \['short_side'\]"):
+        Predictor.from_checkpoint(ckpt, device="cpu")
+
+
+def test_the_layouts_written_before_still_load(tmp_path, detr, vit):
+    """Checkpoints stored a partial or complete dict of these keys (tuples), exports a JSON one (lists)."""
+    ckpt = tmp_path / "old.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in detr.state_dict().items()},
+                "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 3, "model_kwargs": TINY_DETR},
+                "preprocess": {"min_size": 64, "max_size": 96}}, ckpt)
+    p = Predictor.from_checkpoint(ckpt, device="cpu", preprocess={"max_size": 80})
+    assert (p.settings.min_size, p.settings.max_size, p.settings.mean) == (64, 80, tuple(detr.pretrained_cfg.mean))
+    from visiontf.io.weights import labels_path, save_model
+
+    path = save_model(vit, tmp_path / "vit.safetensors")
+    labels_path(path).write_text(json.dumps({"preprocess": {"input_size": [3, 32, 32], "crop_pct": 0.9,
+                                                             "interpolation": "bicubic", "mean": [0.5] * 3, "std": [0.5] * 3}}))
+    settings = Predictor.from_file(path, device="cpu").settings
+    assert (settings.input_size, settings.crop_pct, settings.mean) == ((3, 32, 32), 0.9, (0.5, 0.5, 0.5))
+
+
+def test_validation_without_resize_is_saved_as_no_resize(tmp_path):
+    """A data module that validates at the original size saves ``resize: None`` with checkpoints. Before, None
+    meant "not given" on the way in, so the model's published resize (SETR's mmseg scale) was saved instead."""
+    from visiontf.tasks.segmentation.segmentation_data import SegmentationDataModule
+    from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
+    from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
+
+    root = make_segmentation_dataset(tmp_path / "data", num_train=2, num_val=2, num_classes=3, image_size=(32, 32))
+    dm = SegmentationDataModule(root, val_resize=False, crop_size=32, num_workers=0)
+    task = SegmentationTask("setr_naive_vit_tiny_patch16", num_classes=3, model_kwargs={
+        "img_size": 32, "encoder_kwargs": {"depth": 4}, "pretrained_cfg": {"resize": (64, 40)}})
+    assert task.model.pretrained_cfg.resize == (64, 40)
+    task._trainer = SimpleNamespace(datamodule=dm)
+    ckpt: dict = {}
+    task.on_save_checkpoint(ckpt)
+    assert ckpt["preprocess"]["resize"] is None
+    assert get_adapter(task.model).eval_settings(task.model).resize == (64, 40), "the model's own, when nothing says"

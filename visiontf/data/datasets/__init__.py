@@ -1,1 +1,0 @@
-"""The torch Datasets behind the data modules: COCO detection, COCO panoptic, restoration, segmentation."""

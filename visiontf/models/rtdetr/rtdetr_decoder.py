@@ -1,0 +1,238 @@
+"""RT-DETR's query selection and decoder (Zhao et al., CVPR 2024, sec. 4.3; RT-DETRv2, Lv et al., 2024).
+
+* The encoder's maps are projected again (1x1 convolution, BatchNorm; extra levels by 3x3 stride-2
+  convolutions of the last map) and flattened into the memory.
+* IoU-aware query selection: every position gets an anchor box (its cell centre, side ``0.05 * 2^level``);
+  positions whose anchor touches the border band (``anchor_eps``) are masked out. A linear + LayerNorm
+  encoder head scores each position (class logits) and refines its anchor (a 3-layer MLP on the logit
+  scale); the ``num_queries`` positions with the highest best-class score become the queries: their
+  features (detached) the content, their boxes (detached) the first references. Trained with the
+  varifocal loss, the score is pulled towards the IoU of the box, so selection prefers well-placed boxes.
+* The decoder: post-norm layers of self-attention, multi-scale deformable cross-attention around each
+  query's box and an FFN (the Deformable DETR layer of :mod:`visiontf.models.deformable_detr.deformable_transformer`,
+  with RT-DETRv2's attention options); each layer's query position is an MLP of its current box, and
+  each layer refines the box with its own head (``sigmoid(delta + inverse_sigmoid(box))``), detached
+  before the next layer. In training, layer i's box is computed from layer i - 1's box before it was
+  detached (DINO's "look forward twice"); in evaluation the decoder stops at ``eval_idx``.
+* In training, denoising queries (noised copies of the ground truth, :mod:`visiontf.models.deformable_detr.denoising`
+  with RT-DETR's constants) go before the matching queries, which cannot see them.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from visiontf.models.deformable_detr.deformable_transformer import DeformableDecoderLayer, inverse_sigmoid
+from visiontf.models.deformable_detr.denoising import DenoisingQueries
+from visiontf.models.detr.detr import MLP
+from visiontf.models.rtdetr.hybrid_encoder import ConvNormAct, activation
+from visiontf.models.rtdetr.rtdetr_options import DecoderOptions
+from visiontf.nn import MSDeformAttn
+from visiontf.nn.ms_deform_tables import tracing_shapes
+
+__all__ = ["DecoderOutput", "RTDetrDecoder", "anchor_boxes"]
+
+#: RT-DETR's inverse sigmoid clamp (``src/zoo/rtdetr/utils.py``)
+INVERSE_SIGMOID_EPS = 1e-5
+
+
+def _anchor_values(shapes, eps: float, dtype: torch.dtype, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """The tables of :func:`anchor_boxes` from sizes that are ints, or traced 0-dim tensors while a graph is exported
+    (row-major positions by broadcasting, so the graph follows the input's size)."""
+    boxes = []
+    for level, (h, w) in enumerate(shapes):
+        ys, xs = torch.arange(h, dtype=dtype, device=device), torch.arange(w, dtype=dtype, device=device)
+        y = (ys[:, None] + 0 * xs[None, :]).reshape(-1)
+        x = (xs[None, :] + 0 * ys[:, None]).reshape(-1)
+        centre = torch.stack([(x + 0.5) / w, (y + 0.5) / h], -1)
+        boxes.append(torch.cat([centre, torch.full_like(centre, 0.05 * 2.0 ** level)], -1))
+    anchors = torch.cat(boxes)[None]
+    valid = ((anchors > eps) & (anchors < 1 - eps)).all(-1, keepdim=True)
+    unact = torch.log(anchors / (1 - anchors))
+    return torch.where(valid, unact, torch.inf), valid
+
+
+@functools.lru_cache(maxsize=32)
+def _anchors(shapes: tuple[tuple[int, int], ...], eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    return _anchor_values(shapes, eps, dtype)
+
+
+def anchor_boxes(shapes: list[tuple[int, int]], eps: float = 1e-2, dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """(1, S, 4) anchor boxes of every position in inverse-sigmoid space (inf where masked) and (1, S, 1) their
+    validity: centre ``((x + 0.5) / W, (y + 0.5) / H)``, side ``0.05 * 2^level``, valid when all four coordinates
+    are inside ``(eps, 1 - eps)``."""
+    if tracing_shapes():  # ONNX export: computed in the graph from the traced level sizes
+        return _anchor_values(shapes, float(eps), dtype, device)
+    unact, valid = _anchors(tuple((int(h), int(w)) for h, w in shapes), float(eps), dtype)
+    return unact.to(device), valid.to(device)
+
+
+@dataclass
+class DecoderOutput:
+    """What the decoder computed: per returned layer, logits (layers, B, N, K) and boxes (layers, B, N, 4); the
+    selected proposals' logits (B, Q, K) and boxes (B, Q, 4); in evaluation only the ``eval_idx`` layer.
+    ``references``: the last returned layer's input reference boxes (B, N, 4)."""
+
+    logits: Tensor
+    boxes: Tensor
+    proposal_logits: Tensor
+    proposal_boxes: Tensor
+    references: Tensor
+    spatial_shapes: list[tuple[int, int]]
+
+
+class RTDetrDecoder(nn.Module):
+    """Input projections, IoU-aware query selection, the deformable decoder and its heads.
+
+    Args:
+        in_channels: channels of the encoder's maps (``hidden_dim`` each), finest first.
+        num_classes: K sigmoid classes.
+        options: :class:`~visiontf.models.rtdetr.rtdetr_options.DecoderOptions`.
+        num_denoising: > 0 builds the denoising label embedding (``num_classes + 1`` rows, the last the zero padding).
+        tables: ``"original"`` (anchors computed in float32 whatever the model's dtype) or ``"transformers"`` (in it).
+    """
+
+    def __init__(self, in_channels: list[int], num_classes: int, options: DecoderOptions, num_denoising: int = 0,
+                 tables: str = "original") -> None:
+        super().__init__()
+        d, levels = options.hidden_dim, options.num_levels
+        if len(in_channels) > levels:
+            raise ValueError(f"the decoder attends to num_levels={levels} levels, fewer than the encoder's {len(in_channels)} maps")
+        self.options, self.num_classes, self.tables = options, num_classes, tables
+        self.input_proj = nn.ModuleList(self._input_projections(in_channels))
+        self.enc_output = nn.Sequential()
+        self.enc_output.proj = nn.Linear(d, d)
+        self.enc_output.norm = nn.LayerNorm(d)
+        self.enc_score_head = nn.Linear(d, num_classes)
+        self.enc_bbox_head = self._mlp(d, d, 4, 3)
+        self.query_pos_head = self._mlp(4, 2 * d, d, 2)
+        self.layers = nn.ModuleList(self._layer() for _ in range(options.num_layers))
+        self.score_heads = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(options.num_layers))
+        self.bbox_heads = nn.ModuleList(self._box_head() for _ in range(options.num_layers))
+        self.denoising_class_embed = nn.Embedding(num_classes + 1, d, padding_idx=num_classes) if num_denoising > 0 else None
+        self.tgt_embed = nn.Embedding(options.num_queries, d) if options.learn_query_content else None
+        self._add_parts()
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------------------------ parts (a subclass's own)
+    def _input_projections(self, in_channels: list[int]) -> list[nn.Module]:
+        """One 1x1 convolution and BatchNorm per encoder map; extra levels are 3x3 stride-2 convolutions of the last."""
+        d = self.options.hidden_dim
+        projections: list[nn.Module] = [ConvNormAct(c, d, 1) for c in in_channels]
+        channels = in_channels[-1]
+        for _ in range(self.options.num_levels - len(in_channels)):
+            projections.append(ConvNormAct(channels, d, 3, 2))
+            channels = d
+        return projections
+
+    def _mlp(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> nn.Module:
+        """The heads' MLPs (ReLU between the layers)."""
+        return MLP(input_dim, hidden_dim, output_dim, num_layers)
+
+    def _layer(self) -> nn.Module:
+        """One decoder layer: the Deformable DETR layer with RT-DETRv2's attention options on the shared core."""
+        options, d, levels = self.options, self.options.hidden_dim, self.options.num_levels
+        points = options.num_points
+        layer = DeformableDecoderLayer(d, options.nhead, levels, points if isinstance(points, int) else points[0],
+                                       options.dim_feedforward, options.dropout, options.attn_method)
+        layer.cross_attn = MSDeformAttn(d, levels, options.nhead, points, method=options.attn_method, sampling=options.sampling,
+                                        offset_scale=options.offset_scale)
+        layer.mlp.act = activation(options.activation)
+        return layer
+
+    def _box_head(self) -> nn.Module:
+        """A layer's box head: a 3-layer MLP to the 4 box deltas."""
+        d = self.options.hidden_dim
+        return self._mlp(d, d, 4, 3)
+
+    def _add_parts(self) -> None:
+        """Modules a subclass adds to these (built before :meth:`reset_parameters`); RT-DETR has none."""
+
+    def reset_parameters(self) -> None:
+        """The original's: class biases at prior 0.01, box heads' last layers zero, xavier projections."""
+        prior = -math.log((1 - 0.01) / 0.01)
+        for score, box in [(self.enc_score_head, self.enc_bbox_head), *zip(self.score_heads, self.bbox_heads)]:
+            nn.init.constant_(score.bias, prior)
+            nn.init.zeros_(box.layers[-1].weight)
+            nn.init.zeros_(box.layers[-1].bias)
+        nn.init.xavier_uniform_(self.enc_output.proj.weight)
+        for layer in self.query_pos_head.layers:
+            nn.init.xavier_uniform_(layer.weight)
+        for proj in self.input_proj:
+            if isinstance(proj, ConvNormAct):
+                nn.init.xavier_uniform_(proj.conv.weight)
+        for layer in self.layers:
+            nn.init.xavier_uniform_(layer.mlp.fc1.weight)
+            nn.init.xavier_uniform_(layer.mlp.fc2.weight)
+        if self.tgt_embed is not None:
+            nn.init.xavier_uniform_(self.tgt_embed.weight)
+        if self.denoising_class_embed is not None:
+            nn.init.normal_(self.denoising_class_embed.weight[:-1])
+
+    # ------------------------------------------------------------------------------------ steps
+    def memory(self, feats: list[Tensor]) -> tuple[Tensor, list[tuple[int, int]]]:
+        """(B, S, d) flattened projected levels and their (H_l, W_l)."""
+        maps = [proj(x) for proj, x in zip(self.input_proj, feats)]
+        for level in range(len(maps), self.options.num_levels):
+            maps.append(self.input_proj[level](feats[-1] if level == len(feats) else maps[-1]))
+        # traced sizes while a graph is exported (the graph then follows the input's size), Python ints otherwise
+        shapes = [(m.shape[-2], m.shape[-1]) if tracing_shapes() else (int(m.shape[-2]), int(m.shape[-1])) for m in maps]
+        return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], 1), shapes
+
+    def select(self, memory: Tensor, shapes: list[tuple[int, int]]) -> dict[str, Tensor]:
+        """IoU-aware query selection: the top ``num_queries`` positions by best class score."""
+        dtype = torch.float32 if self.tables == "original" else memory.dtype
+        anchors, valid = anchor_boxes(shapes, self.options.anchor_eps, dtype, memory.device)
+        output = self.enc_output(valid.to(memory.dtype) * memory)
+        logits = self.enc_score_head(output)
+        coords = self.enc_bbox_head(output) + anchors
+        queries = self.options.num_queries
+        if queries > logits.shape[1]:
+            raise ValueError(f"RT-DETR selects num_queries={queries} of the encoder's {logits.shape[1]} positions; "
+                             "give larger images or build with fewer queries")
+        index = torch.topk(logits.max(-1).values, queries, dim=1).indices[..., None]
+        pick = lambda t: t.gather(1, index.expand(-1, -1, t.shape[-1]))  # noqa: E731
+        boxes_unact = pick(coords)
+        content = self.tgt_embed.weight[None].expand(len(memory), -1, -1) if self.tgt_embed is not None else pick(output).detach()
+        return {"content": content, "boxes_unact": boxes_unact.detach(), "logits": pick(logits), "boxes": boxes_unact.sigmoid()}
+
+    def queries(self, feats: list[Tensor], denoising: DenoisingQueries | None = None) -> dict:
+        """The decoder's inputs: ``memory`` and its ``shapes``, the ``selected`` proposals, the queries' ``content`` and
+        reference boxes ``ref_unact`` (inverse-sigmoid space; ``denoising``'s queries first) and the self-attention
+        ``mask`` (True = may attend; None without denoising queries)."""
+        memory, shapes = self.memory(feats)
+        selected = self.select(memory, shapes)
+        content, ref_unact = selected["content"], selected["boxes_unact"]
+        mask = None
+        if denoising is not None and denoising.meta.pad_size:
+            content = torch.cat([self.denoising_class_embed(denoising.labels).to(content.dtype), content], 1)
+            ref_unact = torch.cat([denoising.boxes_unact.to(ref_unact.dtype), ref_unact], 1)
+            mask = ~denoising.attn_mask  # the layers' attention takes True = may attend
+        return {"memory": memory, "shapes": shapes, "selected": selected, "content": content, "ref_unact": ref_unact, "mask": mask}
+
+    def forward(self, feats: list[Tensor], denoising: DenoisingQueries | None = None, need_weights: bool = False) -> DecoderOutput:
+        """Decode; ``denoising`` (training) puts its queries before the matching ones."""
+        q = self.queries(feats, denoising)
+        memory, shapes, selected, content, ref_unact, mask = (q[k] for k in ("memory", "shapes", "selected", "content", "ref_unact", "mask"))
+        levels = self.options.num_levels
+        last = self.options.num_layers - 1 if self.training else self.options.eval_idx % self.options.num_layers
+        ref = ref_unact.sigmoid()  # detached: the reference every layer attends with
+        undetached = ref  # the previous layer's box before detaching (training's look forward twice)
+        out = content
+        logits, boxes = [], []
+        for i, layer in enumerate(self.layers[: last + 1]):
+            query_pos = self.query_pos_head(ref)
+            out = layer(out, query_pos, ref[:, :, None].expand(-1, -1, levels, -1), memory, shapes, None, mask)
+            delta = self.bbox_heads[i](out)
+            new = (delta + inverse_sigmoid(ref, INVERSE_SIGMOID_EPS)).sigmoid()
+            if self.training or i == last:
+                logits.append(self.score_heads[i](out))
+                boxes.append(new if i == 0 or not self.training else (delta + inverse_sigmoid(undetached, INVERSE_SIGMOID_EPS)).sigmoid())
+            if i < last:
+                undetached, ref = new, new.detach()
+        return DecoderOutput(torch.stack(logits), torch.stack(boxes), selected["logits"], selected["boxes"], ref, shapes)

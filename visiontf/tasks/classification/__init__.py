@@ -1,0 +1,1 @@
+"""visiontf.tasks.classification.classification_task."""

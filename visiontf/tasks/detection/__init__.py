@@ -1,0 +1,1 @@
+"""visiontf.tasks.detection.detection_task."""

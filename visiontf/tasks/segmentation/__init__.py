@@ -1,0 +1,1 @@
+"""visiontf.tasks.segmentation.segmentation_task."""
