@@ -7,6 +7,7 @@ and generation (the VQGAN tokenizer and its GPT), loading the original checkpoin
 The top-level names are resolved lazily so that light entry points (for example evaluating a
 COCO results file) do not pay for importing torch or Lightning.
 """
+from visiontf.core import former_paths
 from visiontf.core.lazy import lazy_getattr
 
 __version__ = "0.1.0"
@@ -24,3 +25,6 @@ __all__ = sorted(_LAZY) + ["__version__"]
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
+
+# configs and checkpoints written before the task packages name classes at their former modules
+former_paths.install()

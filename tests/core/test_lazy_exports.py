@@ -29,7 +29,7 @@ TABLES = _lazy_tables()
 
 
 def test_the_lazy_tables_are_found():
-    assert {"visiontf", "visiontf.cli", "visiontf.adapters"} <= set(TABLES)
+    assert {"visiontf", "visiontf.cli", "visiontf.tasks.detection"} <= set(TABLES)
 
 
 @pytest.mark.parametrize("package", sorted(TABLES))

@@ -60,7 +60,7 @@ CONTRACT_NAMES = sorted({name for kind in (VisionDataModule, DetectionDataModule
 
 def test_upper_layers_read_the_data_contract_without_getattr_defaults():
     root = ROOT / "visiontf"
-    files = [p for sub in ("adapters", "tasks", "inference", "cli", "callbacks") for p in (root / sub).rglob("*.py")]
+    files = [p for sub in ("tasks", "inference", "cli", "callbacks") for p in (root / sub).rglob("*.py")]
     names = "|".join(CONTRACT_NAMES)
     pattern = re.compile(r"(getattr|hasattr)\([^,()]*(dm|datamodule|data_module)\b[^,()]*, \"(" + names + r")\"")
     found = [f"{p.relative_to(root)}: {m.group(0)}" for p in files for m in pattern.finditer(p.read_text())]

@@ -141,7 +141,7 @@ def test_every_kind_is_one_a_task_trains():
 
 def test_upper_layers_read_the_contract_without_getattr_defaults():
     root = Path(__file__).resolve().parents[2] / "visiontf"
-    files = [p for sub in ("adapters", "tasks", "inference", "cli", "detection", "evaluation", "callbacks")
+    files = [p for sub in ("tasks", "inference", "cli", "set_prediction", "evaluation", "callbacks")
              for p in (root / sub).rglob("*.py")] + [root / "io" / "weights.py"]
     names = "|".join(CONTRACT_NAMES)
     pattern = re.compile(r"(getattr|hasattr)\([^,()]*model[^,()]*, \"(" + names + r")\"")

@@ -2,7 +2,7 @@
 
 ONNX goes through the TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``, opset
 17): the dynamo exporter needs ``onnxscript``, which this environment does not ship. Each task's
-adapter gives the graph's wrapper and signature (``visiontf.adapters``):
+adapter gives the graph's wrapper and signature (``visiontf.tasks.<task>.<task>_inference``):
 
 * classification: ``images`` (B, 3, H, W) -> ``logits`` (B, K); batch dynamic, H/W fixed (the
   position-embedding resampling is traced for the export size).

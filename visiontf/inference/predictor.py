@@ -4,7 +4,7 @@
 ``pretrained_cfg``, or the settings saved with a checkpoint or export), batches images of different
 sizes, and maps every result back to the original image: detection boxes in original pixels,
 segmentation label maps at the original resolution. Everything task-specific is the adapter's
-(:mod:`visiontf.adapters`); this module loops over batches, which :mod:`visiontf.data.inputs`
+(``visiontf.tasks.<task>.<task>_inference``); this module loops over batches, which :mod:`visiontf.data.inputs`
 streams (files decoded in DataLoader workers, so memory does not grow with the number of files).
 
 An image that cannot be predicted (unreadable, no pixels, NaN values, or one the model fails on

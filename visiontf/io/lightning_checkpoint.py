@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from visiontf.core.former_paths import former_spellings
 from visiontf.core.saved_arguments import SavedArgumentsError, check_arguments, plain_data
 from visiontf.io.weights import safe_torch_load
 
@@ -21,8 +22,10 @@ LIGHTNING_CLI_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module", "pyto
 
 
 def class_spellings(cls: type) -> tuple[str, ...]:
-    """The ways a config or a checkpoint writes ``cls``: ``module.Class``, ``module:Class`` and the short ``Class``."""
-    return f"{cls.__module__}.{cls.__qualname__}", f"{cls.__module__}:{cls.__qualname__}", cls.__qualname__
+    """The ways a config or a checkpoint writes ``cls``: ``module.Class``, ``module:Class``, the short ``Class``,
+    and the first two at the module it had before the task packages (:mod:`visiontf.core.former_paths`)."""
+    return (f"{cls.__module__}.{cls.__qualname__}", f"{cls.__module__}:{cls.__qualname__}", cls.__qualname__,
+            *former_spellings(cls))
 
 
 def spelled(classes: Iterable[type]) -> dict[str, type]:

@@ -42,7 +42,7 @@ class BaseTask(L.LightningModule):
     data nor guesses.
     """
 
-    #: the task's name, for its adapter (:mod:`visiontf.adapters`)
+    #: the task's name, for its adapter (:mod:`visiontf.tasks.task_inference`)
     task: str = ""
     #: the kind of model it trains (:mod:`visiontf.models.contract`); a registered model of another kind is refused
     model_kind: type[VisionModel] = VisionModel

@@ -6,9 +6,9 @@ tasks reads it from :data:`TASK_TABLE`: the adapter lookup and ``infer_task``
 task and data module so that configs may name them by short ``class_path``), the predict CLI
 (short data-module names in a ``--config``) and the tests.
 
-The rows hold class paths as strings, so this module imports nothing: it sits in the adapters
-layer, where every reader (adapters, checkpoints, inference, cli) may import it, while naming
-classes of the layers above (``visiontf.tasks``) that are imported only when asked for.
+The rows hold class paths as strings, so this module imports nothing: it is one of the modules every
+task shares (the lowest of ``visiontf.tasks``), where every reader (the adapter lookup, checkpoints,
+inference, cli) may import it, while naming the task packages' classes, imported only when asked for.
 """
 from __future__ import annotations
 

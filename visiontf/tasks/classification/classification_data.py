@@ -30,9 +30,9 @@ from visiontf.core.config_checks import (
     unit_interval_open_left,
 )
 from visiontf.data.base import VisionDataModule
+from visiontf.data.class_folders import LAYOUT_HINT, class_dirs, find_classes, images_in
 from visiontf.data.io import read_image
 from visiontf.data.loading import (
-    IMAGE_EXTENSIONS,
     AugmentedDataset,
     DatasetLayoutError,
     EpochIndex,
@@ -43,80 +43,6 @@ from visiontf.data.loading import (
 from visiontf.data.samplers import eval_sampler, train_sampler
 
 log = logging.getLogger(__name__)
-
-
-LAYOUT_HINT = "expected ImageFolder layout <root>/<split>/<class_name>/<image>.jpg|png"
-
-
-def _is_image(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS
-
-
-def _check_split_dir(split_dir: Path) -> None:
-    if not split_dir.is_dir():
-        raise DatasetLayoutError(
-            f"{split_dir}: split folder not found ({LAYOUT_HINT}); check the root and the split name"
-        )
-
-
-def _class_dirs(split_dir: Path) -> list[Path]:
-    _check_split_dir(split_dir)
-    dirs, hidden, loose = [], [], 0
-    for p in sorted(split_dir.iterdir()):
-        if p.is_dir():
-            (hidden if p.name.startswith(".") else dirs).append(p)
-        elif _is_image(p):
-            loose += 1
-    if hidden:
-        log.info("%s: ignoring hidden folders %s", split_dir, [p.name for p in hidden])
-    if loose:
-        log.warning(
-            "%s: ignoring %d image(s) placed directly in the split folder; move them into a class folder (%s)",
-            split_dir, loose, LAYOUT_HINT,
-        )
-    return dirs
-
-
-def _images_in(class_dir: Path) -> tuple[list[Path], int, list[Path]]:
-    """Image files under ``class_dir``, how many other files, and the broken symbolic links (which
-    ``is_file()`` alone would drop without a word)."""
-    images, others, broken = [], 0, []
-    for p in sorted(class_dir.rglob("*")):
-        if p.name.startswith("."):
-            continue
-        if p.is_file():
-            if p.suffix.lower() in IMAGE_EXTENSIONS:
-                images.append(p)
-            else:
-                others += 1
-        elif p.is_symlink() and not p.exists():
-            broken.append(p)
-    return images, others, broken
-
-
-def find_classes(split_dir: str | Path) -> list[str]:
-    """Sorted names of the class folders of ``split_dir`` that hold at least one image.
-
-    Empty class folders are skipped with a warning naming them, as long as another class has images;
-    otherwise this raises :class:`DatasetLayoutError`.
-    """
-    split_dir = Path(split_dir)
-    dirs = _class_dirs(split_dir)
-    if not dirs:
-        raise DatasetLayoutError(f"{split_dir}: no class folders ({LAYOUT_HINT})")
-    names, empty = [], []
-    for d in dirs:
-        (names if _images_in(d)[0] else empty).append(d.name)
-    if not names:
-        raise DatasetLayoutError(
-            f"{split_dir}: all {len(dirs)} class folders are empty (no files with extensions {IMAGE_EXTENSIONS})"
-        )
-    if empty:
-        log.warning(
-            "%s: skipping %d empty class folder(s) %s; they get no class index (add images or delete them)",
-            split_dir, len(empty), empty,
-        )
-    return names
 
 
 class ImageFolderDataset(AugmentedDataset):
@@ -150,8 +76,8 @@ class ImageFolderDataset(AugmentedDataset):
         index = {name: i for i, name in enumerate(self.class_names)}
         self.samples: list[tuple[Path, int]] = []
         empty, skipped_files, broken = [], 0, []
-        for d in _class_dirs(self.root):
-            images, others, links = _images_in(d)
+        for d in class_dirs(self.root):
+            images, others, links = images_in(d)
             skipped_files += others
             broken += links
             if not images:

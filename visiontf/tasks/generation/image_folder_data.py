@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 
 from visiontf.core.config_checks import check_config, non_negative_int, one_of, positive, positive_int
 from visiontf.data.base import VisionDataModule
+from visiontf.data.class_folders import find_classes
 from visiontf.data.io import ImageReadError, read_image
 from visiontf.data.loading import (
     IMAGE_EXTENSIONS,
@@ -43,7 +44,6 @@ from visiontf.data.loading import (
     sample_seed,
 )
 from visiontf.data.samplers import eval_sampler, train_sampler
-from visiontf.tasks.classification.classification_data import find_classes
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from visiontf.tasks.classification.classification_synthetic import SHAPES, _class_style, draw_shape
+from visiontf.data.synthetic.shapes import SHAPES, class_style, draw_shape
 
 LAYOUTS = ("generic", "ade20k", "cityscapes")
 IGNORE = 255
@@ -53,7 +53,7 @@ def render_sample(rng: np.random.Generator, num_classes: int, size: tuple[int, i
     short = min(h, w)
     for _ in range(int(rng.integers(1, 5)) if num_classes > 1 else 0):
         label = int(rng.integers(1, num_classes))
-        shape, colour = _class_style(label - 1, num_classes)
+        shape, colour = class_style(label - 1, num_classes)
         colour = tuple(int(v) for v in np.clip(colour + rng.normal(0, 20, size=3), 0, 255))
         r = rng.uniform(0.1, 0.3) * short
         cx, cy = rng.uniform(0, w), rng.uniform(0, h)
