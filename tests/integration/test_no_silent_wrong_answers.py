@@ -269,8 +269,8 @@ def test_config_values_and_one_class_name_the_key(tmp_path):
         make_cli([*base, f"--data.init_args.root={one}"])
     from visiontf.tasks.detection.detection_task import DetectionTask
 
-    with pytest.raises(ConfigError, match=r"model\.init_args\.eos_coef=0: must be a number in \(0, 1\]"):
-        DetectionTask(num_classes=2, eos_coef=0)
+    with pytest.raises(ConfigError, match=r"model\.init_args\.set_loss\.criterion\.eos_coef=0: must be a number in \(0, 1\]"):
+        DetectionTask(num_classes=2, set_loss={"criterion": {"eos_coef": 0}})
 
 
 @pytest.mark.parametrize("spoil, message", [

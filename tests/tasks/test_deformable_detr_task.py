@@ -48,16 +48,17 @@ def test_criterion_and_postprocessing_follow_the_class_head():
     assert c.weight_dict == {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
     assert isinstance(detr.postprocess, PostProcess)
 
-    # single defaults overridden by name or through the dicts, the rest kept
-    tuned = DetectionTask("deformable_detr_tiny", num_classes=3, model_kwargs=TINY, cost_class=3.0, loss_giou=1.0,
-                          matcher_kwargs={"cost_bbox": 4.0}, criterion_kwargs={"focal_alpha": 0.3, "weight_dict": {"loss_bbox": 6.0}})
+    # single defaults overridden in the set_loss section, the rest kept
+    tuned = DetectionTask("deformable_detr_tiny", num_classes=3, model_kwargs=TINY,
+                          set_loss={"matcher": {"cost_class": 3.0, "cost_bbox": 4.0}, "criterion": {"focal_alpha": 0.3},
+                                    "weights": {"loss_bbox": 6.0, "loss_giou": 1.0}})
     c = tuned.criterion
     assert (c.matcher.cost_class, c.matcher.cost_bbox, c.matcher.cost_giou, c.matcher.class_cost) == (3.0, 4.0, 2.0, "focal")
     assert c.weight_dict == {"loss_ce": 2.0, "loss_bbox": 6.0, "loss_giou": 1.0} and c.focal_alpha == 0.3
 
 
 def test_criterion_kwargs_reach_a_new_criterion_option_unchanged(monkeypatch):
-    """A criterion option added later needs no task change: criterion_kwargs go through as given."""
+    """A criterion option added later needs no task change: set_loss.criterion.options go through as given."""
 
     class WithOption(SetCriterion):
         def __init__(self, *args, new_option: int = 0, **kwargs):
@@ -67,7 +68,7 @@ def test_criterion_kwargs_reach_a_new_criterion_option_unchanged(monkeypatch):
     family_defaults = set_loss.set_loss_defaults
     monkeypatch.setattr(set_loss, "set_loss_defaults",
                         lambda model: dataclasses.replace(family_defaults(model), criterion_class=WithOption))
-    task = DetectionTask("deformable_detr_tiny", num_classes=3, model_kwargs=TINY, criterion_kwargs={"new_option": 7})
+    task = DetectionTask("deformable_detr_tiny", num_classes=3, model_kwargs=TINY, set_loss={"criterion": {"options": {"new_option": 7}}})
     assert task.criterion.new_option == 7 and task.criterion.class_loss == "focal"
 
 

@@ -4,8 +4,8 @@ A detector's ``class_head`` gives the family defaults of its convention
 (:data:`visiontf.set_prediction.set_loss.SET_LOSS_BY_CLASS_HEAD`: DETR's softmax, Deformable DETR's focal).
 A family trained with other published settings on the same logits (RT-DETR: the varifocal loss with
 weights 1 / 5 / 2) says so by implementing :class:`OwnSetLoss`, whose typed :class:`SetLossOptions`
-replace the class head's defaults in :func:`visiontf.set_prediction.build_criterion`; a task's named
-overrides and ``criterion_kwargs`` still go on top.
+replace the class head's defaults in :func:`visiontf.set_prediction.build_criterion`; a task's ``set_loss``
+section still goes on top.
 """
 from __future__ import annotations
 

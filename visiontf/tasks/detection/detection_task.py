@@ -22,6 +22,7 @@ from visiontf.evaluation.coco import METRIC_NAMES
 from visiontf.models.contract import Detector
 from visiontf.set_prediction import build_criterion, build_postprocess
 from visiontf.set_prediction.mask_postprocess import add_instance_masks
+from visiontf.set_prediction.set_loss_section import SHORTCUTS, SetLoss, migrate_shortcuts
 from visiontf.tasks.base_task import BaseTask
 from visiontf.tasks.detection.mask_eval import MaskEvaluation, sync_thing_classes
 from visiontf.tasks.optim import (
@@ -93,11 +94,12 @@ class DetectionTask(OptimArgsMixin, BaseTask):
     The model decides how it is trained and decoded: its ``class_head`` picks the matcher and
     criterion with the family's published defaults (:func:`visiontf.set_prediction.build_criterion`: DETR
     ce 1 / L1 5 / GIoU 2, "no object" weight 0.1; Deformable DETR focal, cost and loss class 2, L1 5,
-    GIoU 2) and the post-processing (:func:`visiontf.set_prediction.build_postprocess`). The named
-    arguments below override single defaults (None keeps the family's); ``matcher_kwargs`` and
-    ``criterion_kwargs`` go to :class:`~visiontf.set_prediction.HungarianMatcher` and
-    :class:`~visiontf.set_prediction.SetCriterion` unchanged and win over both, so a new criterion option
-    needs no change here (a ``weight_dict`` in ``criterion_kwargs`` is merged term by term).
+    GIoU 2) and the post-processing (:func:`visiontf.set_prediction.build_postprocess`). The ``set_loss``
+    section (:class:`~visiontf.set_prediction.set_loss_section.SetLoss`: ``matcher``, ``criterion``, ``weights``)
+    overrides single defaults (a field left out keeps the family's); ``set_loss.criterion.options`` passes a
+    family's own criterion keywords unchanged. The keywords of before the section (``cost_class``, ``cost_bbox``,
+    ``cost_giou``, ``loss_ce``, ``loss_bbox``, ``loss_giou``, ``eos_coef``, ``matcher_kwargs``,
+    ``criterion_kwargs``) are still read into it, with one ``FutureWarning`` that shows the new spelling.
 
     A model whose forward needs the ground truth while training (denoising queries) declares
     ``forward_takes_targets = True``; training steps then call ``model(images, mask, targets=targets)``.
@@ -153,6 +155,12 @@ class DetectionTask(OptimArgsMixin, BaseTask):
         layer_decay: float | None = None,
         param_groups: list[ParamGroupRule] | None = None,
         flat_cosine: FlatCosine | None = None,
+        set_loss: SetLoss | None = None,
+        eval_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
+        compile: bool | Literal["transformer"] = False,
+        on_nonfinite: Literal["raise", "skip"] = "raise",
+        log_per_class: bool = True,
+        *,
         cost_class: float | None = None,
         cost_bbox: float | None = None,
         cost_giou: float | None = None,
@@ -162,24 +170,24 @@ class DetectionTask(OptimArgsMixin, BaseTask):
         eos_coef: float | None = None,
         matcher_kwargs: dict[str, Any] | None = None,
         criterion_kwargs: dict[str, Any] | None = None,
-        eval_backend: Literal["auto", "pycocotools", "faster_coco_eval"] = "auto",
-        compile: bool | Literal["transformer"] = False,
-        on_nonfinite: Literal["raise", "skip"] = "raise",
-        log_per_class: bool = True,
     ) -> None:
         check_config(type(self).__name__, "model", lr=(lr, positive), lr_backbone=(lr_backbone, non_negative),
                      lr_offsets_mult=(lr_offsets_mult, non_negative), weight_decay=(weight_decay, non_negative),
                      schedule=(schedule, one_of("step", "cosine", "constant", "flat_cosine")),
                      lr_drop_epochs=(lr_drop_epochs, optional(positive_int)), warmup_steps=(warmup_steps, non_negative_int),
                      layer_decay=(layer_decay, optional(unit_interval_open_left)),
-                     cost_class=(cost_class, optional(non_negative)), cost_bbox=(cost_bbox, optional(non_negative)),
-                     cost_giou=(cost_giou, optional(non_negative)), loss_ce=(loss_ce, optional(non_negative)),
-                     loss_bbox=(loss_bbox, optional(non_negative)), loss_giou=(loss_giou, optional(non_negative)),
-                     eos_coef=(eos_coef, optional(unit_interval_open_left)), compile=(compile, one_of(False, True, "transformer")))
+                     compile=(compile, one_of(False, True, "transformer")))
         # the typed sections, checked here and kept as plain mappings in the hyper-parameters (checkpoints, hparams.yaml)
         try:
             rules = [ParamGroupRule.of(r) for r in param_groups or ()]
             schedule_args = None if flat_cosine is None else FlatCosine.of(flat_cosine)
+            # the keywords of before the set_loss section (configs, command lines, checkpoints' hyper-parameters):
+            # read into it by name with one FutureWarning, and saved only as the section
+            loss_section = migrate_shortcuts(
+                {"cost_class": cost_class, "cost_bbox": cost_bbox, "cost_giou": cost_giou, "loss_ce": loss_ce,
+                 "loss_bbox": loss_bbox, "loss_giou": loss_giou, "eos_coef": eos_coef,
+                 "matcher_kwargs": matcher_kwargs, "criterion_kwargs": criterion_kwargs},
+                set_loss, owner=type(self).__name__)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{type(self).__name__}: model.init_args.{e}") from None
         if (schedule == "flat_cosine") != (schedule_args is not None):
@@ -190,18 +198,14 @@ class DetectionTask(OptimArgsMixin, BaseTask):
                               "use one of them")
         param_groups = [r.as_dict() for r in rules] or None
         flat_cosine = None if schedule_args is None else schedule_args.as_dict()
+        set_loss = None if loss_section.is_empty() else loss_section.as_dict()
         super().__init__(model_name, num_classes, model_kwargs, pretrained, compile is True, on_nonfinite)
         # "transformer": torch.compile of the encoder-decoder alone; the backbone (cuDNN's convolutions
         # already) and the post-processing stay eager, and the graph breaks of the rest do not matter
         self.compile_transformer = compile == "transformer"
-        self.save_hyperparameters()
-        given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
-        matcher = {**given(cost_class=cost_class, cost_bbox=cost_bbox, cost_giou=cost_giou), **(matcher_kwargs or {})}
-        criterion = {**given(eos_coef=eos_coef), **(criterion_kwargs or {})}
-        criterion["weight_dict"] = {**given(loss_ce=loss_ce, loss_bbox=loss_bbox, loss_giou=loss_giou),
-                                    **(criterion.get("weight_dict") or {})}
+        self.save_hyperparameters(ignore=list(SHORTCUTS))
         # the criterion's matcher runs outside any compiled graph: scipy needs the CPU
-        self.criterion = build_criterion(self.model, num_classes, matcher, criterion)
+        self.criterion = build_criterion(self.model, num_classes, loss_section.matcher_kwargs(), loss_section.criterion_kwargs())
         self.metrics: dict[str, Any] = {}
         self._last_report: dict | None = None
         # a model with a mask head is also scored on its masks (mask AP, PQ): visiontf.tasks.detection.mask_eval
