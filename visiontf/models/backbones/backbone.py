@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from visiontf.io.weights import WeightsError
+from visiontf.models._registry import key_mismatch
+
 #: prefix selecting a timm model, e.g. ``"timm:convnext_tiny"``
 TIMM_PREFIX = "timm:"
 #: prefix selecting ViTDet's simple feature pyramid on a ViT, e.g. ``"simplefpn:vit_small_patch16_224"``
@@ -163,3 +166,23 @@ class BackboneLayerDepth:
         if isinstance(backbone, Backbone) and name.startswith("backbone."):
             return backbone.layer_depth(name[len("backbone."):])
         return None
+
+
+def load_fitting_imagenet(body: nn.Module, state: dict[str, Tensor], path: object, family: str, target: str,
+                          expected: str) -> int:
+    """Load ``state`` (an ImageNet file already in ``body``'s names, the classifier dropped) into ``body`` strictly.
+
+    A file of another layout or width is refused in one line naming ``path``, the ``family`` and ``target`` backbone,
+    and what was ``expected``, never loaded in part. Returns the number of tensors loaded.
+    """
+    own = body.state_dict()
+    missing = [k for k in own if k not in state and not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise WeightsError(f"{path}: {family} weights do not fit the {target} backbone: {key_mismatch(missing, unexpected)}; "
+                           f"expected {expected}")
+    wrong = [f"{k} {tuple(state[k].shape)} -> {tuple(own[k].shape)}" for k in state if state[k].shape != own[k].shape]
+    if wrong:
+        raise WeightsError(f"{path}: {family} weights of another width: {'; '.join(wrong[:4])}")
+    body.load_state_dict(state, strict=False)
+    return len(state)

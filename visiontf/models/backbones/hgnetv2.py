@@ -25,8 +25,7 @@ import torch
 from torch import Tensor
 
 from visiontf.io.weights import WeightsError, load_state_dict_file
-from visiontf.models._registry import key_mismatch
-from visiontf.models.backbones.backbone import Backbone
+from visiontf.models.backbones.backbone import Backbone, load_fitting_imagenet
 from visiontf.models.backbones.fast_pool import replace_max_pool
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
 from visiontf.models.backbones.registry import register_backbone
@@ -145,21 +144,13 @@ class HGNetV2Backbone(Backbone):
     def load_imagenet(self, path: str | Path) -> None:
         """ImageNet weights from a local file in D-FINE's (timm's) or transformers' layout; its classifier is dropped."""
         state = hgnetv2_state(load_state_dict_file(path))
-        own = self.body.state_dict()
         kept_stages = len(self.body.stages)
         unused = [k for k in state if k.startswith(("head.", "fc.")) or k.endswith("num_batches_tracked")
                   or (re.match(r"stages\.(\d+)\.", k) and int(k.split(".")[1]) >= kept_stages)]
         state = {k: v for k, v in state.items() if k not in set(unused)}
-        missing = [k for k in own if k not in state and not k.endswith("num_batches_tracked")]
-        unexpected = [k for k in state if k not in own]
-        if missing or unexpected:
-            raise WeightsError(f"{path}: HGNetv2 weights do not fit the {self.arch} backbone: {key_mismatch(missing, unexpected)}; "
-                               "expected D-FINE's PPHGNetV2 file of this architecture (or transformers' / timm's layout)")
-        wrong = [f"{k} {tuple(state[k].shape)} -> {tuple(own[k].shape)}" for k in state if state[k].shape != own[k].shape]
-        if wrong:
-            raise WeightsError(f"{path}: HGNetv2 weights of another width: {'; '.join(wrong[:4])}")
-        self.body.load_state_dict(state, strict=False)
-        log.info("HGNetv2 %s: loaded %d tensors from %s", self.arch, len(state), path)
+        loaded = load_fitting_imagenet(self.body, state, path, "HGNetv2", self.arch,
+                                       "D-FINE's PPHGNetV2 file of this architecture (or transformers' / timm's layout)")
+        log.info("HGNetv2 %s: loaded %d tensors from %s", self.arch, loaded, path)
 
 
 @register_backbone("hgnetv2", names=HGNETV2_NAMES, examples={"hgnetv2_b0": {}},

@@ -26,8 +26,7 @@ import torch
 from torch import Tensor
 
 from visiontf.io.weights import WeightsError, load_state_dict_file
-from visiontf.models._registry import key_mismatch
-from visiontf.models.backbones.backbone import Backbone
+from visiontf.models.backbones.backbone import Backbone, load_fitting_imagenet
 from visiontf.models.backbones.fast_pool import replace_max_pool
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
 from visiontf.models.backbones.registry import register_backbone
@@ -153,16 +152,9 @@ class ResNetVdBackbone(Backbone):
         dropped = [k for k in state if k.startswith(("fc.", "head.")) or k.endswith("num_batches_tracked") or re.match(r"layer[1-4]\.", k)
                    and k not in own and int(k[5]) > max(self.stages)]
         state = {k: v for k, v in state.items() if k not in set(dropped)}
-        missing = [k for k in own if k not in state and not k.endswith("num_batches_tracked")]
-        unexpected = [k for k in state if k not in own]
-        if missing or unexpected:
-            raise WeightsError(f"{path}: ResNet-vd weights do not fit the R{self.depth}vd backbone: {key_mismatch(missing, unexpected)}; "
-                               "expected RT-DETR's PResNet file of this depth (or transformers' / timm's layout)")
-        wrong = [f"{k} {tuple(state[k].shape)} -> {tuple(own[k].shape)}" for k in state if state[k].shape != own[k].shape]
-        if wrong:
-            raise WeightsError(f"{path}: ResNet-vd weights of another width: {'; '.join(wrong[:4])}")
-        self.body.load_state_dict(state, strict=False)
-        log.info("ResNet-vd R%d: loaded %d tensors from %s", self.depth, len(state), path)
+        loaded = load_fitting_imagenet(self.body, state, path, "ResNet-vd", f"R{self.depth}vd",
+                                       "RT-DETR's PResNet file of this depth (or transformers' / timm's layout)")
+        log.info("ResNet-vd R%d: loaded %d tensors from %s", self.depth, loaded, path)
 
 
 @register_backbone("resnet_vd", names=RESNET_VD_NAMES, examples={"resnet18vd": {}},
