@@ -1,7 +1,7 @@
 """The tasks' optimizer groups come from the models (no_weight_decay, param_group) and are exactly
 the groups of the name-matching rules they replaced: same parameters, same order, same lr and decay.
 
-The reference rules below are the tasks' former code, kept here verbatim as the specification.
+The reference rules below restate, as the specification, the name-matching rules this project's tasks used before.
 Cost: three tiny models, about 2 s.
 """
 from __future__ import annotations
