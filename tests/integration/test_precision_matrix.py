@@ -90,6 +90,8 @@ FAMILIES = {
     "vit": "configs/vit/vit_tiny_synthetic.yaml",
     "detr": "configs/detr/detr_tiny_shapes.yaml",
     "dino": "configs/deformable_detr/deformable_detr_tiny_shapes.yaml",
+    "rtdetr": "configs/rtdetr/rtdetr_tiny_shapes.yaml",
+    "dfine": "configs/dfine/dfine_tiny_shapes.yaml",
     # the mask heads (their training forward runs the head on the matched queries) on the panoptic set
     "detr_masks": "configs/detr/detr_tiny_masks_panoptic.yaml",
     "dino_masks": "configs/deformable_detr/dino_tiny_masks_panoptic.yaml",
@@ -119,7 +121,7 @@ def family_data(tmp_path_factory) -> dict[str, Path]:
         (base / "photos" / split).mkdir(parents=True)
         for i in range(n):
             Image.fromarray(rng.integers(0, 256, (104, 112, 3), dtype=np.uint8)).save(base / "photos" / split / f"p{i}.png")
-    return {"vit": Path(cls), "detr": base / "det", "dino": base / "det", "detr_masks": panoptic, "dino_masks": panoptic, "setr": base / "seg", "ipt": base / "photos",
+    return {"vit": Path(cls), "detr": base / "det", "dino": base / "det", "rtdetr": base / "det", "dfine": base / "det", "detr_masks": panoptic, "dino_masks": panoptic, "setr": base / "seg", "ipt": base / "photos",
             "vqgan": base / "photos", "vqgan_gpt": base / "photos"}
 
 
