@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
-from visiontf.models.contract import ModelCfg, PretrainedCfg, Restorer, build_model
+from visiontf.models.contract import ModelCfg, PretrainedCfg, Restorer
+from visiontf.models.ipt.build import build_ipt
 from visiontf.models.ipt.convert import convert_state_dict
 from visiontf.models.ipt.task_names import PRETRAIN_TASKS, task_scale
 from visiontf.models.ipt.tiling import forward_chop, forward_x8
@@ -188,7 +189,8 @@ class IPT(Restorer):
         self.head = nn.ModuleList(
             nn.Sequential(_conv(3, n_feats, 3), ResBlock(n_feats, 5), ResBlock(n_feats, 5)) for _ in self.tasks
         )
-        self.body = IPTBody(tile_size, patch_dim, n_feats, num_heads, num_layers, num_queries, dropout)
+        self.body = IPTBody(img_size=tile_size, patch_dim=patch_dim, channels=n_feats, num_heads=num_heads, num_layers=num_layers,
+                            num_queries=num_queries, dropout=dropout)
         self.tail = nn.ModuleList(nn.Sequential(Upsampler(s, n_feats), _conv(n_feats, 3, 3)) for s in self.scales)
         self.pretrained_cfg = PretrainedCfg(
             rgb_range=self.rgb_range, input_range=(0.0, 1.0), mean=RGB_MEAN, tasks=self.tasks,
@@ -299,7 +301,7 @@ _TEST = dict(test_kwargs=dict(n_feats=8, num_layers=1, num_heads=2), test_image_
 
 
 def _create(name: str, **kwargs) -> IPT:
-    return build_model(IPT, DEFAULT_CFGS[name], **kwargs)
+    return build_ipt(IPT, DEFAULT_CFGS[name], **kwargs)
 
 
 @register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
@@ -348,6 +350,4 @@ def ipt_pretrain(**kwargs) -> IPT:
 def ipt_tiny(scale: int = 2, **kwargs) -> IPT:
     """A CPU-sized IPT (8 features, 4x4 patches: 144 tokens of 128 dims, 2+2 layers, 4 heads), 1.1 M
     parameters, for ``scale`` (1: a restoration task named ``"restore"``)."""
-    if "tasks" not in kwargs:
-        kwargs["tasks"] = (f"sr_x{scale}",) if scale > 1 else ("restore",)
-    return _create("ipt_tiny", **kwargs)
+    return _create("ipt_tiny", scale=scale, **kwargs)

@@ -16,7 +16,8 @@ from timm.data import IMAGENET_INCEPTION_STD as INCEPTION_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import list_models, register_model
-from visiontf.models.contract import Classifier, ModelCfg, PretrainedCfg, build_model
+from visiontf.models.contract import Classifier, ModelCfg, PretrainedCfg
+from visiontf.models.vit.build import build_vit, vit_variant
 from visiontf.models.vit.features import features_only
 from visiontf.models.vit.timm_api import TimmViTApi
 from visiontf.nn import TransformerEncoderLayer, resample_pos_embed
@@ -201,20 +202,9 @@ class VisionTransformer(TimmViTApi, Classifier):
             self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
 
-_SIZES = {
-    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
-    "small": dict(embed_dim=384, depth=12, num_heads=6),
-    "base": dict(embed_dim=768, depth=12, num_heads=12),
-    "large": dict(embed_dim=1024, depth=24, num_heads=16),
-}
 #: DeiT was trained with ImageNet statistics (ViT's augreg weights use Inception's, the class default)
 _DEIT = dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=0.875)
-
-
-def _vit(hub: str, size: str, patch_size: int, img_size: int, distilled: bool = False, **cfg: Any) -> ModelCfg:
-    """A variant: its constructor arguments, and its published settings (``hf_hub_id``: timm's weight name)."""
-    kwargs = dict(**_SIZES[size], patch_size=patch_size, img_size=img_size, **({"distilled": True} if distilled else {}))
-    return ModelCfg(kwargs, PretrainedCfg(hf_hub_id=hub, **cfg))
+_vit = vit_variant
 _TAGS = ("classification", "vit")
 
 #: every registered ViT / DeiT variant (384-px models are evaluated without a crop margin, as timm's)
@@ -247,7 +237,7 @@ _TEST = dict(test_kwargs=dict(embed_dim=32, depth=2, num_heads=2), test_image_si
 
 
 def _create(name: str, **kwargs) -> VisionTransformer:
-    return build_model(VisionTransformer, DEFAULT_CFGS[name], **kwargs)
+    return build_vit(VisionTransformer, DEFAULT_CFGS[name], **kwargs)
 
 
 def _timm_weights(name: str) -> Callable[[], dict]:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from visiontf.models._registry import WeightsLayoutError, register_model
 from visiontf.models.contract import Generator, ModelCfg, PretrainedCfg
-from visiontf.models.vqgan.vqgan import DEFAULT_CFGS as FIRST_STAGES
+from visiontf.models.vqgan.build import build_vqgan_transformer
 from visiontf.models.vqgan.vqgan import VQModel
 
 log = logging.getLogger(__name__)
@@ -191,18 +191,15 @@ class Net2NetTransformer(Generator):
     """A first stage (:class:`VQModel`, frozen, eval) and a :class:`GPT` over its codes, one conditioning token first.
 
     Args:
-        first_stage: the registered first-stage name or a built :class:`VQModel`.
+        first_stage: the built :class:`VQModel` (a registered name: :func:`~visiontf.models.vqgan.build.build_vqgan_transformer`).
         n_classes: None: unconditional (``sos_token`` first); an int: class-conditional (the label first,
             in [0, n_classes), sharing the vocabulary with the codes).
         pkeep: training only: the probability of keeping each input code (else a random one), taming's.
         gpt: :class:`GPT` arguments; ``vocab_size`` defaults to the first stage's ``num_codes``.
     """
 
-    def __init__(self, first_stage: str | VQModel = "vqgan_tiny", n_classes: int | None = None, sos_token: int = 0,
-                 pkeep: float = 1.0, first_stage_kwargs: dict | None = None, **gpt) -> None:
+    def __init__(self, first_stage: VQModel, n_classes: int | None = None, sos_token: int = 0, pkeep: float = 1.0, **gpt) -> None:
         super().__init__()
-        if isinstance(first_stage, str):
-            first_stage = VQModel(**{**FIRST_STAGES[first_stage].kwargs, **(first_stage_kwargs or {})})
         self.first_stage_model = first_stage.eval().requires_grad_(False)
         # its images are its first stage's: their size and value range
         first = first_stage.pretrained_cfg
@@ -297,4 +294,4 @@ _TEST = dict(test_kwargs=dict(n_layer=1, n_head=2, n_embd=32, block_size=16,
 @register_model(filter_fn=convert_state_dict, tags=("generation", "vqgan"), **_TEST)
 def vqgan_transformer_tiny(**kwargs) -> Net2NetTransformer:
     """minGPT (4 layers, 4 heads, 128 wide) over ``vqgan_tiny``'s codes; ``n_classes=K`` for class-conditional."""
-    return Net2NetTransformer(**{**DEFAULT_CFGS["vqgan_transformer_tiny"].kwargs, **kwargs})
+    return build_vqgan_transformer(Net2NetTransformer, DEFAULT_CFGS["vqgan_transformer_tiny"], **kwargs)

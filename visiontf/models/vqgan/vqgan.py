@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visiontf.models._registry import WeightsLayoutError, register_model
-from visiontf.models.contract import ModelCfg, PretrainedCfg, Tokenizer, build_model
+from visiontf.models.contract import ModelCfg, PretrainedCfg, Tokenizer
 from visiontf.models.vqgan.blocks import Decoder, Encoder
+from visiontf.models.vqgan.build import build_vqgan
 from visiontf.models.vqgan.quantize import VectorQuantizer2
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,7 @@ _TEST = dict(test_kwargs=dict(n_embed=16, embed_dim=8, ch=32, ch_mult=(1, 1), nu
 
 
 def _create(name: str, **kwargs) -> VQModel:
-    return build_model(VQModel, DEFAULT_CFGS[name], **kwargs)
+    return build_vqgan(VQModel, DEFAULT_CFGS[name], **kwargs)
 
 
 @register_model(filter_fn=convert_state_dict, tags=_TAGS, **_TEST)
