@@ -7,32 +7,40 @@ weights, and visiontf's variant loads transformers' state dict through the famil
 (``--quick``: 320 x 320), ``--threads`` intra-op threads (default 1 and 2):
 
 * ``eager``: visiontf's model in eval mode under ``inference_mode`` against transformers' (ratio = HF / ours,
-  > 1: ours faster). ``fused``: the same after ``model.fuse_repvgg()`` (the encoder's RepVGG blocks folded into
-  one convolution each, what deployment runs).
-* ``onnxruntime``: visiontf's exported graph (dynamic batch and size, ``visiontf.inference.export.export_onnx``) run
-  by onnxruntime's CPU provider against the same transformers model.
+  > 1: ours faster). ``fused``: the same after ``visiontf.models.rtdetr.deploy.fuse_for_inference`` (every
+  BatchNorm folded into its convolution, the encoder's RepVGG blocks re-parameterised into one 3x3 convolution each,
+  the frozen BatchNorms baked in: what deployment runs). transformers' model runs as transformers gives it.
+* ``onnxruntime``: visiontf's exported graph (dynamic batch and size, ``visiontf.inference.export.export_onnx``,
+  which exports the fused form) run by onnxruntime's CPU provider (``ORT_ENABLE_ALL``) against the same
+  transformers model.
 
 ``same_result``: at least 90% of the queries' logits and boxes equal transformers' within 1e-3 (random weights,
 whose near-equal encoder scores float32 reordering may swap in the top-k; :func:`agreement`).
-All paths are timed in one process, alternating one call each per repeat
-(:func:`benchmarks.common.time_interleaved`), so other load on a shared machine hits all of them alike; medians.
+All paths are timed in one process, alternating one call each per repeat (:func:`time_both`), so other load on a
+shared machine hits all of them alike; medians of the wall time (the table's ratio) and of the calling thread's CPU
+time (``cpu_ratio``, what the machine's other jobs disturb least; onnxruntime runs in the calling thread at one
+intra-op thread; with more threads the pools' other threads go uncounted, so read it at one thread), with each path's fastest and slowest call.
 
     .venv/bin/python benchmarks/realtime_detr.py [--quick] [--models rtdetr_r18vd dfine_n] [--threads 1 2] [--repeats 7]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import format_table, row, time_interleaved  # noqa: E402
+from benchmarks.common import format_table, row  # noqa: E402
 from visiontf.inference.export import export_onnx  # noqa: E402
 from visiontf.models import create_model  # noqa: E402
+from visiontf.models.rtdetr.deploy import fuse_for_inference  # noqa: E402
 
 MODELS = ("rtdetr_r18vd", "rtdetrv2_r18vd", "dfine_n", "dfine_s")
 NUM_CLASSES = 80
@@ -69,15 +77,15 @@ def hf_config(model: torch.nn.Module, name: str):
     from transformers import DFineConfig, HGNetV2Config
 
     from visiontf.models.backbones.hgnetv2 import hgnetv2_arch
-    from visiontf.models.dfine.dfine import DEFAULT_CFGS as DFINE_CFGS
 
     stem, stages = hgnetv2_arch(model.backbone.arch)
+    use_lab = any(key.endswith("lab.scale") for key in model.backbone.state_dict())  # the learnable affine blocks, as built
     levels = {3: [2, 3, 4], 2: [3, 4]}[dec.num_levels]
     backbone = HGNetV2Config(stem_channels=[3, *stem], stage_in_channels=[r[0] for r in stages], stage_mid_channels=[r[1] for r in stages],
                              stage_out_channels=[r[2] for r in stages], stage_num_blocks=[r[3] for r in stages],
                              stage_downsample=[r[4] for r in stages], stage_light_block=[r[5] for r in stages],
                              stage_kernel_size=[r[6] for r in stages], stage_numb_of_layers=[r[7] for r in stages],
-                             use_learnable_affine_block=bool(DFINE_CFGS[name].kwargs["backbone"].get("use_lab")), out_indices=levels, embedding_size=stem[1],
+                             use_learnable_affine_block=use_lab, out_indices=levels, embedding_size=stem[1],
                              hidden_sizes=[r[2] for r in stages], depths=[r[3] for r in stages])
     return DFineConfig(backbone_config=backbone, decoder_n_points=points, depth_mult=enc.depth_mult, max_num_bins=dec.reg_max,
                        lqe_hidden_dim=dec.lqe_hidden, lqe_layers=dec.lqe_layers, top_prob_values=dec.lqe_topk, reg_scale=dec.reg_scale,
@@ -134,6 +142,23 @@ def agreement(ref: tuple, got: tuple, atol: float = 1e-3) -> float:
     return float((nearest <= atol).float().mean())
 
 
+def time_both(fns: dict, warmup: int = 2, repeats: int = 5) -> dict[str, dict[str, float]]:
+    """Per function: the median, min and max wall seconds and calling-thread CPU seconds per call, the functions
+    alternating at every repeat after ``warmup`` untimed rounds."""
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(warmup + repeats):
+        for name, fn in fns.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            if r >= warmup:
+                wall[name].append(t1 - t0)
+                cpu[name].append(c1 - c0)
+    return {k: {"wall": statistics.median(wall[k]), "wall_min": min(wall[k]), "wall_max": max(wall[k]),
+                "cpu": statistics.median(cpu[k]), "cpu_min": min(cpu[k]), "cpu_max": max(cpu[k])} for k in fns}
+
+
 def run(quick: bool = False, models: tuple[str, ...] = MODELS, threads: tuple[int, ...] = (1, 2), repeats: int = 7,
         size: int | None = None) -> list[dict]:
     import onnxruntime as ort
@@ -154,7 +179,7 @@ def run(quick: bool = False, models: tuple[str, ...] = MODELS, threads: tuple[in
             eager_same = agreement(ref, got)
             fused = create_model(name, num_classes=NUM_CLASSES, input_norm="none").eval()
             fused.load_state_dict(ours.state_dict())
-            fused.fuse_repvgg()
+            fuse_for_inference(fused)
             with torch.inference_mode():
                 out = fused(x)
             fused_same = agreement(ref, (out["pred_logits"], out["pred_boxes"]))
@@ -163,6 +188,7 @@ def run(quick: bool = False, models: tuple[str, ...] = MODELS, threads: tuple[in
                 torch.set_num_threads(n)
                 opts = ort.SessionOptions()
                 opts.intra_op_num_threads, opts.inter_op_num_threads = n, 1
+                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
                 feeds = {"images": x.numpy(), "mask": mask.numpy()}
                 ort_out = tuple(torch.from_numpy(np.asarray(o)) for o in sess.run(None, feeds))
@@ -176,14 +202,33 @@ def run(quick: bool = False, models: tuple[str, ...] = MODELS, threads: tuple[in
                     with torch.inference_mode():
                         m(x)
 
-                times = time_interleaved({"hf": hf_call, "eager": ours_call, "fused": lambda m=fused: ours_call(m),
-                                          "onnxruntime": lambda s=sess, f=feeds: s.run(None, f)}, warmup=2, repeats=repeats)
-                extra = dict(threads=n, size=side, hf_version=transformers.__version__, ort_version=ort.__version__)
+                load = os.getloadavg()[0]
+                times = time_both({"hf": hf_call, "eager": ours_call, "fused": lambda m=fused: ours_call(m),
+                                   "onnxruntime": lambda s=sess, f=feeds: s.run(None, f)}, warmup=2, repeats=repeats)
+                extra = dict(threads=n, size=side, hf_version=transformers.__version__, ort_version=ort.__version__,
+                             load_before=load, load_after=os.getloadavg()[0])
+                ref = times["hf"]
                 for path, same in (("eager", eager_same), ("fused", fused_same), ("onnxruntime", ort_same)):
-                    rows.append(row(f"{name} {path} {n}t", times[path], times["hf"], same >= AGREE, f"transformers {type(hf).__name__}",
-                                    queries_agreeing=same, **extra))
+                    t = times[path]
+                    rows.append(row(f"{name} {path} {n}t", t["wall"], ref["wall"], same >= AGREE, f"transformers {type(hf).__name__}",
+                                    queries_agreeing=same, cpu_s=t["cpu"], ref_cpu_s=ref["cpu"], cpu_ratio=ref["cpu"] / t["cpu"],
+                                    spread={"ours_wall": (t["wall_min"], t["wall_max"]), "ref_wall": (ref["wall_min"], ref["wall_max"]),
+                                            "ours_cpu": (t["cpu_min"], t["cpu_max"]), "ref_cpu": (ref["cpu_min"], ref["cpu_max"])}, **extra))
                 print(format_table(rows[-3:]), flush=True)
+                print(cpu_table(rows[-3:]), flush=True)
     return rows
+
+
+def cpu_table(rows: list[dict]) -> str:
+    """The rows' CPU-time medians and ratios, each path's spread (min-max over the repeats) and the load average."""
+    lines = ["benchmark | ours cpu (s) [min-max] | ref cpu (s) [min-max] | cpu ratio | wall [min-max] ours / ref | load"]
+    for r in rows:
+        sp = r["spread"]
+        lines.append(f"{r['benchmark']} | {r['cpu_s']:.4f} [{sp['ours_cpu'][0]:.3f}-{sp['ours_cpu'][1]:.3f}] | "
+                     f"{r['ref_cpu_s']:.4f} [{sp['ref_cpu'][0]:.3f}-{sp['ref_cpu'][1]:.3f}] | {r['cpu_ratio']:.2f}x | "
+                     f"[{sp['ours_wall'][0]:.3f}-{sp['ours_wall'][1]:.3f}] / [{sp['ref_wall'][0]:.3f}-{sp['ref_wall'][1]:.3f}] | "
+                     f"{r['load_before']:.1f}-{r['load_after']:.1f}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = run(args.quick, tuple(args.models), tuple(args.threads), args.repeats)
     print(format_table(rows))
+    print(cpu_table(rows))
     return 0 if all(r["same_result"] for r in rows) else 1
 
 

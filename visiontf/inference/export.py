@@ -79,10 +79,29 @@ def exportable_attention(model: nn.Module) -> Iterator[nn.Module]:
             m.method = method
 
 
+def inference_form(model: nn.Module) -> nn.Module:
+    """What an export runs: for the real-time DETRs (RT-DETR, D-FINE, DEIM) a copy fused for inference
+    (:func:`visiontf.models.rtdetr.deploy.fuse_for_inference`: BatchNorms folded, RepVGG blocks re-parameterised, the
+    same outputs up to float rounding); any other model, or one already fused, as it is. ``model`` is not changed."""
+    import copy
+
+    from visiontf.models.rtdetr.deploy import fuse_for_inference, is_fused
+    from visiontf.models.rtdetr.rtdetr import RTDETR
+
+    if not isinstance(model, RTDETR) or is_fused(model):
+        return model
+    fused = copy.deepcopy(model)
+    fuse_for_inference(fused)
+    return fused
+
+
 def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | None = None, task: Task | None = None,
-                opset: int | None = None) -> Path:
+                opset: int | None = None, fuse: bool = True) -> Path:
     """Write ``model`` as an ONNX graph (see the module docstring for its inputs and outputs) in ``opset``
-    (by default the task's, :attr:`~visiontf.tasks.task_inference.TaskAdapter.onnx_opset`)."""
+    (by default the task's, :attr:`~visiontf.tasks.task_inference.TaskAdapter.onnx_opset`); ``fuse``: export the
+    model's :func:`inference_form` (the real-time DETRs' fused copy; ``model`` itself is left as it is)."""
+    if fuse:
+        model = inference_form(model)
     adapter = get_adapter(model, task)
     opset = adapter.onnx_opset if opset is None else opset
     path = Path(path)

@@ -5,6 +5,7 @@ indices and is slow: at 640 x 640 on one thread the ResNet-vd stem's 3 x 3 / 2 p
 inference, and HGNetv2's 2 x 2 / 1 stem pool 13% of D-FINE-N's. The maximum over a window taken as ``k`` row shifts
 then ``k`` column shifts is the same value bit for bit (the maximum is exact) at a fraction of the time. Training
 keeps the pool itself: where a window holds a tie, its gradient goes to one element, ``torch.maximum``'s is split.
+An ONNX export keeps it too (one ``MaxPool`` node: onnxruntime's pool is fast, its slices of shifted views are not).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ class ShiftedMaxPool(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         k, s, p = self.kernel_size, self.stride, self.padding
-        if self.training and torch.is_grad_enabled():
+        # an ONNX graph keeps the pool: one MaxPool node, which onnxruntime runs faster than the shifted views' slices
+        if self.training and torch.is_grad_enabled() or torch.onnx.is_in_onnx_export():
             return F.max_pool2d(x, k, s, p)
         if p:
             x = F.pad(x, (p, p, p, p), value=float("-inf"))

@@ -141,6 +141,16 @@ class HGNetV2Backbone(Backbone):
                 maps.append(x)
         return maps
 
+    def fuse_for_inference(self) -> int:
+        """Fold every BatchNorm (ordinary or frozen) into the convolution before it, for inference; returns the folds
+        made (0 when called again). The outputs equal the unfolded network's up to float rounding; the state dict
+        changes (the BatchNorms are gone), so load weights before folding."""
+        from timm.models.hgnet import ConvBNAct
+
+        from visiontf.nn.fold_bn import fold_batchnorms
+
+        return fold_batchnorms(self.body, {ConvBNAct: [("conv", "bn")]})  # timm's ConvBNAct: conv, bn, act, lab in that order
+
     def load_imagenet(self, path: str | Path) -> None:
         """ImageNet weights from a local file in D-FINE's (timm's) or transformers' layout; its classifier is dropped."""
         state = hgnetv2_state(load_state_dict_file(path))

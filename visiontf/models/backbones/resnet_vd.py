@@ -145,6 +145,18 @@ class ResNetVdBackbone(Backbone):
                 maps.append(x)
         return maps
 
+    def fuse_for_inference(self) -> int:
+        """Fold every BatchNorm (ordinary or frozen) into the convolution before it, for inference; returns the folds
+        made (0 when called again). The outputs equal the unfolded network's up to float rounding; the state dict
+        changes (the BatchNorms are gone), so load weights before folding."""
+        from timm.models.resnet import BasicBlock, Bottleneck, ResNet
+
+        from visiontf.nn.fold_bn import fold_batchnorms
+
+        # timm's forwards apply each bnN straight to convN's output (the stem's conv1 is a Sequential ending in a convolution)
+        return fold_batchnorms(self.body, {ResNet: [("conv1", "bn1")], BasicBlock: [("conv1", "bn1"), ("conv2", "bn2")],
+                                           Bottleneck: [("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")]})
+
     def load_imagenet(self, path: str | Path) -> None:
         """ImageNet weights from a local file in RT-DETR's, transformers' or timm's layout (classifier dropped)."""
         state = resnet_vd_state(load_state_dict_file(path))

@@ -85,6 +85,8 @@ class RepVggBlock(nn.Module):
     def fuse(self) -> None:
         """Fold both branches and their BatchNorms (running statistics) into one 3x3 convolution with a bias,
         for inference; training afterwards would train the fused one (call it on a model in eval mode)."""
+        if self.conv1 is None:  # already fused, its branches dropped (HybridEncoder.fuse_for_inference)
+            return
         weight, bias = 0, 0
         for branch in (self.conv1, self.conv2):
             norm = branch.norm
@@ -262,7 +264,19 @@ class HybridEncoder(nn.Module):
 
     def fuse_repvgg(self) -> int:
         """Fold every RepVGG block into one convolution (inference); returns how many."""
-        blocks = [m for m in self.modules() if isinstance(m, RepVggBlock)]
+        blocks = [m for m in self.modules() if isinstance(m, RepVggBlock) and m.conv1 is not None]
         for block in blocks:
             block.fuse()
         return len(blocks)
+
+    def fuse_for_inference(self) -> int:
+        """Inference form: every RepVGG block one 3x3 convolution (its two branches dropped) and every other BatchNorm
+        folded into its convolution (:func:`~visiontf.nn.fold_bn.fold_batchnorms`); returns the folds made (0 when
+        called again). The outputs equal the unfused encoder's up to float rounding; training it is not meant."""
+        from visiontf.nn.fold_bn import fold_batchnorms
+
+        folded = self.fuse_repvgg()
+        for block in self.modules():
+            if isinstance(block, RepVggBlock) and block.fused is not None:
+                block.conv1 = block.conv2 = None  # the fused convolution replaces both branches
+        return folded + fold_batchnorms(self)
