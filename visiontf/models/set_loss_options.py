@@ -28,6 +28,8 @@ class SetLossOptions:
         focal_alpha, focal_gamma: of the focal matching cost (and of the focal / IA-BCE losses; the
             varifocal loss keeps its own alpha 0.75 and takes ``focal_gamma``).
         loss_class, loss_bbox, loss_giou: the weights of the class, L1 and GIoU terms in the total.
+        class_gamma: the class loss's gamma where it differs from the matcher's ``focal_gamma`` (DEIM: 1.5 for the
+            matchability-aware loss, its matcher's focal cost keeps 2; None: ``focal_gamma``).
     """
 
     class_loss: str = "focal"
@@ -39,6 +41,7 @@ class SetLossOptions:
     loss_class: float = 2.0
     loss_bbox: float = 5.0
     loss_giou: float = 2.0
+    class_gamma: float | None = None
 
     def __post_init__(self) -> None:
         if self.class_loss not in CLASS_LOSSES:
@@ -48,6 +51,8 @@ class SetLossOptions:
             raise ValueError(f"the matching costs (class, L1, GIoU) must be >= 0 and not all 0, got {costs}")
         if min(self.loss_class, self.loss_bbox, self.loss_giou) < 0:
             raise ValueError("loss weights must be >= 0")
+        if self.class_gamma is not None and self.class_gamma < 0:
+            raise ValueError(f"class_gamma must be >= 0 or None, got {self.class_gamma}")
 
     def matcher_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``visiontf.set_prediction.HungarianMatcher``."""
@@ -55,8 +60,10 @@ class SetLossOptions:
                 "focal_alpha": self.focal_alpha, "focal_gamma": self.focal_gamma}
 
     def criterion_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``visiontf.set_prediction.SetCriterion`` other than the weights."""
-        return {"class_loss": self.class_loss, "focal_alpha": self.focal_alpha, "focal_gamma": self.focal_gamma}
+        """Keyword arguments of ``visiontf.set_prediction.SetCriterion`` other than the weights (its ``focal_gamma`` is
+        the class loss's: ``class_gamma`` where given)."""
+        gamma = self.focal_gamma if self.class_gamma is None else self.class_gamma
+        return {"class_loss": self.class_loss, "focal_alpha": self.focal_alpha, "focal_gamma": gamma}
 
     def weight_dict(self) -> dict[str, float]:
         return {"loss_ce": self.loss_class, "loss_bbox": self.loss_bbox, "loss_giou": self.loss_giou}
@@ -69,8 +76,6 @@ class FineGrainedLossOptions(SetLossOptions):
     (:class:`visiontf.set_prediction.fine_grained.FineGrainedCriterion` computes them).
 
     Args:
-        class_gamma: the class loss's gamma where it differs from the matcher's ``focal_gamma`` (DEIM: 1.5 for the
-            matchability-aware loss; None: ``focal_gamma``).
         loss_fgl: weight of the fine-grained localisation loss (the edges' distributions against the target edges,
             split between the two nearest bins), 0.15.
         loss_ddf: weight of the decoupled distillation (GO-LSD: every layer's distributions towards the last layer's),
@@ -84,7 +89,6 @@ class FineGrainedLossOptions(SetLossOptions):
     class_loss: str = "vfl"
     cost_class: float = 2.0
     loss_class: float = 1.0
-    class_gamma: float | None = None
     loss_fgl: float = 0.15
     loss_ddf: float = 1.5
     ddf_temperature: float = 5.0
@@ -99,8 +103,7 @@ class FineGrainedLossOptions(SetLossOptions):
             raise ValueError("loss_fgl and loss_ddf must be >= 0 and ddf_temperature > 0")
 
     def criterion_kwargs(self) -> dict[str, Any]:
-        gamma = self.focal_gamma if self.class_gamma is None else self.class_gamma
-        return {**super().criterion_kwargs(), "focal_gamma": gamma, "reg_max": self.reg_max, "reg_scale": self.reg_scale, "up": self.up,
+        return {**super().criterion_kwargs(), "reg_max": self.reg_max, "reg_scale": self.reg_scale, "up": self.up,
                 "ddf_temperature": self.ddf_temperature, "union_matching": self.union_matching}
 
     def weight_dict(self) -> dict[str, float]:

@@ -28,11 +28,10 @@ from torch import Tensor, nn
 
 from visiontf.models.deformable_detr.deformable_transformer import inverse_sigmoid
 from visiontf.models.deformable_detr.denoising import DenoisingQueries
-from visiontf.models.detr.detr import MLP
 from visiontf.models.dfine.dfine_options import FDRDecoderOptions
 from visiontf.models.dfine.fdr import distance_to_box, integral, weighting_function
 from visiontf.models.rtdetr.hybrid_encoder import ConvNormAct, activation
-from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS, DecoderOutput, RTDetrDecoder
+from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS, ActMLP, DecoderOutput, RTDetrDecoder
 from visiontf.nn import MSDeformAttn, MultiheadAttention
 
 __all__ = ["ActMLP", "DFineDecoder", "FineDecoderOutput", "Gate", "GatedDecoderLayer", "QualityEstimator"]
@@ -41,20 +40,6 @@ __all__ = ["ActMLP", "DFineDecoder", "FineDecoderOutput", "Gate", "GatedDecoderL
 HALF_MAX = 65504.0
 #: the clamp of the query position embedding
 QUERY_POS_CLAMP = 10.0
-
-
-class ActMLP(MLP):
-    """DETR's MLP (``layers.{i}``) with another activation between the layers (``"relu"``, ``"silu"``, ...)."""
-
-    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int, act: str = "relu") -> None:
-        super().__init__(input_dim, hidden_dim, output_dim, num_layers)
-        self.act = activation(act)
-
-    def forward(self, x: Tensor) -> Tensor:
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = layer(x) if i == last else self.act(layer(x))
-        return x
 
 
 class Gate(nn.Module):

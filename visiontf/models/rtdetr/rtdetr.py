@@ -22,6 +22,7 @@ each image's own extent, so the outputs are relative to each unpadded image as e
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,12 +50,15 @@ from visiontf.models.rtdetr.rtdetr_options import (
 from visiontf.models.set_loss_options import SetLossOptions
 from visiontf.nn.ms_deform_attn import recording_sampling
 
-__all__ = ["DEFAULT_CFGS", "RTDETR", "RTDETR_LOSS", "build_rtdetr"]
+__all__ = ["DEFAULT_CFGS", "DEIM_RTDETR_LOSS", "RTDETR", "RTDETR_LOSS", "build_rtdetr"]
 
 #: RT-DETR's matcher and loss (``RTDETRCriterionv2`` in its configs): focal matching cost class 2, L1 5, GIoU 2
 #: (alpha 0.25, gamma 2); varifocal loss (alpha 0.75, gamma 2) weight 1, L1 5, GIoU 2
 RTDETR_LOSS = SetLossOptions(class_loss="vfl", cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_alpha=0.25, focal_gamma=2.0,
                              loss_class=1.0, loss_bbox=5.0, loss_giou=2.0)
+#: DEIM's for its RT-DETRv2 models (``DEIMCriterion`` with ``configs/base/rt_deim.yml``: losses mal and boxes, no union of
+#: the layers' matchings): the matchability-aware loss with gamma 1.5 (weight 1), L1 5, GIoU 2; RT-DETR's matcher
+DEIM_RTDETR_LOSS = dataclasses.replace(RTDETR_LOSS, class_loss="mal", class_gamma=1.5)
 
 #: the originals' input: RGB in [0, 1] (no mean / std), 640 x 640
 UNIT_RANGE = PretrainedCfg(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), min_size=640, max_size=640)
@@ -90,6 +94,7 @@ class RTDETR(BackboneLayerDepth, Detector):
             taken back to [0, 1] before the backbone; ``"none"``: images come in [0, 1], as the originals take them.
         postprocess_options: detections per image (the originals' 300), no NMS.
         pretrained_cfg: eval settings (640 pixels; the mean and std of ``input_norm``).
+        loss: the family's matcher and set loss (:data:`RTDETR_LOSS`; DEIM's models :data:`DEIM_RTDETR_LOSS`).
     """
 
     class_head = "sigmoid"
@@ -107,6 +112,7 @@ class RTDETR(BackboneLayerDepth, Detector):
         input_norm: str = "imagenet",
         postprocess_options: PostprocessOptions = RTDETR_POSTPROCESS,
         pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
+        loss: SetLossOptions = RTDETR_LOSS,
     ) -> None:
         super().__init__()
         if input_norm not in INPUT_NORMS:
@@ -122,6 +128,7 @@ class RTDETR(BackboneLayerDepth, Detector):
         self.denoising = denoising
         self.input_norm = input_norm
         self.postprocess_options = postprocess_options
+        self.loss_options = loss
         base = IMAGENET_INPUT if input_norm == "imagenet" else UNIT_RANGE
         self.pretrained_cfg = base.merged(pretrained_cfg)
         mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if input_norm == "imagenet" else ((0.0,) * 3, (1.0,) * 3)
@@ -130,8 +137,9 @@ class RTDETR(BackboneLayerDepth, Detector):
 
     # ------------------------------------------------------------------------------------ contract
     def set_loss_options(self) -> SetLossOptions:
-        """RT-DETR's matcher and varifocal loss (``visiontf.set_prediction.build_criterion`` reads them)."""
-        return RTDETR_LOSS
+        """The family's matcher and loss (``visiontf.set_prediction.build_criterion`` reads them): RT-DETR's varifocal
+        loss, or DEIM's matchability-aware loss for its models."""
+        return self.loss_options
 
     def param_group(self, name: str) -> str:
         """``"backbone"`` (the backbone's own answer) or ``"default"``; RT-DETR has no separate lr for sampling offsets."""
@@ -240,6 +248,7 @@ def build_rtdetr(
     tables: str = "original",
     pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
     base: Mapping[str, Any] | None = None,
+    loss: SetLossOptions | Mapping[str, Any] | None = None,
 ) -> RTDETR:
     """An :class:`RTDETR` from its option sections (each a mapping of the fields it changes, over ``base``'s).
 
@@ -253,10 +262,13 @@ def build_rtdetr(
         tables: ``"original"`` (the originals' fixed tables: the AIFI position embedding's layout on non-square maps,
             float32 anchors and embedding) or ``"transformers"`` (transformers' rewrite of them).
         base: the variant's own sections (a registered name's), under those given.
+        loss: :class:`~visiontf.models.set_loss_options.SetLossOptions` fields over the variant's (RT-DETR's
+            varifocal loss, DEIM's matchability-aware loss).
     """
     if tables not in TABLES:
         raise ValueError(f"tables must be one of {TABLES}, got {tables!r}")
     base = base or {}
+    opts_loss = section(SetLossOptions, loss, section(SetLossOptions, base.get("loss"), RTDETR_LOSS, "loss"), "loss")
     opts_encoder = section(EncoderOptions, encoder, section(EncoderOptions, base.get("encoder"), where="encoder"), "encoder")
     opts_decoder = section(DecoderOptions, decoder, section(DecoderOptions, base.get("decoder"), where="decoder"), "decoder")
     opts_dn = section(DenoisingOptions, denoising, section(DenoisingOptions, base.get("denoising"), where="denoising"), "denoising")
@@ -274,10 +286,11 @@ def build_rtdetr(
     generator = None
     if opts_dn.num_denoising > 0:
         generator = ContrastiveDenoising(opts_dn.num_denoising, opts_dn.label_noise_ratio, opts_dn.box_noise_scale,
-                                         inverse_sigmoid_eps=INVERSE_SIGMOID_EPS, pad_box="zero")
-    model = RTDETR(body, hybrid, dec, num_classes, generator, input_norm, PostprocessOptions(num_select), pretrained_cfg)
+                                         inverse_sigmoid_eps=INVERSE_SIGMOID_EPS, pad_box="zero",
+                                         flip_negative_sizes=opts_dn.flip_negative_sizes)
+    model = RTDETR(body, hybrid, dec, num_classes, generator, input_norm, PostprocessOptions(num_select), pretrained_cfg, opts_loss)
     model.options = {"backbone": None if isinstance(backbone, Backbone) else opts_backbone, "encoder": opts_encoder,
-                     "decoder": opts_decoder, "denoising": opts_dn}
+                     "decoder": opts_decoder, "denoising": opts_dn, "loss": opts_loss}
     return model
 
 
@@ -309,6 +322,29 @@ _VARIANTS |= {  # discrete sampling, fine-tuned from the bilinear models: 47.4, 
     name + "_dsp": {**_VARIANTS[name], "decoder": {**_VARIANTS[name]["decoder"], "sampling": "discrete"}}
     for name in ("rtdetrv2_r18vd", "rtdetrv2_r34vd", "rtdetrv2_r50vd_m", "rtdetrv2_r50vd")
 }
+#: DEIM's RT-DETRv2 models (ShihuaHuang95/DEIM configs/deim_rtdetrv2/deim_r*_coco.yml with configs/base/rt_deim.yml): v2's
+#: networks with every backbone BatchNorm trained and nothing frozen, SiLU in the decoder's FFNs and MLP heads, the query
+#: position MLP shaped as the box heads (``as_reg``), D-FINE's denoising boxes and the matchability-aware loss; its R50-vd-M
+#: has 3 decoder layers (v2's has 6, evaluated at the 3rd)
+DEIM_DECODER = {"activation": "silu", "mlp_act": "silu", "query_pos_method": "as_reg"}
+
+
+def _deim_backbone(backbone: Mapping[str, Any]) -> dict[str, Any]:
+    """The variant's ResNet-vd with every BatchNorm trained and nothing frozen (DEIM's ``PResNet: freeze_at -1,
+    freeze_norm False``), in the section's spelling (a BackboneSpec mapping, or the former ResNetVdOptions fields)."""
+    if "name" in backbone:
+        kwargs = {**dict(backbone.get("kwargs") or {}), "frozen_stages": -1}
+        return {**backbone, "frozen_bn": False, "freeze_stem": False, "kwargs": kwargs}
+    return {**backbone, "frozen_bn": False, "freeze_at": -1}
+
+
+_VARIANTS |= {
+    "deim_" + name: {**cfg, "backbone": _deim_backbone(cfg["backbone"]),
+                     "decoder": {**cfg["decoder"], **DEIM_DECODER, **({"num_layers": 3} if name.endswith("_m") else {})},
+                     "denoising": {"flip_negative_sizes": True}, "loss": {"class_loss": "mal", "class_gamma": 1.5}}
+    for name, cfg in list(_VARIANTS.items())
+    if name.startswith("rtdetrv2_") and not name.endswith("_dsp")
+}  # 49.0, 50.9, 53.2, 54.3, 55.5 AP
 #: a CPU-sized model trained from scratch (configs/rtdetr/rtdetr_tiny_shapes.yaml): a narrow R18-vd (ordinary BatchNorm,
 #: nothing frozen), d 128, 1 AIFI layer, one RepVGG block per fusion block, 3 decoder layers, 100 queries, 50 denoising
 #: slots, RT-DETRv2's attention
@@ -332,8 +368,18 @@ _FILES = {
     "rtdetrv2_r50vd_m_dsp": "v0.1/rtdetrv2_r50vd_m_dsp_3x_coco.pth", "rtdetrv2_r50vd_dsp": "v0.1/rtdetrv2_r50vd_dsp_1x_coco.pth",
 }
 
+_FILES = {name: _STORAGE + path for name, path in _FILES.items()}
+#: DEIM's released RT-DETRv2 files, on Google Drive (its README's links): downloaded by hand, loaded with pretrained=PATH
+_FILES |= {
+    "deim_rtdetrv2_r18vd": "https://drive.google.com/file/d/153_JKff6EpFgiLKaqkJsoDcLal_0ux_F",
+    "deim_rtdetrv2_r34vd": "https://drive.google.com/file/d/1O9RjZF6kdFWGv1Etn1Toml4r-YfdMDMM",
+    "deim_rtdetrv2_r50vd_m": "https://drive.google.com/file/d/10dLuqdBZ6H5ip9BbBiE6S7ZcmHkRbD0E",
+    "deim_rtdetrv2_r50vd": "https://drive.google.com/file/d/1mWknAXD5JYknUQ94WCEvPfXz13jcNOTI",
+    "deim_rtdetrv2_r101vd": "https://drive.google.com/file/d/1BIevZijOcBO17llTyDX32F_pYppBfnzu",
+}
+
 DEFAULT_CFGS: dict[str, ModelCfg] = {
-    name: ModelCfg(cfg, PretrainedCfg(url=_STORAGE + _FILES[name]) if name in _FILES else PretrainedCfg())
+    name: ModelCfg(cfg, PretrainedCfg(url=_FILES[name]) if name in _FILES else PretrainedCfg())
     for name, cfg in _VARIANTS.items()
 }
 
@@ -341,7 +387,7 @@ DEFAULT_CFGS: dict[str, ModelCfg] = {
 def _create(name: str, **kwargs: Any) -> RTDETR:
     """The variant ``name`` with ``kwargs`` on top: each section merged field by field with the variant's."""
     cfg = DEFAULT_CFGS[name]
-    sections = ("backbone", "encoder", "decoder", "denoising")
+    sections = ("backbone", "encoder", "decoder", "denoising", "loss")
     flat = {k: v for k, v in cfg.kwargs.items() if k not in sections}
     pretrained = cfg.pretrained_cfg.merged(kwargs.pop("pretrained_cfg", None))
     return build_rtdetr(**{**flat, **kwargs}, base={k: cfg.kwargs.get(k) for k in sections}, pretrained_cfg=pretrained)
@@ -443,6 +489,36 @@ def rtdetrv2_r50vd_m_dsp(**kwargs) -> RTDETR:
 def rtdetrv2_r50vd_dsp(**kwargs) -> RTDETR:
     """RT-DETRv2-L with discrete sampling (52.9 COCO AP)."""
     return _create("rtdetrv2_r50vd_dsp", **kwargs)
+
+
+@_registered
+def deim_rtdetrv2_r18vd(**kwargs) -> RTDETR:
+    """DEIM-RT-DETRv2-S: RT-DETRv2 R18-vd trained with DEIM (49.0 COCO AP, 20 M parameters)."""
+    return _create("deim_rtdetrv2_r18vd", **kwargs)
+
+
+@_registered
+def deim_rtdetrv2_r34vd(**kwargs) -> RTDETR:
+    """DEIM-RT-DETRv2-M: RT-DETRv2 R34-vd trained with DEIM (50.9 COCO AP, 31 M parameters)."""
+    return _create("deim_rtdetrv2_r34vd", **kwargs)
+
+
+@_registered
+def deim_rtdetrv2_r50vd_m(**kwargs) -> RTDETR:
+    """DEIM-RT-DETRv2-M*: R50-vd-M with 3 decoder layers, trained with DEIM (53.2 COCO AP, 33 M parameters)."""
+    return _create("deim_rtdetrv2_r50vd_m", **kwargs)
+
+
+@_registered
+def deim_rtdetrv2_r50vd(**kwargs) -> RTDETR:
+    """DEIM-RT-DETRv2-L: RT-DETRv2 R50-vd trained with DEIM (54.3 COCO AP, 42 M parameters)."""
+    return _create("deim_rtdetrv2_r50vd", **kwargs)
+
+
+@_registered
+def deim_rtdetrv2_r101vd(**kwargs) -> RTDETR:
+    """DEIM-RT-DETRv2-X: RT-DETRv2 R101-vd trained with DEIM (55.5 COCO AP, 76 M parameters)."""
+    return _create("deim_rtdetrv2_r101vd", **kwargs)
 
 
 @_registered

@@ -34,7 +34,7 @@ from visiontf.models.rtdetr.rtdetr_options import DecoderOptions
 from visiontf.nn import MSDeformAttn
 from visiontf.nn.ms_deform_tables import tracing_shapes
 
-__all__ = ["DecoderOutput", "RTDetrDecoder", "anchor_boxes"]
+__all__ = ["ActMLP", "DecoderOutput", "RTDetrDecoder", "anchor_boxes"]
 
 #: RT-DETR's inverse sigmoid clamp (``src/zoo/rtdetr/utils.py``)
 INVERSE_SIGMOID_EPS = 1e-5
@@ -70,6 +70,20 @@ def anchor_boxes(shapes: list[tuple[int, int]], eps: float = 1e-2, dtype: torch.
         return _anchor_values(shapes, float(eps), dtype, device)
     unact, valid = _anchors(tuple((int(h), int(w)) for h, w in shapes), float(eps), dtype)
     return unact.to(device), valid.to(device)
+
+
+class ActMLP(MLP):
+    """DETR's MLP (``layers.{i}``) with another activation between the layers (``"relu"``, ``"silu"``, ...)."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int, act: str = "relu") -> None:
+        super().__init__(input_dim, hidden_dim, output_dim, num_layers)
+        self.act = activation(act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x) if i == last else self.act(layer(x))
+        return x
 
 
 @dataclass
@@ -110,7 +124,7 @@ class RTDetrDecoder(nn.Module):
         self.enc_output.norm = nn.LayerNorm(d)
         self.enc_score_head = nn.Linear(d, num_classes)
         self.enc_bbox_head = self._mlp(d, d, 4, 3)
-        self.query_pos_head = self._mlp(4, 2 * d, d, 2)
+        self.query_pos_head = self._query_pos_head()
         self.layers = nn.ModuleList(self._layer() for _ in range(options.num_layers))
         self.score_heads = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(options.num_layers))
         self.bbox_heads = nn.ModuleList(self._box_head() for _ in range(options.num_layers))
@@ -131,8 +145,16 @@ class RTDetrDecoder(nn.Module):
         return projections
 
     def _mlp(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> nn.Module:
-        """The heads' MLPs (ReLU between the layers)."""
-        return MLP(input_dim, hidden_dim, output_dim, num_layers)
+        """The heads' MLPs (``mlp_act`` between the layers: ReLU for RT-DETR, SiLU for DEIM's)."""
+        if self.options.mlp_act == "relu":
+            return MLP(input_dim, hidden_dim, output_dim, num_layers)
+        return ActMLP(input_dim, hidden_dim, output_dim, num_layers, self.options.mlp_act)
+
+    def _query_pos_head(self) -> nn.Module:
+        """The MLP from a query's box to its position embedding: 4 -> 2d -> d (RT-DETR's), or 4 -> d -> d -> d
+        (``query_pos_method="as_reg"``, DEIM's RT-DETRv2)."""
+        d = self.options.hidden_dim
+        return self._mlp(4, d, d, 3) if self.options.query_pos_method == "as_reg" else self._mlp(4, 2 * d, d, 2)
 
     def _layer(self) -> nn.Module:
         """One decoder layer: the Deformable DETR layer with RT-DETRv2's attention options on the shared core."""
@@ -161,7 +183,7 @@ class RTDetrDecoder(nn.Module):
             nn.init.zeros_(box.layers[-1].weight)
             nn.init.zeros_(box.layers[-1].bias)
         nn.init.xavier_uniform_(self.enc_output.proj.weight)
-        for layer in self.query_pos_head.layers:
+        for layer in self.query_pos_head.layers[:2]:  # the originals': the first two (DEIM's third keeps PyTorch's init)
             nn.init.xavier_uniform_(layer.weight)
         for proj in self.input_proj:
             if isinstance(proj, ConvNormAct):

@@ -26,6 +26,7 @@ T = TypeVar("T")
 
 ACTIVATIONS = ("relu", "gelu", "silu")
 FUSION_BLOCKS = ("csprep", "elan")
+QUERY_POS_METHODS = ("default", "as_reg")
 DOWNSAMPLES = ("conv", "scdown")
 
 
@@ -108,6 +109,10 @@ class DecoderOptions:
         aux_loss: return every layer's predictions in training (auxiliary losses).
         attn_method: the deformable attention core (``"gather"``, ``"triton"``, ``"grid_sample"``).
         anchor_eps: encoder positions whose anchor box is within this of the image border are not selected.
+        mlp_act: activation between the layers of the MLP heads (query position, proposal boxes, layer boxes):
+            ``"relu"`` (RT-DETR) or ``"silu"`` (DEIM's ``mlp_act``).
+        query_pos_method: the query-position MLP of each layer's box: ``"default"`` (RT-DETR: 4 -> 2d -> d, two
+            layers) or ``"as_reg"`` (DEIM's RT-DETRv2: 4 -> d -> d -> d, three layers, the box heads' shape).
     """
 
     hidden_dim: int = 256
@@ -126,6 +131,8 @@ class DecoderOptions:
     aux_loss: bool = True
     attn_method: str = "gather"
     anchor_eps: float = 1e-2
+    mlp_act: str = "relu"
+    query_pos_method: str = "default"
 
 
 @dataclass(frozen=True)
@@ -137,11 +144,14 @@ class DenoisingOptions:
         label_noise_ratio: a copy's label is redrawn with probability ``ratio / 2``.
         box_noise_scale: corners move by up to ``scale`` (positives) or between ``scale`` and ``2 scale``
             (negatives) times half the box size.
+        flip_negative_sizes: a noised box whose corners crossed gets its sizes' absolute values (DEIM's generator,
+            D-FINE's); False: the inverse sigmoid's clamp makes it a box of no width (RT-DETR's).
     """
 
     num_denoising: int = 100
     label_noise_ratio: float = 0.5
     box_noise_scale: float = 1.0
+    flip_negative_sizes: bool = False
 
 
 def _frozen(value: Any) -> Any:
@@ -183,13 +193,15 @@ def check_sections(backbone: ResNetVdOptions | None, encoder: EncoderOptions, de
         raise ValueError(f"encoder.hidden_dim must be divisible by 4 (its position embedding) and by encoder.nhead={encoder.nhead}, "
                          f"got {encoder.hidden_dim}")
     for where, act in (("encoder.activation", encoder.activation), ("encoder.fusion_act", encoder.fusion_act),
-                       ("decoder.activation", decoder.activation)):
+                       ("decoder.activation", decoder.activation), ("decoder.mlp_act", decoder.mlp_act)):
         if act not in ACTIVATIONS:
             raise ValueError(f"{where} must be one of {ACTIVATIONS}, got {act!r}")
     if encoder.fusion_block not in FUSION_BLOCKS:
         raise ValueError(f"encoder.fusion_block must be one of {FUSION_BLOCKS}, got {encoder.fusion_block!r}")
     if encoder.downsample not in DOWNSAMPLES:
         raise ValueError(f"encoder.downsample must be one of {DOWNSAMPLES}, got {encoder.downsample!r}")
+    if decoder.query_pos_method not in QUERY_POS_METHODS:
+        raise ValueError(f"decoder.query_pos_method must be one of {QUERY_POS_METHODS}, got {decoder.query_pos_method!r}")
     if decoder.hidden_dim % decoder.nhead:
         raise ValueError(f"decoder.hidden_dim={decoder.hidden_dim} must be divisible by decoder.nhead={decoder.nhead}")
     if decoder.num_layers < 1 or decoder.num_queries < 1 or decoder.num_levels < 1:
