@@ -18,7 +18,7 @@ DINOV2 = dict(depth=4, embed_dim=64, num_heads=2, img_size=56)
     ("setr_mla_vit_tiny_patch16", "timm:vit_small_patch14_dinov2", DINOV2, (0, 1, 2, 3), [14] * 4),
 ])
 def test_setr_on_other_backbones_trains_and_infers(name, encoder, kwargs, out_indices, strides):
-    model = visiontf.create_model(name, encoder=encoder, encoder_kwargs=kwargs, out_indices=out_indices, num_classes=5).train()
+    model = visiontf.create_model(name, encoder={"name": encoder, "kwargs": kwargs, "out_indices": out_indices}, num_classes=5).train()
     assert model.encoder.strides == strides
     images = torch.randn(2, 3, 64, 96)
     out = model(images)
@@ -34,8 +34,8 @@ def test_setr_on_other_backbones_trains_and_infers(name, encoder, kwargs, out_in
 
 
 def test_dinov2_maps_are_timms():
-    model = visiontf.create_model("setr_mla_vit_tiny_patch16", encoder="timm:vit_small_patch14_dinov2", encoder_kwargs=DINOV2,
-                                  out_indices=(1, 3), num_classes=5).eval()
+    model = visiontf.create_model("setr_mla_vit_tiny_patch16", num_classes=5, encoder={
+        "name": "timm:vit_small_patch14_dinov2", "kwargs": DINOV2, "out_indices": (1, 3)}).eval()
     ref = timm.create_model("vit_small_patch14_dinov2", features_only=True, out_indices=(1, 3), dynamic_img_size=True,
                             dynamic_img_pad=True, pretrained=False, **DINOV2).eval()
     ref.load_state_dict(model.encoder.body.state_dict())

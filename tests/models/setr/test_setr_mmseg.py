@@ -38,8 +38,8 @@ MMSEG_PARAMS = {"naive": 305_557_592, "pup": 317_290_072, "mla": 309_569_262}
 #: the Cityscapes 768 configs, counted by mmseg 1.2.2 (tests/fixtures/setr/mmseg_layouts.txt)
 CITYSCAPES_PARAMS = {"naive": 306_535_500, "pup": 318_466_124, "mla": 310_678_111}
 #: the fixtures' toy SETR in visiontf's arguments (ViT 4 x 16 dims, 2 heads, 4-px patches, 16-px crop; heads 8 / 4)
-TOY = dict(img_size=16, num_classes=2, out_indices=(0, 1, 2, 3), channels=8, mla_channels=4,
-           encoder_kwargs=dict(embed_dim=16, depth=4, num_heads=2, patch_size=4))
+TOY = dict(num_classes=2, encoder=dict(img_size=16, out_indices=(0, 1, 2, 3), kwargs=dict(embed_dim=16, depth=4, num_heads=2, patch_size=4)),
+           decode_head=dict(channels=8, mla_channels=4))
 TOL = {"float32": 1e-4, "float64": 1e-8}  # measured: < 6e-7 and < 1e-15
 
 
@@ -178,7 +178,7 @@ def test_every_setr_name_is_one_explicit_registered_function():
 def test_converted_checkpoint_gives_mmseg_logits(decoder, dtype, tmp_path):
     fx = load_fixture("setr", decoder)
     ours = create_model(f"setr_{decoder}_vit_large_patch16", pretrained=str(_fixture_file(tmp_path, decoder)), **TOY).eval()
-    folded = TOY["encoder_kwargs"]["embed_dim"] if fx.meta["settings"]["patch_bias"] else 0  # into pos_embed
+    folded = TOY["encoder"]["kwargs"]["embed_dim"] if fx.meta["settings"]["patch_bias"] else 0  # into pos_embed
     assert sum(p.numel() for p in ours.parameters()) == fx.meta["params"] - folded
     ours, want, tol = ours.to(getattr(torch, dtype)), fx.outputs[dtype], TOL[dtype]
     x = {k: v.to(getattr(torch, dtype)) for k, v in fx.inputs.items()}
@@ -214,7 +214,7 @@ def test_pos_embed_resized_when_the_crop_differs(tmp_path, dtype):
     fx = load_fixture("setr", "naive")
     want, tol = fx.outputs[dtype], TOL[dtype]
     ours = create_model("setr_naive_vit_large_patch16", pretrained=str(_fixture_file(tmp_path, "naive")),
-                        **{**TOY, "img_size": 20}).eval()
+                        **{**TOY, "encoder": {**TOY["encoder"], "img_size": 20}}).eval()
     assert ours.encoder.pos_embed.shape == (1, 26, 16)
     # mmseg's table, with the naive fixture's patch-embedding bias folded into its patch rows (not the class row)
     bias = load_fixture("setr", "naive").weights["backbone.patch_embed.projection.bias"].to(want["resized_pos_embed"].dtype)
@@ -253,7 +253,7 @@ def test_pretrained_cfg_carries_mmseg_test_settings():
     assert (ade.test_mode, ade.crop_size, ade.stride, ade.resize) == ("slide", (512, 512), (341, 341), (2048, 512))
     city = _meta(create_model, "setr_mla_vit_large_patch16_cityscapes").pretrained_cfg
     assert (city.test_mode, city.crop_size, city.stride, city.resize) == ("slide", (768, 768), (512, 512), (2049, 1025))
-    tiny = create_model("setr_naive_vit_tiny_patch16", img_size=64, encoder_kwargs={"depth": 4}).pretrained_cfg
+    tiny = create_model("setr_naive_vit_tiny_patch16", encoder={"img_size": 64, "kwargs": {"depth": 4}}).pretrained_cfg
     assert (tiny.test_mode, tiny.crop_size, tiny.stride, tiny.resize) == ("whole", (64, 64), (42, 42), None)
 
 
@@ -262,7 +262,7 @@ def test_param_groups_give_the_segmentation_tasks_split(decoder):
     from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
     task = SegmentationTask(f"setr_{decoder}_vit_tiny_patch16", num_classes=3, lr=0.001, head_lr_mult=10.0,
-                            model_kwargs={"img_size": 32, "encoder_kwargs": {"depth": 4}})
+                            model_kwargs={"encoder": {"img_size": 32, "kwargs": {"depth": 4}}})
     opt = task.configure_optimizers()["optimizer"]  # the task's own rule (backbone_prefixes)
     by_group = {g: {id(p) for n, p in task.model.named_parameters() if task.model.param_group(n) == g} for g in ("encoder", "head")}
     assert [{id(p) for p in g["params"]} for g in opt.param_groups] == [by_group["encoder"], by_group["head"]]

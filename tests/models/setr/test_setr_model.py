@@ -11,8 +11,9 @@ from visiontf.models.setr.setr import SETR, default_out_indices
 NUM_AUX = {"naive": 3, "pup": 4, "mla": 4}  # tiny/base: PUP keeps an auxiliary head on every tap
 
 
-def _tiny(decoder: str, num_classes: int = 3, **kw) -> SETR:
-    return create_model(f"setr_{decoder}_vit_tiny_patch16", num_classes=num_classes, img_size=64, drop_path_rate=0.0, **kw)
+def _tiny(decoder: str, num_classes: int = 3, encoder: dict | None = None, **sections) -> SETR:
+    encoder = {"img_size": 64, "drop_path_rate": 0.0, **(encoder or {})}
+    return create_model(f"setr_{decoder}_vit_tiny_patch16", num_classes=num_classes, encoder=encoder, **sections)
 
 
 @pytest.mark.parametrize("decoder", ["naive", "pup", "mla"])
@@ -46,7 +47,7 @@ def test_default_taps_follow_mmseg():
     assert _tiny("naive").aux_in_index == (0, 1, 2)
     assert _tiny("mla").with_cls_token is False and _tiny("naive").with_cls_token is True
     with pytest.raises(ValueError, match="out_indices"):
-        _tiny("naive", encoder_kwargs={"depth": 6})
+        _tiny("naive", encoder={"kwargs": {"depth": 6}})
 
 
 def test_mla_drops_the_class_token_before_the_encoder():
@@ -105,7 +106,7 @@ def _check_encoder_loaded(model: SETR, source: dict, src_grid: tuple[int, int]) 
 def test_encoder_from_visiontf_vit_checkpoint(tmp_path):
     vit = create_model("vit_tiny_patch16_224", num_classes=10)
     path = save_model(vit, tmp_path / "vit_tiny.safetensors")
-    model = _tiny("naive", encoder_pretrained=str(path))
+    model = _tiny("naive", encoder={"pretrained": str(path)})
     _check_encoder_loaded(model, vit.state_dict(), (14, 14))
 
 
@@ -115,13 +116,13 @@ def test_encoder_from_timm_checkpoint(tmp_path):
     state = {k: v.contiguous() for k, v in ref.state_dict().items()}
     path = tmp_path / "timm_vit_tiny.safetensors"
     save_file(state, str(path))
-    model = _tiny("mla", encoder_pretrained=str(path))
+    model = _tiny("mla", encoder={"pretrained": str(path)})
     _check_encoder_loaded(model, state, (14, 14))
     # the registry path: create_model("setr_*", pretrained=<bare ViT file>) maps it onto the encoder
-    via_registry = create_model("setr_mla_vit_tiny_patch16", num_classes=3, img_size=64, pretrained=str(path))
+    via_registry = create_model("setr_mla_vit_tiny_patch16", num_classes=3, encoder={"img_size": 64}, pretrained=str(path))
     _check_encoder_loaded(via_registry, state, (14, 14))
     # same tokens as timm itself at timm's own size
-    at224 = create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=224, encoder_pretrained=str(path)).eval()
+    at224 = create_model("setr_naive_vit_tiny_patch16", num_classes=3, encoder={"img_size": 224, "pretrained": str(path)}).eval()
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         ours = at224.features(x, [1])[1]  # tap 1 = block 6
@@ -137,7 +138,7 @@ def test_timm_patch_bias_is_folded_into_pos_embed(tmp_path):
         ref.patch_embed.proj.bias.normal_(0, 1.0)
     path = tmp_path / "timm_vit_tiny.safetensors"
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
-    model = _tiny("naive", encoder_pretrained=str(path), encoder_kwargs={"patch_bias": False}).eval()
+    model = _tiny("naive", encoder={"pretrained": str(path), "kwargs": {"patch_bias": False}}).eval()
     assert model.encoder.patch_embed.proj.bias is None
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -146,19 +147,21 @@ def test_timm_patch_bias_is_folded_into_pos_embed(tmp_path):
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="decoder"):
-        SETR(3, encoder="vit_tiny_patch16_224", img_size=64, decoder="fpn")
+    with pytest.raises(ValueError, match=r"decode_head.kind='fpn'.*'naive', 'pup' or 'mla'"):
+        _tiny("naive", decode_head={"kind": "fpn"})
     with pytest.raises(ValueError, match="norm"):
-        _tiny("naive", norm="gn")
+        _tiny("naive", decode_head={"norm": "gn"})
     with pytest.raises(ValueError, match="kernel_size"):
-        _tiny("pup", kernel_size=5)
+        _tiny("pup", decode_head={"kernel_size": 5})
     with pytest.raises(ValueError, match="MLA"):
-        _tiny("mla", out_indices=(11,))
+        _tiny("mla", encoder={"out_indices": (11,)})
+    with pytest.raises(ValueError, match=r"decode_head: unknown key\(s\) \['kernel'\]"):
+        _tiny("pup", decode_head={"kernel": 5})
     with pytest.raises(ValueError, match="inference mode"):
         _tiny("naive").inference(torch.zeros(1, 3, 64, 64), "tiles")
 
 
 def test_syncbn_option_builds_sync_batchnorm():
-    model = _tiny("pup", norm="syncbn")
+    model = _tiny("pup", decode_head={"norm": "syncbn"})
     assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.decode_head.modules())
     assert model.pretrained_cfg.crop_size == (64, 64)

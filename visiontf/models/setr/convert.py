@@ -196,7 +196,7 @@ def _check_fits(state: dict[str, Tensor], model: nn.Module, what: str) -> None:
     if _structure(state) != _structure(own):
         fits = fitting_variants(state)
         fix = (f"it fits {fits[0]}: create_model({fits[0]!r}, pretrained=...)" if fits else
-               "no registered SETR variant has this layout; build SETR(...) with the matching decoder arguments")
+               "no registered SETR variant has this layout; pass the matching decode_head / aux_heads sections")
         raise ValueError(f"{what} is {describe(state)}, but {name} is {describe(own)}; {fix}")
     theirs, ours = _num_classes(state), _num_classes(own)
     if theirs is not None and theirs != ours and not model.new_classifier:

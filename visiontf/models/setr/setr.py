@@ -65,51 +65,40 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.io.weights import load_state_dict_file
-from visiontf.models._registry import create_model, load_pretrained, register_model
+from visiontf.models._registry import load_pretrained, register_model
 from visiontf.models.backbones.backbone import Backbone
-from visiontf.models.contract import ModelCfg, PretrainedCfg, Segmenter, build_model
+from visiontf.models.contract import ModelCfg, PretrainedCfg, Segmenter
+from visiontf.models.setr.build import SETR_SECTIONS, build_setr, default_out_indices
 from visiontf.models.setr.convert import convert_state_dict, encoder_state_from_vit, resize_pos_embed
-from visiontf.models.setr.heads import ClassifierHead, MLAHead, MLANeck, UpHead, norm_layer
-from visiontf.models.setr.setr_backbone import is_setr_vit, setr_backbone
 
 log = logging.getLogger(__name__)
 
-Decoder = Literal["naive", "pup", "mla"]
-
-
-def default_out_indices(depth: int, decoder: str) -> tuple[int, ...]:
-    """mmseg's taps for ViT-L (24 blocks); quarters of the depth otherwise (ViT-B: blocks 3/6/9/12)."""
-    if depth == 24:
-        return (5, 11, 17, 23) if decoder == "mla" else (9, 14, 19, 23)
-    if depth % 4 == 0:
-        q = depth // 4
-        return (q - 1, 2 * q - 1, 3 * q - 1, depth - 1)
-    raise ValueError(f"no default taps for a {depth}-block encoder; pass out_indices")
-
+__all__ = ["DEFAULT_CFGS", "SETR", "default_out_indices"]
 
 class SETR(Segmenter):
     """SEgmentation TRansformer. ``forward(images (B, 3, H, W))`` -> logits (B, K, H, W) at the input size.
 
-    In training mode it returns ``{"out": logits, "aux": [logits, ...]}`` (every map at the input
-    size); ``aux_weight`` is kept for the task's loss. Eval-mode ``forward`` is mmseg's ``encode_decode``;
-    :meth:`inference` adds its whole / sliding-window test modes.
+    It takes its parts, made by :func:`~visiontf.models.setr.build.build_setr` from the config's sections (or by
+    hand), as torchvision's ``FCOS(backbone, ...)``. In training mode it returns ``{"out": logits, "aux":
+    [logits, ...]}`` (every map at the input size); ``aux_weight`` is kept for the task's loss. Eval-mode
+    ``forward`` is mmseg's ``encode_decode``; :meth:`inference` adds its whole / sliding-window test modes.
 
     Args:
-        encoder: a visiontf ViT name (mmseg's encoder, exact), or any other backbone
-            (``"timm:<name>"``, a DINO Swin, a :class:`~visiontf.models.backbones.backbone.Backbone`):
-            :mod:`~visiontf.models.setr.setr_backbone`, ``out_indices`` then being its feature indices.
-        decoder: ``"naive"`` | ``"pup"`` (mmseg's ``SETRUPHead``) or ``"mla"`` (``MLANeck`` + ``SETRMLAHead``).
-        out_indices: encoder blocks (0-based) whose tokens the heads read (mmseg's ``out_indices``);
-            ``None``: :func:`default_out_indices`.
-        in_index: which of ``out_indices`` the Naive/PUP decode head reads.
-        num_convs, up_scale, kernel_size: the decode head: Naive 1/4/1, PUP 4/2/3; MLA uses ``up_scale``.
-        aux_in_index: taps (Naive/PUP) or MLA outputs read by the auxiliary heads, one head each.
-        aux_num_convs, aux_up_scale, aux_kernel_size: the Naive/PUP auxiliary heads (MLA's are 1x1 classifiers).
-        channels: conv width of the up-heads and the MLA neck (256); mla_channels: per-level width of the MLA head (128).
-        with_cls_token: keep the class token in the encoder's attention (mmseg: False for MLA only).
+        encoder: mmseg's ViT encoder (a visiontf :class:`~visiontf.models.vit.vit.VisionTransformer` without its
+            final norm, read block by block), or any :class:`~visiontf.models.backbones.backbone.Backbone` (its maps).
+        decode_head: the Naive/PUP :class:`~visiontf.models.setr.heads.UpHead` on tap ``in_index``, or, with
+            ``neck``, the :class:`~visiontf.models.setr.heads.MLAHead` on the neck's outputs.
+        aux_heads: one auxiliary head per entry of ``aux_in_index`` (training only).
+        neck: the :class:`~visiontf.models.setr.heads.MLANeck` (SETR-MLA); None for Naive and PUP.
+        num_classes: the classes of the heads.
+        out_indices: a ViT encoder's tapped blocks (0-based, mmseg's ``out_indices``); ignored for a Backbone,
+            whose maps are the taps.
+        in_index: the tap the Naive/PUP decode head reads; aux_in_index: the taps (Naive/PUP) or MLA outputs
+            the auxiliary heads read.
+        with_cls_token: keep the class token in the ViT's attention (mmseg: False for MLA only).
         pos_embed_interp: how ``pos_embed`` is resized to other grids (mmseg's ``interpolate_mode``).
-        encoder_pretrained: a timm / visiontf ViT checkpoint for the encoder (classifier and final
-            norm dropped, ``pos_embed`` resized to the crop grid).
+        aux_weight: the auxiliary loss weight; align_corners: of the logits' resize to the input.
+        crop_size: the training crop of a Backbone encoder (a ViT's is its ``patch_embed.img_size``).
         new_classifier: let ``create_model(..., pretrained=)`` load a checkpoint with another class count,
             leaving the classifiers at init (fine-tuning); without it that is an error.
         pretrained_cfg: entries that override the inference defaults (``mean``, ``std``, ``test_mode``,
@@ -124,89 +113,56 @@ class SETR(Segmenter):
 
     def __init__(
         self,
+        encoder: nn.Module,
+        decode_head: nn.Module,
+        aux_heads: Sequence[nn.Module] = (),
+        neck: nn.Module | None = None,
+        *,
         num_classes: int,
-        encoder: str | Backbone = "vit_large_patch16_384",
-        img_size: int | Sequence[int] = 512,
-        decoder: Decoder = "naive",
         out_indices: Sequence[int] | None = None,
         in_index: int = -1,
-        num_convs: int = 1,
-        up_scale: int = 4,
-        kernel_size: int = 1,
-        aux_in_index: Sequence[int] | None = None,
-        aux_num_convs: int = 2,
-        aux_up_scale: int = 4,
-        aux_kernel_size: int = 1,
-        channels: int = 256,
-        mla_channels: int = 128,
-        with_cls_token: bool | None = None,
+        aux_in_index: Sequence[int] = (),
+        with_cls_token: bool = True,
         pos_embed_interp: str = "bilinear",
         aux_weight: float = 0.4,
-        norm: Literal["bn", "syncbn"] = "bn",
-        encoder_pretrained: str | Path | None = None,
-        drop_path_rate: float = 0.0,
         align_corners: bool = False,
-        encoder_kwargs: dict[str, Any] | None = None,
+        crop_size: int | Sequence[int] = 512,
         new_classifier: bool = False,
         pretrained_cfg: PretrainedCfg | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if decoder not in ("naive", "pup", "mla"):
-            raise ValueError(f"decoder={decoder!r}; use 'naive', 'pup' or 'mla'")
         if num_classes < 1:
             raise ValueError(f"num_classes={num_classes}; a segmentation model needs at least one class")
         self.num_classes = num_classes
-        self.decoder = decoder
         self.aux_weight = aux_weight
         self.align_corners = align_corners
         self.new_classifier = new_classifier
         self.pos_embed_interp = pos_embed_interp
-        self.with_cls_token = (decoder != "mla") if with_cls_token is None else bool(with_cls_token)
-        if not is_setr_vit(encoder):  # any other backbone: visiontf.models.setr.setr_backbone
-            self.encoder = setr_backbone(encoder, out_indices, decoder, encoder_pretrained,
-                                         dict(encoder_kwargs or {}, **({"drop_path_rate": drop_path_rate} if drop_path_rate else {})))
-            dims, self.out_indices = list(self.encoder.channels), tuple(range(len(self.encoder.channels)))
+        self.with_cls_token = bool(with_cls_token)
+        self.encoder = encoder
+        vit = not isinstance(encoder, Backbone)
+        if vit:
+            if out_indices is None:
+                raise ValueError("SETR: a ViT encoder needs out_indices (the blocks the heads read)")
+            self.out_indices = tuple(int(i) for i in out_indices)
         else:
-            self.encoder = create_model(encoder, num_classes=0, img_size=img_size, drop_path_rate=drop_path_rate,
-                                        norm_eps=1e-6, **(encoder_kwargs or {}))
-            if self.encoder.distilled:
-                raise ValueError(f"encoder={encoder!r} has a distillation token; SETR's encoder has the class token only")
-            # the heads normalise their own taps (mmseg's final_norm=False): the encoder's final LN would be unused
-            self.encoder.norm = nn.Identity()
-            depth = len(self.encoder.blocks)
-            taps = default_out_indices(depth, decoder) if out_indices is None else out_indices
-            self.out_indices = tuple(int(i) % depth for i in taps)
-            dims = [self.encoder.embed_dim] * len(self.out_indices)
+            self.out_indices = tuple(range(len(encoder.channels)))
         n = len(self.out_indices)
-        if aux_in_index is None:
-            aux_in_index = tuple(range(n)) if decoder == "mla" else tuple(range(n - 1))
-        self.aux_in_index = tuple(int(i) % n for i in aux_in_index)
         self.in_index = int(in_index) % n
-
-        bn = norm_layer(norm)
-        if decoder == "mla":
-            if n < 2:
-                raise ValueError(f"MLA aggregates several blocks; got out_indices={self.out_indices}")
-            self.neck = MLANeck(dims[0], channels, n, bn)
-            self.decode_head = MLAHead(channels, mla_channels, num_classes, n, up_scale, bn, align_corners)
-            self.aux_heads = nn.ModuleList(ClassifierHead(channels, num_classes) for _ in self.aux_in_index)
-        else:
-            self.decode_head = UpHead(dims[self.in_index], channels, num_classes, num_convs, up_scale, kernel_size, bn, align_corners)
-            self.aux_heads = nn.ModuleList(
-                UpHead(dims[i], channels, num_classes, aux_num_convs, aux_up_scale, aux_kernel_size, bn, align_corners)
-                for i in self.aux_in_index
-            )
-        vit = not isinstance(self.encoder, Backbone)
-        crop = self.encoder.patch_embed.img_size if vit else ((img_size, img_size) if isinstance(img_size, int) else tuple(img_size))
-        mean, std = (self.encoder.pretrained_cfg.mean, self.encoder.pretrained_cfg.std) if vit else (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
+        self.aux_in_index = tuple(int(i) % n for i in aux_in_index)
+        if len(aux_heads) != len(self.aux_in_index):
+            raise ValueError(f"SETR: {len(aux_heads)} auxiliary heads for aux_in_index={self.aux_in_index}; give one head per index")
+        self.neck = neck
+        self.decode_head = decode_head
+        self.aux_heads = aux_heads if isinstance(aux_heads, nn.ModuleList) else nn.ModuleList(aux_heads)
+        crop = encoder.patch_embed.img_size if vit else ((crop_size, crop_size) if isinstance(crop_size, int) else tuple(crop_size))
+        mean, std = (encoder.pretrained_cfg.mean, encoder.pretrained_cfg.std) if vit else (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
         self.pretrained_cfg = PretrainedCfg(
             input_size=(3, *crop), crop_size=crop, mean=mean, std=std,
             interpolation="bilinear", test_mode="whole",
             # mmseg's SETR configs slide with a stride of 2/3 of the crop (512/341, 768/512)
             stride=tuple(max(1, (2 * c) // 3) for c in crop),
         ).merged(pretrained_cfg)
-        if encoder_pretrained and vit:
-            self.load_encoder(encoder_pretrained)
 
     # ------------------------------------------------------------------ optimiser knowledge
     def no_weight_decay(self) -> set[str]:
@@ -261,7 +217,7 @@ class SETR(Segmenter):
 
     def _decode(self, images: Tensor, with_aux: bool) -> tuple[Tensor, list[Tensor]]:
         size = (images.shape[-2], images.shape[-1])
-        if self.decoder == "mla":
+        if self.neck is not None:  # MLA
             feats = self.features(images)
             streams = self.neck([feats[t] for t in range(len(self.out_indices))])
             out = self.decode_head(streams)
@@ -329,63 +285,72 @@ class SETR(Segmenter):
 # ---------------------------------------------------------------------------------------- variants
 #: mmseg's SegDataPreProcessor for SETR: RGB, ImageNet mean/std (123.675, 116.28, 103.53) / (58.395, 57.12, 57.375)
 #: on 0-255, here on 0-1; sliding-window test (stride 2/3 of the crop) on images resized keep-ratio to ``resize`` (long, short)
-_MMSEG_ADE20K = dict(img_size=512, num_classes=150)
-_MMSEG_CITYSCAPES = dict(img_size=768, num_classes=19)
 _ADE20K_TEST = PretrainedCfg(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2048, 512))
 _CITYSCAPES_TEST = PretrainedCfg(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, test_mode="slide", resize=(2049, 1025))
+#: each variant is its sections (build_setr's): the parts below, merged field by field in order
+_MMSEG_ADE20K = {"num_classes": 150, "encoder": {"img_size": 512}}
+_MMSEG_CITYSCAPES = {"num_classes": 19, "encoder": {"img_size": 768}}
 #: mmseg's ViT-L/16 backbone of its SETR configs (no patch-embedding bias in 1.x)
-_VIT_L = dict(encoder="vit_large_patch16_384", encoder_kwargs={"patch_bias": False})
-_NAIVE = dict(decoder="naive", out_indices=(9, 14, 19, 23), in_index=3, num_convs=1, up_scale=4, kernel_size=1,
-              aux_in_index=(0, 1, 2), aux_up_scale=4, aux_kernel_size=1)
-_PUP = dict(decoder="pup", out_indices=(9, 14, 19, 23), in_index=3, num_convs=4, up_scale=2, kernel_size=3,
-            aux_in_index=(0, 1, 2), aux_num_convs=2, aux_up_scale=4, aux_kernel_size=3)
-_MLA = dict(decoder="mla", out_indices=(5, 11, 17, 23), with_cls_token=False, channels=256, mla_channels=128,
-            up_scale=4, aux_in_index=(0, 1, 2, 3))
+_VIT_L = {"encoder": {"name": "vit_large_patch16_384", "kwargs": {"patch_bias": False}}}
+_NAIVE = {"encoder": {"out_indices": (9, 14, 19, 23)},
+          "decode_head": {"kind": "naive", "in_index": 3, "num_convs": 1, "up_scale": 4, "kernel_size": 1},
+          "aux_heads": {"in_index": (0, 1, 2), "up_scale": 4, "kernel_size": 1}}
+_PUP = {"encoder": {"out_indices": (9, 14, 19, 23)},
+        "decode_head": {"kind": "pup", "in_index": 3, "num_convs": 4, "up_scale": 2, "kernel_size": 3},
+        "aux_heads": {"in_index": (0, 1, 2), "num_convs": 2, "up_scale": 4, "kernel_size": 3}}
+_MLA = {"encoder": {"out_indices": (5, 11, 17, 23), "with_cls_token": False},
+        "decode_head": {"kind": "mla", "channels": 256, "mla_channels": 128, "up_scale": 4},
+        "aux_heads": {"in_index": (0, 1, 2, 3)}}
 #: the ViT-L recipe at 12 blocks: taps from default_out_indices, PUP with an auxiliary head on every tap
-_SMALL = {"naive": dict(_NAIVE, out_indices=None), "pup": dict(_PUP, out_indices=None, aux_in_index=(0, 1, 2, 3)),
-          "mla": dict(_MLA, out_indices=None)}
-_TINY_HEADS = dict(channels=64, mla_channels=32)
+_SMALL_TAPS = {"encoder": {"out_indices": None}}
+_SMALL = {"naive": (_NAIVE, _SMALL_TAPS), "pup": (_PUP, _SMALL_TAPS, {"aux_heads": {"in_index": (0, 1, 2, 3)}}),
+          "mla": (_MLA, _SMALL_TAPS)}
+_VIT_B = ({"num_classes": 150, "encoder": {"name": "vit_base_patch16_384", "img_size": 512}},)
+_VIT_TI = ({"num_classes": 150, "encoder": {"name": "vit_tiny_patch16_224", "img_size": 128}},)
+_TINY_HEADS = {"decode_head": {"channels": 64, "mla_channels": 32}}
 
-#: every registered SETR: the keyword arguments of :class:`SETR` and the variant's test settings
+
+def _sections(*parts: dict[str, Any]) -> dict[str, Any]:
+    """A variant's sections: ``parts`` merged in order, section by section and field by field."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        out = SETR_SECTIONS.merge(out, part)
+    return out
+
+
+#: every registered SETR: the sections of :func:`~visiontf.models.setr.build.build_setr` and the variant's test settings
 DEFAULT_CFGS: dict[str, ModelCfg] = {
     # mmseg setr_vit-l_{naive,pup,mla}_8xb2-160k_ade20k-512x512
-    "setr_naive_vit_large_patch16": ModelCfg({**_VIT_L, **_MMSEG_ADE20K, **_NAIVE, "aux_num_convs": 2}, _ADE20K_TEST),
-    "setr_pup_vit_large_patch16": ModelCfg({**_VIT_L, **_MMSEG_ADE20K, **_PUP}, _ADE20K_TEST),
-    "setr_mla_vit_large_patch16": ModelCfg({**_VIT_L, **_MMSEG_ADE20K, **_MLA}, _ADE20K_TEST),
+    "setr_naive_vit_large_patch16": ModelCfg(_sections(_VIT_L, _MMSEG_ADE20K, _NAIVE, {"aux_heads": {"num_convs": 2}}),
+                                             _ADE20K_TEST),
+    "setr_pup_vit_large_patch16": ModelCfg(_sections(_VIT_L, _MMSEG_ADE20K, _PUP), _ADE20K_TEST),
+    "setr_mla_vit_large_patch16": ModelCfg(_sections(_VIT_L, _MMSEG_ADE20K, _MLA), _ADE20K_TEST),
     # mmseg setr_vit-l_{naive,pup,mla}_8xb1-80k_cityscapes-768x768
-    "setr_naive_vit_large_patch16_cityscapes": ModelCfg({**_VIT_L, **_MMSEG_CITYSCAPES, **_NAIVE, "aux_num_convs": 1},
-                                                        _CITYSCAPES_TEST),
-    "setr_pup_vit_large_patch16_cityscapes": ModelCfg({**_VIT_L, **_MMSEG_CITYSCAPES, **_PUP}, _CITYSCAPES_TEST),
-    "setr_mla_vit_large_patch16_cityscapes": ModelCfg({**_VIT_L, **_MMSEG_CITYSCAPES, **_MLA}, _CITYSCAPES_TEST),
+    "setr_naive_vit_large_patch16_cityscapes": ModelCfg(_sections(_VIT_L, _MMSEG_CITYSCAPES, _NAIVE,
+                                                                  {"aux_heads": {"num_convs": 1}}), _CITYSCAPES_TEST),
+    "setr_pup_vit_large_patch16_cityscapes": ModelCfg(_sections(_VIT_L, _MMSEG_CITYSCAPES, _PUP), _CITYSCAPES_TEST),
+    "setr_mla_vit_large_patch16_cityscapes": ModelCfg(_sections(_VIT_L, _MMSEG_CITYSCAPES, _MLA), _CITYSCAPES_TEST),
     # ViT-B/16 (timm weights at 384 px, resampled to the 512 crop)
-    "setr_naive_vit_base_patch16": ModelCfg({"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150,
-                                             **_SMALL["naive"]}),
-    "setr_pup_vit_base_patch16": ModelCfg({"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150,
-                                           **_SMALL["pup"]}),
-    "setr_mla_vit_base_patch16": ModelCfg({"encoder": "vit_base_patch16_384", "img_size": 512, "num_classes": 150,
-                                           **_SMALL["mla"]}),
+    "setr_naive_vit_base_patch16": ModelCfg(_sections(*_VIT_B, *_SMALL["naive"])),
+    "setr_pup_vit_base_patch16": ModelCfg(_sections(*_VIT_B, *_SMALL["pup"])),
+    "setr_mla_vit_base_patch16": ModelCfg(_sections(*_VIT_B, *_SMALL["mla"])),
     # CPU-sized: the real ViT-Ti/16 (so timm's vit_tiny weights load) with narrow heads at 128 px
-    "setr_naive_vit_tiny_patch16": ModelCfg({"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
-                                             **_SMALL["naive"], **_TINY_HEADS}),
-    "setr_pup_vit_tiny_patch16": ModelCfg({"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
-                                           **_SMALL["pup"], **_TINY_HEADS}),
-    "setr_mla_vit_tiny_patch16": ModelCfg({"encoder": "vit_tiny_patch16_224", "img_size": 128, "num_classes": 150,
-                                           **_SMALL["mla"], **_TINY_HEADS}),
+    "setr_naive_vit_tiny_patch16": ModelCfg(_sections(*_VIT_TI, *_SMALL["naive"], _TINY_HEADS)),
+    "setr_pup_vit_tiny_patch16": ModelCfg(_sections(*_VIT_TI, *_SMALL["pup"], _TINY_HEADS)),
+    "setr_mla_vit_tiny_patch16": ModelCfg(_sections(*_VIT_TI, *_SMALL["mla"], _TINY_HEADS)),
 }
 _TAGS = ("segmentation", "setr")
 
 
 def _test(name: str) -> dict[str, Any]:
-    """The registry-wide test's settings of ``name``: its encoder (depth, taps, patch bias) at 32 dims on 64-px
-    images, narrow heads."""
-    encoder = {**DEFAULT_CFGS[name].kwargs.get("encoder_kwargs", {}), "embed_dim": 32, "num_heads": 2}
-    return dict(test_kwargs=dict(encoder_kwargs=encoder, img_size=64, channels=16, mla_channels=8), test_image_size=(64, 64))
+    """The registry-wide test's settings of ``name``: its encoder (depth, taps, patch bias kept) at 32 dims on
+    64-px images, narrow heads."""
+    return dict(test_kwargs=dict(encoder={"img_size": 64, "kwargs": {"embed_dim": 32, "num_heads": 2}},
+                                 decode_head={"channels": 16, "mla_channels": 8}), test_image_size=(64, 64))
 
 
 def _create(name: str, **kwargs: Any) -> SETR:
-    cfg = DEFAULT_CFGS[name]
-    kwargs["encoder_kwargs"] = {**cfg.kwargs.get("encoder_kwargs", {}), **(kwargs.pop("encoder_kwargs", None) or {})}
-    return build_model(SETR, cfg, **kwargs)
+    return SETR_SECTIONS.create(lambda **kw: build_setr(SETR, **kw), DEFAULT_CFGS[name], **kwargs)
 
 
 @register_model(tags=_TAGS, filter_fn=convert_state_dict, **_test("setr_naive_vit_large_patch16"))

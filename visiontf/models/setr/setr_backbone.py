@@ -1,9 +1,9 @@
 """SETR's heads on any :class:`~visiontf.models.backbones.backbone.Backbone`, not only on its own ViT encoder.
 
-``SETR(encoder=...)`` keeps mmseg's ViT path (exact to mmsegmentation) for a visiontf ViT name
-(``"vit_large_patch16_384"``); any other backbone of :func:`~visiontf.models.backbones.build.build_backbone`
+:func:`~visiontf.models.setr.build.build_setr` keeps mmseg's ViT path (exact to mmsegmentation) for a visiontf ViT
+``encoder.name`` (``"vit_large_patch16_384"``); any other backbone of :func:`~visiontf.models.backbones.build.build_backbone`
 (``"timm:convnext_tiny"``, ``"timm:vit_small_patch14_dinov2"``, ``"swin_T_224_1k"``, an instance) is built
-here: ``out_indices`` are that backbone's feature indices (the maps the heads tap, in order; by
+here: ``encoder.out_indices`` are that backbone's feature indices (the maps the heads tap, in order; by
 default its last four strides from 4 on, so one map for a plain ViT: pass its blocks), and the heads
 take each map's own channels. The heads resize their logits to the input, so any stride works
 for Naive and PUP; MLA sums its levels top-down, so it needs maps of one width and one stride (a plain
