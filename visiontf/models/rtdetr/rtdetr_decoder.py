@@ -212,15 +212,17 @@ class RTDetrDecoder(nn.Module):
         anchors, valid = anchor_boxes(shapes, self.options.anchor_eps, dtype, memory.device)
         output = self.enc_output(valid.to(memory.dtype) * memory)
         logits = self.enc_score_head(output)
-        coords = self.enc_bbox_head(output) + anchors
         queries = self.options.num_queries
         if queries > logits.shape[1]:
             raise ValueError(f"RT-DETR selects num_queries={queries} of the encoder's {logits.shape[1]} positions; "
                              "give larger images or build with fewer queries")
         index = torch.topk(logits.max(-1).values, queries, dim=1).indices[..., None]
         pick = lambda t: t.gather(1, index.expand(-1, -1, t.shape[-1]))  # noqa: E731
-        boxes_unact = pick(coords)
-        content = self.tgt_embed.weight[None].expand(len(memory), -1, -1) if self.tgt_embed is not None else pick(output).detach()
+        picked = pick(output)
+        # the box head is row-wise: run at the selected positions only, it gives what the originals pick from its run at
+        # every position (8,400 at 640 x 640; the values, and the gradients, of the rows that are kept)
+        boxes_unact = self.enc_bbox_head(picked) + pick(anchors.expand(len(memory), -1, -1))
+        content = self.tgt_embed.weight[None].expand(len(memory), -1, -1) if self.tgt_embed is not None else picked.detach()
         return {"content": content, "boxes_unact": boxes_unact.detach(), "logits": pick(logits), "boxes": boxes_unact.sigmoid()}
 
     def queries(self, feats: list[Tensor], denoising: DenoisingQueries | None = None) -> dict:
