@@ -19,7 +19,7 @@ from visiontf.models import create_model
 STAGES = ((8, 8, 16, 1, False, False, 3, 2), (16, 8, 24, 1, True, False, 3, 2), (24, 8, 32, 2, True, True, 5, 2), (32, 16, 48, 1, True, True, 5, 2))
 #: the toy model in visiontf's sections (D-FINE-S with a narrow backbone, as the transformers config below)
 TOY = dict(
-    backbone=dict(stem=(8, 8), stages=STAGES, frozen_bn=True),
+    backbone=dict(kwargs=dict(stem=(8, 8), stages=STAGES), frozen_bn=True),
     encoder=dict(hidden_dim=32, nhead=4, dim_feedforward=64),
     decoder=dict(hidden_dim=32, nhead=4, dim_feedforward=64, num_layers=3, num_queries=QUERIES),
     denoising=dict(num_denoising=6),

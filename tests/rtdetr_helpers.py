@@ -33,7 +33,7 @@ NUM_CLASSES = 5
 QUERIES = 10
 #: the toy widths in visiontf's sections (RT-DETR R18-vd with a narrow ResNet, as the transformers config below)
 TOY = dict(
-    backbone=dict(stem_width=8, widths=(16, 24, 32, 48), blocks=(1, 1, 1, 1), frozen_bn=True),
+    backbone=dict(kwargs=dict(stem_width=8, widths=(16, 24, 32, 48), blocks=(1, 1, 1, 1)), frozen_bn=True),
     encoder=dict(hidden_dim=32, nhead=4, dim_feedforward=64, expansion=1.0),
     decoder=dict(hidden_dim=32, nhead=4, dim_feedforward=64, num_layers=2, num_queries=QUERIES),
     denoising=dict(num_denoising=6),

@@ -32,13 +32,21 @@ from torch import Tensor
 
 from visiontf.models._registry import register_model
 from visiontf.models.backbones.backbone import Backbone
-from visiontf.models.backbones.hgnetv2 import HGNetV2Backbone
+from visiontf.models.backbones.spec import BackboneSpec
 from visiontf.models.contract import ModelCfg, PretrainedCfg
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising, DenoisingQueries
 from visiontf.models.dfine.convert import convert_state_dict
 from visiontf.models.dfine.dfine_decoder import DFineDecoder, FineDecoderOutput
-from visiontf.models.dfine.dfine_options import FDRDecoderOptions, HGNetV2Options, check_fdr_sections
+from visiontf.models.dfine.dfine_options import (
+    FDRDecoderOptions,
+    HGNetV2Options,
+    check_fdr_sections,
+    hgnetv2_options,
+    hgnetv2_spec,
+    is_stage_rows,
+)
 from visiontf.models.postprocess_options import PostprocessOptions
+from visiontf.models.rtdetr.backbone_section import FormerBackbone, backbone_section
 from visiontf.models.rtdetr.hybrid_encoder import HybridEncoder
 from visiontf.models.rtdetr.rtdetr import RTDETR, RTDETR_POSTPROCESS, TABLES
 from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS
@@ -104,9 +112,16 @@ class DFINE(RTDETR):
 
 
 # ------------------------------------------------------------------------------------ building
+#: the backbone when neither the config nor the variant names one: D-FINE-L's HGNetv2-B4 (the stem frozen, FrozenBatchNorm)
+HGNETV2_DEFAULT = BackboneSpec(name="hgnetv2_b4", stages=(2, 3, 4))
+#: the backbone section's former spelling (HGNetV2Options), still read
+HGNETV2_FORMER = FormerBackbone(HGNetV2Options, frozenset({"arch", "out_stages", "use_lab", "freeze_at", "stem"}), hgnetv2_spec,
+                                hgnetv2_options, is_stage_rows)
+
+
 def build_dfine(
     num_classes: int = 80,
-    backbone: HGNetV2Options | Mapping[str, Any] | Backbone | None = None,
+    backbone: BackboneSpec | Mapping[str, Any] | str | Backbone | None = None,
     encoder: EncoderOptions | Mapping[str, Any] | None = None,
     decoder: FDRDecoderOptions | Mapping[str, Any] | None = None,
     denoising: DenoisingOptions | Mapping[str, Any] | None = None,
@@ -121,7 +136,10 @@ def build_dfine(
 
     Args:
         num_classes: K (COCO 80).
-        backbone: :class:`~visiontf.models.dfine.dfine_options.HGNetV2Options` fields, or a built Backbone.
+        backbone: a :class:`~visiontf.models.backbones.spec.BackboneSpec` (its mapping, or a registered backbone name:
+            ``hgnetv2_b0``..``hgnetv2_b6`` for the published models) over the variant's, or a built Backbone. The former
+            :class:`~visiontf.models.dfine.dfine_options.HGNetV2Options` spelling is read with one ``FutureWarning``
+            (:mod:`~visiontf.models.rtdetr.backbone_section`).
         encoder, denoising: RT-DETR's sections (:mod:`visiontf.models.rtdetr.rtdetr_options`).
         decoder: :class:`~visiontf.models.dfine.dfine_options.FDRDecoderOptions` fields.
         loss: :class:`~visiontf.models.set_loss_options.FineGrainedLossOptions` fields over the variant's (D-FINE's
@@ -136,15 +154,8 @@ def build_dfine(
     opts_decoder = section(FDRDecoderOptions, decoder, section(FDRDecoderOptions, base.get("decoder"), where="decoder"), "decoder")
     opts_dn = section(DenoisingOptions, denoising, section(DenoisingOptions, base.get("denoising"), where="denoising"), "denoising")
     opts_loss = section(FineGrainedLossOptions, loss, section(FineGrainedLossOptions, base.get("loss"), DFINE_LOSS, "loss"), "loss")
-    opts_backbone = None
-    if isinstance(backbone, Backbone):
-        body = backbone
-    else:
-        opts_backbone = section(HGNetV2Options, backbone, section(HGNetV2Options, base.get("backbone"), where="backbone"), "backbone")
-        check_fdr_sections(opts_backbone, opts_decoder)
-        body = HGNetV2Backbone(opts_backbone.arch, opts_backbone.out_stages, opts_backbone.use_lab, opts_backbone.frozen_bn,
-                               opts_backbone.freeze_at, opts_backbone.stem, opts_backbone.stages, opts_backbone.pretrained,
-                               opts_backbone.channels_last)
+    spec = backbone_section(backbone, base.get("backbone"), HGNETV2_DEFAULT, HGNETV2_FORMER)
+    body = spec if isinstance(spec, Backbone) else spec.build(num_levels=3, min_stride=8)
     check_sections(None, opts_encoder, opts_decoder, opts_dn)
     check_fdr_sections(None, opts_decoder)
     hybrid = HybridEncoder(list(body.channels), opts_encoder, tables)
@@ -154,7 +165,7 @@ def build_dfine(
         generator = ContrastiveDenoising(opts_dn.num_denoising, opts_dn.label_noise_ratio, opts_dn.box_noise_scale,
                                          inverse_sigmoid_eps=INVERSE_SIGMOID_EPS, pad_box="zero", flip_negative_sizes=True)
     model = DFINE(body, hybrid, dec, num_classes, generator, input_norm, PostprocessOptions(num_select), pretrained_cfg, opts_loss)
-    model.options = {"backbone": opts_backbone, "encoder": opts_encoder, "decoder": opts_decoder, "denoising": opts_dn, "loss": opts_loss}
+    model.options = {"backbone": None if isinstance(spec, Backbone) else spec, "encoder": opts_encoder, "decoder": opts_decoder, "denoising": opts_dn, "loss": opts_loss}
     return model
 
 
@@ -162,16 +173,16 @@ def build_dfine(
 #: D-FINE's encoder blocks (every published model)
 FUSION = {"fusion_block": "elan", "lateral_act": False, "downsample": "scdown"}
 #: backbones: N, S and M train their BatchNorm and everything (and use the learnable affine blocks); L and X freeze the stem
-#: and the norms
-B0 = {"arch": "B0", "use_lab": True, "frozen_bn": False, "freeze_at": -1}
-B2 = {"arch": "B2", "use_lab": True, "frozen_bn": False, "freeze_at": -1}
-B4 = {"arch": "B4", "use_lab": False, "frozen_bn": True, "freeze_at": 0}
-B5 = {"arch": "B5", "use_lab": False, "frozen_bn": True, "freeze_at": 0}
+#: and the norms (BackboneSpec; the learnable affine blocks are the architecture's own: B0-B3)
+B0 = {"name": "hgnetv2_b0", "frozen_bn": False, "freeze_stem": False}
+B2 = {"name": "hgnetv2_b2", "frozen_bn": False, "freeze_stem": False}
+B4 = {"name": "hgnetv2_b4"}
+B5 = {"name": "hgnetv2_b5"}
 
 #: the published models (COCO, 80 classes, 640 x 640; Peterande/D-FINE configs/dfine/dfine_hgnetv2_*_coco.yml)
 _VARIANTS: dict[str, dict[str, Any]] = {
     # 42.8 AP: B0's last two stages, d 128, AIFI on the coarser of 2 levels, 3 decoder layers, 6 points per level
-    "dfine_n": dict(backbone={**B0, "out_stages": (3, 4)},
+    "dfine_n": dict(backbone={**B0, "stages": (3, 4)},
                     encoder={**FUSION, "hidden_dim": 128, "dim_feedforward": 512, "aifi_levels": (1,), "expansion": 0.34, "depth_mult": 0.5},
                     decoder={"hidden_dim": 128, "dim_feedforward": 512, "num_levels": 2, "num_layers": 3, "num_points": (6, 6)}),
     "dfine_s": dict(backbone=B0, encoder={**FUSION, "expansion": 0.5, "depth_mult": 0.34}, decoder={"num_layers": 3}),   # 48.5 AP
@@ -182,7 +193,7 @@ _VARIANTS: dict[str, dict[str, Any]] = {
 #: DEIM's D-FINE models (ShihuaHuang95/DEIM configs/deim_dfine/deim_hgnetv2_*_coco.yml): SiLU in the decoder's FFNs, MLP heads
 #: and quality estimators, every backbone's BatchNorm trained and nothing frozen, the matchability-aware loss
 _VARIANTS |= {
-    "deim_" + name: {**cfg, "backbone": {**cfg["backbone"], "frozen_bn": False, "freeze_at": -1},
+    "deim_" + name: {**cfg, "backbone": {**cfg["backbone"], "frozen_bn": False, "freeze_stem": False},
                      "decoder": {**cfg["decoder"], "activation": "silu", "mlp_act": "silu"}, "loss": {"class_loss": "mal", "class_gamma": 1.5}}
     for name, cfg in list(_VARIANTS.items())
 }  # 43.0, 49.0, 52.7, 54.7, 56.5 AP
@@ -190,9 +201,9 @@ _VARIANTS |= {
 #: of its widths, one block per stage), d 128, 1 AIFI layer, one RepVGG block per branch, 3 decoder layers, 100 queries,
 #: 50 denoising slots, reg_max 16
 _VARIANTS["dfine_tiny"] = dict(
-    backbone={"arch": "B0", "use_lab": True, "frozen_bn": False, "freeze_at": -1, "channels_last": True, "stem": (16, 16),
-              "stages": ((16, 16, 32, 1, False, False, 3, 2), (32, 16, 96, 1, True, False, 3, 2), (96, 32, 192, 1, True, True, 5, 2),
-                         (192, 48, 256, 1, True, True, 5, 2))},
+    backbone={**B0, "channels_last": True,
+              "kwargs": {"stem": (16, 16), "stages": ((16, 16, 32, 1, False, False, 3, 2), (32, 16, 96, 1, True, False, 3, 2),
+                                                      (96, 32, 192, 1, True, True, 5, 2), (192, 48, 256, 1, True, True, 5, 2))}},
     encoder={**FUSION, "hidden_dim": 128, "nhead": 4, "dim_feedforward": 256, "expansion": 0.5, "depth_mult": 1 / 3},
     decoder={"hidden_dim": 128, "nhead": 4, "dim_feedforward": 256, "num_layers": 3, "num_queries": 100, "num_points": (3, 6, 3),
              "reg_max": 16},
@@ -226,8 +237,8 @@ def _create(name: str, **kwargs: Any) -> DFINE:
 #: the registry-wide test's settings: the variant's layout at a narrow HGNetv2 (4-32 channels, one block and layer per
 #: stage), d 32, 3 decoder layers, 5 queries, 4 denoising slots, 8 bins per edge
 TEST_SETTINGS = dict(
-    test_kwargs=dict(backbone={"stem": (4, 4), "stages": ((4, 4, 8, 1, False, False, 3, 1), (8, 4, 16, 1, True, False, 3, 1),
-                                                          (16, 8, 32, 1, True, True, 5, 1), (32, 8, 32, 1, True, True, 5, 1))},
+    test_kwargs=dict(backbone={"kwargs": {"stem": (4, 4), "stages": ((4, 4, 8, 1, False, False, 3, 1), (8, 4, 16, 1, True, False, 3, 1),
+                                                                    (16, 8, 32, 1, True, True, 5, 1), (32, 8, 32, 1, True, True, 5, 1))}},
                      encoder={"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32},
                      decoder={"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32, "num_layers": 3, "num_queries": 5, "reg_max": 8},
                      denoising={"num_denoising": 4}, num_select=5),

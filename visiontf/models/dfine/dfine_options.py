@@ -20,16 +20,22 @@ The defaults are D-FINE-L's (``dfine_hgnetv2_l_coco.yml`` of Peterande/D-FINE).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from visiontf.models.backbones.hgnetv2 import HGNETV2_NAMES, USE_LAB
+from visiontf.models.backbones.spec import BackboneSpec
 from visiontf.models.rtdetr.rtdetr_options import ACTIVATIONS, DecoderOptions
 
-__all__ = ["FDRDecoderOptions", "HGNetV2Options", "check_fdr_sections"]
+__all__ = ["FDRDecoderOptions", "HGNetV2Options", "check_fdr_sections", "hgnetv2_options", "hgnetv2_spec"]
 
 
 @dataclass(frozen=True)
 class HGNetV2Options:
-    """The HGNetv2 backbone (:class:`~visiontf.models.backbones.hgnetv2.HGNetV2Backbone`).
+    """The HGNetv2 backbone (:class:`~visiontf.models.backbones.hgnetv2.HGNetV2Backbone`): the ``backbone`` section's former
+    spelling, still read (with one ``FutureWarning``) as the :class:`~visiontf.models.backbones.spec.BackboneSpec`
+    :func:`hgnetv2_spec` gives.
 
     Args:
         arch: ``"B0"``..``"B6"`` (N, S: B0; M: B2; L: B4; X: B5).
@@ -53,6 +59,43 @@ class HGNetV2Options:
     stages: tuple[tuple, ...] | None = None
     pretrained: str | None = None
     channels_last: bool = False
+
+
+def hgnetv2_spec(options: HGNetV2Options) -> BackboneSpec:
+    """The :class:`BackboneSpec` that builds the network ``options`` describe (``hgnetv2_b{i}``), field by field."""
+    name = f"hgnetv2_{str(options.arch).lower()}"
+    if name not in HGNETV2_NAMES:
+        raise ValueError(f"backbone.arch must be one of B0..B6, got {options.arch!r}")
+    kwargs: dict[str, Any] = {}
+    if options.freeze_at not in (-1, 0):  # -1 and 0 are freeze_stem's two readings for HGNetv2
+        kwargs["frozen_stages"] = options.freeze_at
+    if options.use_lab != (options.arch in USE_LAB):  # the architecture's own choice when left out
+        kwargs["use_lab"] = options.use_lab
+    if options.stem is not None:
+        kwargs["stem"] = options.stem
+    if options.stages is not None:
+        kwargs["stages"] = options.stages
+    return BackboneSpec(name=name, pretrained=options.pretrained, frozen_bn=options.frozen_bn, freeze_stem=options.freeze_at != -1,
+                        channels_last=options.channels_last, stages=options.out_stages, kwargs=kwargs)
+
+
+def hgnetv2_options(spec: BackboneSpec) -> HGNetV2Options:
+    """``spec`` (an HGNetv2's) in the former spelling, so that a section in that spelling goes on top of it."""
+    if spec.name not in HGNETV2_NAMES:
+        raise ValueError(f"backbone: arch, out_stages, use_lab, freeze_at, stem and stages rows describe an HGNetv2, but the "
+                         f"backbone is {spec.name!r}; write the section as a BackboneSpec (backbone: {{name: ..., kwargs: ...}})")
+    own = dict(spec.kwargs)
+    arch = HGNETV2_NAMES[spec.name]
+    frozen = own.pop("frozen_stages", None)
+    freeze_at = 4 if not spec.train else frozen if frozen is not None else 0 if spec.freeze_stem else -1
+    return HGNetV2Options(arch=arch, out_stages=spec.stages or (2, 3, 4), use_lab=own.pop("use_lab", arch in USE_LAB),
+                          frozen_bn=spec.frozen_bn, freeze_at=freeze_at, stem=own.pop("stem", None), stages=own.pop("stages", None),
+                          pretrained=spec.pretrained, channels_last=spec.channels_last)
+
+
+def is_stage_rows(key: str, value: Any) -> bool:
+    """HGNetv2Options's ``stages`` (rows of a stage table) rather than the spec's ``stages`` (stage numbers)."""
+    return key == "stages" and isinstance(value, Sequence) and bool(value) and not isinstance(value[0], (int, float))
 
 
 @dataclass(frozen=True)

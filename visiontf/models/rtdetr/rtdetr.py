@@ -32,10 +32,11 @@ from torch import Tensor
 
 from visiontf.models._registry import register_model
 from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
-from visiontf.models.backbones.resnet_vd import ResNetVdBackbone
+from visiontf.models.backbones.spec import BackboneSpec
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising, DenoisingQueries
 from visiontf.models.postprocess_options import PostprocessOptions
+from visiontf.models.rtdetr.backbone_section import FormerBackbone, backbone_section
 from visiontf.models.rtdetr.convert import convert_state_dict
 from visiontf.models.rtdetr.hybrid_encoder import HybridEncoder
 from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS, DecoderOutput, RTDetrDecoder
@@ -45,6 +46,8 @@ from visiontf.models.rtdetr.rtdetr_options import (
     EncoderOptions,
     ResNetVdOptions,
     check_sections,
+    resnet_vd_options,
+    resnet_vd_spec,
     section,
 )
 from visiontf.models.set_loss_options import SetLossOptions
@@ -237,9 +240,16 @@ class RTDETR(BackboneLayerDepth, Detector):
 
 
 # ------------------------------------------------------------------------------------ building
+#: the backbone when neither the config nor the variant names one: RT-DETR's R50-vd (the stem frozen, FrozenBatchNorm)
+RESNET_VD_DEFAULT = BackboneSpec(name="resnet50vd", stages=(2, 3, 4), kwargs={"frozen_stages": 0})
+#: the backbone section's former spelling (ResNetVdOptions), still read
+RESNET_VD_FORMER = FormerBackbone(ResNetVdOptions, frozenset({"depth", "out_stages", "freeze_at", "stem_width", "widths", "blocks"}),
+                                  resnet_vd_spec, resnet_vd_options)
+
+
 def build_rtdetr(
     num_classes: int = 80,
-    backbone: ResNetVdOptions | Mapping[str, Any] | Backbone | None = None,
+    backbone: BackboneSpec | Mapping[str, Any] | str | Backbone | None = None,
     encoder: EncoderOptions | Mapping[str, Any] | None = None,
     decoder: DecoderOptions | Mapping[str, Any] | None = None,
     denoising: DenoisingOptions | Mapping[str, Any] | None = None,
@@ -254,7 +264,10 @@ def build_rtdetr(
 
     Args:
         num_classes: K (COCO 80).
-        backbone: :class:`~visiontf.models.rtdetr.rtdetr_options.ResNetVdOptions` fields, or a built Backbone.
+        backbone: a :class:`~visiontf.models.backbones.spec.BackboneSpec` (its mapping, or a registered backbone name:
+            ``resnet{18,34,50,101}vd`` for the published models) over the variant's, or a built Backbone. The former
+            :class:`~visiontf.models.rtdetr.rtdetr_options.ResNetVdOptions` spelling is read with one ``FutureWarning``
+            (:mod:`~visiontf.models.rtdetr.backbone_section`).
         encoder, decoder, denoising: the other sections (:mod:`~visiontf.models.rtdetr.rtdetr_options`); a
             ``num_denoising`` of 0 builds no denoising.
         num_select: detections per image (the originals' 300).
@@ -272,14 +285,8 @@ def build_rtdetr(
     opts_encoder = section(EncoderOptions, encoder, section(EncoderOptions, base.get("encoder"), where="encoder"), "encoder")
     opts_decoder = section(DecoderOptions, decoder, section(DecoderOptions, base.get("decoder"), where="decoder"), "decoder")
     opts_dn = section(DenoisingOptions, denoising, section(DenoisingOptions, base.get("denoising"), where="denoising"), "denoising")
-    if isinstance(backbone, Backbone):
-        body = backbone
-    else:
-        opts_backbone = section(ResNetVdOptions, backbone, section(ResNetVdOptions, base.get("backbone"), where="backbone"), "backbone")
-        check_sections(opts_backbone, opts_encoder, opts_decoder, opts_dn)
-        body = ResNetVdBackbone(
-            opts_backbone.depth, opts_backbone.out_stages, opts_backbone.frozen_bn, opts_backbone.freeze_at, opts_backbone.stem_width,
-            opts_backbone.widths, opts_backbone.blocks, opts_backbone.pretrained, opts_backbone.channels_last)
+    spec = backbone_section(backbone, base.get("backbone"), RESNET_VD_DEFAULT, RESNET_VD_FORMER)
+    body = spec if isinstance(spec, Backbone) else spec.build(num_levels=3, min_stride=8)
     check_sections(None, opts_encoder, opts_decoder, opts_dn)
     hybrid = HybridEncoder(list(body.channels), opts_encoder, tables)
     dec = RTDetrDecoder([opts_encoder.hidden_dim] * len(body.channels), num_classes, opts_decoder, opts_dn.num_denoising, tables)
@@ -289,7 +296,7 @@ def build_rtdetr(
                                          inverse_sigmoid_eps=INVERSE_SIGMOID_EPS, pad_box="zero",
                                          flip_negative_sizes=opts_dn.flip_negative_sizes)
     model = RTDETR(body, hybrid, dec, num_classes, generator, input_norm, PostprocessOptions(num_select), pretrained_cfg, opts_loss)
-    model.options = {"backbone": None if isinstance(backbone, Backbone) else opts_backbone, "encoder": opts_encoder,
+    model.options = {"backbone": None if isinstance(spec, Backbone) else spec, "encoder": opts_encoder,
                      "decoder": opts_decoder, "denoising": opts_dn, "loss": opts_loss}
     return model
 
@@ -300,10 +307,11 @@ def _v2(decoder: Mapping[str, Any]) -> dict[str, Any]:
     return {"num_points": (4, 4, 4), **decoder}
 
 
-R18 = {"depth": 18, "frozen_bn": False, "freeze_at": -1}
-R34 = {"depth": 34, "frozen_bn": False, "freeze_at": -1}
-R50 = {"depth": 50, "frozen_bn": True, "freeze_at": 0}
-R101 = {"depth": 101, "frozen_bn": True, "freeze_at": 0}
+#: backbones (BackboneSpec): R18/R34 train their BatchNorm and everything; R50/R101 freeze the norms and the stem
+R18 = {"name": "resnet18vd", "frozen_bn": False, "freeze_stem": False}
+R34 = {"name": "resnet34vd", "frozen_bn": False, "freeze_stem": False}
+R50 = {"name": "resnet50vd", "kwargs": {"frozen_stages": 0}}
+R101 = {"name": "resnet101vd", "kwargs": {"frozen_stages": 0}}
 SMALL_ENCODER = {"expansion": 0.5}
 X_ENCODER = {"hidden_dim": 384, "dim_feedforward": 2048}
 
@@ -349,8 +357,7 @@ _VARIANTS |= {
 #: nothing frozen), d 128, 1 AIFI layer, one RepVGG block per fusion block, 3 decoder layers, 100 queries, 50 denoising
 #: slots, RT-DETRv2's attention
 _VARIANTS["rtdetr_tiny"] = dict(
-    backbone={"depth": 18, "frozen_bn": False, "freeze_at": -1, "stem_width": 16, "widths": (32, 64, 128, 256), "blocks": (1, 1, 1, 1),
-              "channels_last": True},
+    backbone={**R18, "channels_last": True, "kwargs": {"stem_width": 16, "widths": (32, 64, 128, 256), "blocks": (1, 1, 1, 1)}},
     encoder={"hidden_dim": 128, "nhead": 4, "dim_feedforward": 256, "expansion": 0.5, "depth_mult": 1 / 3},
     decoder={"hidden_dim": 128, "nhead": 4, "dim_feedforward": 256, "num_layers": 3, "num_queries": 100, "num_points": (4, 4, 4)},
     denoising={"num_denoising": 50}, num_select=100)
@@ -396,7 +403,7 @@ def _create(name: str, **kwargs: Any) -> RTDETR:
 #: the registry-wide test's settings: the variant's depth and options at a narrow backbone, d 32, 3 decoder layers (the M
 #: models evaluate at the third), 5 queries, 4 denoising slots
 TEST_SETTINGS = dict(
-    test_kwargs=dict(backbone={"stem_width": 4, "widths": (8, 16, 32, 64), "blocks": (1, 1, 1, 1)},
+    test_kwargs=dict(backbone={"kwargs": {"stem_width": 4, "widths": (8, 16, 32, 64), "blocks": (1, 1, 1, 1)}},
                      encoder={"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32},
                      decoder={"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32, "num_layers": 3, "num_queries": 5},
                      denoising={"num_denoising": 4}, num_select=5),

@@ -20,7 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-__all__ = ["DecoderOptions", "DenoisingOptions", "EncoderOptions", "ResNetVdOptions", "section"]
+from visiontf.models.backbones.resnet_vd import RESNET_VD_NAMES
+from visiontf.models.backbones.spec import BackboneSpec
+
+__all__ = ["DecoderOptions", "DenoisingOptions", "EncoderOptions", "ResNetVdOptions", "resnet_vd_options", "resnet_vd_spec", "section"]
 
 T = TypeVar("T")
 
@@ -32,7 +35,8 @@ DOWNSAMPLES = ("conv", "scdown")
 
 @dataclass(frozen=True)
 class ResNetVdOptions:
-    """The ResNet-vd backbone (RT-DETR's ``PResNet``).
+    """The ResNet-vd backbone (RT-DETR's ``PResNet``): the ``backbone`` section's former spelling, still read (with one
+    ``FutureWarning``) as the :class:`~visiontf.models.backbones.spec.BackboneSpec` :func:`resnet_vd_spec` gives.
 
     Args:
         depth: 18, 34, 50 or 101.
@@ -54,6 +58,41 @@ class ResNetVdOptions:
     blocks: tuple[int, ...] | None = None
     pretrained: str | None = None
     channels_last: bool = False
+
+
+#: ResNetVdOptions's fields as they were before the stem and widths could be set
+_RESNET_VD = {"stem_width": 32, "widths": (64, 128, 256, 512)}
+
+
+def resnet_vd_spec(options: ResNetVdOptions) -> BackboneSpec:
+    """The :class:`BackboneSpec` that builds the network ``options`` describe (``resnet{depth}vd``), field by field."""
+    if options.depth not in RESNET_VD_NAMES.values():
+        raise ValueError(f"backbone.depth must be 18, 34, 50 or 101, got {options.depth}")
+    kwargs: dict[str, Any] = {}
+    if options.freeze_at not in (-1, 1):  # -1 and 1 are freeze_stem's two readings for a ResNet-vd; 0 is the stem alone
+        kwargs["frozen_stages"] = options.freeze_at
+    for name in ("stem_width", "widths"):
+        if getattr(options, name) != _RESNET_VD[name]:
+            kwargs[name] = getattr(options, name)
+    if options.blocks is not None:
+        kwargs["blocks"] = options.blocks
+    return BackboneSpec(name=f"resnet{options.depth}vd", pretrained=options.pretrained, frozen_bn=options.frozen_bn,
+                        freeze_stem=options.freeze_at != -1, channels_last=options.channels_last, stages=options.out_stages,
+                        kwargs=kwargs)
+
+
+def resnet_vd_options(spec: BackboneSpec) -> ResNetVdOptions:
+    """``spec`` (a ResNet-vd's) in the former spelling, so that a section in that spelling goes on top of it."""
+    if spec.name not in RESNET_VD_NAMES:
+        raise ValueError(f"backbone: depth, out_stages, freeze_at, stem_width, widths and blocks describe a ResNet-vd, but the "
+                         f"backbone is {spec.name!r}; write the section as a BackboneSpec (backbone: {{name: ..., kwargs: ...}})")
+    own = dict(spec.kwargs)
+    frozen = own.pop("frozen_stages", None)
+    freeze_at = 4 if not spec.train else frozen if frozen is not None else 1 if spec.freeze_stem else -1
+    return ResNetVdOptions(depth=RESNET_VD_NAMES[spec.name], out_stages=spec.stages or (2, 3, 4), frozen_bn=spec.frozen_bn,
+                           freeze_at=freeze_at, stem_width=own.pop("stem_width", _RESNET_VD["stem_width"]),
+                           widths=tuple(own.pop("widths", _RESNET_VD["widths"])), blocks=own.pop("blocks", None),
+                           pretrained=spec.pretrained, channels_last=spec.channels_last)
 
 
 @dataclass(frozen=True)

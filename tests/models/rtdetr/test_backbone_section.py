@@ -1,0 +1,91 @@
+"""The real-time DETRs' backbone is a BackboneSpec (``backbone: {name: resnet18vd, ...}`` / ``{name: hgnetv2_b0, ...}``),
+as the DETR line's; the former ResNetVdOptions / HGNetV2Options spelling of old configs and checkpoints still builds the
+same network, with one FutureWarning."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from visiontf.io.weights import save_model
+from visiontf.models import create_model, load_model
+from visiontf.models.backbones.spec import BackboneSpec
+from visiontf.models.dfine.dfine import DEFAULT_CFGS as DFINE_CFGS
+from visiontf.models.rtdetr.rtdetr import DEFAULT_CFGS as RTDETR_CFGS
+from visiontf.models.rtdetr.rtdetr import build_rtdetr
+
+HEADS = dict(encoder={"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32},
+             decoder={"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32, "num_layers": 2, "num_queries": 5},
+             denoising={"num_denoising": 4}, num_select=5, num_classes=3)
+RESNET = {"stem_width": 4, "widths": (8, 16, 32, 64), "blocks": (1, 1, 1, 1)}
+HGNET = {"stem": (4, 4), "stages": ((4, 4, 8, 1, False, False, 3, 1), (8, 4, 16, 1, True, False, 3, 1),
+                                    (16, 8, 32, 1, True, True, 5, 1), (32, 8, 32, 1, True, True, 5, 1))}
+
+
+def _build(name: str, **kwargs):
+    """(the model built from seed 0, its FutureWarnings)."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = create_model(name, **HEADS, **kwargs)
+    return model, [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    frozen = [{k for k, p in m.named_parameters() if not p.requires_grad} for m in (a, b)]
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa) and frozen[0] == frozen[1]
+
+
+def test_the_variants_name_registered_backbones():
+    assert RTDETR_CFGS["rtdetr_r18vd"].kwargs["backbone"]["name"] == "resnet18vd"
+    assert RTDETR_CFGS["rtdetrv2_r101vd"].kwargs["backbone"]["name"] == "resnet101vd"
+    assert DFINE_CFGS["dfine_n"].kwargs["backbone"] == {"name": "hgnetv2_b0", "frozen_bn": False, "freeze_stem": False, "stages": (3, 4)}
+    model, warned = _build("rtdetr_r50vd", backbone={"kwargs": RESNET})
+    assert warned == [] and model.options["backbone"] == BackboneSpec("resnet50vd", stages=(2, 3, 4), kwargs={"frozen_stages": 0, **RESNET})
+    # R50-vd freezes its stem alone and keeps FrozenBatchNorm; R18-vd trains everything
+    assert not any(p.requires_grad for n, p in model.backbone.named_parameters() if n.startswith("body.conv1"))
+    assert all(p.requires_grad for n, p in model.backbone.named_parameters() if n.startswith("body.layer1"))
+    assert all(p.requires_grad for p in _build("rtdetr_r18vd", backbone={"kwargs": RESNET})[0].backbone.parameters())
+
+
+@pytest.mark.parametrize(("name", "former", "spec"), [
+    ("rtdetr_r18vd", {"depth": 34, "freeze_at": 0, **RESNET},
+     {"name": "resnet34vd", "frozen_bn": False, "kwargs": {"frozen_stages": 0, **RESNET}}),
+    ("rtdetr_r50vd", {"freeze_at": -1, "frozen_bn": False, "out_stages": (1, 2, 3), **RESNET},
+     {"frozen_bn": False, "stages": (1, 2, 3), "kwargs": {"frozen_stages": -1, **RESNET}}),  # the variant sets frozen_stages
+    ("dfine_s", {"arch": "B2", "use_lab": False, "freeze_at": 1, **HGNET},
+     {"name": "hgnetv2_b2", "frozen_bn": False, "kwargs": {"use_lab": False, "frozen_stages": 1, **HGNET}}),
+    ("deim_dfine_l", {"out_stages": (1, 2, 3), "frozen_bn": True, **HGNET}, {"frozen_bn": True, "stages": (1, 2, 3), "kwargs": HGNET}),
+])
+def test_the_former_spelling_builds_the_same_network_with_one_warning(name, former, spec):
+    old, warned = _build(name, backbone=former)
+    new, quiet = _build(name, backbone=spec)
+    assert _same(old, new)
+    assert quiet == [] and len(warned) == 1 and "backbone: {name: " in warned[0] and "will be removed" in warned[0]
+
+
+def test_a_checkpoint_saved_with_the_former_spelling_loads(tmp_path):
+    model, _ = _build("rtdetr_r18vd", backbone={"kwargs": RESNET})
+    path = save_model(model, tmp_path / "old.safetensors", "rtdetr_r18vd", **HEADS, backbone=RESNET)  # as files saved before
+    with pytest.warns(FutureWarning, match="ResNetVdOptions spelling") as caught:
+        loaded = load_model(path)
+    assert len([w for w in caught if issubclass(w.category, FutureWarning)]) == 1
+    assert _same(model, loaded)
+
+
+def test_any_registered_backbone_fits_a_real_time_detr():
+    # one section type: D-FINE's HGNetv2 under RT-DETR's encoder and decoder
+    model, warned = _build("rtdetr_r18vd", backbone={"name": "hgnetv2_b0", "kwargs": HGNET})
+    assert warned == [] and type(model.backbone).__name__ == "HGNetV2Backbone"
+    model.eval()
+    with torch.no_grad():
+        assert model(torch.rand(1, 3, 64, 64))["pred_boxes"].shape == (1, 5, 4)
+
+
+def test_the_former_spelling_over_another_kind_of_backbone_is_refused():
+    with pytest.raises(ValueError, match="describe a ResNet-vd, but the backbone is 'hgnetv2_b0'"):
+        build_rtdetr(**HEADS, backbone={"depth": 18}, base={"backbone": {"name": "hgnetv2_b0"}})
+    with pytest.raises(ValueError, match="backbone.depth must be 18, 34, 50 or 101"):
+        create_model("rtdetr_r18vd", **HEADS, backbone={"depth": 20, **RESNET})
