@@ -49,6 +49,9 @@ is resized whenever the token grid differs from the crop's (mmseg resizes only w
 *count* differs), and a patch-embedding bias in a checkpoint (mmseg 0.x trained one; 1.x has none
 and drops it on load) is folded into ``pos_embed`` on load, which is exact.
 
+:class:`SETR` takes these parts; :func:`~visiontf.models.setr.build.build_setr` makes them from the ``encoder``,
+``decode_head`` and ``aux_heads`` sections, and each variant below is its sections (``DEFAULT_CFGS``).
+
 The ``base`` and ``tiny`` variants scale the ADE20K recipe down to 12 blocks (taps at 3/6/9/12) and
 keep the patch-embedding bias of timm's ViT weights; PUP keeps an auxiliary head on every tap.
 """
@@ -74,6 +77,7 @@ from visiontf.models.setr.convert import convert_state_dict, encoder_state_from_
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_CFGS", "SETR", "default_out_indices"]
+
 
 class SETR(Segmenter):
     """SEgmentation TRansformer. ``forward(images (B, 3, H, W))`` -> logits (B, K, H, W) at the input size.
