@@ -19,8 +19,9 @@ from visiontf.models.rtdetr.hybrid_encoder import RepVggBlock
 from visiontf.nn.fold_bn import fold_batchnorms, fold_conv_bn
 
 #: one per backbone and encoder kind: ResNet-vd with trained BatchNorm (R18) and frozen (R50), HGNetv2 with trained
-#: BatchNorm and the affine blocks (D-FINE-N on 2 levels, S) and frozen (L); CSPRep and CSP-ELAN fusion blocks
-FAMILIES = ["rtdetrv2_r18vd", "rtdetr_r50vd", "dfine_n", "dfine_s", "dfine_l"]
+#: BatchNorm and the affine blocks (D-FINE-N on 2 levels, S) and frozen (L); CSPRep and CSP-ELAN fusion blocks; the CPU
+#: configs' channels-last backbones (rtdetr_tiny, dfine_tiny) and DEIM's SiLU decoder
+FAMILIES = ["rtdetrv2_r18vd", "rtdetr_r50vd", "dfine_n", "dfine_s", "dfine_l", "rtdetr_tiny", "dfine_tiny", "deim_dfine_n"]
 
 
 def _model(name: str, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -105,6 +106,7 @@ def test_fold_conv_bn_keeps_geometry_and_memory_format():
     assert fold_batchnorms(seq) == 0 and isinstance(seq[1], nn.BatchNorm2d)
 
 
+@pytest.mark.slow  # two exports (about 7 s on two shared cores); the fast tier exports rtdetr_tiny fused in test_realtime_export_dynamic
 def test_onnx_export_runs_a_fused_copy(tmp_path):
     onnx = pytest.importorskip("onnx")
     from visiontf.inference.export import example_inputs, export_onnx
