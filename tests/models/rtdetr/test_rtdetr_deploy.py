@@ -106,7 +106,7 @@ def test_fold_conv_bn_keeps_geometry_and_memory_format():
     assert fold_batchnorms(seq) == 0 and isinstance(seq[1], nn.BatchNorm2d)
 
 
-@pytest.mark.slow  # two exports (about 7 s on two shared cores); the fast tier exports rtdetr_tiny fused in test_realtime_export_dynamic
+@pytest.mark.slow  # two exports; the fast tier exports rtdetr_tiny fused in test_realtime_export_dynamic
 def test_onnx_export_runs_a_fused_copy(tmp_path):
     onnx = pytest.importorskip("onnx")
     from visiontf.inference.export import example_inputs, export_onnx
