@@ -159,6 +159,13 @@ class RTDETR(BackboneLayerDepth, Detector):
         """Fold the encoder's RepVGG blocks into single convolutions for inference (eval mode); returns how many."""
         return self.encoder.fuse_repvgg()
 
+    def fuse_for_inference(self) -> dict[str, int]:
+        """Fold every BatchNorm into its convolution and the RepVGG blocks into one convolution each, in place
+        (:func:`visiontf.models.rtdetr.deploy.fuse_for_inference`); the folds made per part."""
+        from visiontf.models.rtdetr.deploy import fuse_for_inference
+
+        return fuse_for_inference(self)
+
     # ------------------------------------------------------------------------------------ forward
     def _outputs(self, dec: DecoderOutput, dn: DenoisingQueries | None, to_image: Callable[[Tensor], Tensor]) -> dict:
         """The output dict of :meth:`forward` from the decoder's (``to_image``: padded canvas -> each image's boxes)."""
