@@ -34,9 +34,20 @@ VARIANTS = {
 #: a toy model in the original layout (ResNet-18 trunk, d 64, 4 levels, 2+2 layers, 12 queries) ...
 TOY_ORIGINAL = dict(num_classes=7, backbone="resnet18", num_feature_levels=4, d=64, nheads=4, enc_layers=2, dec_layers=2,
                     dim_feedforward=96, num_queries=12, dec_n_points=2, enc_n_points=3, dropout=0.0)
-#: ... and the same in visiontf's arguments
-TOY = dict(num_classes=7, backbone="resnet18", num_feature_levels=4, hidden_dim=64, nheads=4, enc_layers=2, dec_layers=2,
-           dim_feedforward=96, num_queries=12, dec_n_points=2, enc_n_points=3, dropout=0.0)
+#: ... and the same in visiontf's sections
+TOY = dict(num_classes=7, backbone="resnet18",
+           arch=dict(num_feature_levels=4, hidden_dim=64, nheads=4, enc_layers=2, dec_layers=2, dim_feedforward=96, num_queries=12,
+                     dec_n_points=2, enc_n_points=3, dropout=0.0))
+#: the variants' switches in visiontf's sections (``VARIANTS`` spells them as the original and transformers do)
+VARIANT_SECTIONS = {variant: {"arch": flags} if flags else {} for variant, flags in VARIANTS.items()}
+
+
+def toy(variant: str = "plain", **sections) -> dict:
+    """``create_model`` keywords of the toy model: ``TOY``, the variant's switches, then ``sections`` merged on top
+    field by field (``toy("two_stage", arch={"num_queries": 100})`` keeps TOY's other ``arch`` fields)."""
+    from visiontf.models.deformable_detr.build import merge_sections
+
+    return merge_sections(merge_sections(TOY, VARIANT_SECTIONS[variant]), sections)
 
 _TABLES = ("query_embed.weight", "level_embed", "query_position_embeddings.weight")
 
@@ -66,14 +77,18 @@ def save_checkpoint(fx: Fixture, path: Path) -> Path:
 
 
 def fixture_kwargs(fx: Fixture, **overrides) -> dict:
-    """``create_model`` keywords of the recorded model: its sizes and the same reduced ResNet (timm's resnet18)."""
+    """``create_model`` keywords of the recorded model: its sizes and the same reduced ResNet (timm's resnet18), as
+    sections; ``overrides`` (sections, or ``num_classes``) merged on top field by field."""
     settings, backbone = fx.meta["settings"], dict(fx.meta["backbone"])
     timm_name = backbone.pop("timm")
     keys = ("hidden_dim", "nheads", "dim_feedforward", "enc_layers", "dec_layers", "num_queries", "enc_n_points", "dec_n_points",
             "dropout", "num_feature_levels", "with_box_refine", "two_stage", "aux_loss")
-    return {"num_classes": fx.meta["num_classes"], "backbone": f"timm:{timm_name}",
-            "backbone_kwargs": {k: tuple(v) if isinstance(v, list) else v for k, v in backbone.items()},
-            **{k: settings[k] for k in keys}, **overrides}
+    from visiontf.models.deformable_detr.build import merge_sections
+
+    recorded = {"num_classes": fx.meta["num_classes"],
+                "backbone": {"name": f"timm:{timm_name}", "kwargs": {k: tuple(v) if isinstance(v, list) else v for k, v in backbone.items()}},
+                "arch": {k: settings[k] for k in keys}}
+    return merge_sections(recorded, overrides)
 
 
 #: the registered model of each variant (the recorded keywords override its sizes)
@@ -92,7 +107,7 @@ def load_recorded(variant: str, path: Path, dtype: torch.dtype = torch.float32, 
 
     fx = fixture(variant)
     if dtype == torch.float32 and fx.meta["settings"]["hidden_dim"] < 256:
-        overrides.setdefault("channels_last", False)
+        overrides["backbone"] = {"channels_last": False, **overrides.get("backbone", {})}
     return create_model(VARIANT_NAMES[variant], pretrained=path, **fixture_kwargs(fx, **overrides)).eval().to(dtype)
 
 

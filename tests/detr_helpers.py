@@ -43,4 +43,4 @@ _SMALL = dict(backbone="resnet18", num_labels=5, encoder_layers=2, decoder_layer
               decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, num_queries=12)
 
 
-_OURS = dict(num_classes=5, hidden_dim=64, nheads=4, enc_layers=2, dec_layers=2, dim_feedforward=96, num_queries=12)
+_OURS = dict(num_classes=5, arch=dict(hidden_dim=64, nheads=4, enc_layers=2, dec_layers=2, dim_feedforward=96, num_queries=12))

@@ -136,7 +136,7 @@ def shapes_batch(B=2, size=64, seed=0):
 
 
 #: a detection run of a few seconds on a hand-made COCO set (the custom-dataset walkthrough, fine-tuning tests)
-TINY_COCO_MODEL = "{frozen_bn: false, freeze_stem: false, num_queries: 10, enc_layers: 1, dec_layers: 1}"
+TINY_COCO_MODEL = "{backbone: {frozen_bn: false, freeze_stem: false}, arch: {num_queries: 10, enc_layers: 1, dec_layers: 1}}"
 TINY_COCO_RUN = ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         "--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.scales=[64]",
         "--data.init_args.max_size=96", "--data.init_args.crop_scales=[64]", "--data.init_args.crop_size=[48,64]",

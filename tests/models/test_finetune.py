@@ -16,19 +16,20 @@ import re
 
 import pytest
 import torch
-from deformable_helpers import TOY, VARIANTS, original, randomize
+from deformable_helpers import VARIANTS, original, randomize, toy
 from safetensors.torch import save_file
 
 from visiontf.io.weights import load_state_dict_file
 from visiontf.models import WeightsLayoutError, create_model
 from visiontf.models.deformable_detr import convert as deformable_detr_convert
 from visiontf.models.detr import convert as detr_convert
+from visiontf.models.detr.build import DETR_SECTIONS
 
 REGISTRY_LOG = "visiontf.models._registry"
 DEFORMABLE_NAMES = deformable_detr_convert.VARIANT_MODELS
-#: a toy DETR in the original layout (ResNet-18, d 64, 1+1 layers, 10 queries, 7 classes) and in visiontf's arguments
+#: a toy DETR in the original layout (ResNet-18, d 64, 1+1 layers, 10 queries, 7 classes) and in visiontf's sections
 DETR_ORIGINAL = dict(num_classes=7, backbone="resnet18", d=64, h=4, ne=1, nd=1, ff=96, nq=10)
-DETR_OURS = dict(backbone="resnet18", hidden_dim=64, nheads=4, enc_layers=1, dec_layers=1, dim_feedforward=96, num_queries=10)
+DETR_OURS = dict(backbone="resnet18", arch=dict(hidden_dim=64, nheads=4, enc_layers=1, dec_layers=1, dim_feedforward=96, num_queries=10))
 
 
 def _original_detr():
@@ -126,7 +127,7 @@ def test_checkpoint_without_class_head_counts_it_as_reinitialised(tmp_path, capl
 def test_original_deformable_layout_finetunes_to_3_classes(variant, tmp_path, caplog):
     ref = original(variant)  # 7 classes
     path = _save(ref.state_dict(), tmp_path / "r50_deformable_detr-checkpoint.pth")
-    kwargs = {**TOY, **VARIANTS[variant]}
+    kwargs = toy(variant)
     expected = deformable_detr_convert.convert_state_dict(load_state_dict_file(path), create_model(DEFORMABLE_NAMES[variant], **kwargs))
     with caplog.at_level(logging.INFO, logger=REGISTRY_LOG):
         model = create_model(DEFORMABLE_NAMES[variant], pretrained=path, **{**kwargs, "num_classes": 3})
@@ -142,7 +143,7 @@ def test_hf_deformable_layout_finetunes_to_3_classes(variant, tmp_path, caplog):
 
     hf = _hf(variant)  # 5 classes; skipped without transformers
     path = _save(hf.state_dict(), tmp_path / "hf_deformable.safetensors")
-    kwargs = {**TOY, **VARIANTS[variant], "num_classes": 5}
+    kwargs = toy(variant, num_classes=5)
     expected = deformable_detr_convert.convert_state_dict(load_state_dict_file(path), create_model(DEFORMABLE_NAMES[variant], **kwargs))
     with caplog.at_level(logging.INFO, logger=REGISTRY_LOG):
         model = create_model(DEFORMABLE_NAMES[variant], pretrained=path, **{**kwargs, "num_classes": 3})
@@ -199,27 +200,27 @@ def test_detr_with_other_num_queries_is_refused_naming_it(tmp_path):
     path = _save(_original_detr().state_dict(), tmp_path / "detr.pth")  # 10 queries
     with pytest.raises(WeightsLayoutError, match=r"detr\.pth: the weights were trained with num_queries=10, but the model is "
                                                  r"built with num_queries=100\..*create_model\(\.\.\., num_queries=10\)"):
-        create_model("detr_tiny", num_classes=3, pretrained=path, **{**DETR_OURS, "num_queries": 100})
+        create_model("detr_tiny", num_classes=3, pretrained=path, **DETR_SECTIONS.merge(DETR_OURS, {"arch": {"num_queries": 100}}))
 
 
 def test_original_deformable_with_other_levels_and_queries_is_refused_naming_both(tmp_path):
     path = _save(original("plain").state_dict(), tmp_path / "plain.pth")  # 4 levels, 12 queries
     message = r"trained with num_feature_levels=4, num_queries=12, but the model is built with num_feature_levels=3, num_queries=20"
     with pytest.raises(WeightsLayoutError, match=message):
-        create_model("deformable_detr_resnet50", pretrained=path, **{**TOY, "num_classes": 3, "num_feature_levels": 3, "num_queries": 20})
+        create_model("deformable_detr_resnet50", pretrained=path, **toy(num_classes=3, arch={"num_feature_levels": 3, "num_queries": 20}))
 
 
 def test_dino_with_other_levels_is_refused_naming_them(dino_coco_file):
     path, _ = dino_coco_file
     with pytest.raises(WeightsLayoutError, match=r"num_feature_levels=3, but the model is built with num_feature_levels=4.*"
                                                  r"model_kwargs: \{num_feature_levels: 3\}"):
-        create_model("dino_tiny", num_classes=3, pretrained=path, num_feature_levels=4)
+        create_model("dino_tiny", num_classes=3, pretrained=path, arch={"num_feature_levels": 4})
 
 
 def test_other_tensor_shapes_are_refused_by_name_or_skipped_when_not_strict(tmp_path, caplog):
     """A size the settings do not name (the FFN width): refused naming the tensors; strict=False keeps what fits."""
     path = _save(_original_detr().state_dict(), tmp_path / "detr.pth")  # FFN 96
-    other = {**DETR_OURS, "dim_feedforward": 64}
+    other = DETR_SECTIONS.merge(DETR_OURS, {"arch": {"dim_feedforward": 64}})
     with pytest.raises(WeightsLayoutError, match=r"have another shape than in detr_tiny as built \(weights -> model\): "
                                                  r"transformer\.encoder\.layers\.0\.mlp\.fc1\.weight \(96, 64\) -> \(64, 64\)"):
         create_model("detr_tiny", num_classes=3, pretrained=path, **other)
@@ -248,6 +249,7 @@ def test_recipes_finetune_coco_weights_then_export_and_predict_the_new_classes(t
     import json
 
     import onnxruntime as ort
+    import yaml
     from cli_runner import run_tools
     from handmade_data import TINY_COCO_MODEL as TINY_MODEL
     from handmade_data import make_dataset
@@ -255,8 +257,8 @@ def test_recipes_finetune_coco_weights_then_export_and_predict_the_new_classes(t
     from visiontf.inference.predictor import Predictor
 
     data = make_dataset(tmp_path / "data", "coco")
-    small = dict(frozen_bn=False, freeze_stem=False, num_queries=10, enc_layers=1, dec_layers=1)  # = TINY_MODEL
-    assert TINY_MODEL == "{" + ", ".join(f"{k}: {str(v).lower()}" for k, v in small.items()) + "}"
+    small = dict(backbone=dict(frozen_bn=False, freeze_stem=False), arch=dict(num_queries=10, enc_layers=1, dec_layers=1))
+    assert yaml.safe_load(TINY_MODEL) == small
     runs = {"dino": ("configs/deformable_detr/dino_r50_finetune_custom.yaml", "dino_tiny", 3),
             "detr": ("configs/detr/detr_r50_finetune_custom.yaml", "detr_tiny", 4)}  # logits: K sigmoid, K + 1 softmax
     cases = []

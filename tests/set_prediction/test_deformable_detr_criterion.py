@@ -237,20 +237,20 @@ def test_postprocess_nms_as_dino_and_per_class():
 
 
 def test_model_nms_settings_reach_the_postprocess():
-    kw = dict(num_classes=3, backbone="resnet18", hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, num_queries=4,
-              num_feature_levels=1)
+    kw = dict(num_classes=3, backbone="resnet18",
+              arch=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, num_queries=4, num_feature_levels=1))
     assert build_postprocess(build_deformable_detr(DeformableDETR, **kw)).nms_iou_threshold is None  # off by default, as in DINO
-    post = build_postprocess(build_deformable_detr(DeformableDETR, **kw, nms_iou_threshold=0.7, nms_class_agnostic=False))
+    post = build_postprocess(build_deformable_detr(DeformableDETR, **kw, postprocess={"nms_iou_threshold": 0.7, "nms_class_agnostic": False}))
     assert (post.nms_iou_threshold, post.nms_class_agnostic) == (0.7, False)
     with pytest.raises(ValueError, match="nms_iou_threshold must be in"):
-        build_deformable_detr(DeformableDETR, **kw, nms_iou_threshold=-1)
+        build_deformable_detr(DeformableDETR, **kw, postprocess={"nms_iou_threshold": -1})
 
 def test_build_postprocess_follows_the_class_head():
     class Unknown(Detector):
         class_head = "mystery"
 
-    assert isinstance(build_postprocess(build_deformable_detr(DeformableDETR, num_classes=3, backbone="resnet18", hidden_dim=32, nheads=2, enc_layers=1,
-                                                       dec_layers=1, num_queries=4, num_feature_levels=1)), DeformablePostProcess)
+    assert isinstance(build_postprocess(build_deformable_detr(DeformableDETR, num_classes=3, backbone="resnet18", arch=dict(
+        hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, num_queries=4, num_feature_levels=1))), DeformablePostProcess)
     assert isinstance(build_postprocess(create_model("detr_tiny", num_classes=2)), PostProcess)
     assert isinstance(build_postprocess(Detector()), PostProcess)  # the kind's declared default: DETR's convention
     with pytest.raises(ValueError, match=r"class_head = 'mystery'.*known: \['sigmoid', 'softmax'\]"):

@@ -15,7 +15,6 @@ import re
 import pytest
 import torch
 from deformable_helpers import (
-    TOY,
     VARIANTS,
     checkpoint,
     fixture,
@@ -26,6 +25,7 @@ from deformable_helpers import (
     max_diff,
     r50_layouts,
     save_checkpoint,
+    toy,
 )
 from deformable_helpers import hf_deformable_detr as _hf
 from safetensors.torch import save_file, save_model
@@ -118,7 +118,7 @@ def test_hf_checkpoint_parity(variant, tmp_path):
         path = tmp_path / f"hf_{name}.safetensors"
         if state is not None:
             save_file({k: v.clone() for k, v in state.items()}, str(path))
-        model = create_model(NAMES[variant], pretrained=path, **{**TOY, **VARIANTS[variant], "num_classes": 5}).eval()
+        model = create_model(NAMES[variant], pretrained=path, **toy(variant, num_classes=5)).eval()
         with torch.no_grad():
             out = model(images, mask)
         diff = max(max_diff(out["pred_logits"], ref.logits), max_diff(out["pred_boxes"], ref.pred_boxes))
@@ -135,8 +135,8 @@ def test_checkpoint_of_another_variant_is_refused(found, wanted, tmp_path):
 
 
 def test_own_checkpoint_of_another_variant_is_refused():
-    own = create_model("deformable_detr_tiny", two_stage=True)
-    plain = create_model("deformable_detr_tiny", with_box_refine=False)
+    own = create_model("deformable_detr_tiny", arch={"two_stage": True})
+    plain = create_model("deformable_detr_tiny", arch={"with_box_refine": False})
     with pytest.raises(ValueError, match="deformable_detr_resnet50_two_stage"):
         convert_state_dict(own.state_dict(), plain)
     assert set(convert_state_dict(own.state_dict(), own)) == set(own.state_dict())

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from deformable_helpers import TOY, VARIANT_NAMES, VARIANTS, fixture, inputs, max_diff, r50_layouts, randomize
+from deformable_helpers import VARIANT_NAMES, VARIANTS, fixture, inputs, max_diff, r50_layouts, randomize, toy
 
 from visiontf.models import create_model, list_models
 from visiontf.models.deformable_detr.build import build_deformable_detr
@@ -38,7 +38,7 @@ R50_PARAMETERS = {
 
 def _toy(variant: str = "plain", **kw) -> DeformableDETR:
     torch.manual_seed(0)
-    return build_deformable_detr(DeformableDETR, **{**TOY, **VARIANTS[variant], **kw})
+    return build_deformable_detr(DeformableDETR, **toy(variant, **kw))
 
 
 def test_registered_models_and_exact_r50_parameter_counts():
@@ -208,7 +208,7 @@ def test_images_smaller_than_64px(size):
 
 
 def test_two_stage_on_images_too_small_for_its_proposals():
-    model = _toy("two_stage", num_queries=100)
+    model = _toy("two_stage", arch={"num_queries": 100})
     with pytest.raises(ValueError, match="num_queries=100 proposals, but .* have only 22 positions; use larger images or fewer queries"):
         model(torch.randn(1, 3, 32, 32))
 
@@ -243,12 +243,12 @@ def test_non_finite_offsets_are_reported_not_hidden():
 
 def test_invalid_configurations():
     with pytest.raises(ValueError, match="two_stage=True needs with_box_refine=True"):
-        build_deformable_detr(DeformableDETR, **{**TOY, "two_stage": True})
+        build_deformable_detr(DeformableDETR, **toy(arch={"two_stage": True}))
     with pytest.raises(ValueError, match="multiple of 32"):
-        build_deformable_detr(DeformableDETR, **{**TOY, "hidden_dim": 48})
+        build_deformable_detr(DeformableDETR, **toy(arch={"hidden_dim": 48}))
     # 2 and 3 levels take the last stages of the backbone
-    assert [s for s in _toy(num_feature_levels=2).backbone.strides] == [16, 32]
-    assert _toy(num_feature_levels=3).backbone.channels == [128, 256, 512]
+    assert [s for s in _toy(arch={"num_feature_levels": 2}).backbone.strides] == [16, 32]
+    assert _toy(arch={"num_feature_levels": 3}).backbone.channels == [128, 256, 512]
 
 
 def test_images_in_a_batch_are_independent():
