@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from visiontf.models import create_model
+from visiontf.models.detr.build import DETR_SECTIONS
 from visiontf.models.detr.convert import convert_state_dict, detect_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # benchmarks/ is not an installed package
@@ -46,16 +47,16 @@ def _flag(flags: list[str], name: str, default=None):
 
 
 def toy_kwargs(fixture: Fixture) -> dict:
-    """visiontf's arguments for the model the generator built from the original's ``main.py`` flags."""
+    """visiontf's arguments (its sections) for the model the generator built from the original's ``main.py`` flags."""
     flags = fixture.meta["flags"]
     return dict(
         num_classes=fixture.weights["class_embed.weight" if "class_embed.weight" in fixture.weights
                                     else "detr.class_embed.weight"].shape[0] - 1,
-        backbone="timm:resnet18", backbone_kwargs=fixture.meta["toy_resnet"], dilation="--dilation" in flags,
-        hidden_dim=int(_flag(flags, "--hidden_dim")), nheads=int(_flag(flags, "--nheads")),
-        dim_feedforward=int(_flag(flags, "--dim_feedforward")), enc_layers=int(_flag(flags, "--enc_layers")),
-        dec_layers=int(_flag(flags, "--dec_layers")), num_queries=int(_flag(flags, "--num_queries")),
-        position_embedding=_flag(flags, "--position_embedding", "sine"), dropout=float(_flag(flags, "--dropout")),
+        backbone=dict(name="timm:resnet18", kwargs=fixture.meta["toy_resnet"], dilation="--dilation" in flags),
+        arch=dict(hidden_dim=int(_flag(flags, "--hidden_dim")), nheads=int(_flag(flags, "--nheads")),
+                  dim_feedforward=int(_flag(flags, "--dim_feedforward")), enc_layers=int(_flag(flags, "--enc_layers")),
+                  dec_layers=int(_flag(flags, "--dec_layers")), num_queries=int(_flag(flags, "--num_queries")),
+                  position_embedding=_flag(flags, "--position_embedding", "sine"), dropout=float(_flag(flags, "--dropout"))),
     )
 
 
@@ -66,7 +67,7 @@ def original_checkpoint(fixture: Fixture, path: Path) -> Path:
 
 
 def load_original(fixture: Fixture, name: str, path: Path, dtype: str, **overrides) -> nn.Module:
-    model = create_model(name, pretrained=original_checkpoint(fixture, path), **{**toy_kwargs(fixture), **overrides})
+    model = create_model(name, pretrained=original_checkpoint(fixture, path), **DETR_SECTIONS.merge(toy_kwargs(fixture), overrides))
     return model.eval().to(DTYPES[dtype])
 
 
@@ -233,7 +234,7 @@ def test_hf_learned_position_embedding_v4_names(tmp_path):
     assert "model.backbone.position_embedding.row_embeddings.weight" in state
     path = tmp_path / "hf.pth"
     torch.save(state, path)
-    model = create_model("detr_tiny", pretrained=path, position_embedding="learned", **_OURS).eval()
+    model = create_model("detr_tiny", pretrained=path, **DETR_SECTIONS.merge(_OURS, {"arch": {"position_embedding": "learned"}})).eval()
     _compare_hf(hf, model)
 
 

@@ -11,13 +11,14 @@ from torch import nn
 
 from visiontf.models import create_model
 from visiontf.models.backbones.detr_backbone import DetrBackbone
+from visiontf.models.detr.build import DETR_SECTIONS
 from visiontf.models.detr.detr import DETR
 
-SMALL = dict(num_classes=5, hidden_dim=32, nheads=4, enc_layers=2, dec_layers=3, dim_feedforward=64, num_queries=7)
+SMALL = dict(num_classes=5, arch=dict(hidden_dim=32, nheads=4, enc_layers=2, dec_layers=3, dim_feedforward=64, num_queries=7))
 
 
 def _tiny(**kw) -> DETR:
-    return create_model("detr_tiny", **{**SMALL, **kw})
+    return create_model("detr_tiny", **DETR_SECTIONS.merge(SMALL, kw))
 
 
 def test_output_contract_and_attention_maps():
@@ -47,7 +48,7 @@ def test_output_contract_and_attention_maps():
 
 def test_aux_loss_off_gives_the_same_final_prediction():
     model = _tiny().eval()
-    model_no_aux = _tiny(aux_loss=False).eval()
+    model_no_aux = _tiny(arch={"aux_loss": False}).eval()
     model_no_aux.load_state_dict(model.state_dict())
     images = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -77,7 +78,7 @@ def test_padding_is_invisible_to_the_transformer(position_embedding):
     with arbitrary values and masked gives exactly the unpadded map's outputs. That needs the sine
     embedding normalised over valid cells only, and padded keys ignored by every attention.
     """
-    model = _tiny(position_embedding=position_embedding).eval()
+    model = _tiny(arch={"position_embedding": position_embedding}).eval()
     C = model.backbone.num_channels
     feats = torch.randn(1, C, 3, 4)
     padded = torch.randn(1, C, 5, 7) * 10  # garbage in the padding
@@ -125,7 +126,7 @@ def test_timm_backbone_and_channels_last():
         plain, _ = bb(images.contiguous(), mask)
     assert feats.shape == (2, 512, 2, 2) and fmask[0].tolist() == [[False, False], [True, True]]
     torch.testing.assert_close(feats, plain, atol=1e-4, rtol=1e-4)
-    model = _tiny(backbone="timm:resnet18", channels_last=True).eval()
+    model = _tiny(backbone={"name": "timm:resnet18", "channels_last": True}).eval()
     with torch.no_grad():
         assert model(images, mask)["pred_boxes"].shape == (2, 7, 4)
 
@@ -200,7 +201,7 @@ def test_original_initialisation_and_size():
 
 def test_bad_arguments_are_explained():
     with pytest.raises(ValueError, match="position_embedding"):
-        _tiny(position_embedding="rope")
+        _tiny(arch={"position_embedding": "rope"})
     with pytest.raises(ValueError, match="num_classes"):
         _tiny(num_classes=0)
     model = _tiny().eval()

@@ -37,7 +37,7 @@ from visiontf.models.detr.convert import convert_state_dict
 from visiontf.models.detr.detr_segm import MASK_HEAD_PREFIXES
 
 #: the model each run of the fixture was made with, and its outputs' prefix there
-_RUNS = {"r50": ("detr_resnet50_panoptic", "", {}), "dc5": ("detr_resnet50_dc5_panoptic", "dc5.", {"dilation": True})}
+_RUNS = {"r50": ("detr_resnet50_panoptic", "", {}), "dc5": ("detr_resnet50_dc5_panoptic", "dc5.", {"backbone": {"dilation": True}})}
 
 
 def _recorded(fixture, dtype: str, prefix: str) -> dict[str, torch.Tensor]:
@@ -117,7 +117,7 @@ def test_published_panoptic_layout(layout):
 # --------------------------------------------------------------------------- HuggingFace
 _HF_SMALL = dict(backbone="resnet18", num_labels=9, encoder_layers=2, decoder_layers=2, d_model=128, encoder_attention_heads=8,
                  decoder_attention_heads=8, encoder_ffn_dim=160, decoder_ffn_dim=160, num_queries=10)
-_OURS = dict(num_classes=9, hidden_dim=128, nheads=8, enc_layers=2, dec_layers=2, dim_feedforward=160, num_queries=10)
+_OURS = dict(num_classes=9, arch=dict(hidden_dim=128, nheads=8, enc_layers=2, dec_layers=2, dim_feedforward=160, num_queries=10))
 
 
 def _v5_mask_head_to_v4(state: dict) -> dict:
@@ -185,7 +185,7 @@ def test_panoptic_weights_into_a_detector_drop_the_head(tmp_path, caplog):
 
 
 def test_frozen_detector_keeps_batchnorm_statistics():
-    model = create_model("detr_tiny_masks", num_classes=3, frozen_bn=False, freeze_detector=True).train()
+    model = create_model("detr_tiny_masks", num_classes=3, backbone={"frozen_bn": False}, freeze_detector=True).train()
     bn = model.backbone.body.bn1
     assert not bn.training and model.mask_head.training and model.transformer.training
     before = bn.running_mean.clone()

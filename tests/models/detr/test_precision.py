@@ -13,7 +13,7 @@ from visiontf.models import create_model
 from visiontf.set_prediction import HungarianMatcher, SetCriterion
 from visiontf.tasks.detection.detection_task import DetectionTask
 
-TINY = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=64, num_queries=8)
+TINY = dict(arch=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=64, num_queries=8))
 NUM_CLASSES = 4
 
 
@@ -43,7 +43,7 @@ def test_bf16_autocast_forward_matcher_and_loss_in_float32():
     assert out["pred_boxes"].dtype == torch.float32
     # ... while matching and every loss term are float32 and finite
     assert cost.dtype == torch.float32
-    assert len(out["aux_outputs"]) == TINY["dec_layers"] - 1
+    assert len(out["aux_outputs"]) == TINY["arch"]["dec_layers"] - 1
     for key, value in losses.items():
         assert value.dtype == torch.float32, key
         assert torch.isfinite(value), key
