@@ -11,19 +11,18 @@ import math
 
 import pytest
 import torch
-from dino_helpers import DINO, toy_batch
-from dino_helpers import TOY as TOY_DINO
+from dino_helpers import DINO, toy, toy_batch
 
 from visiontf.models.deformable_detr.build import build_deformable_detr
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.nn.position_relation import PositionRelationEmbedding, box_relation
 
-TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on
+THREE_LAYERS = {"arch": {"dec_layers": 3}}  # two layers after the first: the option acts from the second on
 
 
-def _model(seed: int = 0, **kw) -> DeformableDETR:
+def _model(*parts: dict, seed: int = 0, **sections) -> DeformableDETR:
     torch.manual_seed(seed)
-    return build_deformable_detr(DeformableDETR, **{**TOY, **kw})
+    return build_deformable_detr(DeformableDETR, **toy(THREE_LAYERS, *parts, **sections))
 
 
 
@@ -58,10 +57,10 @@ def test_bias_is_non_negative_per_head_and_sends_no_gradient_to_the_boxes():
 
 def test_first_layer_is_unchanged_and_a_zero_projection_changes_nothing():
     images, mask, _ = toy_batch()
-    plain = _model(**DINO).eval()
+    plain = _model(DINO).eval()
     for head in plain.bbox_embed:  # zero-initialised: boxes would equal the anchors whatever the attention
         torch.nn.init.normal_(head.layers[-1].weight, std=0.1)
-    related = _model(**DINO, position_relation=True).eval()
+    related = _model(DINO, dino={"position_relation": True}).eval()
     missing, unexpected = related.load_state_dict(plain.state_dict(), strict=False)
     assert missing == ["transformer.decoder.position_relation.proj.weight", "transformer.decoder.position_relation.proj.bias"]
     assert not unexpected
@@ -80,7 +79,7 @@ def test_first_layer_is_unchanged_and_a_zero_projection_changes_nothing():
 
 def test_matching_queries_still_never_see_the_denoising_queries():
     images, mask, targets = toy_batch()
-    model = _model(**DINO, position_relation=True).train()
+    model = _model(DINO, dino={"position_relation": True}).train()
     torch.nn.init.normal_(model.transformer.decoder.position_relation.proj.bias, 1.0, 1.0)
     with torch.no_grad():
         with_dn = model(images, mask, targets=targets)
@@ -92,7 +91,7 @@ def test_matching_queries_still_never_see_the_denoising_queries():
 @pytest.mark.parametrize("num_denoising", [0, 6], ids=["groups_folded", "groups_masked"])
 def test_query_groups_stay_independent(num_denoising):
     images, mask, targets = toy_batch()
-    model = _model(**{**DINO, "num_denoising": num_denoising}, position_relation=True, num_query_groups=3).train()
+    model = _model(DINO, dino={"num_denoising": num_denoising, "position_relation": True, "num_query_groups": 3}).train()
     torch.nn.init.normal_(model.transformer.decoder.position_relation.proj.bias, 1.0, 1.0)
     with torch.no_grad():
         grouped = model(images, mask, targets=targets)
@@ -106,7 +105,7 @@ def test_query_groups_stay_independent(num_denoising):
 
 def test_the_projection_learns_from_the_detection_losses():
     images, mask, targets = toy_batch()
-    model = _model(**DINO, position_relation=True).train()
+    model = _model(DINO, dino={"position_relation": True}).train()
     out = model(images, mask, targets=targets)
     out["pred_logits"].sigmoid().sum().backward()
     assert model.transformer.decoder.position_relation.proj.weight.grad.abs().sum() > 0
@@ -114,4 +113,4 @@ def test_the_projection_learns_from_the_detection_losses():
 
 def test_refused_without_two_stage_boxes():
     with pytest.raises(ValueError, match="position_relation=True .* needs two_stage=True"):
-        _model(with_box_refine=True, position_relation=True)
+        _model(arch={"with_box_refine": True}, dino={"position_relation": True})

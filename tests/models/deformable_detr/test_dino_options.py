@@ -10,7 +10,7 @@ import logging
 
 import pytest
 import torch
-from dino_helpers import DINO, TOY
+from dino_helpers import DINO, toy
 from dino_helpers import toy_batch as _inputs
 
 import visiontf.models.deformable_detr.denoising as dn
@@ -22,9 +22,9 @@ from visiontf.models.deformable_detr.queries import self_attn_mask
 from visiontf.set_prediction import build_postprocess
 
 
-def _model(seed: int = 0, **kw) -> DeformableDETR:
+def _model(*parts: dict, seed: int = 0, **sections) -> DeformableDETR:
     torch.manual_seed(seed)
-    return build_deformable_detr(DeformableDETR, **{**TOY, **kw})
+    return build_deformable_detr(DeformableDETR, **toy(*parts, **sections))
 
 
 def _empty(n: int = 2):
@@ -33,7 +33,7 @@ def _empty(n: int = 2):
 
 def test_training_outputs_and_single_group_inference():
     images, mask, targets = _inputs()
-    model = _model(**DINO, num_query_groups=3).train()
+    model = _model(DINO, dino={"num_query_groups": 3}).train()
     out = model(images, mask, targets=targets)
     assert out["pred_logits"].shape == (2, 3 * 8, 5) and out["num_query_groups"] == 3
     assert out["interm_outputs"]["pred_boxes"].shape == (2, 8, 4) and out["interm_outputs"]["pred_logits"].shape == (2, 8, 5)
@@ -51,7 +51,7 @@ def test_training_outputs_and_single_group_inference():
 def test_matching_queries_never_see_the_denoising_queries():
     """DINO's mask: the matching outputs are the same with and without denoising queries in front."""
     images, mask, targets = _inputs()
-    model = _model(**DINO)
+    model = _model(DINO)
     model.train()
     with torch.no_grad():
         with_dn = model(images, mask, targets=targets)
@@ -77,8 +77,8 @@ def test_self_attention_mask():
 def test_groups_are_independent_and_the_first_is_the_inference_set():
     """Group DETR: group 0 of a 3-group training forward equals the 1-group forward of the same weights."""
     images, mask, _ = _inputs()
-    for kw in ({"with_box_refine": True}, {**DINO, "num_denoising": 0}):
-        model = _model(**kw, num_query_groups=3).train()
+    for parts in (({"arch": {"with_box_refine": True}},), (DINO, {"dino": {"num_denoising": 0}})):
+        model = _model(*parts, dino={"num_query_groups": 3}).train()
         with torch.no_grad():
             grouped = model(images, mask)
             model.dino_options = dataclasses.replace(model.dino_options, num_query_groups=1)
@@ -90,7 +90,7 @@ def test_groups_are_independent_and_the_first_is_the_inference_set():
 
 def test_mixed_query_selection_takes_the_best_proposals_as_anchors():
     images, mask, _ = _inputs()
-    model = _model(**DINO).eval()
+    model = _model(DINO).eval()
     with torch.no_grad():
         enc = model.encode(images, mask)
         q = model.initial_queries(enc)
@@ -109,7 +109,7 @@ def test_mixed_query_selection_takes_the_best_proposals_as_anchors():
 def test_look_forward_twice_sends_the_box_loss_of_a_layer_to_the_previous_one():
     images, mask, _ = _inputs()
     for lft in (False, True):
-        model = _model(**{**DINO, "num_denoising": 0, "look_forward_twice": lft, "share_decoder_heads": False}).train()
+        model = _model(DINO, dino={"num_denoising": 0, "look_forward_twice": lft, "share_decoder_heads": False}).train()
         for head in model.bbox_embed:  # zero-initialised last layers would pass no gradient back
             torch.nn.init.normal_(head.layers[-1].weight, std=0.1)
         out = model(images, mask)
@@ -132,7 +132,7 @@ def test_every_parameter_gets_a_gradient_also_for_a_batch_without_boxes():
     from visiontf.set_prediction.set_loss import build_criterion
 
     images, mask, targets = _inputs()
-    model = _model(**DINO, num_query_groups=2).train()
+    model = _model(DINO, dino={"num_query_groups": 2}).train()
     criterion = build_criterion(model, 5, criterion_kwargs={"class_loss": "vfl"})
     for batch_targets in (targets, _empty()):
         model.zero_grad()
@@ -149,7 +149,7 @@ def test_more_boxes_than_denoising_slots_shrink_to_one_group_logged_once(caplog,
     monkeypatch.setattr(dn, "_logged_oversize", False)
     images, mask, _ = _inputs()
     crowded = [{"labels": torch.arange(5) % 5, "boxes": torch.rand(5, 4) * 0.3 + 0.3}, _empty(1)[0]]
-    model = _model(**{**DINO, "num_denoising": 3}).train()
+    model = _model(DINO, dino={"num_denoising": 3}).train()
     with caplog.at_level(logging.WARNING, logger="visiontf.models.deformable_detr.denoising"):
         for _ in range(2):
             out = model(images, mask, targets=crowded)
@@ -167,7 +167,7 @@ def test_distinct_query_selection_takes_the_best_proposals_that_nms_keeps():
             list(model.bbox_embed[-1].parameters())[-1][2:] = 2.5
         return model.eval()
 
-    model = large_proposals(_model(**DINO, distinct_query_iou=0.5))
+    model = large_proposals(_model(DINO, dino={"distinct_query_iou": 0.5}))
     with torch.no_grad():
         enc = model.encode(images, mask)
         q = model.initial_queries(enc)
@@ -182,7 +182,7 @@ def test_distinct_query_selection_takes_the_best_proposals_that_nms_keeps():
         torch.testing.assert_close(q["reference"][b], boxes[b, keep[:8]])
         chosen = box_convert(q["reference"][b], "cxcywh", "xyxy")
         assert (torch.triu(box_iou(chosen, chosen), diagonal=1) <= 0.5).all()  # no two anchors on one object
-    plain = large_proposals(_model(**DINO))
+    plain = large_proposals(_model(DINO))
     with torch.no_grad():
         ref = box_convert(plain.initial_queries(plain.encode(images, mask))["reference"][0], "cxcywh", "xyxy")
     assert torch.triu(box_iou(ref, ref), diagonal=1).max() > 0.5  # the option changes the choice on these proposals
@@ -190,27 +190,27 @@ def test_distinct_query_selection_takes_the_best_proposals_that_nms_keeps():
 
 def test_bad_option_combinations_are_refused():
     with pytest.raises(ValueError, match="needs mixed_query_selection=True"):
-        _model(with_box_refine=True, two_stage=True, distinct_query_iou=0.8)
+        _model(arch={"with_box_refine": True, "two_stage": True}, dino={"distinct_query_iou": 0.8})
     with pytest.raises(ValueError, match=r"distinct_query_iou must be in \(0, 1\]"):
-        _model(**DINO, distinct_query_iou=0.0)
+        _model(DINO, dino={"distinct_query_iou": 0.0})
     with pytest.raises(ValueError, match="larger than num_queries"):
-        _model(num_query_groups=9)
+        _model(dino={"num_query_groups": 9})
     with pytest.raises(ValueError, match="num_query_groups must be >= 1"):
-        _model(num_query_groups=0)
+        _model(dino={"num_query_groups": 0})
     with pytest.raises(ValueError, match="needs two_stage=True"):
-        _model(with_box_refine=True, mixed_query_selection=True)
+        _model(arch={"with_box_refine": True}, dino={"mixed_query_selection": True})
     with pytest.raises(ValueError, match="needs with_box_refine=True"):
-        _model(look_forward_twice=True)
+        _model(dino={"look_forward_twice": True})
     with pytest.raises(ValueError, match="4-d anchors"):
-        _model(with_box_refine=True, num_denoising=10)
+        _model(arch={"with_box_refine": True}, dino={"num_denoising": 10})
     with pytest.raises(ValueError, match="same queries"):
-        _model(with_box_refine=True, two_stage=True, num_query_groups=2)
+        _model(arch={"with_box_refine": True, "two_stage": True}, dino={"num_query_groups": 2})
     with pytest.raises(ValueError, match=r"dn_label_noise_ratio must be in \[0, 1\]"):
-        _model(dn_label_noise_ratio=1.5)
+        _model(dino={"dn_label_noise_ratio": 1.5})
     with pytest.raises(ValueError, match="dn_box_noise_scale must be >= 0"):
-        _model(dn_box_noise_scale=-0.1)
+        _model(dino={"dn_box_noise_scale": -0.1})
     # the decoder itself refuses a group count that does not divide its queries
-    model = _model(with_box_refine=True).eval()
+    model = _model(arch={"with_box_refine": True}).eval()
     images, mask, _ = _inputs()
     with torch.no_grad():
         enc = model.encode(images, mask)
@@ -220,7 +220,7 @@ def test_bad_option_combinations_are_refused():
 
 def test_pure_two_stage_with_denoising_runs():
     images, mask, targets = _inputs()
-    model = _model(with_box_refine=True, two_stage=True, num_denoising=4).train()
+    model = _model(arch={"with_box_refine": True, "two_stage": True}, dino={"num_denoising": 4}).train()
     out = model(images, mask, targets=targets)
     assert out["dn_outputs"]["pred_boxes"].shape[1] == out["dn_meta"].pad_size > 0 and "enc_outputs" in out
 
@@ -262,7 +262,7 @@ def test_dino_r50_has_the_original_parameter_count():
 
 def test_decoder_norm_predicts_from_normalised_outputs():
     images, mask, _ = _inputs()
-    model = _model(**{**DINO, "num_denoising": 0}, decoder_norm=True).eval()
+    model = _model(DINO, dino={"num_denoising": 0}, arch={"decoder_norm": True}).eval()
     with torch.no_grad():
         torch.nn.init.normal_(model.bbox_embed[0].layers[-1].weight, std=0.1)  # zero at init: no deltas
         torch.nn.init.normal_(model.decoder_norm.bias, std=0.5)  # at init it repeats the layers' own final norm
@@ -278,7 +278,7 @@ def test_decoder_norm_predicts_from_normalised_outputs():
 def test_training_after_a_prediction_in_inference_mode(method):
     """The level layouts are cached per image size: a first forward under torch.inference_mode (a
     prediction, a validation) must not cache inference tensors that a later training step refuses."""
-    model = _model(**DINO)
+    model = _model(DINO)
     model.set_attn_method(method)
     images = torch.randn(1, 3, 72, 104)  # a size no other test uses, so the caches start empty
     with torch.inference_mode():

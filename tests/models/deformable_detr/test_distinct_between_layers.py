@@ -10,24 +10,23 @@ from __future__ import annotations
 import pytest
 import torch
 from dino_helpers import DINO as DINO_OPTIONS
-from dino_helpers import TOY as TOY_DINO
-from dino_helpers import toy_batch
+from dino_helpers import toy, toy_batch
 from torchvision.ops import box_convert, nms
 
-from visiontf.models.deformable_detr.build import build_deformable_detr
+from visiontf.models.deformable_detr.build import build_deformable_detr, merge_sections
 from visiontf.models.deformable_detr.deformable_detr import DeformableDETR
 from visiontf.models.deformable_detr.distinct_queries import SUPPRESSED_LOGIT, DistinctQueriesBetweenLayers
 from visiontf.nn.attention import restrict_attn_mask
 
-TOY = {**TOY_DINO, "dec_layers": 3}  # two layers after the first: the option acts from the second on
-DINO = {**DINO_OPTIONS, "distinct_query_iou": 0.8}
+THREE_LAYERS = {"arch": {"dec_layers": 3}}  # two layers after the first: the option acts from the second on
+DINO = merge_sections(DINO_OPTIONS, {"dino": {"distinct_query_iou": 0.8}})
 #: at 0.5 the toy's large boxes (see _model) overlap enough for the selection to suppress some in every image
-DDQ = {**DINO, "distinct_query_iou": 0.5, "distinct_between_layers": True}
+DDQ = merge_sections(DINO, {"dino": {"distinct_query_iou": 0.5, "distinct_between_layers": True}})
 
 
-def _model(seed: int = 0, **kw) -> DeformableDETR:
+def _model(*parts: dict, seed: int = 0, **sections) -> DeformableDETR:
     torch.manual_seed(seed)
-    model = build_deformable_detr(DeformableDETR, **{**TOY, **kw})
+    model = build_deformable_detr(DeformableDETR, **toy(THREE_LAYERS, *parts, **sections))
     with torch.no_grad():  # the decoder's boxes grow to nearly the whole image: many overlap
         list(model.bbox_embed[0].parameters())[-1][2:] = 6.0
     return model
@@ -80,7 +79,7 @@ def test_restrict_attn_mask_blocks_what_either_blocks():
 
 def test_the_model_selects_by_hand_computed_nms_and_silences_the_suppressed():
     images, mask, _ = toy_batch()
-    model = _model(**DDQ).eval()
+    model = _model(DDQ).eval()
     with torch.no_grad():
         out = model(images, mask)
     layers = [*out["aux_outputs"], out]
@@ -99,7 +98,7 @@ def test_the_model_selects_by_hand_computed_nms_and_silences_the_suppressed():
 
 def test_suppressed_logits_take_no_gradient_and_the_kept_ones_do():
     images, mask, targets = toy_batch()
-    model = _model(**DDQ).train()
+    model = _model(DDQ).train()
     out = model(images, mask, targets=targets)
     logits = out["pred_logits"]
     logits.retain_grad()
@@ -112,7 +111,7 @@ def test_suppressed_logits_take_no_gradient_and_the_kept_ones_do():
 def test_matching_outputs_are_the_same_with_and_without_denoising_queries():
     """The masked selection (denoising queries in front) equals the folded one (none)."""
     images, mask, targets = toy_batch()
-    model = _model(**DDQ).train()
+    model = _model(DDQ).train()
     with torch.no_grad():
         with_dn = model(images, mask, targets=targets)
         without = model(images, mask)
@@ -125,4 +124,4 @@ def test_matching_outputs_are_the_same_with_and_without_denoising_queries():
 
 def test_refused_without_distinct_query_iou():
     with pytest.raises(ValueError, match="distinct_between_layers=True .* needs distinct_query_iou"):
-        _model(**{**DINO, "distinct_query_iou": None}, distinct_between_layers=True)
+        _model(DINO, dino={"distinct_query_iou": None, "distinct_between_layers": True})
