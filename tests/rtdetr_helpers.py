@@ -89,6 +89,31 @@ def visiontf_model(version: str, path: Path, tables: str = "transformers", **sec
     return create_model(name, pretrained=str(path), num_classes=NUM_CLASSES, input_norm="none", tables=tables, **kwargs).eval()
 
 
+def recorded_settings(settings: dict, model_name: str) -> dict:
+    """A fixture's recorded ``create_model`` settings with its backbone in the spelling of today's configs.
+
+    The generators (``scripts/fixtures/make_*.py``) recorded the backbone in the former ``ResNetVdOptions`` /
+    ``HGNetV2Options`` fields. Those fields are read once here over the variant's own backbone, as the builder reads
+    them, and the :class:`~visiontf.models.backbones.spec.BackboneSpec` that comes out is written in their place, so the
+    tests build the recorded network without the builder's migration warning (which is asserted here, once per read)."""
+    import warnings
+
+    from visiontf.models.dfine import dfine
+    from visiontf.models.rtdetr import rtdetr
+    from visiontf.models.rtdetr.backbone_section import backbone_section
+
+    settings = dict(settings)
+    family, default, former = ((rtdetr, rtdetr.RESNET_VD_DEFAULT, rtdetr.RESNET_VD_FORMER) if model_name in rtdetr.DEFAULT_CFGS
+                               else (dfine, dfine.HGNETV2_DEFAULT, dfine.HGNETV2_FORMER))
+    if former.describes(settings.get("backbone")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            spec = backbone_section(settings["backbone"], family.DEFAULT_CFGS[model_name].kwargs.get("backbone"), default, former)
+        assert [w.category for w in caught] == [FutureWarning], [str(w.message) for w in caught]
+        settings["backbone"] = {"name": spec.name, **spec.to_dict()}
+    return settings
+
+
 def padded_batch(sizes: list[tuple[int, int]], seed: int = 1) -> tuple[Tensor, Tensor]:
     """Images in [0, 1] of ``sizes`` zero-padded into one batch, and the padding mask."""
     g = torch.Generator().manual_seed(seed)

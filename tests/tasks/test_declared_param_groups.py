@@ -18,9 +18,9 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 HEADS = {"encoder": {"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32},
          "decoder": {"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32, "num_queries": 10, "num_layers": 2},
          "denoising": {"num_denoising": 4}}
-RTDETR = {**HEADS, "backbone": {"widths": (8, 16, 32, 64), "stem_width": 4, "blocks": (1, 1, 1, 1)}}
-DFINE = {**HEADS, "backbone": {"stem": (4, 4), "stages": ((4, 4, 8, 1, False, False, 3, 1), (8, 4, 16, 1, True, False, 3, 1),
-                                                         (16, 8, 24, 1, True, True, 5, 1), (24, 8, 32, 1, True, True, 5, 1))}}
+RTDETR = {**HEADS, "backbone": {"kwargs": {"widths": (8, 16, 32, 64), "stem_width": 4, "blocks": (1, 1, 1, 1)}}}
+DFINE = {**HEADS, "backbone": {"kwargs": {"stem": (4, 4), "stages": ((4, 4, 8, 1, False, False, 3, 1), (8, 4, 16, 1, True, False, 3, 1),
+                                                                    (16, 8, 24, 1, True, True, 5, 1), (24, 8, 32, 1, True, True, 5, 1))}}}
 
 
 @pytest.fixture(autouse=True)

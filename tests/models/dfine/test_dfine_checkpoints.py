@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from reference.fixtures import FIXTURES, Fixture, load_fixture
-from rtdetr_helpers import one_thread  # noqa: F401 (a module fixture: one torch thread)
+from rtdetr_helpers import one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
 
 from visiontf.models import create_model
 from visiontf.models.backbones.hgnetv2 import HGNetV2Backbone
@@ -76,7 +76,7 @@ def checkpoints(tmp_path_factory) -> Checkpoints:
 
 
 def load(case: str, path: Path) -> torch.nn.Module:
-    settings = dict(fixture(case).meta["settings"])
+    settings = recorded_settings(fixture(case).meta["settings"], CASES[case][1])
     return create_model(CASES[case][1], pretrained=str(path), input_norm="none", **settings).eval()
 
 

@@ -17,7 +17,7 @@ from visiontf.tasks.detection.detection_task import DetectionTask
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 BACKBONE = {"stem": (4, 4), "stages": ((4, 4, 8, 1, False, False, 3, 1), (8, 4, 16, 1, True, False, 3, 1), (16, 8, 24, 1, True, True, 5, 1),
                                        (24, 8, 32, 1, True, True, 5, 1))}
-TINY = {"backbone": BACKBONE, "encoder": {"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32},
+TINY = {"backbone": {"kwargs": BACKBONE}, "encoder": {"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32},
         "decoder": {"hidden_dim": 32, "nhead": 2, "dim_feedforward": 32, "num_queries": 20, "num_layers": 3}, "denoising": {"num_denoising": 4}}
 #: (epochs, lr, backbone lr, weight decay, warm-up steps, per-GPU batch, strong augmentation epochs) of the originals' recipes
 DFINE = {"n": (160, 8e-4, 4e-4, 1e-4, 500, 32, [0, 148]), "s": (132, 2e-4, 1e-4, 1e-4, 500, 8, [0, 120]),

@@ -27,7 +27,7 @@ import pytest
 import torch
 import yaml
 from reference.fixtures import FIXTURES, Fixture, load_fixture
-from rtdetr_helpers import one_thread  # noqa: F401 (a module fixture: one torch thread)
+from rtdetr_helpers import one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
 
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising, denoising_match_indices
@@ -69,7 +69,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def load(path: Path) -> torch.nn.Module:
-    return create_model(NAME, pretrained=str(path), input_norm="none", **fixture().meta["settings"]).eval()
+    return create_model(NAME, pretrained=str(path), input_norm="none", **recorded_settings(fixture().meta["settings"], NAME)).eval()
 
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -183,8 +183,9 @@ def test_both_entries_load_strictly_and_the_toy_counts_agree(checkpoint):
 def test_a_deim_file_does_not_load_into_plain_rtdetrv2(checkpoint):
     """The query-position MLPs differ (DEIM's third layer, v2's 2d-wide first): picking the wrong name fails loudly."""
     with pytest.raises(RuntimeError, match="query_pos_head"):
-        create_model("rtdetrv2_r18vd", pretrained=str(checkpoint), input_norm="none", **fixture().meta["settings"])
-    settings = fixture().meta["settings"]
+        create_model("rtdetrv2_r18vd", pretrained=str(checkpoint), input_norm="none",
+                     **recorded_settings(fixture().meta["settings"], "rtdetrv2_r18vd"))
+    settings = recorded_settings(fixture().meta["settings"], NAME)  # the same spec over either variant's backbone
     with pytest.raises(RuntimeError, match="query_pos_head"):  # and the other way round
         create_model(NAME, **settings).load_state_dict(create_model("rtdetrv2_r18vd", **settings).state_dict())
 
@@ -224,7 +225,7 @@ def test_published_models_have_deims_layout_and_parameter_count(size):
 # ------------------------------------------------------------------------------------ training with the MAL
 def _tiny(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return create_model(NAME, num_classes=5, input_norm="none", backbone={"stem_width": 4, "widths": (8, 8, 16, 16), "blocks": (1, 1, 1, 1)},
+    return create_model(NAME, num_classes=5, input_norm="none", backbone={"kwargs": {"stem_width": 4, "widths": (8, 8, 16, 16), "blocks": (1, 1, 1, 1)}},
                         encoder={"hidden_dim": 16, "nhead": 2, "dim_feedforward": 32},
                         decoder={"hidden_dim": 16, "nhead": 2, "dim_feedforward": 32, "num_queries": 10},
                         denoising={"num_denoising": 6}, num_select=10)
@@ -326,7 +327,7 @@ def test_recipe_groups_exempt_every_norm_and_the_task_trains_with_the_mal(size):
     at the backbone lr; the task's criterion is the model's (MAL), and a step reaches every parameter."""
     length = RECIPES[size][0]
     args = yaml.safe_load((CONFIGS / f"deim_rtdetrv2_{size}_{length}_coco.yaml").read_text())["model"]["init_args"]
-    tiny = {"backbone": {"stem_width": 4, "widths": (8, 8, 16, 16), "blocks": (1, 1, 1, 1)},
+    tiny = {"backbone": {"kwargs": {"stem_width": 4, "widths": (8, 8, 16, 16), "blocks": (1, 1, 1, 1)}},
             "encoder": {"hidden_dim": 16, "nhead": 2, "dim_feedforward": 32},
             "decoder": {"hidden_dim": 16, "nhead": 2, "dim_feedforward": 32, "num_queries": 10}, "denoising": {"num_denoising": 4}}
     task = DetectionTask(args["model_name"], num_classes=5, model_kwargs=tiny, lr=args["lr"], lr_backbone=args["lr_backbone"],

@@ -49,7 +49,7 @@ def test_task_trains_rtdetr_with_its_own_loss_and_groups():
 
 
 def test_discrete_sampling_freezes_the_offsets_and_trains():
-    model = create_model("rtdetrv2_r18vd_dsp", num_classes=3, backbone={"widths": (8, 16, 32, 64), "stem_width": 4, "blocks": (1, 1, 1, 1)},
+    model = create_model("rtdetrv2_r18vd_dsp", num_classes=3, backbone={"kwargs": {"widths": (8, 16, 32, 64), "stem_width": 4, "blocks": (1, 1, 1, 1)}},
                          **TINY)
     offsets = [p for n, p in model.named_parameters() if "sampling_offsets" in n]
     assert offsets and not any(p.requires_grad for p in offsets)
@@ -82,7 +82,7 @@ def test_tiny_shapes_config_builds_its_task():
 
 
 def _small(**extra):
-    return create_model("rtdetrv2_r18vd", num_classes=3, backbone={"widths": (8, 16, 32, 64), "stem_width": 4, "blocks": (1, 1, 1, 1)},
+    return create_model("rtdetrv2_r18vd", num_classes=3, backbone={"kwargs": {"widths": (8, 16, 32, 64), "stem_width": 4, "blocks": (1, 1, 1, 1)}},
                         **TINY, **extra)
 
 
@@ -115,7 +115,7 @@ def test_finetuning_to_other_classes_keeps_all_but_the_class_tensors(tmp_path, c
     source = _small()
     torch.save(source.state_dict(), tmp_path / "weights.pth")
     model = create_model("rtdetrv2_r18vd", pretrained=str(tmp_path / "weights.pth"), num_classes=7,
-                         backbone={"widths": (8, 16, 32, 64), "stem_width": 4, "blocks": (1, 1, 1, 1)}, **TINY)
+                         backbone={"kwargs": {"widths": (8, 16, 32, 64), "stem_width": 4, "blocks": (1, 1, 1, 1)}}, **TINY)
     own, theirs = model.state_dict(), source.state_dict()
     changed = {k for k in own if own[k].shape != theirs[k].shape or not torch.equal(own[k], theirs[k])}
     assert changed and all(k.startswith(model.head_prefixes) for k in changed)
