@@ -16,19 +16,15 @@ from visiontf.set_prediction import build_criterion
 #: timm's DINOv2 (patch 14), DINO's Swin layout, RT-DETR's ResNet-vd, D-FINE's HGNetv2): a new kind joins by registering
 BACKBONES = backbone_examples()
 #: the families' CPU-sized models, a little smaller still
-FAMILIES = {
-    "detr_tiny": dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=8),
-    "deformable_detr_tiny": dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=8),
-    "dino_tiny": dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=8,
-                      num_denoising=4),
-}
+ARCH = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=8)
+FAMILIES = {"detr_tiny": dict(arch=ARCH), "deformable_detr_tiny": dict(arch=ARCH), "dino_tiny": dict(arch=ARCH, dino=dict(num_denoising=4))}
 SIZE = (64, 96)
 
 
 def _model(family: str, backbone: str) -> torch.nn.Module:
-    kwargs = dict(FAMILIES[family], backbone=backbone, backbone_kwargs=BACKBONES[backbone], frozen_bn=False)
+    kwargs = dict(FAMILIES[family], backbone=dict(name=backbone, kwargs=BACKBONES[backbone], frozen_bn=False))
     if backbone.startswith("simplefpn:") and family != "detr_tiny":
-        kwargs["num_feature_levels"] = 4  # the pyramid's four maps
+        kwargs["arch"] = dict(ARCH, num_feature_levels=4)  # the pyramid's four maps
     torch.manual_seed(0)
     return visiontf.create_model(family, num_classes=3, **kwargs)
 

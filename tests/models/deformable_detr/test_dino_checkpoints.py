@@ -35,6 +35,7 @@ from torchvision.models.resnet import Bottleneck
 
 from visiontf.models import create_model
 from visiontf.models._registry import WeightsLayoutError, load_pretrained
+from visiontf.models.deformable_detr.build import merge_sections, sections_of
 from visiontf.models.deformable_detr.dino_convert import DINO_MODELS, convert_state_dict
 from visiontf.set_prediction import build_postprocess
 from visiontf.set_prediction.set_loss import build_criterion
@@ -86,11 +87,12 @@ def small_resnet50(stem: int, planes: list[int], blocks: list[int]):
 
 
 def toy_kwargs(fx: Fixture) -> dict:
-    """The fixture's widths as ``create_model`` keywords (DINO's config names are visiontf's)."""
-    kwargs = {k: v for k, v in fx.meta["settings"]["overrides"].items() if k != "dn_labelbook_size"}
+    """The fixture's widths as ``create_model`` sections. DINO's config names are visiontf's field names: the recorded
+    overrides go into their sections by name (``sections_of``: ``hidden_dim`` into ``arch``, ``num_denoising`` into ``dino``)."""
+    kwargs = sections_of(**{k: v for k, v in fx.meta["settings"]["overrides"].items() if k != "dn_labelbook_size"})
     if fx.meta["settings"]["backbone"].startswith("swin"):
         swin = fx.meta["settings"]["small_swin"]
-        kwargs["backbone_kwargs"] = {k: tuple(v) if isinstance(v, list) else v for k, v in swin.items()}
+        kwargs["backbone"] = {"kwargs": {k: tuple(v) if isinstance(v, list) else v for k, v in swin.items()}}
     return kwargs
 
 
@@ -99,7 +101,7 @@ def load_model(case: str, path: Path, monkeypatch, name: str | None = None, **ov
     fx = fixture(case)
     with monkeypatch.context() as m:
         m.setattr(torchvision.models, "resnet50", small_resnet50(**fx.meta["settings"]["small_resnet"]))
-        return create_model(name or CASES[case], pretrained=path, **{**toy_kwargs(fx), **overrides}).eval()
+        return create_model(name or CASES[case], pretrained=path, **merge_sections(toy_kwargs(fx), overrides)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +260,7 @@ def test_checkpoint_with_other_feature_levels_is_refused(found, wanted):
 
 def test_checkpoint_with_other_queries_is_refused():
     with torch.device("meta"):
-        model = create_model("dino_resnet50_4scale", num_queries=300)
+        model = create_model("dino_resnet50_4scale", arch={"num_queries": 300})
     with pytest.raises(ValueError, match=r"has 900 queries \(transformer.tgt_embed.weight \(900, 256\)\).* has 300; build it with num_queries=900"):
         convert_state_dict(published_state("DINO_4scale"), model)
 
