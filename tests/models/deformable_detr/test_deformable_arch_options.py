@@ -65,7 +65,7 @@ def test_impossible_architectures_are_refused_naming_the_argument(kwargs, error,
     assert str(raised.value).startswith(message), str(raised.value)
     # the model refuses them the same way, before it builds anything
     with pytest.raises(error, match=re.escape(message)):
-        build_deformable_detr(DeformableDETR, **kwargs)
+        build_deformable_detr(DeformableDETR, arch=kwargs)
 
 
 def test_encoder_free_and_integral_floats_are_allowed():

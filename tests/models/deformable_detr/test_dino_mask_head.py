@@ -9,13 +9,14 @@ import torch.nn.functional as F
 from handmade_data import shapes_batch as _shapes_batch
 
 from visiontf.models import create_model
+from visiontf.models.deformable_detr.build import merge_sections
 from visiontf.models.deformable_detr.deformable_detr_segm import MASK_HEAD_PREFIXES, box_log_prior
 from visiontf.models.detr.detr_segm import MASK_HEAD_PREFIXES as DETR_MASK_HEAD_PREFIXES
 from visiontf.models.detr.mask_head import MHAttentionMap
 from visiontf.models.matched_masks import MASK_LOGITS_OF
 from visiontf.set_prediction import build_criterion
 
-SMALL = dict(enc_layers=1, dec_layers=2, num_queries=10, num_select=10)
+SMALL = dict(arch=dict(enc_layers=1, dec_layers=2, num_queries=10), postprocess=dict(num_top=10))
 
 
 def _model(**kwargs):
@@ -87,10 +88,10 @@ def test_bad_options_are_refused():
 def _loss_and_grads(name: str, train_masks: str, targets) -> tuple[dict, dict]:
     torch.manual_seed(0)
     if name == "dino_tiny_masks":
-        model = create_model(name, num_classes=2, train_masks=train_masks, dropout=0.0, **SMALL).train()
+        model = create_model(name, num_classes=2, train_masks=train_masks, **merge_sections(SMALL, {"arch": {"dropout": 0.0}})).train()
     else:  # DETR's own head, as the original's
-        model = create_model(name, num_classes=2, train_masks=train_masks, dropout=0.0, num_queries=10,
-                             enc_layers=1, dec_layers=2, frozen_bn=False).train()
+        model = create_model(name, num_classes=2, train_masks=train_masks, arch=dict(dropout=0.0, num_queries=10, enc_layers=1, dec_layers=2),
+                             backbone={"frozen_bn": False}).train()
     images, _ = _shapes_batch()
     torch.manual_seed(1)  # the denoising queries' noise
     out = model(images, targets=targets) if model.forward_takes_targets else model(images)
