@@ -19,7 +19,7 @@ from visiontf.nn.ms_deform_attn import MSDeformAttn
 from visiontf.set_prediction import DeformablePostProcess
 from visiontf.tasks.detection.deformable_attention import deformable_sampling_points, save_sampling_points_figure
 
-TINY = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}
+TINY = {"arch": {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_sampling_points_land_on_the_reference_with_zero_offsets(tmp_path):
     """Offsets zeroed: every sample of every level lies on the reference point, which with an image
     whose sides are multiples of the coarsest stride is exactly (x W, y H) on every level."""
     torch.manual_seed(1)
-    model = visiontf.create_model("deformable_detr_tiny", num_classes=3, **{**TINY, "with_box_refine": False}).eval()
+    model = visiontf.create_model("deformable_detr_tiny", num_classes=3, arch={**TINY["arch"], "with_box_refine": False}).eval()
     for m in model.transformer.decoder.modules():
         if isinstance(m, MSDeformAttn):
             torch.nn.init.zeros_(m.sampling_offsets.weight)
@@ -60,11 +60,11 @@ def test_sampling_points_land_on_the_reference_with_zero_offsets(tmp_path):
     data = deformable_sampling_points(model, image, preprocess={"min_size": 64, "max_size": 96}, max_queries=2, score_threshold=1.0)
     assert data["strides"] == [8, 16, 32] and len(data["query_indices"]) == 1  # none above 1.0: the best one
     n, heads, levels, points, _ = data["points"].shape
-    assert (n, heads, levels, points) == (1, TINY["nheads"], 3, 4)
+    assert (n, heads, levels, points) == (1, TINY["arch"]["nheads"], 3, 4)
     np.testing.assert_allclose(data["points"].reshape(-1, 2), np.broadcast_to(data["reference"][0], (heads * levels * points, 2)), atol=1e-3)
     np.testing.assert_allclose(data["weights"].sum((-1, -2)), 1.0, atol=1e-5)
     with pytest.raises(ValueError, match="out of range"):
-        deformable_sampling_points(model, image, query_indices=[TINY["num_queries"]], preprocess={"min_size": 64, "max_size": 96})
+        deformable_sampling_points(model, image, query_indices=[TINY["arch"]["num_queries"]], preprocess={"min_size": 64, "max_size": 96})
 
 
 def test_sampling_points_figure(model, tmp_path):
@@ -76,7 +76,7 @@ def test_sampling_points_figure(model, tmp_path):
     assert pic.shape[1] > pic.shape[0] > 100
     lime = (pic[..., 1] > 200) & (pic[..., 0] < 80) & (pic[..., 2] < 80)
     assert lime.sum() > 20, "reference crosses drawn"
-    detr = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1)
+    detr = visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1})
     with pytest.raises(ValueError, match="no sampling locations"):  # DETR's need_weights gives dense maps
         deformable_sampling_points(detr, image, preprocess={"min_size": 64, "max_size": 128})
 
@@ -101,7 +101,7 @@ def test_export_onnx_and_predict_with_attention_clis(tmp_path, capsys):
 
     from visiontf.inference.export import example_inputs, onnx_max_abs_diff
 
-    kwargs = {**TINY, "two_stage": True}
+    kwargs = {"arch": {**TINY["arch"], "two_stage": True}}
     torch.manual_seed(2)
     model = visiontf.create_model("deformable_detr_tiny", num_classes=3, **kwargs).eval()
     ckpt = _fake_checkpoint(model, tmp_path / "d.ckpt", kwargs)

@@ -1,6 +1,7 @@
 """Detectors built from injected parts: ``DeformableDETR`` takes a backbone, a position
 embedding, a neck, the transformer and the denoising generator; the registered names' builder makes them
-from the flat keyword arguments of ``DEFAULT_CFGS``, configs and checkpoints.
+from the typed sections (``backbone``, ``arch``, ``dino``, ``postprocess``) of ``DEFAULT_CFGS``, configs and checkpoints.
+(The flat keywords of before the sections, and their warning: test_typed_sections.py, test_detr_sections.py.)
 
 Cost: toy-sized models (ResNet-18 at d 32, 64-px images); a few seconds.
 """
@@ -23,10 +24,12 @@ from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.nn import PositionEmbeddingSine2d
 
 #: a toy DINO: refinement, two-stage, mixed query selection, denoising, shared heads, decoder norm
-FLAT = dict(num_classes=3, backbone="resnet18", num_feature_levels=4, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2,
-            dim_feedforward=48, num_queries=8, enc_n_points=2, dec_n_points=2, dropout=0.0, with_box_refine=True, two_stage=True,
-            mixed_query_selection=True, look_forward_twice=True, num_denoising=6, share_decoder_heads=True, decoder_norm=True,
-            pos_temperature=20.0, num_select=20)
+TOY = dict(num_classes=3, backbone="resnet18",
+           arch=dict(num_feature_levels=4, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=48, num_queries=8,
+                     enc_n_points=2, dec_n_points=2, dropout=0.0, with_box_refine=True, two_stage=True, decoder_norm=True,
+                     pos_temperature=20.0),
+           dino=dict(mixed_query_selection=True, look_forward_twice=True, num_denoising=6, share_decoder_heads=True),
+           postprocess=dict(num_top=20))
 
 
 def _from_parts() -> DeformableDETR:
@@ -50,9 +53,9 @@ def test_the_constructor_takes_its_parts_and_at_most_12_parameters():
     assert "num_queries" not in params and {"backbone", "arch", "dino", "postprocess"} <= set(inspect.signature(build_deformable_detr).parameters)
 
 
-def test_a_model_built_from_parts_equals_the_one_built_from_flat_keywords():
+def test_a_model_built_from_parts_equals_the_one_built_from_sections():
     torch.manual_seed(0)
-    by_name = build_deformable_detr(DeformableDETR, **FLAT)
+    by_name = build_deformable_detr(DeformableDETR, **TOY)
     torch.manual_seed(0)
     parts = _from_parts()
     a, b = by_name.state_dict(), parts.state_dict()
@@ -92,11 +95,11 @@ def test_parts_that_disagree_with_the_options_are_refused_naming_both():
         DeformableDETR("resnet18", PositionEmbeddingSine2d(16), neck, build_deformable_transformer(arch, DinoOptions()), 3, arch)
 
 
-def test_a_config_swaps_the_backbone_and_neck_with_flat_keywords(tmp_path):
-    """A config's model_kwargs (flat) choose another backbone and another number of neck levels; the
-    saved model rebuilds from its name and those keywords."""
-    kwargs = dict(backbone="timm:regnetx_002", frozen_bn=False, num_feature_levels=4, hidden_dim=64, nheads=2,
-                  enc_layers=1, dec_layers=2, dim_feedforward=64, num_queries=10)
+def test_a_config_swaps_the_backbone_and_neck_with_sections(tmp_path):
+    """A config's model_kwargs sections choose another backbone and another number of neck levels; the
+    saved model rebuilds from its name and those sections."""
+    kwargs = dict(backbone=dict(name="timm:regnetx_002", frozen_bn=False),
+                  arch=dict(num_feature_levels=4, hidden_dim=64, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=64, num_queries=10))
     model = create_model("deformable_detr_tiny", num_classes=3, **kwargs).eval()
     assert type(model.backbone.body).__name__ == "FeatureListNet"  # timm's, not the tiny model's torchvision ResNet-18
     assert len(model.input_proj) == 4 and model.input_proj[0][0].in_channels == model.backbone.channels[0]
@@ -107,16 +110,16 @@ def test_a_config_swaps_the_backbone_and_neck_with_flat_keywords(tmp_path):
         assert torch.equal(model(images)["pred_boxes"], again(images)["pred_boxes"])
 
 
-def test_detr_takes_its_parts_and_its_builder_the_flat_keywords():
+def test_detr_takes_its_parts_and_its_builder_the_sections():
     from visiontf.models.detr.detr import DETR, DetrTransformer, build_detr
     from visiontf.models.detr.detr_segm import DETRSegm
 
     params = inspect.signature(DETR.__init__).parameters
     assert len(params) <= 12 and list(params)[1:5] == ["backbone", "position_embedding", "input_proj", "transformer"], list(params)
-    flat = dict(num_classes=3, backbone="resnet18", hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=48,
-                num_queries=6, dropout=0.0)
+    toy = dict(num_classes=3, backbone="resnet18", arch=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=48,
+                                                            num_queries=6, dropout=0.0))
     torch.manual_seed(0)
-    by_name = build_detr(DETR, **flat)
+    by_name = build_detr(DETR, **toy)
     torch.manual_seed(0)
     backbone = build_backbone("resnet18")
     parts = DETR(backbone, PositionEmbeddingSine2d(16, normalize=True), torch.nn.Conv2d(backbone.num_channels, 32, 1),
@@ -126,9 +129,9 @@ def test_detr_takes_its_parts_and_its_builder_the_flat_keywords():
     images = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(by_name.eval()(images)["pred_boxes"], parts.eval()(images)["pred_boxes"])
-    # the registered names go through the builder: create_model's keywords are the flat ones
-    model = create_model("detr_tiny", num_classes=3, backbone="resnet18", num_queries=7)
-    assert model.num_queries == 7 and model.model_kwargs == {"num_classes": 3, "backbone": "resnet18", "num_queries": 7}
+    # the registered names go through the builder: create_model's keywords are its sections
+    model = create_model("detr_tiny", num_classes=3, backbone="resnet18", arch={"num_queries": 7})
+    assert model.num_queries == 7 and model.model_kwargs == {"num_classes": 3, "backbone": "resnet18", "arch": {"num_queries": 7}}
     with pytest.raises(ValueError, match="input_proj maps"):
         DETR(backbone, PositionEmbeddingSine2d(16, normalize=True), torch.nn.Conv2d(64, 32, 1), DetrTransformer(32, 2, 1, 1, 48, 0.0))
     with pytest.raises(TypeError, match="build_detr or create_model"):
@@ -137,4 +140,4 @@ def test_detr_takes_its_parts_and_its_builder_the_flat_keywords():
     with pytest.raises(ValueError, match="out_indices"):
         DETRSegm(backbone, PositionEmbeddingSine2d(16, normalize=True), torch.nn.Conv2d(backbone.num_channels, 32, 1),
                  DetrTransformer(32, 2, 1, 1, 48, 0.0), num_classes=3, num_queries=6)
-    assert len(build_detr(DETRSegm, **{**flat, "hidden_dim": 128}, mask_heads=8).backbone.channels) == 4
+    assert len(build_detr(DETRSegm, **{**toy, "arch": {**toy["arch"], "hidden_dim": 128}}, mask_heads=8).backbone.channels) == 4

@@ -22,8 +22,9 @@ from visiontf.tasks.detection.detection_task import DetectionTask, split_loss_te
 
 ROOT = Path(__file__).resolve().parents[2]
 # a small deformable model: ResNet-18 trunk, d 64, 1 + 2 layers, 12 queries
-TINY = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12,
-        "frozen_bn": False, "freeze_stem": False}
+TINY = {"backbone": {"frozen_bn": False, "freeze_stem": False},
+        "arch": {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}}
+TWO_STAGE = {**TINY, "arch": {**TINY["arch"], "two_stage": True}}
 SIZES = {"scales": [64], "max_size": 96, "crop_scales": [48], "crop_size": [32, 64], "val_size": 64}
 PAPER_CONFIGS = sorted((ROOT / "configs" / "deformable_detr").glob("deformable_detr_r50_*coco.yaml"))
 
@@ -41,7 +42,7 @@ def test_criterion_and_postprocessing_follow_the_class_head():
     assert c.weight_dict == {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0} and c.focal_alpha == 0.25
     assert isinstance(deformable.postprocess, DeformablePostProcess)
 
-    detr = DetectionTask("detr_tiny", num_classes=3, model_kwargs={"enc_layers": 1, "dec_layers": 1, "num_queries": 5})
+    detr = DetectionTask("detr_tiny", num_classes=3, model_kwargs={"arch": {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}})
     c = detr.criterion
     assert (c.class_loss, c.matcher.class_cost, c.eos_coef) == ("ce", "softmax", 0.1)
     assert (c.matcher.cost_class, c.matcher.cost_bbox, c.matcher.cost_giou) == (1.0, 5.0, 2.0)
@@ -154,7 +155,7 @@ def test_fit_with_empty_images_logs_every_term_and_gives_targets_only_to_trainin
     """Two-stage (so ``_enc`` terms exist), images without targets in training and an all-empty eval
     batch; the targets hook sees targets in training steps and never in validation."""
     dm = CocoDataModule(det_paths["root"], batch_size=2, val_batch_size=2, num_workers=0, **SIZES)
-    task = DetectionTask("deformable_detr_tiny", num_classes=2, model_kwargs={**TINY, "two_stage": True},
+    task = DetectionTask("deformable_detr_tiny", num_classes=2, model_kwargs=TWO_STAGE,
                          lr=2e-4, lr_backbone=2e-5, schedule="constant")
     task.model = TakesTargets(task.model)
     trainer = _trainer(tmp_path, max_epochs=1, gradient_clip_val=0.1, log_every_n_steps=1)
@@ -175,7 +176,7 @@ def test_fit_with_empty_images_logs_every_term_and_gives_targets_only_to_trainin
 def test_a_batch_of_only_empty_images_trains_and_evaluates(det_paths):
     """Every image empty: focal loss on all-negative targets, zero box losses, finite gradients; the
     eval step scores such a batch too."""
-    task = DetectionTask("deformable_detr_tiny", num_classes=2, model_kwargs={**TINY, "two_stage": True})
+    task = DetectionTask("deformable_detr_tiny", num_classes=2, model_kwargs=TWO_STAGE)
     empty = {"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4), "image_id": 1,
              "orig_size": torch.tensor([64, 64]), "size": torch.tensor([64, 64])}
     images = torch.randn(2, 3, 64, 64)
@@ -195,4 +196,4 @@ def test_a_batch_of_only_empty_images_trains_and_evaluates(det_paths):
     with torch.no_grad():
         task.validation_step((images, mask, [empty, {**empty, "image_id": 2}]), 0)
     (preds, ids), = seen
-    assert ids.tolist() == [1, 2] and all(len(p["scores"]) == TINY["num_queries"] * 2 for p in preds)  # top 100, clamped to Q x K
+    assert ids.tolist() == [1, 2] and all(len(p["scores"]) == TINY["arch"]["num_queries"] * 2 for p in preds)  # top 100, clamped to Q x K
