@@ -12,9 +12,8 @@ import torch
 
 from visiontf.tasks.detection.detection_task import DetectionTask, eval_stat_weight
 
-TINY_DETR = {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1, "dim_feedforward": 32, "num_queries": 6}
-TINY_DINO = {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1, "dim_feedforward": 32, "num_queries": 6,
-             "num_denoising": 0}
+TINY_DETR = {"arch": {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1, "dim_feedforward": 32, "num_queries": 6}}
+TINY_DINO = {**TINY_DETR, "dino": {"num_denoising": 0}}
 
 
 def _target(labels: list[int], i: int) -> dict:

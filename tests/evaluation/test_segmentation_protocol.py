@@ -77,7 +77,7 @@ class ImageIsLogits(Segmenter):
 
 def _stub_task(k: int, **kw) -> SegmentationTask:
     task = SegmentationTask("setr_naive_vit_tiny_patch16", num_classes=k, log_per_class=False,
-                            model_kwargs={"img_size": 32, "encoder_kwargs": {"depth": 4}}, **kw)
+                            model_kwargs={"encoder": {"img_size": 32, "kwargs": {"depth": 4}}}, **kw)
     task.model = ImageIsLogits()
     return task.eval()
 
@@ -151,7 +151,7 @@ def ade_root(tmp_path_factory):
 def tiny_task():
     torch.manual_seed(0)
     task = SegmentationTask("setr_naive_vit_tiny_patch16", num_classes=4, log_per_class=False,
-                            model_kwargs={"img_size": 32, "encoder_kwargs": {"patch_size": 8, "depth": 4}},
+                            model_kwargs={"encoder": {"img_size": 32, "kwargs": {"patch_size": 8, "depth": 4}}},
                             inference_mode="slide", crop_size=32, stride=21)
     with torch.no_grad():  # varied predictions rather than one class everywhere
         task.model.decode_head.cls_seg.weight.normal_(0, 1.0)

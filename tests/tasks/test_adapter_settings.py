@@ -18,7 +18,7 @@ from visiontf.tasks.eval_settings import EvalSettings, SettingsError
 from visiontf.tasks.task_inference import adapter_for_task, get_adapter
 from visiontf.tasks.task_table import TASKS
 
-TINY_DETR = {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}
+TINY_DETR = {"arch": {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}}
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_validation_without_resize_is_saved_as_no_resize(tmp_path):
     root = make_segmentation_dataset(tmp_path / "data", num_train=2, num_val=2, num_classes=3, image_size=(32, 32))
     dm = SegmentationDataModule(root, val_resize=False, crop_size=32, num_workers=0)
     task = SegmentationTask("setr_naive_vit_tiny_patch16", num_classes=3, model_kwargs={
-        "img_size": 32, "encoder_kwargs": {"depth": 4}, "pretrained_cfg": {"resize": (64, 40)}})
+        "encoder": {"img_size": 32, "kwargs": {"depth": 4}}, "pretrained_cfg": {"resize": (64, 40)}})
     assert task.model.pretrained_cfg.resize == (64, 40)
     task._trainer = SimpleNamespace(datamodule=dm)
     ckpt: dict = {}

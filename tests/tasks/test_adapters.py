@@ -27,12 +27,12 @@ def vit():
 
 @pytest.fixture(scope="module")
 def setr():
-    return visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=32,
-                                 encoder_kwargs={"depth": 4}).eval()
+    return visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3,
+                                 encoder={"img_size": 32, "kwargs": {"depth": 4}}).eval()
 
 
 def test_adapters_come_from_registry_tags(vit, setr):
-    detr = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1)
+    detr = visiontf.create_model("detr_tiny", num_classes=2, arch={"enc_layers": 1, "dec_layers": 1})
     assert [get_adapter(m).task for m in (vit, detr, setr)] == ["classification", "detection", "segmentation"]
     assert get_adapter(nn.Linear(2, 2), task="detection") is adapter_for_task("detection")
     with pytest.raises(ValueError, match="task="):
@@ -64,7 +64,7 @@ def _checkpoint(model, path: Path, name: str, num_classes: int, kwargs: dict, dm
 def test_checkpoints_predict_with_their_saved_preprocessing(tmp_path, setr):
     """A checkpoint with saved preprocessing predicts bit for bit as the Predictor given the same settings
     by hand; one without predicts with the model's own ``pretrained_cfg``."""
-    kwargs = {"img_size": 32, "encoder_kwargs": {"depth": 4}}
+    kwargs = {"encoder": {"img_size": 32, "kwargs": {"depth": 4}}}
     given = {"resize": (64, 40), "test_mode": "slide", "crop_size": 32, "stride": 16}
     saved = get_adapter(setr).eval_settings(setr, given).to_dict()
     new = _checkpoint(setr, tmp_path / "new.ckpt", "setr_naive_vit_tiny_patch16", 3, kwargs, {"renamed": 1}, {}, saved)

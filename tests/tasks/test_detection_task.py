@@ -13,7 +13,7 @@ from visiontf.tasks.detection.coco_data import CocoDataModule
 from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 from visiontf.tasks.detection.detection_task import DetectionTask
 
-TINY_DETR = {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 8}
+TINY_DETR = {"arch": {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 8}}
 SIZES = {"scales": [64, 80], "max_size": 112, "crop_scales": [64], "crop_size": [48, 64], "val_size": 72}
 
 

@@ -61,25 +61,25 @@ def test_classification_groups_unchanged(model_name):
 
 
 def test_detection_groups_unchanged_and_frozen_backbone_keeps_the_layout():
-    kwargs = {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}
+    kwargs = {"arch": {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}}
     task = DetectionTask("detr_tiny", num_classes=3, model_kwargs=kwargs, lr=1e-4, lr_backbone=1e-5, weight_decay=1e-4)
     assert task.model.no_weight_decay() == set()
     assert {task.model.param_group(n) for n, _ in task.model.named_parameters()} == {"backbone", "default"}
     _assert_same_groups(task, _old_detection(task.model, task.hparams))
-    frozen = DetectionTask("detr_tiny", num_classes=3, model_kwargs={**kwargs, "train_backbone": False})
+    frozen = DetectionTask("detr_tiny", num_classes=3, model_kwargs={**kwargs, "backbone": {"train": False}})
     _assert_same_groups(frozen, _old_detection(frozen.model, frozen.hparams))
 
 
 @pytest.mark.parametrize("decoder", ["naive", "mla"])
 def test_segmentation_groups_unchanged(decoder):
     task = SegmentationTask(f"setr_{decoder}_vit_tiny_patch16", num_classes=3,
-                            model_kwargs={"img_size": 32, "encoder_kwargs": {"depth": 4}}, lr=0.01, head_lr_mult=10.0)
+                            model_kwargs={"encoder": {"img_size": 32, "kwargs": {"depth": 4}}}, lr=0.01, head_lr_mult=10.0)
     _assert_same_groups(task, _old_segmentation(task.model, task.hparams))
 
 
 def test_segmentation_reads_the_models_param_group_when_it_has_one():
     task = SegmentationTask("setr_naive_vit_tiny_patch16", num_classes=3,
-                            model_kwargs={"img_size": 32, "encoder_kwargs": {"depth": 4}}, lr=0.01, head_lr_mult=10.0)
+                            model_kwargs={"encoder": {"img_size": 32, "kwargs": {"depth": 4}}}, lr=0.01, head_lr_mult=10.0)
     # a model that names its groups is asked, not matched by prefix: here everything is "head"
     task.model.param_group = lambda name: "head"
     groups = task.configure_optimizers()["optimizer"].param_groups

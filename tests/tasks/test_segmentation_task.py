@@ -49,7 +49,7 @@ def test_predicted_but_absent_class_counts_as_zero_iou():
 
 
 def test_eval_report_from_the_task():
-    task = SegmentationTask("setr_naive_vit_tiny_patch16", num_classes=4, model_kwargs={"img_size": 64})
+    task = SegmentationTask("setr_naive_vit_tiny_patch16", num_classes=4, model_kwargs={"encoder": {"img_size": 64}})
     task.confmat.update(PRED[None], TARGET[None])
     task._eval_end("val")
     report = task.eval_report()
@@ -60,7 +60,7 @@ def test_eval_report_from_the_task():
 
 def _task(decoder="pup", **kw):
     return SegmentationTask(f"setr_{decoder}_vit_tiny_patch16", num_classes=3,
-                            model_kwargs={"img_size": 64, "drop_path_rate": 0.0}, **kw)
+                            model_kwargs={"encoder": {"img_size": 64, "drop_path_rate": 0.0}}, **kw)
 
 
 def test_training_step_loss_has_aux_terms():
@@ -142,7 +142,7 @@ def test_fit_with_the_segmentation_datamodule(tmp_path):
     dm = seg.SegmentationDataModule(root, layout="generic", crop_size=64, base_size=(64, 64), batch_size=2,
                                     num_workers=0, photometric=False)
     task = SegmentationTask("setr_mla_vit_tiny_patch16", num_classes=dm.num_classes,
-                            model_kwargs={"img_size": 64, "drop_path_rate": 0.0})
+                            model_kwargs={"encoder": {"img_size": 64, "drop_path_rate": 0.0}})
     trainer = L.Trainer(max_epochs=1, limit_train_batches=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         default_root_dir=tmp_path)
