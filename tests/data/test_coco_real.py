@@ -269,8 +269,8 @@ def test_an_image_with_only_crowd_regions_trains_on_no_object_and_evaluates_as_p
     assert target["boxes"].shape == (0, 4) and target["labels"].shape == (0,)
     # a batch of that image alone (and one with the empty COCO image): every query learns "no object"
     empty = next(i for i, im in enumerate(ds.index.images) if im["id"] == 10263)
-    task = DetectionTask(num_classes=dm.num_classes, model_kwargs={"hidden_dim": 32, "nheads": 2, "enc_layers": 1,
-                         "dec_layers": 1, "dim_feedforward": 32, "num_queries": 6})
+    task = DetectionTask(num_classes=dm.num_classes, model_kwargs={"arch": {"hidden_dim": 32, "nheads": 2, "enc_layers": 1,
+                         "dec_layers": 1, "dim_feedforward": 32, "num_queries": 6}})
     task.train()
     _, losses, _ = task._step(collate_detection([ds[pos], ds[empty]]))
     assert torch.isfinite(losses["loss"]) and losses["loss"] > 0

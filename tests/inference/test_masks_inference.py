@@ -102,11 +102,11 @@ def test_onnx_export_of_the_masked_model(tmp_path):
 # --------------------------------------------------------------------------- the mask head on DINO
 def test_dino_mask_head_leaves_the_detector_unchanged(tmp_path, caplog):
     torch.manual_seed(0)
-    detector = create_model("dino_tiny", num_classes=3, num_queries=20).eval()
+    detector = create_model("dino_tiny", num_classes=3, arch={"num_queries": 20}).eval()
     path = tmp_path / "dino.pth"
     torch.save(detector.state_dict(), path)
     with caplog.at_level(logging.WARNING):
-        model = create_model("dino_tiny_masks", num_classes=3, num_queries=20, pretrained=path).eval()
+        model = create_model("dino_tiny_masks", num_classes=3, arch={"num_queries": 20}, pretrained=path).eval()
     assert any("no mask head" in r.getMessage() for r in caplog.records)
     images = torch.randn(2, 3, 96, 128)
     mask = torch.zeros(2, 96, 128, dtype=torch.bool)
@@ -120,7 +120,7 @@ def test_dino_mask_head_leaves_the_detector_unchanged(tmp_path, caplog):
 def test_dino_mask_model_trains_with_denoising_and_sigmoid_panoptic():
     from handmade_data import shapes_batch as _shapes_batch
 
-    model = create_model("dino_tiny_masks", num_classes=2, num_queries=10, freeze_detector=True).train()
+    model = create_model("dino_tiny_masks", num_classes=2, arch={"num_queries": 10}, freeze_detector=True).train()
     assert all(n.startswith(MASK_HEAD_PREFIXES) for n, p in model.named_parameters() if p.requires_grad)
     images, targets = _shapes_batch()
     out = model(images, targets=targets)

@@ -70,8 +70,8 @@ def test_bad_inputs_raise_clear_errors(vit, tmp_path):
 
 def test_task_inference(vit):
     assert infer_task(vit) == "classification"
-    assert infer_task(visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=32,
-                                            encoder_kwargs={"depth": 4})) == "segmentation"
+    assert infer_task(visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3,
+                                            encoder={"img_size": 32, "kwargs": {"depth": 4}})) == "segmentation"
     with pytest.raises(ValueError, match="task="):
         infer_task(nn.Linear(2, 2))
 
@@ -174,7 +174,7 @@ def test_segmentation_label_map_at_original_resolution():
 
 
 def test_setr_tiny_whole_and_slide():
-    model = visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=32, encoder_kwargs={"depth": 4})
+    model = visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, encoder={"img_size": 32, "kwargs": {"depth": 4}})
     for mode in ("whole", "slide"):
         r = Predictor(model, device="cpu", preprocess={"test_mode": mode})([torch.rand(3, 50, 37), torch.rand(3, 20, 70)])
         assert [x["label_map"].shape for x in r] == [(50, 37), (20, 70)]
@@ -220,8 +220,8 @@ def dino():
     decoder norm, denoising off at inference), small, with biases moved off their init so that the
     detections differ from image to image."""
     torch.manual_seed(0)
-    model = visiontf.create_model("dino_tiny", num_classes=3, num_queries=30, enc_layers=1, dec_layers=2,
-                                  backbone_pretrained=False, num_query_groups=2)
+    model = visiontf.create_model("dino_tiny", num_classes=3, arch={"num_queries": 30, "enc_layers": 1, "dec_layers": 2},
+                                  backbone={"pretrained": False}, dino={"num_query_groups": 2})
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:

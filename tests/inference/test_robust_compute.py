@@ -32,7 +32,7 @@ def test_a_batch_with_every_pixel_ignored_trains_with_a_zero_loss_counted_in_the
     from visiontf.tasks.segmentation.segmentation_task import SegmentationTask
 
     task = SegmentationTask(model_name="setr_naive_vit_tiny_patch16", num_classes=3, lr=1e-3, optimizer="adamw",
-                            model_kwargs={"img_size": 32, "encoder_kwargs": {"depth": 4}})
+                            model_kwargs={"encoder": {"img_size": 32, "kwargs": {"depth": 4}}})
     images = torch.rand(4, 3, 32, 32)
     masks = torch.randint(0, 3, (4, 32, 32))
     masks[:2] = 255  # the first batch (batch size 2) has no labelled pixel
@@ -67,7 +67,7 @@ def _save(path: Path, h: int, w: int, value: int = 200) -> Path:
 
 def test_detection_predictor_handles_or_refuses_each_odd_image_and_runs_the_rest(tmp_path, caplog):
     torch.manual_seed(0)
-    model = visiontf.create_model("detr_tiny", num_classes=2, num_queries=5).eval()
+    model = visiontf.create_model("detr_tiny", num_classes=2, arch={"num_queries": 5}).eval()
     p = Predictor(model, device="cpu", preprocess={"min_size": 64, "max_size": 128}, batch_size=4)
     normal = _save(tmp_path / "normal.png", 48, 64)
     wide = _save(tmp_path / "wide.png", 10, 2000)

@@ -9,7 +9,7 @@ from visiontf.models.deformable_detr.queries import self_attn_mask
 from visiontf.set_prediction import HungarianMatcher, SetCriterion
 from visiontf.tasks.detection.detection_task import DetectionTask
 
-TINY = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=32, num_queries=5)
+TINY = dict(arch=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=32, num_queries=5))
 
 
 def test_compile_transformer_compiles_only_the_encoder_decoder():

@@ -13,7 +13,7 @@ from visiontf.tasks.attention_pictures import MAX_FIGURE_SIDE_PX, _panel_grid, d
 @pytest.fixture(scope="module")
 def predictor():
     torch.manual_seed(0)
-    detr = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1, num_queries=10).eval()
+    detr = visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 10}).eval()
     return Predictor(detr, preprocess={"min_size": 64, "max_size": 400}, device="cpu")
 
 

@@ -73,7 +73,7 @@ def test_draw_segmentation_and_caption():
 @pytest.fixture(scope="module")
 def detr():
     torch.manual_seed(0)
-    return visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1).eval()
+    return visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1}).eval()
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_callback_renders_detection_and_segmentation(detr):
     targets = [{"size": torch.tensor([64, 80])}, {"size": torch.tensor([64, 60])}]
     pics = cb.render(None, SimpleNamespace(model=detr), (images, mask, targets))
     assert [tuple(p.shape) for p in pics] == [(3, 64, 80), (3, 64, 60)]
-    setr = visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=32, encoder_kwargs={"depth": 4}).eval()
+    setr = visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, encoder={"img_size": 32, "kwargs": {"depth": 4}}).eval()
     masks = torch.randint(0, 3, (2, 32, 48))
     pics = cb.render(None, SimpleNamespace(model=setr, hparams={"ignore_index": 255}), (torch.randn(2, 3, 32, 48), masks))
     assert [tuple(p.shape) for p in pics] == [(3, 32, 96)] * 2, "ground truth | prediction side by side"

@@ -140,14 +140,14 @@ class _Constant(Backbone):
 
 def test_an_injected_backbone_is_used_as_given():
     bb = _Constant()
-    model = visiontf.create_model("dino_tiny", num_classes=2, backbone=bb, num_feature_levels=3, num_queries=20).eval()
+    model = visiontf.create_model("dino_tiny", num_classes=2, backbone=bb, arch={"num_feature_levels": 3, "num_queries": 20}).eval()
     assert model.backbone is bb and [p[0].in_channels for p in model.input_proj[:2]] == [8, 16]
     with torch.no_grad():
         assert model(torch.randn(1, 3, 64, 64))["pred_boxes"].shape[-1] == 4
     detr = visiontf.create_model("detr_tiny", num_classes=2, backbone=_Constant())
     assert detr.input_proj.in_channels == 16
     with pytest.raises(ValueError, match="num_feature_levels=2"):
-        visiontf.create_model("dino_tiny", num_classes=2, backbone=_Constant(), num_feature_levels=1, num_queries=20)
+        visiontf.create_model("dino_tiny", num_classes=2, backbone=_Constant(), arch={"num_feature_levels": 1, "num_queries": 20})
 
 
 def test_refusals_list_what_fits():
@@ -214,7 +214,7 @@ def test_deformable_detr_masks_the_padding_its_backbone_adds():
         def forward_maps(self, images):
             return super().forward_maps(pad_to_multiple(images, self.pad_multiple))
 
-    model = visiontf.create_model("dino_tiny", num_classes=2, backbone=Padded(), num_feature_levels=3, num_queries=20).eval()
+    model = visiontf.create_model("dino_tiny", num_classes=2, backbone=Padded(), arch={"num_feature_levels": 3, "num_queries": 20}).eval()
     with torch.no_grad():
         odd = model.encode(torch.randn(1, 3, 40, 50))  # padded to 64 x 64 inside the backbone, no mask given
         even = model.encode(torch.randn(1, 3, 64, 64))

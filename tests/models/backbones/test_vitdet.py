@@ -82,8 +82,8 @@ def test_windows_drop_prefix_tokens_and_global_blocks_see_everything():
 
 def test_layer_depths_are_vitdets():
     """detectron2's get_vit_lr_decay_rate: pos_embed / patch_embed 0, blocks.i i + 1, everything else L + 1."""
-    model = visiontf.create_model("dino_vit_small_simplefpn", num_classes=3, num_queries=20, enc_layers=1, dec_layers=1,
-                                  backbone_kwargs=dict(depth=4, embed_dim=64, num_heads=2, global_blocks=(1, 3)))
+    model = visiontf.create_model("dino_vit_small_simplefpn", num_classes=3, arch=dict(num_queries=20, enc_layers=1, dec_layers=1),
+                                  backbone=dict(kwargs=dict(depth=4, embed_dim=64, num_heads=2, global_blocks=(1, 3))))
 
     def detectron2_rate(name: str, decay: float, layers: int) -> float:
         layer_id = layers + 1
@@ -108,7 +108,7 @@ def test_layer_depths_are_vitdets():
 
 
 def test_detection_task_layer_decay_option():
-    kwargs = dict(num_queries=20, enc_layers=1, dec_layers=1, backbone_kwargs=dict(depth=2, embed_dim=64, num_heads=2, global_blocks=(1,)))
+    kwargs = dict(arch=dict(num_queries=20, enc_layers=1, dec_layers=1), backbone=dict(kwargs=dict(depth=2, embed_dim=64, num_heads=2, global_blocks=(1,))))
     task = DetectionTask("dino_vit_small_simplefpn", num_classes=3, model_kwargs=kwargs, lr=2e-4, lr_backbone=1e-4,
                          layer_decay=0.5)
     task.total_steps = lambda: 10  # no trainer here

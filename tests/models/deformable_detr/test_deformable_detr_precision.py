@@ -14,7 +14,8 @@ from visiontf.models import create_model
 from visiontf.nn.ms_deform_attn import MSDeformAttn
 from visiontf.tasks.detection.detection_task import DetectionTask
 
-TINY = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}
+ARCH = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}
+TINY = {"arch": ARCH}
 
 
 def _batch():
@@ -31,7 +32,7 @@ def _batch():
 
 @pytest.mark.parametrize("method", ["gather", "grid_sample"])
 def test_bf16_autocast_keeps_sampling_locations_and_losses_float32(method, monkeypatch):
-    task = DetectionTask("deformable_detr_tiny", num_classes=3, model_kwargs={**TINY, "two_stage": True, "attn_method": method})
+    task = DetectionTask("deformable_detr_tiny", num_classes=3, model_kwargs={"arch": {**ARCH, "two_stage": True}, "attn_method": method})
     model = task.model.train()
     with torch.no_grad():  # trained-looking offsets: the zero-initialised offset matrix would hide rounding
         for m in model.modules():
@@ -63,7 +64,7 @@ def test_bf16_autocast_keeps_sampling_locations_and_losses_float32(method, monke
     assert out["pred_logits"].dtype == torch.bfloat16
     assert out["pred_boxes"].dtype == torch.float32 and out["enc_outputs"]["pred_boxes"].dtype == torch.float32
     # ... while every attention's locations and weights are float32, with float32's precision
-    assert len(locations) == TINY["enc_layers"] + TINY["dec_layers"]
+    assert len(locations) == ARCH["enc_layers"] + ARCH["dec_layers"]
     for loc, weights in locations:
         assert loc.dtype == torch.float32 and weights.dtype == torch.float32
         assert (loc.to(torch.bfloat16).float() != loc).any(), "locations rounded to bf16"
@@ -84,4 +85,4 @@ def test_bf16_attention_picture_outputs_are_float32():
         out = model(images, mask, need_weights=True)
     for key in ("dec_sampling_locations", "dec_attention_weights", "dec_reference_points"):
         assert out[key].dtype == torch.float32, key
-    torch.testing.assert_close(out["dec_attention_weights"].sum((-1, -2)), torch.ones(2, TINY["num_queries"], TINY["nheads"]))
+    torch.testing.assert_close(out["dec_attention_weights"].sum((-1, -2)), torch.ones(2, ARCH["num_queries"], ARCH["nheads"]))

@@ -10,11 +10,12 @@ import torch
 import visiontf
 from visiontf.inference.export import example_inputs, export_model, export_onnx
 from visiontf.inference.onnx_check import DEFAULT_TOLERANCE, check_onnx, onnx_and_torch_outputs
+from visiontf.models.deformable_detr.build import merge_sections
 from visiontf.set_prediction import build_criterion, build_postprocess
 from visiontf.set_prediction.agreement import detections_disagreement
 
 #: small enough for a few seconds per export; 30 queries leave two-stage enough positions at 128 px
-SMALL = dict(num_classes=3, num_queries=30, enc_layers=1, dec_layers=2, backbone_pretrained=False)
+SMALL = dict(num_classes=3, backbone=dict(pretrained=False), arch=dict(num_queries=30, enc_layers=1, dec_layers=2))
 EXPORT_SIZE = (128, 128)
 #: (height, width), batch: none of them the export size
 OTHER_SIZES = [((160, 224), 1), ((224, 160), 2), ((192, 288), 2)]
@@ -60,7 +61,7 @@ def test_dino_onnx_matches_pytorch_at_other_sizes(dino, size, batch):
     inputs = example_inputs(model, image_size=size, batch_size=batch, pad=True)
     assert batch == 1 or bool(inputs["mask"].any()), "the second image is padded"
     ref, got = onnx_and_torch_outputs(model, path, inputs)
-    assert [tuple(g.shape) for g in got] == [(batch, SMALL["num_queries"], 3), (batch, SMALL["num_queries"], 4)]
+    assert [tuple(g.shape) for g in got] == [(batch, SMALL["arch"]["num_queries"], 3), (batch, SMALL["arch"]["num_queries"], 4)]
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r, rtol=DEFAULT_TOLERANCE.rtol, atol=DEFAULT_TOLERANCE.atol)
     report = check_onnx(model, path, inputs)  # raises with what differs
@@ -68,7 +69,7 @@ def test_dino_onnx_matches_pytorch_at_other_sizes(dino, size, batch):
     dets_ref, dets_got = _detections(model, ref, inputs), _detections(model, got, inputs)
     for r, g in zip(dets_ref, dets_got):
         # the best num_top (query, class) pairs, at most all 30 x 3
-        assert len(r["scores"]) == len(g["scores"]) == min(model.postprocess_options.num_top, SMALL["num_queries"] * 3)
+        assert len(r["scores"]) == len(g["scores"]) == min(model.postprocess_options.num_top, SMALL["arch"]["num_queries"] * 3)
         # non-trivial: the scores spread, and boxes are in the pixels of the (unpadded) image
         assert float(r["scores"].max() / r["scores"].min()) > 3
         assert detections_disagreement(r, g, 1e-4, 0.05) is None
@@ -92,7 +93,7 @@ def test_a_wrong_graph_is_refused_naming_the_output(dino, tmp_path):
 def test_plain_deformable_detr_graph_is_dynamic(tmp_path):
     """Learned queries and 2-d reference points (no refinement, no two-stage): the simplest of the family."""
     torch.manual_seed(0)
-    model = _with_biases(visiontf.create_model("deformable_detr_tiny", **SMALL, with_box_refine=False))
+    model = _with_biases(visiontf.create_model("deformable_detr_tiny", **merge_sections(SMALL, {"arch": {"with_box_refine": False}})))
     path = export_onnx(model, tmp_path / "plain.onnx", image_size=EXPORT_SIZE)
     for size, batch in OTHER_SIZES[1:2]:
         assert check_onnx(model, path, example_inputs(model, image_size=size, batch_size=batch, pad=True))["onnx_max_rel_diff"] <= 1
@@ -101,16 +102,17 @@ def test_plain_deformable_detr_graph_is_dynamic(tmp_path):
 #: every option of the family at inference (training-only parts: denoising, Group DETR's extra groups)
 OPTION_COMBINATIONS = {
     "box_refine": ("deformable_detr_tiny", {}),
-    "two_stage": ("deformable_detr_tiny", dict(two_stage=True)),
-    "groups_look_forward_twice": ("deformable_detr_tiny", dict(num_query_groups=3, look_forward_twice=True, share_decoder_heads=True)),
-    "dino_groups_4_levels_own_heads": ("dino_tiny", dict(num_query_groups=2, share_decoder_heads=False, decoder_norm=False,
-                                                        num_feature_levels=4, nms_iou_threshold=0.7)),
+    "two_stage": ("deformable_detr_tiny", dict(arch=dict(two_stage=True))),
+    "groups_look_forward_twice": ("deformable_detr_tiny", dict(dino=dict(num_query_groups=3, look_forward_twice=True, share_decoder_heads=True))),
+    "dino_groups_4_levels_own_heads": ("dino_tiny", dict(dino=dict(num_query_groups=2, share_decoder_heads=False),
+                                                        arch=dict(decoder_norm=False, num_feature_levels=4),
+                                                        postprocess=dict(nms_iou_threshold=0.7))),
     # the NMS of the query selection is in the graph (ONNX NonMaxSuppression)
-    "dino_distinct_queries": ("dino_tiny", dict(distinct_query_iou=0.8)),
+    "dino_distinct_queries": ("dino_tiny", dict(dino=dict(distinct_query_iou=0.8))),
     # Relation-DETR's attention bias, computed from each layer's boxes in the graph
-    "dino_position_relation": ("dino_tiny", dict(distinct_query_iou=0.8, position_relation=True)),
+    "dino_position_relation": ("dino_tiny", dict(dino=dict(distinct_query_iou=0.8, position_relation=True))),
     # DDQ's selection after each decoder layer: NonMaxSuppression between the layers
-    "dino_distinct_between_layers": ("dino_tiny", dict(distinct_query_iou=0.8, distinct_between_layers=True)),
+    "dino_distinct_between_layers": ("dino_tiny", dict(dino=dict(distinct_query_iou=0.8, distinct_between_layers=True))),
 }
 
 
@@ -120,7 +122,7 @@ def test_every_option_combination_exports_with_dynamic_size(variant, tmp_path):
     """No option of the family needs refusing: each exports and runs at another size than its export's."""
     name, kwargs = OPTION_COMBINATIONS[variant]
     torch.manual_seed(0)
-    model = _with_biases(visiontf.create_model(name, **SMALL, **kwargs))
+    model = _with_biases(visiontf.create_model(name, **merge_sections(SMALL, kwargs)))
     path = export_onnx(model, tmp_path / f"{variant}.onnx", image_size=EXPORT_SIZE)
     report = check_onnx(model, path, example_inputs(model, image_size=(224, 160), batch_size=2, pad=True))
     assert report["onnx_max_rel_diff"] <= 1.0
@@ -177,7 +179,7 @@ def test_export_check_passes_trained_weights_with_large_logits(tmp_path):
     (denoising on), with its class heads then scaled so logits reach tens (as a long training's do): the
     check compares relatively and on the detections, so it passes, at the export size and another."""
     torch.manual_seed(0)
-    model = _train_briefly(visiontf.create_model("dino_tiny", **{**SMALL, "num_denoising": 10}), steps=20)
+    model = _train_briefly(visiontf.create_model("dino_tiny", **merge_sections(SMALL, {"dino": {"num_denoising": 10}})), steps=20)
     with torch.no_grad():
         # the decoder's class heads, not the proposal head (the last): scaled proposal scores put exact
         # float ties into the top-k selection now and then, which either runtime may break either way
