@@ -112,8 +112,8 @@ def test_published_91_class_weights_evaluate_with_their_heads_through_tools_eval
     from visiontf import create_model
     from visiontf.set_prediction import build_postprocess
 
-    kwargs = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=12,
-                  num_denoising=6, num_query_groups=2, nms_iou_threshold=0.7, nms_class_agnostic=False)
+    kwargs = dict(arch=dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=32, num_queries=12),
+                  dino=dict(num_denoising=6, num_query_groups=2), postprocess=dict(nms_iou_threshold=0.7, nms_class_agnostic=False))
     torch.manual_seed(0)
     model = create_model("dino_tiny", num_classes=91, **kwargs).eval()
     randomize(model)

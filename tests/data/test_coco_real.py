@@ -321,9 +321,9 @@ def test_results_with_category_ids_not_in_the_annotations_are_refused_naming_the
 # ---------------------------------------------------------------- the tools end to end on real COCO
 
 CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
-TOY_MODEL = ("--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
-             "dim_feedforward: 32, num_queries: 12, num_denoising: 6, num_query_groups: 2, "
-             "distinct_query_iou: 0.8, distinct_between_layers: true}")
+TOY_MODEL = ("--model.init_args.model_kwargs={arch: {hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
+             "dim_feedforward: 32, num_queries: 12}, dino: {num_denoising: 6, num_query_groups: 2, "
+             "distinct_query_iou: 0.8, distinct_between_layers: true}}")
 # batches of 3: the 2 steps see all 5 training images, the crowd-only and the empty one among them
 TOY_DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=3", "--data.init_args.scales=[96]",
             "--data.init_args.max_size=160", "--data.init_args.crop_scales=[96]", "--data.init_args.val_size=96",

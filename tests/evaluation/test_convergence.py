@@ -149,8 +149,8 @@ def test_variants_parse():
 TINY_DETR = ["--trainer.max_epochs=1", "--data.init_args.batch_size=4", "--data.init_args.num_workers=0",
              "--data.init_args.scales=[64]", "--data.init_args.max_size=96", "--data.init_args.crop_scales=[48]",
              "--data.init_args.crop_size=[32, 64]", "--data.init_args.val_size=64",
-             "--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 1, "
-             "dim_feedforward: 64, num_queries: 10, frozen_bn: false, freeze_stem: false}",
+             "--model.init_args.model_kwargs={arch: {hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 1, "
+             "dim_feedforward: 64, num_queries: 10}, backbone: {frozen_bn: false, freeze_stem: false}}",
              "--model.init_args.eval_backend=pycocotools",
              "--trainer.callbacks+=visiontf.callbacks.ModelEMA", "--trainer.callbacks.init_args.decay=0.9",
              "--trainer.callbacks.init_args.warmup_steps=2"]

@@ -44,7 +44,7 @@ def test_onnx_vit_matches_pytorch(tmp_path):
 
 @pytest.mark.slow
 def test_onnx_detr_matches_pytorch_with_padding_and_other_sizes(tmp_path):
-    detr = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1).eval()
+    detr = visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1}).eval()
     path = export_onnx(detr, tmp_path / "detr.onnx", image_size=(64, 96))
     padded = example_inputs(detr, image_size=(64, 96), batch_size=2, pad=True)
     assert bool(padded["mask"].any())
@@ -67,7 +67,7 @@ def _fake_checkpoint(model, path: Path, model_name: str, num_classes: int, model
 
 @pytest.mark.slow
 def test_export_and_predict_clis(tmp_path):
-    kwargs = {"enc_layers": 1, "dec_layers": 1}
+    kwargs = {"arch": {"enc_layers": 1, "dec_layers": 1}}
     detr = visiontf.create_model("detr_tiny", num_classes=2, **kwargs).eval()
     ckpt = _fake_checkpoint(detr, tmp_path / "detr.ckpt", "detr_tiny", 2, kwargs)
     out = tmp_path / "export" / "detr.safetensors"

@@ -18,7 +18,7 @@ from visiontf.models import create_model
 from visiontf.models.deformable_detr.deformable_detr_segm import MASK_HEAD_PREFIXES
 from visiontf.set_prediction import build_criterion
 
-SMALL = dict(enc_layers=1, dec_layers=1, num_queries=8)
+SMALL = dict(arch=dict(enc_layers=1, dec_layers=1, num_queries=8))
 
 
 def _confident(model):

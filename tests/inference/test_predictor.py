@@ -133,7 +133,7 @@ def test_detection_boxes_map_back_to_original_pixels_through_resize_and_padding(
 
 @pytest.mark.slow
 def test_real_detr_tiny_thresholds_and_top_k():
-    model = visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1)
+    model = visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1})
     p = Predictor(model, device="cpu", preprocess={"min_size": 64, "max_size": 96}, class_names=["a", "b", "c"])
     assert p.task == "detection"
     imgs = [torch.rand(3, 50, 70), torch.randint(0, 256, (3, 90, 41), dtype=torch.uint8)]

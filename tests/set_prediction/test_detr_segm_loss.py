@@ -92,7 +92,7 @@ def _train(model, params, steps, lr, key_terms):
 @pytest.mark.slow
 def test_head_trains_on_a_frozen_detector_and_end_to_end():
     torch.manual_seed(0)
-    frozen = create_model("detr_tiny_masks", num_classes=2, freeze_detector=True, dropout=0.0, frozen_bn=False)
+    frozen = create_model("detr_tiny_masks", num_classes=2, freeze_detector=True, arch={"dropout": 0.0}, backbone={"frozen_bn": False})
     before = {k: v.clone() for k, v in frozen.state_dict().items() if not k.startswith(("mask_head", "bbox_attention"))}
     history = _train(frozen, [p for p in frozen.parameters() if p.requires_grad], 15, 2e-3, ("loss_mask", "loss_dice"))
     assert min(history[-3:]) < 0.75 * history[0], history
@@ -100,6 +100,6 @@ def test_head_trains_on_a_frozen_detector_and_end_to_end():
     assert all(torch.equal(before[k], after[k]) for k in before)  # the detector did not move (BatchNorm included)
 
     torch.manual_seed(0)
-    model = create_model("detr_tiny_masks", num_classes=2, dropout=0.0, frozen_bn=False)
+    model = create_model("detr_tiny_masks", num_classes=2, arch={"dropout": 0.0}, backbone={"frozen_bn": False})
     history = _train(model, model.parameters(), 15, 5e-4, ("loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice"))
     assert min(history[-3:]) < 0.6 * history[0], history
