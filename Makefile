@@ -26,15 +26,17 @@ browser:
 	@scripts/install_test_browser.sh
 
 # two pytest worker processes (pytest-xdist), one torch thread each: tests/conftest.py says why; a file's tests
-# stay on one worker (--dist loadfile), so its module fixtures (trained checkpoints) are built once
+# stay on one worker (--dist loadfile), so its module fixtures (trained checkpoints) are built once; files go out
+# in the suite's order, the long ones first (--no-loadscope-reorder: tests/conftest.py says why)
 WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # the inner loop: the unit tiers only (CI runs everything through `make test`); tests/README.md lists the tiers
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not integration" $(PYTEST_ARGS)
 
 # ruff's rules and the import-linter layer contracts are in pyproject.toml; lint reports, it never rewrites files
 lint: $(STAMP)

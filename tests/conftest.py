@@ -59,3 +59,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if integration in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.integration)
+    _longest_files_first(items)
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Files in the order: integration, then those with a ``slow`` test, then the rest (each file's tests kept together
+    and in order).
+
+    ``make test`` hands whole files to its two workers in collection order (``--dist loadfile
+    --no-loadscope-reorder``; xdist's own reordering puts the files with the most tests first, which are quick
+    unit files, and leaves the minute-long DDP and demo files for the end, where one worker runs them while the
+    other idles). Long files first and many short ones last keep both workers busy to the end."""
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("integration"):
+            return 0
+        return 1 if item.path in slow_files else 2
+
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    first_seen = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(item.path, i)
+    items.sort(key=lambda item: (rank(item), first_seen[item.path]))

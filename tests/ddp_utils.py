@@ -6,6 +6,9 @@ unchanged, except that with ``VISIONTF_TEST_REPEATING_SAMPLER=1`` every data mod
 ``DistributedSampler`` for eval loaders, which pads ranks by repeating samples. Lightning's CPU
 DDP launcher re-runs this same script for rank 1, so the patch holds on every rank. The tests use
 it to prove that the DDP equality check can fail.
+
+``python tests/ddp_utils.py --runs RUNS.json`` runs several evaluations of one test in one launch
+(:func:`evaluate_runs`): importing torch and Lightning is most of a tiny evaluation's cost.
 """
 from __future__ import annotations
 
@@ -66,6 +69,32 @@ def evaluate(config: str, ckpt: Path, out: Path, overrides: list[str], ddp: bool
     return json.loads(out.read_text())
 
 
+#: the evaluations :func:`evaluate_runs` knows: processes, and whether Lightning's repeating sampler is put back
+EVAL_RUNS = {"single": (1, False), "ddp": (2, False), "padded": (2, True)}
+
+
+def evaluate_runs(config: str, ckpt: Path, out_dir: Path, overrides: list[str], runs: tuple[str, ...] = ("single", "ddp"),
+                  timeout: float = 300) -> dict[str, dict[str, float]]:
+    """:func:`evaluate` for each of ``runs`` (names of :data:`EVAL_RUNS`), all in one launch of this script.
+
+    The runs go in order in one process; the first 2-process run makes Lightning start rank 1, which runs the
+    same list (skipping the 1-process runs), and every later run reuses both ranks, as a script that fits
+    and then tests under DDP does. Returns run name -> the stats JSON ``tools/eval.py`` wrote."""
+    processes = [EVAL_RUNS[name][0] for name in runs]
+    assert processes == sorted(processes), f"1-process runs go before the 2-process ones: {runs}"
+    cases = []
+    for name in runs:
+        processes, repeating = EVAL_RUNS[name]
+        argv = ["--config", config, "--ckpt_path", str(ckpt), *overrides, "--trainer.enable_progress_bar=false",
+                "--trainer.logger=false", "--output", str(out_dir / f"{name}.json"),
+                *(ddp_args() if processes == 2 else ["--trainer.devices=1"])]
+        cases.append({"argv": argv, "processes": processes, "repeating_sampler": repeating})
+    runs_file = out_dir / "eval_runs.json"
+    runs_file.write_text(json.dumps(cases))
+    run(["tests/ddp_utils.py", "--runs", str(runs_file)], timeout=timeout)
+    return {name: json.loads((out_dir / f"{name}.json").read_text()) for name in runs}
+
+
 try:
     import lightning as L
 
@@ -84,7 +113,8 @@ except ModuleNotFoundError:  # pragma: no cover
     pass
 
 
-def _patch_eval_samplers() -> None:
+def _patch_eval_samplers() -> dict:
+    """Replace every data module's ``eval_sampler`` by one that gives Lightning's default; returns what to restore."""
     import importlib
 
     from visiontf.tasks.task_table import data_module_class_paths
@@ -92,17 +122,53 @@ def _patch_eval_samplers() -> None:
     # visiontf.data.samplers: its eval_batch_sampler (the COCO eval loaders) looks eval_sampler up there;
     # then the module of every data module in the task table
     modules = dict.fromkeys(["visiontf.data.samplers", *(p.rpartition(".")[0] for p in data_module_class_paths())])
+    replaced = {}
     for name in modules:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError:
             continue
         if hasattr(mod, "eval_sampler"):
+            replaced[mod] = mod.eval_sampler
             mod.eval_sampler = lambda dataset, trainer: None
+    return replaced
+
+
+def _eval_runs(runs_file: Path) -> int:
+    from visiontf.cli import eval_main
+
+    # Lightning's launcher starts rank 1 as `python <this script> --runs FILE` with LOCAL_RANK set: it joins
+    # at the first 2-process run, so it leaves out the 1-process ones
+    later_rank = os.environ.get("LOCAL_RANK", "0") != "0"
+    for case in json.loads(runs_file.read_text()):
+        if case["processes"] == 1 and later_rank:
+            continue
+        replaced = _patch_eval_samplers() if case["repeating_sampler"] else {}
+        environ = dict(os.environ)
+        try:
+            code = eval_main(case["argv"])
+        finally:
+            for mod, original in replaced.items():
+                mod.eval_sampler = original
+            if case["processes"] == 1:
+                # a config's `strategy: ddp` on one device makes a process group of 1 and sets LOCAL_RANK,
+                # MASTER_PORT, ...: left there, the next 2-process run would take them for its own (Lightning
+                # starts no rank 1 and reuses the group of 1)
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized():
+                    dist.destroy_process_group()
+                os.environ.clear()
+                os.environ.update(environ)
+        if code:
+            return code
+    return 0
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
+    if sys.argv[1:2] == ["--runs"]:
+        sys.exit(_eval_runs(Path(sys.argv[2])))
     if os.environ.get(REPEATING_SAMPLER_ENV) == "1":
         _patch_eval_samplers()
     from visiontf.cli import eval_main

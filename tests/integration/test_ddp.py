@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 import pytest
-from ddp_utils import ddp_args, evaluate, run
+from ddp_utils import ddp_args, evaluate_runs, run
 
 pytestmark = pytest.mark.slow
 
@@ -57,15 +57,14 @@ def cls_checkpoint(tmp_path_factory) -> tuple[Path, list[str]]:
 def test_classification_ddp_eval_equals_single_process(cls_checkpoint, tmp_path):
     """Top-1/top-5 on 2 ranks equal 1 rank; with the repeating sampler top-1 differs (the check has teeth)."""
     ckpt, overrides = cls_checkpoint
-    single = evaluate(CLS_CONFIG, ckpt, tmp_path / "single.json", overrides)
-    ddp = evaluate(CLS_CONFIG, ckpt, tmp_path / "ddp.json", overrides, ddp=True)
+    stats = evaluate_runs(CLS_CONFIG, ckpt, tmp_path, overrides, runs=("single", "ddp", "padded"))
+    single, ddp, padded = stats["single"], stats["ddp"], stats["padded"]
     _assert_same(single, ddp, ["val/acc1", "val/acc5"])
 
     # k correct of 7: a repeated image makes it (k + c)/8, equal only when k is 0 or 7.
     k = round(single["val/acc1"] * NUM_VAL)
     assert math.isclose(single["val/acc1"], k / NUM_VAL, abs_tol=1e-6)
     assert 0 < k < NUM_VAL, f"model gets {k}/7 right; the repeating-sampler control needs a mixed result"
-    padded = evaluate(CLS_CONFIG, ckpt, tmp_path / "padded.json", overrides, ddp=True, repeating_sampler=True)
     assert not math.isclose(padded["val/acc1"], single["val/acc1"], abs_tol=1e-6), (
         "with Lightning's repeating DistributedSampler the 8 scored samples should change top-1; "
         "if they do not, the equality test above could not detect a doubled prediction"
@@ -173,13 +172,12 @@ def test_detection_ddp_eval_equals_single_process(det_ddp_fit, tmp_path):
     _, ckpt, overrides = det_ddp_fit
     overrides = [*overrides, "--per_class"]
     keys = [f"val/{k}" for k in METRIC_NAMES]
-    single = evaluate(DET_CONFIG, ckpt, tmp_path / "single.json", overrides)
+    stats = evaluate_runs(DET_CONFIG, ckpt, tmp_path, overrides, runs=("single", "ddp", "padded"))
+    single, ddp, padded = stats["single"], stats["ddp"], stats["padded"]
     assert 0 < single["val/map"] < 1 and 0 < single["val/mar_100"] < 1, f"degenerate stats prove nothing: {single}"
     assert len(single["per_class"]) == 2 and any(0 < r["AP"] < 1 for r in single["per_class"]), single["per_class"]
-    ddp = evaluate(DET_CONFIG, ckpt, tmp_path / "ddp.json", overrides, ddp=True)
     _assert_same(single, ddp, keys)
     _same_rows(single, ddp)
-    padded = evaluate(DET_CONFIG, ckpt, tmp_path / "padded.json", overrides, ddp=True, repeating_sampler=True)
     _assert_same(single, padded, keys)
     _same_rows(single, padded)
 
@@ -308,8 +306,8 @@ def test_segmentation_ddp_eval_equals_single_process(tmp_path):
          "--trainer.limit_val_batches=0", "--model.init_args.warmup_steps=0", "--checkpoint.monitor=null",
          f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.enable_progress_bar=false"])
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    single = evaluate(SEG_CONFIG, ckpt, tmp_path / "single.json", overrides)
-    ddp = evaluate(SEG_CONFIG, ckpt, tmp_path / "ddp.json", overrides, ddp=True)
+    stats = evaluate_runs(SEG_CONFIG, ckpt, tmp_path, overrides)
+    single, ddp = stats["single"], stats["ddp"]
     per_class = sorted(k for k in single if k.startswith("val/IoU_"))
     assert len(per_class) == 4, sorted(single)
     assert 0 < single["val/mIoU"] < 1, single

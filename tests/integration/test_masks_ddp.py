@@ -16,7 +16,7 @@ from pathlib import Path
 import lightning
 import pytest
 import torch
-from ddp_utils import evaluate
+from ddp_utils import evaluate_runs
 
 pytestmark = pytest.mark.slow
 
@@ -66,9 +66,9 @@ def test_mask_model_ddp_eval_equals_single_process(pinned, tmp_path):
     ckpt, overrides = pinned
     metrics = [f"val/segm_{k}" for k in METRIC_NAMES] + [f"val/{k}" for k in PQ_METRIC_NAMES] + ["val/map"]
     losses = ["val/loss_mask", "val/loss_dice"]
-    single = evaluate(CONFIG, ckpt, tmp_path / "single.json", overrides, timeout=900)
+    stats = evaluate_runs(CONFIG, ckpt, tmp_path, overrides, runs=("single", "ddp", "padded"), timeout=900)
+    single = stats["single"]
     assert 0 < single["val/pq_stuff"] < 1 and single["val/loss_dice"] > 0, f"degenerate stats prove nothing: {single}"
-    _same(single, evaluate(CONFIG, ckpt, tmp_path / "ddp.json", overrides, ddp=True, timeout=900), metrics + losses)
+    _same(single, stats["ddp"], metrics + losses)
     # a repeating sampler counts the repeated image's loss twice (only the metrics know image ids)
-    _same(single, evaluate(CONFIG, ckpt, tmp_path / "padded.json", overrides, ddp=True, repeating_sampler=True, timeout=900),
-          metrics)
+    _same(single, stats["padded"], metrics)

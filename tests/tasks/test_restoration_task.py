@@ -170,7 +170,7 @@ def test_recipe_resumes_exactly(photo_set, tmp_path):
 def test_recipe_trains_and_scores_under_ddp(photo_set, tmp_path):
     """Two DDP processes: the fit runs (one task per batch on both ranks), and PSNR/SSIM over 3 validation
     images split across the ranks (2 + 1, no repeats) equal the single-process scores."""
-    from ddp_utils import ddp_args, evaluate, run
+    from ddp_utils import ddp_args, evaluate_runs, run
 
     val = tmp_path / "val"
     val.mkdir()
@@ -184,7 +184,7 @@ def test_recipe_trains_and_scores_under_ddp(photo_set, tmp_path):
     assert _load(ckpt)["global_step"] == 2
     data = [f"--data.init_args.root={photo_set}", f"--data.init_args.val_root={val}", "--data.init_args.val_crop=64",
             "--data.init_args.num_workers=0", "--model.init_args.model_kwargs={scale: 2, n_feats: 4, num_layers: 1, num_heads: 2}"]
-    one = evaluate(RECIPE, ckpt, tmp_path / "one.json", data)
-    two = evaluate(RECIPE, ckpt, tmp_path / "two.json", data, ddp=True)
+    stats = evaluate_runs(RECIPE, ckpt, tmp_path, data)
+    one, two = stats["single"], stats["ddp"]
     for key in ("val/psnr_y", "val/ssim_y", "val/psnr_y_bicubic_sr_x2"):
         assert two[key] == pytest.approx(one[key], abs=1e-5), key
