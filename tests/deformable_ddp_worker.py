@@ -22,8 +22,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-SMALL = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12,
-         "frozen_bn": False, "freeze_stem": False}
+ARCH = {"hidden_dim": 64, "nheads": 2, "enc_layers": 1, "dec_layers": 2, "dim_feedforward": 64, "num_queries": 12}
+BACKBONE = {"frozen_bn": False, "freeze_stem": False}
+#: each variant's arch switches (over ARCH)
 VARIANTS = {
     "plain": {"with_box_refine": False},
     "box_refine": {"with_box_refine": True},
@@ -49,7 +50,7 @@ def _train(name: str, kwargs: dict, rank: int) -> tuple[str, float]:
     from visiontf.set_prediction import build_criterion
 
     torch.manual_seed(0)
-    model = create_model("deformable_detr_tiny", num_classes=3, **SMALL, **kwargs)
+    model = create_model("deformable_detr_tiny", num_classes=3, backbone=BACKBONE, arch={**ARCH, **kwargs})
     if name == "control":
         model.unused = nn.Linear(2, 2)
     ddp = DDP(model, find_unused_parameters=False)

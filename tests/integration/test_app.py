@@ -83,8 +83,8 @@ def _mask_model(no_object: bool = False) -> torch.nn.Module:
     """A tiny random DETR with a mask head and thing classes (so panoptic); ``no_object``: every query says "no
     object", so nothing is detected and no panoptic segment is found."""
     torch.manual_seed(0)
-    model = visiontf.create_model("detr_tiny_masks", num_classes=3, thing_classes=[0, 1], enc_layers=1, dec_layers=1,
-                                  num_queries=6)
+    model = visiontf.create_model("detr_tiny_masks", num_classes=3, thing_classes=[0, 1],
+                                  arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 6})
     if no_object:
         with torch.no_grad():
             model.class_embed.bias.zero_()
@@ -114,7 +114,7 @@ def _score_panoptic(pred_json: Path, pred_folder: Path, tmp: Path) -> dict:
 
 
 def test_detection_page_content_and_the_slider_filter(image_file):
-    app = _app(visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1, num_queries=7))
+    app = _app(visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 7}))
     assert app.filters_by_score
     (item,) = app.predict([str(image_file)])
     assert app.picture(item, 0.5).shape == (384, 461, 3)  # enlarged to a shorter side of 384: legible labels
@@ -137,7 +137,7 @@ def test_every_other_task_has_a_picture_a_record_and_a_summary(image_file):
     assert len(top) == 5 and sum(top.values()) == pytest.approx(1, abs=1e-4)
     assert [c["score"] for c in cls.record(item, 0.5)["top_classes"]] == [round(v, 4) for v in top.values()]
 
-    seg = _app(visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, img_size=32, encoder_kwargs={"depth": 4}))
+    seg = _app(visiontf.create_model("setr_naive_vit_tiny_patch16", num_classes=3, encoder={"img_size": 32, "kwargs": {"depth": 4}}))
     (item,) = seg.predict([str(image_file)])
     record = seg.record(item, 0.5)
     assert sum(c["pixels"] for c in record["classes"]) == 40 * 48
@@ -162,7 +162,7 @@ def test_every_other_task_has_a_picture_a_record_and_a_summary(image_file):
 def test_the_page_builds_without_launching(image_file):
     from visiontf.cli.app import build_app
 
-    page = build_app(_app(visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1)), 0.3)
+    page = build_app(_app(visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1})), 0.3)
     ids = {getattr(block, "elem_id", None) for block in page.blocks.values()}
     assert {"input_image", "result_image", "summary", "predictions", "download", "score_threshold", "gallery"} <= ids
 
@@ -243,7 +243,7 @@ def test_uploads_are_refused_from_their_header_without_decoding(hostile, image_f
 
 def test_a_batch_keeps_the_good_results_and_names_each_failed_file(hostile, image_file, tmp_path):
     """One unreadable file used to fail the whole batch (a UsageError), and the messages named the server's paths."""
-    app = _app(visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1, num_queries=7), tmp_path / "app",
+    app = _app(visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 7}), tmp_path / "app",
                preprocess={"min_size": 64, "max_size": 96})
     uploads = tmp_path / "gradio" / "4f2a9c"  # as Gradio stores uploads
     uploads.mkdir(parents=True)
@@ -267,7 +267,7 @@ def test_a_batch_keeps_the_good_results_and_names_each_failed_file(hostile, imag
 def test_a_file_the_model_fails_on_fails_alone(image_file, hostile, tmp_path, monkeypatch):
     """When the model fails on every image of the Predictor's first batch, the Predictor raises (the model's problem,
     not an image's); the app then runs each file alone, so the others still get their results."""
-    app = _app(visiontf.create_model("detr_tiny", num_classes=3, enc_layers=1, dec_layers=1, num_queries=7), tmp_path / "app",
+    app = _app(visiontf.create_model("detr_tiny", num_classes=3, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 7}), tmp_path / "app",
                preprocess={"min_size": 64, "max_size": 96}, batch_size=2)
     real = app.adapter.predict
 
@@ -408,8 +408,8 @@ def server(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("app_server")
     torch.manual_seed(0)
-    model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=6, hidden_dim=32,
-                                  nheads=2, dim_feedforward=64)
+    model = visiontf.create_model("detr_tiny", num_classes=2, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 6, "hidden_dim": 32,
+                                                                    "nheads": 2, "dim_feedforward": 64})
     with torch.no_grad():  # boxes near the centred half of the image (sigmoid(0) = 0.5), a little apart
         model.bbox_embed.layers[2].weight.mul_(0.05)
         model.bbox_embed.layers[2].bias.copy_(torch.tensor([0.0, 0.0, 0.0, 0.0]))

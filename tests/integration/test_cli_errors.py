@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/detr/detr_tiny_shapes.yaml"
 IDS = sorted(CATEGORIES)
 NAMES = [CATEGORIES[c] for c in IDS]
-TINY = {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}
+TINY = {"arch": {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}}
 
 
 def fake_checkpoint(path: Path) -> Path:
@@ -145,7 +145,7 @@ def heavy(tmp_path_factory):
         "eval no weights": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--output", tmp / "noise.json"],
         "validate no weights": ["tools/train.py", "validate", "--config", CONFIG, "--data.root", four_classes],
         "eval random on purpose": ["tools/eval.py", "--config", CONFIG, "--data.root", four_classes, "--allow_random_weights",
-                                   "true", "--model.init_args.model_kwargs={enc_layers: 1, dec_layers: 1, num_queries: 5}",
+                                   "true", "--model.init_args.model_kwargs={arch: {enc_layers: 1, dec_layers: 1, num_queries: 5}}",
                                    "--trainer.enable_progress_bar=false", "--output", tmp / "random.json"],
         "debug flag": [*fit, "--data.root", tmp / "nope", "--debug"],
         "debug env": [*fit, "--data.root", tmp / "nope"],

@@ -76,7 +76,7 @@ def _tiny_version(argv: list[str], paths: dict[str, str]) -> dict:
 def test_every_command_of_the_custom_dataset_doc(tmp_path):
     data = make_dataset(tmp_path / "data" / "my_dataset", "coco")
     r50 = tmp_path / "detr-r50-e632da11.pth"  # DETR's checkpoint form ({"model": state}) with COCO's 91 classes
-    kwargs = {"frozen_bn": False, "freeze_stem": False, "num_queries": 10, "enc_layers": 1, "dec_layers": 1}
+    kwargs = {"backbone": {"frozen_bn": False, "freeze_stem": False}, "arch": {"num_queries": 10, "enc_layers": 1, "dec_layers": 1}}
     torch.save({"model": visiontf.create_model("detr_tiny", num_classes=91, **kwargs).state_dict()}, r50)
     dino = tmp_path / "checkpoint0011_4scale.pth"  # COCO's 91 classes, in visiontf's names
     torch.save({"model": visiontf.create_model("dino_tiny", num_classes=91, **kwargs).state_dict()}, dino)

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 
 CONFIG = "configs/deformable_detr/deformable_detr_r50_coco.yaml"
 NUM_VAL = 7  # odd: a repeating sampler would pad one rank
-SMALL = ("{hidden_dim: 64, nheads: 2, enc_layers: 1, dec_layers: 2, dim_feedforward: 64, num_queries: 12, "
-         "frozen_bn: false, freeze_stem: false}")
+SMALL = ("{arch: {hidden_dim: 64, nheads: 2, enc_layers: 1, dec_layers: 2, dim_feedforward: 64, num_queries: 12}, "
+         "backbone: {frozen_bn: false, freeze_stem: false}}")
 
 
 def _overrides(root: Path) -> list[str]:

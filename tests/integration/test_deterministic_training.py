@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 
 CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
 STEPS = 20
-TOY = ("--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, dim_feedforward: 32, "
-       "num_queries: 8, num_denoising: 6, distinct_query_iou: 0.8, distinct_between_layers: true}")
+TOY = ("--model.init_args.model_kwargs={arch: {hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, dim_feedforward: 32, "
+       "num_queries: 8}, dino: {num_denoising: 6, distinct_query_iou: 0.8, distinct_between_layers: true}}")
 
 
 class RecordLosses(L.Callback):

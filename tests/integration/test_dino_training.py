@@ -13,9 +13,9 @@ from ddp_utils import ddp_args, run
 pytestmark = pytest.mark.slow
 
 CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
-TOY_MODEL = ("--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
-             "dim_feedforward: 32, num_queries: 12, num_denoising: 6, num_query_groups: 2, "
-             "distinct_query_iou: 0.8, distinct_between_layers: true}")
+TOY_MODEL = ("--model.init_args.model_kwargs={arch: {hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
+             "dim_feedforward: 32, num_queries: 12}, dino: {num_denoising: 6, num_query_groups: 2, "
+             "distinct_query_iou: 0.8, distinct_between_layers: true}}")
 
 
 def _overrides(root: Path, out: Path) -> list[str]:

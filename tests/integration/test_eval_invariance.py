@@ -30,10 +30,10 @@ pytestmark = pytest.mark.slow
 
 CONFIGS = {"detr": "configs/detr/detr_tiny_shapes.yaml", "dino": "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"}
 MODELS = {
-    "detr": "--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
-            "dim_feedforward: 32, num_queries: 10, frozen_bn: false, freeze_stem: false}",
-    "dino": "--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
-            "dim_feedforward: 32, num_queries: 12, num_denoising: 6, distinct_query_iou: 0.8, distinct_between_layers: true}",
+    "detr": "--model.init_args.model_kwargs={arch: {hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
+            "dim_feedforward: 32, num_queries: 10}, backbone: {frozen_bn: false, freeze_stem: false}}",
+    "dino": "--model.init_args.model_kwargs={arch: {hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
+            "dim_feedforward: 32, num_queries: 12}, dino: {num_denoising: 6, distinct_query_iou: 0.8, distinct_between_layers: true}}",
 }
 DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.scales=[64]",
         "--data.init_args.max_size=96", "--data.init_args.crop_scales=[64]", "--data.init_args.val_size=64",
@@ -162,8 +162,8 @@ def test_predictor_detections_equal_at_any_batch_size(fitted, family):
 # ---- SETR (segmentation): sliding-window inference over mixed-size validation images -------------
 
 SETR_CONFIG = "configs/setr/setr_tiny_synthetic.yaml"
-SETR_MODEL = ["--model.init_args.model_kwargs={img_size: 32, drop_path_rate: 0.0, "
-              "encoder_kwargs: {patch_size: 8, depth: 4, embed_dim: 48, num_heads: 3}}",
+SETR_MODEL = ["--model.init_args.model_kwargs={encoder: {img_size: 32, drop_path_rate: 0.0, "
+              "kwargs: {patch_size: 8, depth: 4, embed_dim: 48, num_heads: 3}}}",
               "--model.init_args.crop_size=32", "--model.init_args.stride=16"]
 #: no eval resize: each image is scored at its own size, so the model's own batch-1 maps can be the truth
 SETR_DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.crop_size=32",

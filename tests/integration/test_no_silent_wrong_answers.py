@@ -285,7 +285,7 @@ def test_weights_of_a_non_float_dtype_or_non_finite_are_refused_naming_the_tenso
     from visiontf.models import create_model
     from visiontf.tasks.checkpoints import load_checkpoint_model
 
-    kw = {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}
+    kw = {"arch": {"enc_layers": 1, "dec_layers": 1, "num_queries": 5}}
     state = create_model("detr_tiny", num_classes=2, **kw).state_dict()
     state["class_embed.bias"] = spoil(state["class_embed.bias"].clone())
     save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "w.safetensors")
@@ -299,7 +299,7 @@ def test_weights_of_a_non_float_dtype_or_non_finite_are_refused_naming_the_tenso
 
 def test_non_finite_detections_are_dropped_and_counted_never_written_as_nan(tmp_path, caplog):
     """A diverged model (NaN boxes) made predict.py write ``"bbox": [NaN, ...]``: invalid JSON, exit 0, no word."""
-    model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=5)
+    model = visiontf.create_model("detr_tiny", num_classes=2, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 5})
     with torch.no_grad():
         model.bbox_embed.layers[-1].bias.fill_(float("nan"))
     image = tmp_path / "a.png"
@@ -349,7 +349,7 @@ def test_duplicate_annotation_ids_are_refused_naming_them(tmp_path):
 
 
 def test_predicted_boxes_are_clipped_to_the_image():
-    model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=5)
+    model = visiontf.create_model("detr_tiny", num_classes=2, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 5})
     with torch.no_grad():  # centres at the left/top edge, full-size boxes: half of each box lies outside
         model.bbox_embed.layers[-1].bias.copy_(torch.tensor([-8.0, -8.0, 8.0, 8.0]))
     unclipped = box_convert(torch.tensor([[0.0, 0.0, 1.0, 1.0]]), "cxcywh", "xyxy")
@@ -378,7 +378,7 @@ def test_predictor_call_keeps_results_not_decoded_images(monkeypatch):
     import gc
     import weakref
 
-    model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=5)
+    model = visiontf.create_model("detr_tiny", num_classes=2, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 5})
     predictor = Predictor(model, device="cpu", preprocess={"min_size": 32, "max_size": 48}, batch_size=2)
     refs = []
     stream = predictor.stream
@@ -398,7 +398,7 @@ def test_predictor_call_keeps_results_not_decoded_images(monkeypatch):
 def test_predict_without_annotations_gives_unique_ids_and_never_overwrites_a_picture(tmp_path):
     """camA/0001.jpg and camB/0001.jpg shared image id 1, and camC/0001_1.jpg's picture overwrote camB's;
     1.jpg and a.jpg also shared id 1."""
-    model = visiontf.create_model("detr_tiny", num_classes=2, enc_layers=1, dec_layers=1, num_queries=5)
+    model = visiontf.create_model("detr_tiny", num_classes=2, arch={"enc_layers": 1, "dec_layers": 1, "num_queries": 5})
     files = [tmp_path / "in" / p for p in ("camA/0001.jpg", "camB/0001.jpg", "camC/0001_1.jpg", "1.jpg", "a.jpg", "a.png")]
     for i, f in enumerate(files):
         f.parent.mkdir(parents=True, exist_ok=True)

@@ -19,9 +19,9 @@ from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.set_prediction import build_postprocess, set_postprocess
 
 CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
-TOY_MODEL = ("--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
-             "dim_feedforward: 32, num_queries: 12, num_denoising: 6, num_query_groups: 2, "
-             "nms_iou_threshold: 0.7, nms_class_agnostic: false}")
+TOY_MODEL = ("--model.init_args.model_kwargs={arch: {hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 2, "
+             "dim_feedforward: 32, num_queries: 12}, dino: {num_denoising: 6, num_query_groups: 2}, "
+             "postprocess: {nms_iou_threshold: 0.7, nms_class_agnostic: false}}")
 TOY_DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "--data.init_args.scales=[64]",
             "--data.init_args.max_size=96", "--data.init_args.crop_scales=[64]", "--data.init_args.val_size=64",
             "--trainer.devices=1", "--trainer.strategy=auto", "--precision_without_native_bf16=null",
@@ -29,7 +29,7 @@ TOY_DATA = ["--data.init_args.num_workers=0", "--data.init_args.batch_size=2", "
 
 
 def test_set_postprocess_replaces_only_what_is_given():
-    model = create_model("dino_tiny", num_classes=3, nms_iou_threshold=0.7, nms_class_agnostic=False)
+    model = create_model("dino_tiny", num_classes=3, postprocess={"nms_iou_threshold": 0.7, "nms_class_agnostic": False})
     assert model.postprocess_options == PostprocessOptions(100, 0.7, False)
     assert set_postprocess(model, nms_iou_threshold=None, num_top=None) == PostprocessOptions(100, 0.7, False)
     set_postprocess(model, nms_iou_threshold=0.5)

@@ -34,10 +34,9 @@ def test_predict_shows_a_bar_over_the_images_and_quiet_silences_it(tmp_path):
     from visiontf.io.weights import save_model
     from visiontf.models import create_model
 
-    model = create_model("detr_tiny", num_classes=3, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1,
-                         dim_feedforward=32, num_queries=5)
-    weights = save_model(model, tmp_path / "m.safetensors", "detr_tiny", num_classes=3, hidden_dim=32, nheads=2,
-                         enc_layers=1, dec_layers=1, dim_feedforward=32, num_queries=5)
+    arch = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1, dim_feedforward=32, num_queries=5)
+    model = create_model("detr_tiny", num_classes=3, arch=arch)
+    weights = save_model(model, tmp_path / "m.safetensors", "detr_tiny", num_classes=3, arch=arch)
     images = tmp_path / "images"
     images.mkdir()
     for i in range(3):

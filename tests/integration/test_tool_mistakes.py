@@ -16,7 +16,7 @@ from cli_runner import error_line, run_tools
 from PIL import Image
 
 CONFIG = "configs/detr/detr_tiny_shapes.yaml"
-TINY = {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1, "dim_feedforward": 32, "num_queries": 5}
+TINY = {"arch": {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1, "dim_feedforward": 32, "num_queries": 5}}
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_a_vitdet_detector_takes_an_image_smaller_than_its_coarsest_stride(side)
     small"). The image is padded to the coarsest stride and masked, as a padded batch is."""
     from visiontf.models import create_model
 
-    model = create_model("dino_vit_small_simplefpn", num_classes=3, num_queries=4).eval()
+    model = create_model("dino_vit_small_simplefpn", num_classes=3, arch={"num_queries": 4}).eval()
     with torch.no_grad():
         out = model(torch.rand(1, 3, side, side))
     assert out["pred_boxes"].shape == (1, 4, 4) and torch.isfinite(out["pred_logits"]).all()
