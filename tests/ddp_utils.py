@@ -1,14 +1,11 @@
 """Helpers for the multi-process tests: run ``tools/*.py`` as subprocesses with a clean, pinned env.
 
-Also an entry point: ``python tests/ddp_utils.py <args of tools/eval.py>`` runs ``tools/eval.py``
-unchanged, except that with ``VISIONTF_TEST_REPEATING_SAMPLER=1`` every data module's
-``eval_sampler`` is replaced by ``None``, so Lightning falls back to its default
-``DistributedSampler`` for eval loaders, which pads ranks by repeating samples. Lightning's CPU
-DDP launcher re-runs this same script for rank 1, so the patch holds on every rank. The tests use
-it to prove that the DDP equality check can fail.
-
-``python tests/ddp_utils.py --runs RUNS.json`` runs several evaluations of one test in one launch
-(:func:`evaluate_runs`): importing torch and Lightning is most of a tiny evaluation's cost.
+Also an entry point: ``python tests/ddp_utils.py --runs RUNS.json`` runs several evaluations of one test in
+one launch (:func:`evaluate_runs`): importing torch and Lightning is most of a tiny evaluation's cost. Its
+"padded" run replaces every data module's ``eval_sampler`` by ``None``, so Lightning falls back to its default
+``DistributedSampler`` for eval loaders, which pads ranks by repeating samples; Lightning's CPU DDP launcher
+re-runs this same script for rank 1, so the patch holds on every rank. The tests use it to prove that the DDP
+equality check can fail.
 """
 from __future__ import annotations
 
@@ -21,7 +18,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-REPEATING_SAMPLER_ENV = "VISIONTF_TEST_REPEATING_SAMPLER"
 # Lightning/torchrun variables a parent process (e.g. a DDP CI runner) may have set; a child that
 # inherits them would think it is already one rank of a bigger job.
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
@@ -57,15 +53,12 @@ def ddp_args(devices: int = 2) -> list[str]:
     return ["--trainer.accelerator=cpu", f"--trainer.devices={devices}", "--trainer.strategy=ddp"]
 
 
-def evaluate(config: str, ckpt: Path, out: Path, overrides: list[str], ddp: bool = False,
-             repeating_sampler: bool = False, timeout: float = 300) -> dict[str, float]:
+def evaluate(config: str, ckpt: Path, out: Path, overrides: list[str], ddp: bool = False, timeout: float = 300) -> dict[str, float]:
     """``tools/eval.py`` on 1 process or 2 DDP CPU processes; returns the stats JSON."""
-    script = "tests/ddp_utils.py" if repeating_sampler else "tools/eval.py"
-    env = subprocess_env(**({REPEATING_SAMPLER_ENV: "1"} if repeating_sampler else {}))
-    args = [script, "--config", config, "--ckpt_path", str(ckpt), *overrides,
+    args = ["tools/eval.py", "--config", config, "--ckpt_path", str(ckpt), *overrides,
             "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--output", str(out)]
     args += ddp_args() if ddp else ["--trainer.devices=1"]
-    run(args, timeout=timeout, env=env)
+    run(args, timeout=timeout)
     return json.loads(out.read_text())
 
 
@@ -167,10 +160,6 @@ def _eval_runs(runs_file: Path) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    if sys.argv[1:2] == ["--runs"]:
-        sys.exit(_eval_runs(Path(sys.argv[2])))
-    if os.environ.get(REPEATING_SAMPLER_ENV) == "1":
-        _patch_eval_samplers()
-    from visiontf.cli import eval_main
-
-    sys.exit(eval_main())
+    if sys.argv[1:2] != ["--runs"] or len(sys.argv) != 3:
+        sys.exit("usage: python tests/ddp_utils.py --runs RUNS.json")
+    sys.exit(_eval_runs(Path(sys.argv[2])))

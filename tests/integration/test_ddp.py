@@ -6,7 +6,7 @@ Every validation set here has an ODD number of images (7), so Lightning's defaul
 de-duplicates by image id, so ``tools/eval.py`` on 2 processes must write the same stats as on 1.
 
 To show the comparison can fail, the classification test reruns the 2-process evaluation with the
-eval sampler patched out (``tests/ddp_utils.py`` entry point, env ``VISIONTF_TEST_REPEATING_SAMPLER=1``):
+eval sampler patched out (the "padded" run of ``tests/ddp_utils.py evaluate_runs``):
 the padded repeat is then counted twice and top-1 accuracy changes from k/7 to (k + c)/8.
 """
 from __future__ import annotations
