@@ -35,6 +35,21 @@ def _seed():
     torch.manual_seed(0)
 
 
+#: the process's ``torch.use_deterministic_algorithms`` setting before any test ran
+_DETERMINISTIC_AT_START = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+@pytest.fixture(autouse=True)
+def _restore_deterministic_algorithms():
+    """Each test ends with the process's ``torch.use_deterministic_algorithms`` setting as the session found it.
+
+    A ``Trainer(deterministic=True)`` fit in-process (``configs/vit/vit_tiny_synthetic.yaml`` asks for one; some
+    files fit in module fixtures) turns it on for the rest of the process, and a later file on that worker then ran
+    other kernels than it meant to test (the Triton backward's atomic-free sum in place of the atomic one)."""
+    yield
+    torch.use_deterministic_algorithms(_DETERMINISTIC_AT_START[0], warn_only=_DETERMINISTIC_AT_START[1])
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _free_module_tmp_dirs(request, tmp_path_factory):
     """Remove what a module wrote under the base temp dir once it is done, unless one of its tests failed.
