@@ -197,13 +197,23 @@ class RTDETR(BackboneLayerDepth, Detector):
                 coarsest stride (32) are zero-padded to one (bottom and right), as padding.
             targets: training only: per image ``labels`` (N,) and ``boxes`` (N, 4) normalised cxcywh, from which the
                 denoising queries are built.
-            need_weights: also return the last decoder layer's sampling locations and weights (uniform points only).
+            need_weights: also return the last decoder layer's sampling locations and weights (the attention picture).
 
         Returns:
             ``pred_logits`` (B, Q, K) and ``pred_boxes`` (B, Q, 4) cxcywh relative to each unpadded image, in
             evaluation of the ``eval_idx`` layer. In training also ``aux_outputs`` (every other layer),
             ``interm_outputs`` (the selected proposals, supervised with the class labels), and with denoising
             ``dn_outputs`` and ``dn_meta``.
+
+            With ``need_weights`` also, from the decoder layer the outputs come from: ``dec_sampling_locations``,
+            float32 normalised (x, y) over each level's map of the padded canvas, as its attention core receives them, and
+            ``dec_attention_weights`` (softmax over all of a head's samples): (B, Q, heads, L, P, 2) and (B, Q, heads, L, P)
+            when every level has P points (as Deformable DETR's), else (B, Q, heads, J, 2) and (B, Q, heads, J) with
+            J = sum of the counts, ordered level then point (RT-DETRv2's, D-FINE's (3, 6, 3));
+            ``dec_sampling_points`` the count of each level; ``dec_sampling_mode`` ``"bilinear"`` or ``"discrete"`` (each
+            sample reads the cell ``floor(x * W_l + 0.5)``); ``dec_reference_points`` (B, Q, 4) that layer's reference
+            boxes relative to each unpadded image; ``spatial_shapes`` [(H_l, W_l)]. D-FINE's attention has no value or
+            output projection; its sampling is the same.
         """
         if images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"RT-DETR expects images of shape (B, 3, H, W), got {tuple(images.shape)}")
@@ -235,14 +245,13 @@ class RTDETR(BackboneLayerDepth, Detector):
         out = self._outputs(dec, dn, to_image)
         if need_weights:
             loc, weights = sampled[-1]
-            if loc.dim() == 5:  # a count per level: (B, Q, M, J, 2); the picture takes one count for all levels
-                points = layer.points_per_level
-                if len(set(points)) != 1:
-                    raise ValueError(f"need_weights: the sampling points differ per level ({points}); the picture takes one count")
+            points = tuple(layer.points_per_level or (layer.n_points,) * layer.n_levels)
+            if loc.dim() == 5 and len(set(points)) == 1:  # one count on every level: Deformable DETR's (L, P) layout
                 loc = loc.unflatten(3, (len(points), points[0]))
                 weights = weights.unflatten(3, (len(points), points[0]))
-            out.update(dec_sampling_locations=loc[:, P:], dec_attention_weights=weights[:, P:],
-                       dec_reference_points=to_image(dec.references)[:, P:].float(), spatial_shapes=list(dec.spatial_shapes))
+            out.update(dec_sampling_locations=loc[:, P:], dec_attention_weights=weights[:, P:], dec_sampling_points=points,
+                       dec_sampling_mode=layer.sampling_mode, dec_reference_points=to_image(dec.references)[:, P:].float(),
+                       spatial_shapes=list(dec.spatial_shapes))
         return out
 
 
