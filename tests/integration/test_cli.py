@@ -7,17 +7,29 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
+#: the shipped configs; the files under a _base/ folder are parts that variants build on (base_config:), not run alone
+CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml") if "_base" not in p.parts)
+#: the configs that build on base files
+COMPOSED = [c for c in CONFIGS if "base_config" in yaml.safe_load((ROOT / c).read_text())]
 
 
 @pytest.fixture(scope="module")
 def printed_configs(tmp_path_factory) -> dict[str, dict]:
-    """``tools/train.py fit --config C --print_config`` for every shipped config, in one process."""
+    """``tools/train.py fit --config C --print_config`` for every shipped config, and for each composed one also
+    of one file holding the plain merge of it and its bases (``flat:C``), in one process."""
     from cli_runner import run_tools
 
-    results = run_tools([{"argv": ["tools/train.py", "fit", "--config", c, "--print_config"]} for c in CONFIGS],
-                        tmp_path_factory.mktemp("print_config"))
-    return dict(zip(CONFIGS, results))
+    from visiontf.core.config_files import read_config
+
+    tmp = tmp_path_factory.mktemp("print_config")
+    flat = {}
+    for c in COMPOSED:
+        flat[f"flat:{c}"] = tmp / c.replace("/", "__")
+        flat[f"flat:{c}"].write_text(yaml.safe_dump(read_config(ROOT / c), sort_keys=False))
+    runs = {**{c: c for c in CONFIGS}, **flat}
+    results = run_tools([{"argv": ["tools/train.py", "fit", "--config", str(f), "--print_config"]} for f in runs.values()],
+                        tmp)
+    return dict(zip(runs, results))
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -30,6 +42,25 @@ def test_every_config_parses(printed_configs, config):
     # the full class paths of the task table (a short name in the config resolves to one of them)
     assert cfg["model"]["class_path"] in task_class_paths()
     assert cfg["data"]["class_path"] in data_module_class_paths()
+
+
+@pytest.mark.parametrize("config", COMPOSED)
+def test_a_variant_resolves_to_the_merge_of_its_files(printed_configs, config):
+    """``--config V`` (V names its bases under base_config:) parses to exactly what one file holding the merge of
+    the bases and V parses to: every value, defaults included (docs/recipes.md, "A variant of a recipe")."""
+    ours, flat = printed_configs[config], printed_configs[f"flat:{config}"]
+    assert ours["code"] == 0 and flat["code"] == 0, (ours["stderr"] + flat["stderr"])[-2000:]
+    assert yaml.safe_load(ours["stdout"]) == yaml.safe_load(flat["stdout"])
+    assert "base_config" not in yaml.safe_load(ours["stdout"])  # the printed config stands alone
+
+
+def test_the_rtdetr_variants_build_on_the_shared_schedule():
+    """Each COCO variant states what differs from the shared schedule, not the whole of it."""
+    variants = [c for c in CONFIGS if c.startswith("configs/rtdetr/") and c.endswith("_coco.yaml")]
+    assert len(variants) == 9 and set(variants) <= set(COMPOSED)
+    for c in variants:
+        cfg = yaml.safe_load((ROOT / c).read_text())
+        assert "data" not in cfg and "checkpoint" not in cfg and "class_path" not in cfg["model"], c
 
 
 @pytest.mark.slow

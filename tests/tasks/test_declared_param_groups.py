@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torch import nn
 
 from visiontf.core.config_checks import ConfigError
+from visiontf.core.config_files import read_config
 from visiontf.tasks.detection.detection_task import DetectionTask
 from visiontf.tasks.optim import ParamGroupRule, param_kinds, rule_groups
 
@@ -118,7 +118,7 @@ def test_groups_cover_every_trainable_parameter_once():
 @pytest.mark.parametrize("config", sorted(FACTS))
 def test_recipes_exempt_what_the_originals_exempt(config):
     model_name, exempt, backbone_norms_at_base_lr = FACTS[config]
-    args = yaml.safe_load((CONFIGS / f"{config}.yaml").read_text())["model"]["init_args"]
+    args = read_config(CONFIGS / f"{config}.yaml")["model"]["init_args"]
     kwargs = DFINE if model_name != "rtdetr_tiny" else RTDETR
     task = DetectionTask(model_name, num_classes=3, model_kwargs=kwargs, lr=args["lr"], lr_backbone=args["lr_backbone"],
                          weight_decay=args["weight_decay"], param_groups=args.get("param_groups"))

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import yaml
 
 from visiontf.core.config_checks import ConfigError
+from visiontf.core.config_files import read_config
 from visiontf.tasks.detection.detection_task import DetectionTask
 from visiontf.tasks.optim import FlatCosine, build_flat_cosine
 
@@ -86,7 +86,7 @@ DEIM = {"n": (160, 7800, 12, 1.0), "s": (132, 64, 12, 0.5), "m": (102, 49, 12, 0
 @pytest.mark.parametrize("size", sorted(DEIM))
 def test_deim_configs_use_it(size):
     epochs, flat, tail, gamma = DEIM[size]
-    cfg = yaml.safe_load((CONFIGS / "deim" / f"deim_dfine_hgnetv2_{size}_coco.yaml").read_text())
+    cfg = read_config(CONFIGS / "deim" / f"deim_dfine_hgnetv2_{size}_coco.yaml")
     args = cfg["model"]["init_args"]
     assert cfg["trainer"]["max_epochs"] == epochs and args["schedule"] == "flat_cosine" and args["warmup_steps"] == 2000
     assert FlatCosine.of(args["flat_cosine"]) == FlatCosine(flat, tail, gamma, "quadratic")

@@ -105,6 +105,8 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
 
     import yaml
 
+    from visiontf.core.config_files import read_config
+
     overrides = overrides or {}
     if config is None:
         if overrides:
@@ -114,7 +116,7 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
     if not path.is_file():
         raise UsageError(f"--config {path}: file not found")
     try:
-        cfg = yaml.safe_load(path.read_text()) or {}
+        cfg = read_config(path)  # with its base files (a variant's config: key)
     except yaml.YAMLError as e:
         raise UsageError(f"--config {path}: not valid YAML ({' '.join(str(e).split())})") from e
     data = cfg.get("data") if isinstance(cfg, dict) else None

@@ -41,6 +41,7 @@ from visiontf.cli.checks import checkpoint_file
 from visiontf.cli.cpu_precision import resolve_cpu_precision
 from visiontf.cli.tool_errors import run_tool
 from visiontf.core.arguments import unknown_option_error, unknown_options
+from visiontf.core.config_files import config_chain
 from visiontf.core.errors import UsageError, UserError
 from visiontf.core.progress import set_progress
 from visiontf.data.base import VisionDataModule
@@ -156,6 +157,8 @@ class VisionCLI(LightningCLI):
             help="validation and test: float32 (no autocast: under bf16-mixed / 16-mixed every stat is float32's, the same "
                  "at any batch size and process count) or trainer (the trainer's precision: faster on a GPU, the stats "
                  "then move with the batch's padding)")
+        # the files a config builds on: read by the tools before the parser (with_base_configs), inert here
+        parser.add_argument("--base_config", type=str | list[str] | None, default=None, help=argparse.SUPPRESS)
         parser.add_argument("--allow_random_weights", type=bool, default=False,
                             help="validate/test without --ckpt_path or model.init_args.pretrained: score untrained weights on purpose")
         # post-processing at evaluation: the checkpoint's settings unless given (its hyper-parameters win over --model.*)
@@ -175,8 +178,14 @@ class VisionCLI(LightningCLI):
         unknown = unknown_options(argv, known, dotted=False)
         if unknown:
             raise unknown_option_error(unknown[0], known)
+        if any(a == "--base_config" or a.startswith("--base_config=") for a in argv):
+            raise UsageError("--base_config: a key of config files (the files a config builds on); on the command "
+                             "line give the base first: --config BASE.yaml --config VARIANT.yaml")
         for config in _config_files(argv):
             check_config_file(config)
+        expanded = with_base_configs(argv)
+        if expanded != argv:  # a variant's base files before it (visiontf.core.config_files)
+            args = expanded if args is None or isinstance(args, list) else args
         try:
             super().parse_arguments(parser, args)
         except argparse.ArgumentError as e:
@@ -392,6 +401,30 @@ def _config_files(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             found.append(arg.split("=", 1)[1])
     return found
+
+
+def with_base_configs(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config V`` that names base files (its ``base_config:`` key) preceded by
+    ``--config B`` for each of them (:func:`visiontf.core.config_files.config_chain`), so that jsonargparse
+    composes base and variant in order, the variant's keys over the base's."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            given, step = argv[i + 1], 2
+        elif arg.startswith("--config="):
+            given, step = arg.split("=", 1)[1], 1
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        if Path(given).is_file():
+            for base in config_chain(given)[:-1]:
+                out += ["--config", str(base)]
+        out += argv[i:i + step]
+        i += step
+    return out
 
 
 def check_config_file(path: str) -> None:

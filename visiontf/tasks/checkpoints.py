@@ -138,9 +138,9 @@ def config_checkpoint_dir(config: str | Path | None) -> Path | None:
     """:func:`run_checkpoint_dir` of a training YAML (None without a config)."""
     if not config:
         return None
-    import yaml
+    from visiontf.core.config_files import read_config
 
-    cfg = yaml.safe_load(Path(config).read_text()) or {}
+    cfg = read_config(config)  # with its base files (a variant's config: key)
     trainer, checkpoint = cfg.get("trainer") or {}, cfg.get("checkpoint") or {}
     return run_checkpoint_dir(trainer.get("default_root_dir"), checkpoint.get("dirpath"))
 

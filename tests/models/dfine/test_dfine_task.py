@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from rtdetr_helpers import one_thread  # noqa: F401 (a module fixture: one torch thread)
 
+from visiontf.core.config_files import read_config
 from visiontf.models import create_model
 from visiontf.set_prediction.fine_grained import FineGrainedCriterion
 from visiontf.tasks.detection.detection_task import DetectionTask
@@ -102,7 +102,7 @@ def test_hgnetv2_is_a_backbone_name_of_every_detector():
 @pytest.mark.parametrize("size", sorted(DFINE))
 def test_dfine_recipes_follow_the_original(size):
     epochs, lr, lr_backbone, wd, warmup, per_gpu, strong = DFINE[size]
-    cfg = yaml.safe_load((CONFIGS / "dfine" / f"dfine_hgnetv2_{size}_coco.yaml").read_text())
+    cfg = read_config(CONFIGS / "dfine" / f"dfine_hgnetv2_{size}_coco.yaml")
     trainer, args, data = cfg["trainer"], cfg["model"]["init_args"], cfg["data"]["init_args"]
     assert trainer["max_epochs"] == epochs and trainer["gradient_clip_val"] == 0.1 and trainer["sync_batchnorm"]
     assert trainer["precision"] == "16-mixed" and trainer["devices"] * data["batch_size"] == 4 * per_gpu
@@ -120,7 +120,7 @@ def test_dfine_recipes_follow_the_original(size):
 @pytest.mark.parametrize("size", sorted(DEIM))
 def test_deim_recipes_follow_the_original(size):
     epochs, lr, lr_backbone, wd, per_gpu, (start, mosaic_stop, stop) = DEIM[size]
-    cfg = yaml.safe_load((CONFIGS / "deim" / f"deim_dfine_hgnetv2_{size}_coco.yaml").read_text())
+    cfg = read_config(CONFIGS / "deim" / f"deim_dfine_hgnetv2_{size}_coco.yaml")
     trainer, args, data = cfg["trainer"], cfg["model"]["init_args"], cfg["data"]["init_args"]
     assert trainer["max_epochs"] == epochs and trainer["devices"] * data["batch_size"] == 4 * per_gpu
     assert (args["lr"], args["lr_backbone"], args["weight_decay"], args["warmup_steps"]) == (lr, lr_backbone, wd, 2000)
@@ -132,7 +132,7 @@ def test_deim_recipes_follow_the_original(size):
 
 
 def test_tiny_shapes_config_builds_its_task():
-    cfg = yaml.safe_load((CONFIGS / "dfine" / "dfine_tiny_shapes.yaml").read_text())
+    cfg = read_config(CONFIGS / "dfine" / "dfine_tiny_shapes.yaml")
     args = cfg["model"]["init_args"]
     task = DetectionTask(args["model_name"], num_classes=3, lr=args["lr"], lr_backbone=args["lr_backbone"])
     assert task.model.decoder.options.num_queries == 100 and task.model.denoising.num_denoising == 50

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from reference.fixtures import FIXTURES, Fixture, load_fixture
 from rtdetr_helpers import one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
 
+from visiontf.core.config_files import read_config
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising, denoising_match_indices
 from visiontf.models.rtdetr.convert import checkpoint_entry, convert_state_dict
@@ -308,7 +308,7 @@ def test_mal_and_box_terms_equal_transformers(seed):
 @pytest.mark.parametrize("size", sorted(RECIPES))
 def test_recipes_follow_deims(size):
     length, epochs, lr_backbone, (start, mosaic_stop, stop), flat, no_aug = RECIPES[size]
-    cfg = yaml.safe_load((CONFIGS / f"deim_rtdetrv2_{size}_{length}_coco.yaml").read_text())
+    cfg = read_config(CONFIGS / f"deim_rtdetrv2_{size}_{length}_coco.yaml")
     trainer, args, data = cfg["trainer"], cfg["model"]["init_args"], cfg["data"]["init_args"]
     assert args["model_name"] == f"deim_rtdetrv2_{size}" and trainer["max_epochs"] == epochs
     assert trainer["devices"] * data["batch_size"] == 16 and trainer["gradient_clip_val"] == 0.1 and trainer["sync_batchnorm"]
@@ -326,7 +326,7 @@ def test_recipe_groups_exempt_every_norm_and_the_task_trains_with_the_mal(size):
     """DEIM's groups: every norm without weight decay (``^(?=.*(?:norm|bn)).*$``) at the base lr, the rest of the backbone
     at the backbone lr; the task's criterion is the model's (MAL), and a step reaches every parameter."""
     length = RECIPES[size][0]
-    args = yaml.safe_load((CONFIGS / f"deim_rtdetrv2_{size}_{length}_coco.yaml").read_text())["model"]["init_args"]
+    args = read_config(CONFIGS / f"deim_rtdetrv2_{size}_{length}_coco.yaml")["model"]["init_args"]
     tiny = {"backbone": {"kwargs": {"stem_width": 4, "widths": (8, 8, 16, 16), "blocks": (1, 1, 1, 1)}},
             "encoder": {"hidden_dim": 16, "nhead": 2, "dim_feedforward": 32},
             "decoder": {"hidden_dim": 16, "nhead": 2, "dim_feedforward": 32, "num_queries": 10}, "denoising": {"num_denoising": 4}}

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from rtdetr_helpers import one_thread  # noqa: F401 (a module fixture: one torch thread)
 
+from visiontf.core.config_files import read_config
 from visiontf.models import create_model
 from visiontf.tasks.detection.detection_task import DetectionTask
 
@@ -61,7 +61,7 @@ def test_discrete_sampling_freezes_the_offsets_and_trains():
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_coco_recipes_follow_the_originals(name):
     epochs, lr_backbone, warmup, amp = RECIPES[name]
-    cfg = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    cfg = read_config(CONFIGS / f"{name}.yaml")
     trainer, args, data = cfg["trainer"], cfg["model"]["init_args"], cfg["data"]["init_args"]
     assert trainer["max_epochs"] == epochs and trainer["gradient_clip_val"] == 0.1 and trainer["sync_batchnorm"]
     assert trainer["precision"] == ("16-mixed" if amp else "32-true")
@@ -75,7 +75,7 @@ def test_coco_recipes_follow_the_originals(name):
 
 
 def test_tiny_shapes_config_builds_its_task():
-    cfg = yaml.safe_load((CONFIGS / "rtdetr_tiny_shapes.yaml").read_text())
+    cfg = read_config(CONFIGS / "rtdetr_tiny_shapes.yaml")
     args = cfg["model"]["init_args"]
     task = DetectionTask(args["model_name"], num_classes=3, lr=args["lr"], lr_backbone=args["lr_backbone"])
     assert task.model.decoder.options.num_queries == 100 and task.model.denoising.num_denoising == 50
