@@ -80,8 +80,8 @@ def _det_overrides(root: Path) -> list[str]:
     return [f"--data.init_args.root={root}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
             "--data.init_args.scales=[64]", "--data.init_args.max_size=96", "--data.init_args.crop_scales=[48]",
             "--data.init_args.crop_size=[32, 64]", "--data.init_args.val_size=64",
-            "--model.init_args.model_kwargs={hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 1, "
-            "dim_feedforward: 64, num_queries: 10}",
+            "--model.init_args.model_kwargs={arch: {hidden_dim: 32, nheads: 2, enc_layers: 1, dec_layers: 1, "
+            "dim_feedforward: 64, num_queries: 10}}",
             "--model.init_args.eval_backend=pycocotools"]
 
 
@@ -278,8 +278,8 @@ def test_detection_eval_step_runs_no_collective(monkeypatch):
 
     monkeypatch.setattr(crit, "_world_size", lambda: 2)
     monkeypatch.setattr(crit.dist, "all_reduce", forbidden)
-    task = DetectionTask("detr_tiny", 2, model_kwargs={"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1,
-                                                       "dim_feedforward": 64, "num_queries": 5}).eval()
+    task = DetectionTask("detr_tiny", 2, model_kwargs={"arch": {"hidden_dim": 32, "nheads": 2, "enc_layers": 1, "dec_layers": 1,
+                                                                "dim_feedforward": 64, "num_queries": 5}}).eval()
     monkeypatch.setattr(task, "_metric", lambda stage: type("M", (), {"update": lambda self, *a: None})())
     target = {"labels": torch.tensor([0]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]]), "image_id": 1,
               "orig_size": torch.tensor([32, 32]), "size": torch.tensor([32, 32])}

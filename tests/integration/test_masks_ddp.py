@@ -21,8 +21,8 @@ from ddp_utils import evaluate_runs
 pytestmark = pytest.mark.slow
 
 CONFIG = "configs/detr/detr_tiny_masks_panoptic.yaml"
-KWARGS = {"frozen_bn": False, "freeze_stem": False, "num_queries": 8, "dropout": 0.0, "enc_layers": 1, "dec_layers": 1,
-          "thing_classes": [0, 1]}
+KWARGS = {"backbone": {"frozen_bn": False, "freeze_stem": False},
+          "arch": {"num_queries": 8, "dropout": 0.0, "enc_layers": 1, "dec_layers": 1}, "thing_classes": [0, 1]}
 
 
 @pytest.fixture(scope="module")

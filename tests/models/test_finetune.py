@@ -199,7 +199,8 @@ def test_detr_finetunes_to_1_class(tmp_path, caplog):
 def test_detr_with_other_num_queries_is_refused_naming_it(tmp_path):
     path = _save(_original_detr().state_dict(), tmp_path / "detr.pth")  # 10 queries
     with pytest.raises(WeightsLayoutError, match=r"detr\.pth: the weights were trained with num_queries=10, but the model is "
-                                                 r"built with num_queries=100\..*create_model\(\.\.\., num_queries=10\)"):
+                                                 r"built with num_queries=100\..*create_model\(\.\.\., arch=\{'num_queries': 10\}\), "
+                                                 r"or in a config model_kwargs: \{arch: \{num_queries: 10\}\}"):
         create_model("detr_tiny", num_classes=3, pretrained=path, **DETR_SECTIONS.merge(DETR_OURS, {"arch": {"num_queries": 100}}))
 
 
@@ -213,7 +214,7 @@ def test_original_deformable_with_other_levels_and_queries_is_refused_naming_bot
 def test_dino_with_other_levels_is_refused_naming_them(dino_coco_file):
     path, _ = dino_coco_file
     with pytest.raises(WeightsLayoutError, match=r"num_feature_levels=3, but the model is built with num_feature_levels=4.*"
-                                                 r"model_kwargs: \{num_feature_levels: 3\}"):
+                                                 r"model_kwargs: \{arch: \{num_feature_levels: 3\}\}"):
         create_model("dino_tiny", num_classes=3, pretrained=path, arch={"num_feature_levels": 4})
 
 

@@ -257,7 +257,8 @@ def _check_settings(model: nn.Module, state: dict) -> None:
     """
     if model.weights_settings is None:
         return
-    problem = describe_differences(model.weights_settings(state), model.weights_settings(model.state_dict()))
+    problem = describe_differences(model.weights_settings(state), model.weights_settings(model.state_dict()),
+                                   section=getattr(model, "weights_settings_section", None))
     if problem:
         raise ValueError(problem)
 
@@ -277,18 +278,25 @@ def convert_state(model: nn.Module, state: dict, strict: bool = True, entry: Mod
     return fn(state, model)
 
 
-def describe_differences(found: Mapping[str, int], built: Mapping[str, int]) -> str | None:
-    """None when every setting both sides show agrees; else a message naming each difference and the fix."""
+def describe_differences(found: Mapping[str, int], built: Mapping[str, int], section: str | None = None) -> str | None:
+    """None when every setting both sides show agrees; else a message naming each difference and the fix, spelt in
+    the config ``section`` that holds the settings (``arch``: ``create_model(..., arch={...})``), or as top-level
+    keywords without one."""
     differ = [name for name in found if name in built and found[name] != built[name]]
     if not differ:
         return None
     weights = ", ".join(f"{n}={found[n]}" for n in differ)
     model = ", ".join(f"{n}={built[n]}" for n in differ)
     kwargs = ", ".join(f"{n}: {found[n]}" for n in differ)
+    if section:
+        python = f"{section}={{{', '.join(f'{n!r}: {found[n]}' for n in differ)}}}"
+        kwargs = f"{section}: {{{kwargs}}}"
+    else:
+        python = weights
     return (
         f"the weights were trained with {weights}, but the model is built with {model}. Only the class-dependent "
         f"tensors may differ when fine-tuning (the number of classes); build the model with the weights' settings: "
-        f"create_model(..., {weights}), or in a config model_kwargs: {{{kwargs}}}"
+        f"create_model(..., {python}), or in a config model_kwargs: {{{kwargs}}}"
     )
 
 

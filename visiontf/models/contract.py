@@ -134,6 +134,8 @@ class VisionModel(nn.Module):
     #: ``state -> {setting: value}`` read from a state dict in the model's names (the DETR family), so that
     #: weights of another architecture are refused by the setting that differs; None: shapes judge
     weights_settings: Callable[[Mapping[str, Tensor]], dict[str, int]] | None = None
+    #: the config section that holds those settings (the refusal spells the fix in it); None: top-level keywords
+    weights_settings_section: str | None = None
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names trained without weight decay besides biases and norms (timm's convention)."""

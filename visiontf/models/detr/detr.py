@@ -73,6 +73,7 @@ class DETR(BackboneLayerDepth, Detector):
     head_prefixes = ("class_embed.",)
     #: the settings weights in DETR's names were trained with, compared with the model's when loading
     weights_settings = staticmethod(detr_settings)
+    weights_settings_section = "arch"
     #: K + 1 logits per query, the last meaning "no object" (see visiontf.set_prediction.build_postprocess)
     class_head = "softmax"
     #: the backbone stages :meth:`encode` returns (None: the last only); the mask head adds layer1..layer3

@@ -69,6 +69,9 @@ def deformable_detr_settings(state: Mapping[str, Tensor], num_query_groups: int 
 class DeformableWeightsSettings:
     """Gives :class:`~visiontf.models.deformable_detr.deformable_detr.DeformableDETR` its ``weights_settings`` (read by the loader)."""
 
+    #: every setting weights_settings reads is a field of the arch section (DeformableArchOptions)
+    weights_settings_section = "arch"
+
     def weights_settings(self, state: Mapping[str, Tensor]) -> dict[str, int]:
         """Levels, queries and sizes of weights in this model's names, compared with the model's own when loading."""
         return deformable_detr_settings(state, self.dino_options.num_query_groups)
