@@ -1,7 +1,8 @@
 """Helpers for the multi-process tests: run ``tools/*.py`` as subprocesses with a clean, pinned env.
 
-Also an entry point: ``python tests/ddp_utils.py --runs RUNS.json`` runs several evaluations of one test in
-one launch (:func:`evaluate_runs`): importing torch and Lightning is most of a tiny evaluation's cost. Its
+Also an entry point: ``python tests/ddp_utils.py --runs RUNS.json`` runs several evaluations or fits of one
+test in one launch (:func:`evaluate_runs`, :func:`launch_runs`): importing torch and Lightning is most of a
+tiny run's cost. Its
 "padded" run replaces every data module's ``eval_sampler`` by ``None``, so Lightning falls back to its default
 ``DistributedSampler`` for eval loaders, which pads ranks by repeating samples; Lightning's CPU DDP launcher
 re-runs this same script for rank 1, so the patch holds on every rank. The tests use it to prove that the DDP
@@ -73,8 +74,6 @@ def evaluate_runs(config: str, ckpt: Path, out_dir: Path, overrides: list[str], 
     The runs go in order in one process; the first 2-process run makes Lightning start rank 1, which runs the
     same list (skipping the 1-process runs), and every later run reuses both ranks, as a script that fits
     and then tests under DDP does. Returns run name -> the stats JSON ``tools/eval.py`` wrote."""
-    processes = [EVAL_RUNS[name][0] for name in runs]
-    assert processes == sorted(processes), f"1-process runs go before the 2-process ones: {runs}"
     cases = []
     for name in runs:
         processes, repeating = EVAL_RUNS[name]
@@ -82,10 +81,21 @@ def evaluate_runs(config: str, ckpt: Path, out_dir: Path, overrides: list[str], 
                 "--trainer.logger=false", "--output", str(out_dir / f"{name}.json"),
                 *(ddp_args() if processes == 2 else ["--trainer.devices=1"])]
         cases.append({"argv": argv, "processes": processes, "repeating_sampler": repeating})
-    runs_file = out_dir / "eval_runs.json"
-    runs_file.write_text(json.dumps(cases))
-    run(["tests/ddp_utils.py", "--runs", str(runs_file)], timeout=timeout)
+    launch_runs(cases, out_dir / "eval_runs.json", timeout=timeout)
     return {name: json.loads((out_dir / f"{name}.json").read_text()) for name in runs}
+
+
+def launch_runs(cases: list[dict], runs_file: Path, timeout: float = 300, env: dict[str, str] | None = None) -> None:
+    """Run ``cases`` in order in one launch of this script (what :func:`evaluate_runs` does, for any arguments).
+
+    Each case: ``{"argv": [...], "processes": 1 or 2, "tool": "eval" (default) or "train", "env": {...}?,
+    "repeating_sampler": bool?}``; ``argv`` is the tool's command line without the script (a 2-process case
+    carries :func:`ddp_args`), ``env`` is set on every rank for that case only. The 1-process cases go first:
+    rank 1 joins at the first 2-process case and runs the rest with rank 0."""
+    processes = [case["processes"] for case in cases]
+    assert processes == sorted(processes), f"1-process runs go before the 2-process ones: {processes}"
+    runs_file.write_text(json.dumps([{**case, "argv": [str(a) for a in case["argv"]]} for case in cases]))
+    run(["tests/ddp_utils.py", "--runs", str(runs_file)], timeout=timeout, env=env)
 
 
 try:
@@ -127,8 +137,8 @@ def _patch_eval_samplers() -> dict:
     return replaced
 
 
-def _eval_runs(runs_file: Path) -> int:
-    from visiontf.cli import eval_main
+def _launched_runs(runs_file: Path) -> int:
+    from visiontf.cli import eval_main, train_main
 
     # Lightning's launcher starts rank 1 as `python <this script> --runs FILE` with LOCAL_RANK set: it joins
     # at the first 2-process run, so it leaves out the 1-process ones
@@ -136,13 +146,20 @@ def _eval_runs(runs_file: Path) -> int:
     for case in json.loads(runs_file.read_text()):
         if case["processes"] == 1 and later_rank:
             continue
-        replaced = _patch_eval_samplers() if case["repeating_sampler"] else {}
+        replaced = _patch_eval_samplers() if case.get("repeating_sampler") else {}
         environ = dict(os.environ)
+        own_env = {k: os.environ.get(k) for k in case.get("env") or {}}
+        os.environ.update(case.get("env") or {})
         try:
-            code = eval_main(case["argv"])
+            code = (train_main if case.get("tool") == "train" else eval_main)(case["argv"])
         finally:
             for mod, original in replaced.items():
                 mod.eval_sampler = original
+            for k, v in own_env.items():  # the case's own variables only: a 2-process run's stay for the next
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
             if case["processes"] == 1:
                 # a config's `strategy: ddp` on one device makes a process group of 1 and sets LOCAL_RANK,
                 # MASTER_PORT, ...: left there, the next 2-process run would take them for its own (Lightning
@@ -162,4 +179,4 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     if sys.argv[1:2] != ["--runs"] or len(sys.argv) != 3:
         sys.exit("usage: python tests/ddp_utils.py --runs RUNS.json")
-    sys.exit(_eval_runs(Path(sys.argv[2])))
+    sys.exit(_launched_runs(Path(sys.argv[2])))
