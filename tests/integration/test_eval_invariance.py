@@ -13,7 +13,8 @@ Lightning's ``sync_dist`` epoch mean, which weighted the 2 ranks' unequal shares
 
 The truth is the checkpoint's own detections (``own_detections_as_truth``), so a few-step model
 scores far from 0 and every image moves the stats; SETR's truth is its own batch-1 label maps.
-Cost: about 5 minutes on 2 shared cores (three fits, eleven evals).
+Cost: about 4 minutes on 2 shared cores (three fits in one process; each test's evaluations, 1 and 2
+processes, in one launch of tests/ddp_utils.py).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_tools
-from ddp_utils import evaluate
+from ddp_utils import ddp_args, launch_runs
 from handmade_data import own_detections_as_truth
 
 pytestmark = pytest.mark.slow
@@ -67,24 +68,53 @@ def _mixed_sizes(img_dir: Path, ann_file: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
-    """detr_tiny and dino_tiny fitted 2 steps (1 process): family -> (data with own truth, checkpoint)."""
+def fits(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """detr_tiny and dino_tiny on mixed-size detection data, and SETR on mixed-size segmentation data, each fitted
+    2 steps, all in one process: name -> (data root, checkpoint)."""
+    from PIL import Image
+
     from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
+    from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
 
     base = tmp_path_factory.mktemp("invariance")
     paths = make_detection_dataset(base / "data", num_train=4, num_val=len(VAL_SIZES), image_size=(64, 80), num_classes=3)
     _mixed_sizes(paths["val_images"], paths["val_ann"])
+    seg_root = make_segmentation_dataset(base / "seg", num_train=4, num_val=len(SETR_SIZES), num_classes=4,
+                                         image_size=(48, 48))
+    for path, (h, w) in zip(sorted((seg_root / "images" / "val").iterdir()), SETR_SIZES):
+        Image.open(path).convert("RGB").resize((w, h), Image.BILINEAR).save(path, quality=95)
+        mask = seg_root / "masks" / "val" / f"{path.stem}.png"
+        Image.open(mask).resize((w, h), Image.NEAREST).save(mask)
     cases = [{"argv": ["tools/train.py", "fit", "--config", CONFIGS[f], f"--data.init_args.root={paths['root']}", MODELS[f],
                        *DATA, "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.max_steps=2",
                        "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false", "--trainer.callbacks=[]",
                        f"--trainer.default_root_dir={base / f}"]} for f in CONFIGS]
+    cases.append({"argv": ["tools/train.py", "fit", "--config", SETR_CONFIG, f"--data.init_args.root={seg_root}", *SETR_MODEL,
+                           *SETR_DATA, "--trainer.devices=1", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
+                           "--trainer.enable_progress_bar=false", "--trainer.callbacks=[]", "--checkpoint.monitor=null",
+                           f"--trainer.default_root_dir={base / 'setr'}"]})
     for r in run_tools(cases, base):
         assert r["code"] == 0, r["stderr"][-3000:]
-    out = {}
-    for f in CONFIGS:
-        ckpt = base / f / "checkpoints" / "last.ckpt"
-        out[f] = (own_detections_as_truth(ckpt, paths["root"], base / f"data_{f}"), ckpt)
-    return out
+    return {f: (paths["root"], base / f / "checkpoints" / "last.ckpt") for f in CONFIGS} | {
+        "setr": (seg_root, base / "setr" / "checkpoints" / "last.ckpt")}
+
+
+@pytest.fixture(scope="module")
+def fitted(fits, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """The detectors: family -> (data with the checkpoint's own detections as truth, checkpoint)."""
+    base = tmp_path_factory.mktemp("own_truth")
+    return {f: (own_detections_as_truth(fits[f][1], fits[f][0], base / f"data_{f}"), fits[f][1]) for f in CONFIGS}
+
+
+def _evaluations(config: str, ckpt: Path, overrides: list[str], singles: dict, ddp: list[str], out: Path) -> dict:
+    """``tools/eval.py`` once per entry of ``singles`` on 1 process and once with ``ddp`` on 2, all in one launch
+    (tests/ddp_utils.py): name -> the stats it wrote (the 2-process one under "ddp")."""
+    common = ["--config", config, *overrides, "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--ckpt_path", ckpt]
+    cases = [{"argv": [*common, *extra, "--trainer.devices=1", "--output", out / f"{name}.json"], "processes": 1}
+             for name, extra in singles.items()]
+    cases.append({"argv": [*common, *ddp, *ddp_args(), "--output", out / "ddp.json"], "processes": 2})
+    launch_runs(cases, out / "runs.json", timeout=600)
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in [*singles, "ddp"]}
 
 
 #: validation losses every family logs: each image's own loss averaged over the set (class_error weighted by boxes)
@@ -115,16 +145,11 @@ def test_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(fitted, family, tmp_
     default), so every stat is float32's at any batch size and process count. With ``--eval_precision trainer``
     it computes in bf16 and the stats are others (the option is what makes the difference)."""
     root, ckpt = fitted[family]
-    overrides = [f"--data.init_args.root={root}", MODELS[family], *DATA, EVAL_PRECISION, "--trainer.strategy=auto",
-                 "--trainer.callbacks=[]"]
-    runs = {b: [] for b in (1, 2, 8)} | {"bf16_1": ["--eval_precision=trainer"]}
-    cases = [{"argv": ["tools/eval.py", "--config", CONFIGS[family], *overrides, *extra,
-                       f"--data.init_args.val_batch_size={str(name).removeprefix('bf16_')}",
-                       "--trainer.devices=1", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
-                       "--ckpt_path", ckpt, "--output", tmp_path / f"b{name}.json"]} for name, extra in runs.items()]
-    for r in run_tools(cases, tmp_path):
-        assert r["code"] == 0, r["stderr"][-3000:]
-    stats = {name: json.loads((tmp_path / f"b{name}.json").read_text()) for name in runs}
+    overrides = [f"--data.init_args.root={root}", MODELS[family], *DATA, EVAL_PRECISION, "--trainer.callbacks=[]"]
+    singles = {b: ["--trainer.strategy=auto", f"--data.init_args.val_batch_size={b}"] for b in (1, 2, 8)}
+    singles["bf16_1"] = ["--trainer.strategy=auto", "--eval_precision=trainer", "--data.init_args.val_batch_size=1"]
+    # 2 ranks of 4 and 3 images: Lightning's sync_dist epoch mean inflated every loss (x7/6 at batch 1)
+    stats = _evaluations(CONFIGS[family], ckpt, overrides, singles, ["--data.init_args.val_batch_size=2"], tmp_path)
     in_bf16 = [k for k in stats[1] if not math.isclose(stats[1][k], stats["bf16_1"][k], abs_tol=1e-6)]
     assert in_bf16, "--eval_precision trainer should compute in bf16 and give other stats than float32"
     keys = [f"val/{k}" for k in COCO_KEYS]
@@ -136,10 +161,7 @@ def test_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(fitted, family, tmp_
     assert ("val/cardinality_error" in stats[1]) == (family == "detr"), sorted(stats[1])
     for b in (2, 8):
         _assert_every_stat_same(stats[1], stats[b], f"batch {b}")
-    # 2 ranks of 4 and 3 images: Lightning's sync_dist epoch mean inflated every loss (x7/6 at batch 1)
-    ddp = evaluate(CONFIGS[family], ckpt, tmp_path / "ddp.json",
-                   [o for o in overrides if o != "--trainer.strategy=auto"] + ["--data.init_args.val_batch_size=2"], ddp=True)
-    _assert_every_stat_same(stats[1], ddp, "2 processes, batch 2")
+    _assert_every_stat_same(stats[1], stats["ddp"], "2 processes, batch 2")
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
@@ -195,26 +217,9 @@ def _setr_own_maps_as_truth(ckpt: Path, root: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def setr_fitted(tmp_path_factory) -> tuple[Path, Path]:
+def setr_fitted(fits) -> tuple[Path, Path]:
     """setr_naive_vit_tiny_patch16 (4 narrow blocks) fitted 2 steps; validation images of 3 sizes, masks its own maps."""
-    from PIL import Image
-
-    from visiontf.tasks.segmentation.segmentation_synthetic import make_segmentation_dataset
-
-    base = tmp_path_factory.mktemp("setr_invariance")
-    root = make_segmentation_dataset(base / "data", num_train=4, num_val=len(SETR_SIZES), num_classes=4,
-                                     image_size=(48, 48))
-    for path, (h, w) in zip(sorted((root / "images" / "val").iterdir()), SETR_SIZES):
-        Image.open(path).convert("RGB").resize((w, h), Image.BILINEAR).save(path, quality=95)
-        mask = root / "masks" / "val" / f"{path.stem}.png"
-        Image.open(mask).resize((w, h), Image.NEAREST).save(mask)
-    cases = [{"argv": ["tools/train.py", "fit", "--config", SETR_CONFIG, f"--data.init_args.root={root}", *SETR_MODEL,
-                       *SETR_DATA, "--trainer.devices=1", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
-                       "--trainer.enable_progress_bar=false", "--trainer.callbacks=[]", "--checkpoint.monitor=null",
-                       f"--trainer.default_root_dir={base / 'run'}"]}]
-    for r in run_tools(cases, base):
-        assert r["code"] == 0, r["stderr"][-3000:]
-    ckpt = base / "run" / "checkpoints" / "last.ckpt"
+    root, ckpt = fits["setr"]
     _setr_own_maps_as_truth(ckpt, root)
     return root, ckpt
 
@@ -225,15 +230,10 @@ def test_setr_eval_stats_equal_at_batch_1_2_8_and_on_2_processes(setr_fitted, tm
     root, ckpt = setr_fitted
     overrides = [f"--data.init_args.root={root}", *SETR_MODEL, *SETR_DATA, "--trainer.callbacks=[]",
                  "--precision_without_native_bf16=null", EVAL_PRECISION]
-    cases = [{"argv": ["tools/eval.py", "--config", SETR_CONFIG, *overrides, f"--data.init_args.val_batch_size={b}",
-                       "--trainer.devices=1", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
-                       "--ckpt_path", ckpt, "--output", tmp_path / f"b{b}.json"]} for b in (1, 2, 8)]
-    for r in run_tools(cases, tmp_path):
-        assert r["code"] == 0, r["stderr"][-3000:]
-    stats = {b: json.loads((tmp_path / f"b{b}.json").read_text()) for b in (1, 2, 8)}
+    stats = _evaluations(SETR_CONFIG, ckpt, overrides, {b: [f"--data.init_args.val_batch_size={b}"] for b in (1, 2, 8)},
+                         ["--data.init_args.val_batch_size=2"], tmp_path)
     assert stats[1]["val/mIoU"] == 1.0 and stats[1]["val/aAcc"] == 1.0, stats[1]  # the truth is the batch-1 maps
     assert set(SEG_KEYS + ["val/loss"]) <= set(stats[1]), sorted(stats[1])
     for b in (2, 8):
         _assert_every_stat_same(stats[1], stats[b], f"batch {b}")
-    ddp = evaluate(SETR_CONFIG, ckpt, tmp_path / "ddp.json", overrides + ["--data.init_args.val_batch_size=2"], ddp=True)
-    _assert_every_stat_same(stats[1], ddp, "2 processes, batch 2")
+    _assert_every_stat_same(stats[1], stats["ddp"], "2 processes, batch 2")
