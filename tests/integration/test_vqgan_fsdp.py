@@ -1,6 +1,7 @@
 """FSDP trains the VQGAN transformer: ``tools/train.py --trainer.strategy fsdp`` with 2 CPU processes (gloo) on
 a toy model. The transformer is sharded over the ranks, the frozen first stage is not (kept whole and unchanged),
-checkpoints hold the full model and resume exactly. About 80 s on 2 shared cores (three 2-process runs)."""
+checkpoints hold the full model and resume exactly. The four fits run in one 2-process launch
+(tests/ddp_utils.py launch_runs)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from ddp_utils import run, subprocess_env
+from ddp_utils import launch_runs, subprocess_env
 from PIL import Image
 
 from visiontf.models import create_model
@@ -34,9 +35,10 @@ def data(tmp_path_factory):
     return root
 
 
-def _fit(data, out, probe, *extra):
+def _fit(data, out, probe, *extra) -> dict:
+    """One 2-process FSDP fit as a case of :func:`ddp_utils.launch_runs` (tests/ on the path for the probe)."""
     kwargs = ", ".join(f"{k}: {v}" for k, v in GPT.items())
-    args = ["tools/train.py", "fit", "--config", "configs/vqgan/vqgan_transformer_tiny.yaml",
+    argv = ["fit", "--config", "configs/vqgan/vqgan_transformer_tiny.yaml",
             "--trainer.strategy=fsdp", "--trainer.devices=2", "--trainer.accelerator=cpu", "--trainer.precision=32-true",
             f"--model.init_args.first_stage_ckpt={data / 'tok.ckpt'}", f"--model.init_args.model_kwargs={{{kwargs}}}",
             f"--data.init_args.root={data / 'train'}", f"--data.init_args.val_root={data / 'val'}",
@@ -44,9 +46,7 @@ def _fit(data, out, probe, *extra):
             "--data.init_args.batch_size=2", "--data.init_args.cache=false", "--trainer.check_val_every_n_epoch=1",
             "--trainer.num_sanity_val_steps=0", "--trainer.logger=false", f"--trainer.default_root_dir={out}",
             "--trainer.callbacks+=fsdp_probe.FSDPProbe", *extra]
-    env = subprocess_env(VISIONTF_FSDP_PROBE=str(probe))
-    env["PYTHONPATH"] += f":{env['PYTHONPATH']}/tests"
-    return run(args, env=env, timeout=400)
+    return {"tool": "train", "argv": argv, "processes": 2, "env": {"VISIONTF_FSDP_PROBE": str(probe)}}
 
 
 def _state(path):
@@ -56,14 +56,20 @@ def _state(path):
 @pytest.mark.slow
 def test_fsdp_shards_the_transformer_keeps_the_first_stage_and_resumes_exactly(data, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    _fit(data, full, tmp_path / "probe_full", "--trainer.max_epochs=3")
-    _fit(data, part, tmp_path / "probe_part", "--trainer.max_epochs=2")
-    after_two = _state(part / "checkpoints" / "last.ckpt")
-    _fit(data, part, tmp_path / "probe_resume", "--trainer.max_epochs=3", "--ckpt_path=last")
     # block by block (wrap_modules) instead of one unit: the class path form of the strategy
     wrapped = ('--trainer.strategy={"class_path": "visiontf.tasks.fsdp.FSDPStrategy", '
                '"init_args": {"wrap_modules": ["visiontf.models.vqgan.gpt.Block"]}}')
-    _fit(data, tmp_path / "blocks", tmp_path / "probe_blocks", "--trainer.max_epochs=1", wrapped)
+    # the four fits in one launch: rank 1 is started once and runs them with rank 0 (an interpreter start
+    # costs more than a fit here). The interrupted run keeps every epoch's checkpoint (save_top_k -1), so the
+    # second epoch's state is still there after the resumed run has overwritten last.ckpt
+    every_epoch = "--checkpoint.save_top_k=-1"
+    launch_runs([_fit(data, full, tmp_path / "probe_full", "--trainer.max_epochs=3"),
+                 _fit(data, part, tmp_path / "probe_part", "--trainer.max_epochs=2", every_epoch),
+                 _fit(data, part, tmp_path / "probe_resume", "--trainer.max_epochs=3", "--ckpt_path=last", every_epoch),
+                 _fit(data, tmp_path / "blocks", tmp_path / "probe_blocks", "--trainer.max_epochs=1", wrapped)],
+                tmp_path / "runs.json", timeout=400, env=subprocess_env())
+    after_two = _state(part / "checkpoints" / "epoch001-step000004.ckpt")  # the second epoch's
+    assert after_two["global_step"] == 4
 
     reference = create_model("vqgan_transformer_tiny", first_stage_kwargs=TOY, **GPT)
     n_gpt = sum(p.numel() for p in reference.transformer.parameters())
