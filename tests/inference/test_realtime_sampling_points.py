@@ -114,14 +114,19 @@ def test_per_level_points_land_on_the_reference_with_zero_offsets():
     np.testing.assert_allclose(data["weights"].sum(-1), 1.0, atol=1e-5)
 
 
-def test_discrete_sampling_is_drawn_at_the_cells_read():
+def test_discrete_sampling_is_drawn_at_the_cells_read(tmp_path, monkeypatch):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     model = _model("rtdetrv2", seed=2, sampling="discrete")
     image = (np.random.default_rng(1).random((64, 96, 3)) * 255).astype(np.uint8)
-    data = deformable_sampling_points(model, image, preprocess={"min_size": 64, "max_size": 96}, query_indices=[0, 3])
+    data = deformable_sampling_points(model, image, preprocess={"min_size": 64, "max_size": 96}, query_indices=[3])
     stride = np.asarray(data["strides"])[data["point_levels"]][None, None, :, None]  # (1, 1, J, 1)
     cell = data["points"] / stride - 0.5  # no resize, no padding: a cell's centre is (c + 0.5) * stride
     np.testing.assert_allclose(cell, np.round(cell), atol=1e-4)
     assert np.ptp(data["points"].reshape(-1, 2), 0).min() > 0  # the points are not all on one cell
+    fig = _drawn_figure(monkeypatch, data, tmp_path / "one.png")  # one panel: the longer legend still fits
+    legend = fig.legends[0].get_window_extent(FigureCanvasAgg(fig).get_renderer())
+    assert 0 <= legend.x0 and legend.x1 <= fig.bbox.x1
 
 
 def _drawn_figure(monkeypatch, data, path):

@@ -166,13 +166,17 @@ def save_sampling_points_figure(data: dict[str, Any], path: str | Path, dpi: int
     norm = colors.Normalize(vmin=0.0, vmax=float(weights.max()) if weights.size else 1.0)
     cols = max(n, 1)
     panel = 4.0
-    # at least 7 inches wide, so that the legend's row fits under a single panel
-    fig = Figure(figsize=(max(cols * panel + 0.8, 7.0), panel * H / max(W, 1) + 0.9), dpi=dpi)
-    axes = fig.subplots(1, cols, squeeze=False)[0]
-    scatter = None
     L = len(data["spatial_shapes"])
     per_level = tuple(data.get("points_per_level") or (data["points"].shape[3],) * L)
     point_levels = np.repeat(np.arange(L), per_level)  # (J,) the level of each point of a head
+    counts = [f", {p} points" if len(set(per_level)) > 1 else "" for p in per_level]
+    labels = [f"level {l} (stride {s}{counts[l]})" for l, s in enumerate(data["strides"])] + ["reference point"]
+    # at least 7 inches wide, so that the legend's row fits under a single panel; wider for the longer labels of
+    # uneven counts (about 0.07 inch a character at 8 points, 0.5 inch a marker and gap)
+    least = 7.0 if not counts[0] else max(7.0, sum(0.07 * len(t) + 0.5 for t in labels))
+    fig = Figure(figsize=(max(cols * panel + 0.8, least), panel * H / max(W, 1) + 0.9), dpi=dpi)
+    axes = fig.subplots(1, cols, squeeze=False)[0]
+    scatter = None
     for i in range(n):
         ax = axes[i]
         ax.imshow(image)
@@ -195,10 +199,9 @@ def save_sampling_points_figure(data: dict[str, Any], path: str | Path, dpi: int
         rx, ry = (float(v) for v in data["reference"][i])
         ax.scatter([rx], [ry], marker="+", s=180, c="lime", linewidths=2.5)
         ax.set_title(f"query {int(data['query_indices'][i])}: {data['class_names'][i]} {float(data['scores'][i]):.2f}", fontsize=9)
-    counts = [f", {p} points" if len(set(per_level)) > 1 else "" for p in per_level]
-    handles = [Line2D([], [], linestyle="", marker=LEVEL_MARKERS[l % len(LEVEL_MARKERS)], color="gray",
-                      label=f"level {l} (stride {s}{counts[l]})") for l, s in enumerate(data["strides"])]
-    handles.append(Line2D([], [], linestyle="", marker="+", color="lime", markersize=10, label="reference point"))
+    handles = [Line2D([], [], linestyle="", marker=LEVEL_MARKERS[l % len(LEVEL_MARKERS)], color="gray", label=labels[l])
+               for l in range(len(data["strides"]))]
+    handles.append(Line2D([], [], linestyle="", marker="+", color="lime", markersize=10, label=labels[-1]))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     width = fig.get_figwidth()  # inches: the colour bar and its label keep ~1 inch on the right
     fig.subplots_adjust(left=0.01, right=1 - 1.15 / width, top=0.9, bottom=0.12, wspace=0.05)
