@@ -17,6 +17,7 @@ from torch import Tensor
 
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising
+from visiontf.set_prediction import build_postprocess
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -159,3 +160,24 @@ def transformers_denoising(dn: DenoisingQueries):
 
 def max_diff(a: Tensor, b: Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
+
+
+def assert_eval_outputs_match(model: torch.nn.Module, theirs: dict[str, Tensor], inputs: dict[str, Tensor], tol: float,
+                              box_tol: float | None = None) -> None:
+    """A recorded original's evaluation against ``model``'s, input by input (``inputs``: name -> images in the
+    comparison's dtype; ``theirs``: the fixture's outputs in that dtype): the recorded outputs are not degenerate,
+    logits and boxes agree within ``tol``; in float64 also the post-processing (labels equal, scores within 1e-6 and,
+    with ``box_tol``, boxes in pixels within it)."""
+    for name, images in inputs.items():
+        with torch.no_grad():
+            out = model(images)
+        assert theirs[f"{name}.pred_logits"].std() > 0.1 and theirs[f"{name}.pred_boxes"].std() > 0.02  # not degenerate
+        assert max_diff(out["pred_logits"], theirs[f"{name}.pred_logits"]) < tol, name
+        assert max_diff(out["pred_boxes"], theirs[f"{name}.pred_boxes"]) < tol, name
+        if images.dtype == torch.float64:
+            H, W = images.shape[-2:]
+            for b, found in enumerate(build_postprocess(model)(out, torch.tensor([[H, W]] * len(images)))):
+                assert torch.equal(found["labels"], theirs[f"{name}.detections.labels"][b])
+                assert max_diff(found["scores"], theirs[f"{name}.detections.scores"][b]) < 1e-6
+                if box_tol is not None:
+                    assert max_diff(found["boxes"], theirs[f"{name}.detections.boxes"][b]) < box_tol

@@ -17,7 +17,9 @@ path) and ``write_fixture`` in the generator scripts (which put ``tests/`` on th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -79,4 +81,21 @@ def write_fixture(path: str | Path, *, weights: dict[str, torch.Tensor], inputs:
     return path
 
 
-__all__ = ["FIXTURES", "Fixture", "fixture_path", "load_fixture", "write_fixture"]
+@cache
+def read_layouts(path: Path) -> dict[str, tuple[int, dict[str, torch.Size]]]:
+    """A generator's listing of published models (``published_layouts.txt``): a ``## <name>: <count> parameters, ...``
+    line opens each model's section, its lines ``<key> [<shape>]`` (and a dtype when not float32) follow; ``#`` lines
+    are comments. Returns name -> (parameter count, {key: shape}); read once per path (do not change what it returns)."""
+    sections: dict[str, tuple[int, dict[str, torch.Size]]] = {}
+    current = None
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("## "):
+            name, count = re.match(r"## (\S+): (\d+) parameters", line).groups()
+            current = sections[name] = (int(count), {})
+        elif line and not line.startswith("#"):
+            key, shape = re.match(r"(\S+) \[([\d, ]*)\]", line).groups()
+            current[1][key] = torch.Size(int(d) for d in shape.split(",") if d.strip())
+    return sections
+
+
+__all__ = ["FIXTURES", "Fixture", "fixture_path", "load_fixture", "read_layouts", "write_fixture"]

@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import re
 from functools import cache
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision
-from reference.fixtures import FIXTURES, Fixture, load_fixture
+from reference.fixtures import FIXTURES, Fixture, load_fixture, read_layouts
 from torch import nn
 from torchvision.models.resnet import Bottleneck
 
@@ -186,19 +185,9 @@ def test_toy_models_have_the_originals_parameter_count(case, checkpoints, monkey
 
 
 # ------------------------------------------------------------------------------------ published layouts
-@cache
 def published() -> dict[str, tuple[int, dict[str, torch.Size]]]:
     """``published_layouts.txt``: section -> (parameter count, {key: shape})."""
-    sections: dict[str, tuple[int, dict[str, torch.Size]]] = {}
-    current = None
-    for line in LAYOUTS.read_text().splitlines():
-        if line.startswith("## "):
-            name, count = re.match(r"## (\S+): (\d+) parameters", line).groups()
-            current = sections[name] = (int(count), {})
-        elif line and not line.startswith("#"):
-            key, shape = re.match(r"(\S+) \[([\d, ]*)\]", line).groups()
-            current[1][key] = torch.Size(int(d) for d in shape.split(",") if d.strip())
-    return sections
+    return read_layouts(LAYOUTS)
 
 
 def published_state(section: str, **replace: tuple[int, ...]) -> dict[str, torch.Tensor]:

@@ -21,15 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference.fixtures import FIXTURES, Fixture, load_fixture
-from rtdetr_helpers import one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
+from reference.fixtures import FIXTURES, Fixture, load_fixture, read_layouts
+from rtdetr_helpers import assert_eval_outputs_match, one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
 
 from visiontf.models import create_model
 from visiontf.models.backbones.hgnetv2 import HGNetV2Backbone
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising
 from visiontf.models.dfine.convert import convert_state_dict
 from visiontf.models.rtdetr.convert import checkpoint_entry
-from visiontf.set_prediction import build_postprocess
 from visiontf.set_prediction.set_loss import build_criterion
 
 TOL = {"float32": 1e-4, "float64": 1e-8}
@@ -91,21 +90,8 @@ def test_eval_outputs_equal_the_originals(case, dtype, checkpoints):
     fx = fixture(case)
     assert fx.meta["ranking_margin"] > 100 * 1e-6  # float32 rounding cannot reorder the selected queries
     model = load(case, checkpoints[case]).to(getattr(torch, dtype))
-    theirs = fx.outputs[dtype]
-    for name in ("batch", "single"):
-        x = images(fx, name, dtype)
-        with torch.no_grad():
-            out = model(x)
-        assert theirs[f"{name}.pred_logits"].std() > 0.1 and theirs[f"{name}.pred_boxes"].std() > 0.02  # not degenerate
-        assert diff(out["pred_logits"], theirs[f"{name}.pred_logits"]) < TOL[dtype], name
-        assert diff(out["pred_boxes"], theirs[f"{name}.pred_boxes"]) < TOL[dtype], name
-        if dtype == "float64":
-            H, W = x.shape[-2:]
-            detections = build_postprocess(model)(out, torch.tensor([[H, W]] * len(x)))
-            for b, found in enumerate(detections):
-                assert torch.equal(found["labels"], theirs[f"{name}.detections.labels"][b])
-                assert diff(found["scores"], theirs[f"{name}.detections.scores"][b]) < 1e-6
-                assert diff(found["boxes"], theirs[f"{name}.detections.boxes"][b]) < 1e-4  # pixels, visiontf's float32
+    inputs = {name: images(fx, name, dtype) for name in ("batch", "single")}
+    assert_eval_outputs_match(model, fx.outputs[dtype], inputs, TOL[dtype], box_tol=1e-4)  # boxes: pixels, visiontf's float32
 
 
 # ------------------------------------------------------------------------------------ training
@@ -229,18 +215,8 @@ def test_the_ema_entry_loads_as_the_model_entry(checkpoints):
     assert convert_state_dict(ema, model).keys() == model.state_dict().keys()
 
 
-@cache
 def published(family: str) -> dict[str, tuple[int, dict[str, torch.Size]]]:
-    sections: dict[str, tuple[int, dict[str, torch.Size]]] = {}
-    current = None
-    for line in (FIXTURES / family / "published_layouts.txt").read_text().splitlines():
-        if line.startswith("## "):
-            name, count = re.match(r"## (\S+): (\d+) parameters", line).groups()
-            current = sections[name] = (int(count), {})
-        elif line and not line.startswith("#"):
-            key, shape = re.match(r"(\S+) \[([\d, ]*)\]", line).groups()
-            current[1][key] = torch.Size(int(d) for d in shape.split(",") if d.strip())
-    return sections
+    return read_layouts(FIXTURES / family / "published_layouts.txt")
 
 
 @pytest.mark.parametrize("size", list("nsmlx"))

@@ -25,14 +25,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference.fixtures import FIXTURES, Fixture, load_fixture
-from rtdetr_helpers import one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
+from reference.fixtures import FIXTURES, Fixture, load_fixture, read_layouts
+from rtdetr_helpers import assert_eval_outputs_match, one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
 
 from visiontf.core.config_files import read_config
 from visiontf.models import create_model
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising, denoising_match_indices
 from visiontf.models.rtdetr.convert import checkpoint_entry, convert_state_dict
-from visiontf.set_prediction import build_postprocess
 from visiontf.set_prediction.criterion import SetCriterion
 from visiontf.set_prediction.set_loss import build_criterion
 from visiontf.tasks.detection.detection_task import DetectionTask
@@ -97,19 +96,8 @@ def test_eval_outputs_equal_deims(dtype, checkpoint):
     fx = fixture()
     assert fx.meta["ranking_margin"] > 100 * 1e-6
     model = load(checkpoint).to(getattr(torch, dtype))
-    theirs = fx.outputs[dtype]
-    for name in ("batch", "single"):
-        images = fx.inputs[f"{name}.images"].to(getattr(torch, dtype))
-        with torch.no_grad():
-            out = model(images)
-        assert theirs[f"{name}.pred_logits"].std() > 0.1 and theirs[f"{name}.pred_boxes"].std() > 0.02  # not degenerate
-        assert diff(out["pred_logits"], theirs[f"{name}.pred_logits"]) < TOL[dtype], name
-        assert diff(out["pred_boxes"], theirs[f"{name}.pred_boxes"]) < TOL[dtype], name
-        if dtype == "float64":
-            H, W = images.shape[-2:]
-            for b, found in enumerate(build_postprocess(model)(out, torch.tensor([[H, W]] * len(images)))):
-                assert torch.equal(found["labels"], theirs[f"{name}.detections.labels"][b])
-                assert diff(found["scores"], theirs[f"{name}.detections.scores"][b]) < 1e-6
+    inputs = {name: fx.inputs[f"{name}.images"].to(getattr(torch, dtype)) for name in ("batch", "single")}
+    assert_eval_outputs_match(model, fx.outputs[dtype], inputs, TOL[dtype])
 
 
 def _targets(fx: Fixture) -> list[dict[str, torch.Tensor]]:
@@ -190,18 +178,9 @@ def test_a_deim_file_does_not_load_into_plain_rtdetrv2(checkpoint):
         create_model(NAME, **settings).load_state_dict(create_model("rtdetrv2_r18vd", **settings).state_dict())
 
 
-@cache
 def published() -> dict[str, tuple[int, dict[str, torch.Size]]]:
-    sections: dict[str, tuple[int, dict[str, torch.Size]]] = {}
-    current = None
-    for line in LAYOUTS.read_text().splitlines():
-        if line.startswith("## "):
-            name, count = re.match(r"## (\S+): (\d+) parameters", line).groups()
-            current = sections[name] = (int(count), {})
-        elif line and not line.startswith("#"):
-            key, shape = re.match(r"(\S+) \[([\d, ]*)\]", line).groups()
-            current[1][key] = torch.Size(int(d) for d in shape.split(",") if d.strip())
-    return sections
+    """``LAYOUTS``: section -> (parameter count, {key: shape})."""
+    return read_layouts(LAYOUTS)
 
 
 @pytest.mark.parametrize("size", sorted(PUBLISHED_MILLIONS))

@@ -20,14 +20,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference.fixtures import FIXTURES, Fixture, load_fixture
-from rtdetr_helpers import one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
+from reference.fixtures import FIXTURES, Fixture, load_fixture, read_layouts
+from rtdetr_helpers import assert_eval_outputs_match, one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
 
 from visiontf.models import create_model
 from visiontf.models.backbones.resnet_vd import ResNetVdBackbone, resnet_vd_state
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising
 from visiontf.models.rtdetr.convert import checkpoint_entry, convert_state_dict
-from visiontf.set_prediction import build_postprocess
 from visiontf.set_prediction.set_loss import build_criterion
 
 TOL = {"float32": 1e-4, "float64": 1e-8}
@@ -85,21 +84,8 @@ def test_eval_outputs_equal_the_originals(case, dtype, checkpoints):
     fx = fixture(case)
     assert fx.meta["ranking_margin"] > 100 * 1e-6  # float32 rounding cannot reorder the selected queries
     model = load(case, checkpoints[case]).to(getattr(torch, dtype))
-    theirs = fx.outputs[dtype]
-    for name in ("batch", "single"):
-        images = fx.inputs[f"{name}.images"].to(getattr(torch, dtype))
-        with torch.no_grad():
-            out = model(images)
-        assert theirs[f"{name}.pred_logits"].std() > 0.1 and theirs[f"{name}.pred_boxes"].std() > 0.02  # not degenerate
-        assert diff(out["pred_logits"], theirs[f"{name}.pred_logits"]) < TOL[dtype], name
-        assert diff(out["pred_boxes"], theirs[f"{name}.pred_boxes"]) < TOL[dtype], name
-        if dtype == "float64":
-            H, W = images.shape[-2:]
-            detections = build_postprocess(model)(out, torch.tensor([[H, W]] * len(images)))
-            for b, found in enumerate(detections):
-                assert torch.equal(found["labels"], theirs[f"{name}.detections.labels"][b])
-                assert diff(found["scores"], theirs[f"{name}.detections.scores"][b]) < 1e-6
-                assert diff(found["boxes"], theirs[f"{name}.detections.boxes"][b]) < 1e-4  # pixels, visiontf's float32
+    inputs = {name: fx.inputs[f"{name}.images"].to(getattr(torch, dtype)) for name in ("batch", "single")}
+    assert_eval_outputs_match(model, fx.outputs[dtype], inputs, TOL[dtype], box_tol=1e-4)  # boxes: pixels, visiontf's float32
 
 
 # ------------------------------------------------------------------------------------ training
@@ -209,18 +195,9 @@ def test_the_ema_entry_loads_as_the_model_entry(checkpoints):
         checkpoint_entry({"model": ema}, "ema")
 
 
-@cache
 def published() -> dict[str, tuple[int, dict[str, torch.Size]]]:
-    sections: dict[str, tuple[int, dict[str, torch.Size]]] = {}
-    current = None
-    for line in LAYOUTS.read_text().splitlines():
-        if line.startswith("## "):
-            name, count = re.match(r"## (\S+): (\d+) parameters", line).groups()
-            current = sections[name] = (int(count), {})
-        elif line and not line.startswith("#"):
-            key, shape = re.match(r"(\S+) \[([\d, ]*)\]", line).groups()
-            current[1][key] = torch.Size(int(d) for d in shape.split(",") if d.strip())
-    return sections
+    """``LAYOUTS``: section -> (parameter count, {key: shape})."""
+    return read_layouts(LAYOUTS)
 
 
 @pytest.mark.parametrize("name", ["rtdetr_r18vd", "rtdetr_r34vd", "rtdetr_r50vd_m", "rtdetr_r50vd", "rtdetr_r101vd", "rtdetrv2_r18vd",
