@@ -55,3 +55,12 @@ def test_the_tools_put_the_bases_before_the_variant_on_the_command_line(tmp_path
     argv = ["fit", f"--config={variant}", "--trainer.max_epochs", "3"]
     assert with_base_configs(argv) == ["fit", "--config", str(base), f"--config={variant}", "--trainer.max_epochs", "3"]
     assert with_base_configs(["fit", "-c", str(base)]) == ["fit", "-c", str(base)]
+
+
+def test_readers_without_the_parser_see_the_bases_values(tmp_path):
+    """``--ckpt_path last`` of tools/predict.py finds the run folder a variant inherits from its base."""
+    from visiontf.tasks.checkpoints import config_checkpoint_dir, run_checkpoint_dir
+
+    _write(tmp_path / "_base" / "a.yaml", "trainer: {default_root_dir: outputs/shared}\n")
+    variant = _write(tmp_path / "v.yaml", "base_config: _base/a.yaml\nmodel: {init_args: {lr: 0.1}}\n")
+    assert config_checkpoint_dir(variant) == run_checkpoint_dir("outputs/shared", None)

@@ -54,13 +54,15 @@ def test_a_variant_resolves_to_the_merge_of_its_files(printed_configs, config):
     assert "base_config" not in yaml.safe_load(ours["stdout"])  # the printed config stands alone
 
 
-def test_the_rtdetr_variants_build_on_the_shared_schedule():
-    """Each COCO variant states what differs from the shared schedule, not the whole of it."""
-    variants = [c for c in CONFIGS if c.startswith("configs/rtdetr/") and c.endswith("_coco.yaml")]
-    assert len(variants) == 9 and set(variants) <= set(COMPOSED)
+def test_the_realtime_detr_variants_build_on_their_shared_schedules():
+    """Each COCO variant of RT-DETR, D-FINE and DEIM states what differs from its family's schedule, not the whole of it."""
+    variants = [c for c in CONFIGS if c.startswith(("configs/rtdetr/", "configs/dfine/", "configs/deim/")) and c.endswith("_coco.yaml")]
+    assert len(variants) == 9 + 5 + 10 and set(variants) <= set(COMPOSED)
     for c in variants:
         cfg = yaml.safe_load((ROOT / c).read_text())
-        assert "data" not in cfg and "checkpoint" not in cfg and "class_path" not in cfg["model"], c
+        restated = [k for k in ("seed_everything", "checkpoint") if k in cfg]
+        restated += [f"{k}.class_path" for k in ("model", "data") if "class_path" in (cfg.get(k) or {})]
+        assert not restated and "accelerator" not in cfg["trainer"], f"{c} restates its base's {restated}"
 
 
 @pytest.mark.slow

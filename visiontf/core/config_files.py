@@ -13,8 +13,10 @@ config's own folder::
 
 The tools read ``--config V`` as ``--config B --config V`` (:func:`config_chain`; a base may name bases of its
 own, composed first): jsonargparse composes the files in that order, each over the ones before, mapping by
-mapping: a group or ``init_args`` key the variant leaves out keeps the base's value, and a list (callbacks,
-``param_groups``) is replaced as a whole. The parser takes ``base_config`` as a hidden option that does nothing
+mapping: a group or ``init_args`` key the variant leaves out keeps the base's value. A list of option groups
+(``param_groups``) merges item by item by position there, so a base should leave such lists to its variants
+(the shipped bases do; ``tests/integration/test_cli.py`` checks each shipped variant against :func:`read_config`,
+which replaces lists). The parser takes ``base_config`` as a hidden option that does nothing
 itself (``visiontf.cli.train``), so a printed or saved config (``--print_config``, a run's ``config.yaml``) has
 every value and no ``base_config``.
 
@@ -95,7 +97,8 @@ def _merge(base: Any, over: Any) -> Any:
 
 def read_config(path: str | Path) -> dict[str, Any]:
     """``path`` composed with its bases as plain data (mappings merged key by key, lists replaced), without
-    the ``config`` key. What the parser would add (defaults, types) is not here."""
+    the ``base_config`` key. What the parser would add (defaults, types) is not here, and a list of option groups
+    that both a base and its variant give would differ (the parser merges its items)."""
     merged: dict[str, Any] = {}
     for file in config_chain(path):
         cfg = {k: v for k, v in _load(file).items() if k != BASE_KEY}
