@@ -3,7 +3,8 @@
 The settings are the model's (``postprocess_options``, built from its constructor arguments, so a
 checkpoint carries them); ``tools/eval.py --postprocess.*``, ``tools/predict.py --postprocess.*`` and
 ``Predictor(postprocess=...)`` replace them. LightningCLI re-applies a checkpoint's hyper-parameters
-over ``--model.*``, which is why these are options of their own. Cost: about 40 s.
+over ``--model.*``, which is why these are options of their own. Cost: about 40 s (one fit, then every
+eval and predict command line in one process).
 """
 from __future__ import annotations
 
@@ -67,20 +68,37 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     return Path(root), out / "checkpoints" / "last.ckpt"
 
 
-@pytest.mark.slow
-def test_eval_override_changes_the_stats_and_no_override_reproduces_them(trained, tmp_path):
+#: the predict command lines of test_predictor_and_predict_cli_take_the_override: name -> extra options
+PREDICTS = {"plain": [], "top5": ["--postprocess.num_top", "5", "--postprocess.nms_iou_threshold", "-1"]}
+
+
+@pytest.fixture(scope="module")
+def tool_runs(trained, tmp_path_factory) -> tuple[Path, list[dict], dict[str, dict]]:
+    """The eval and predict command lines of both tests in one process (tests/cli_runner.py): (their folder,
+    the eval results in order, predict name -> result)."""
     root, ckpt = trained
-    root = own_detections_as_truth(ckpt, root, tmp_path / "data")  # with the checkpoint's NMS: nonzero stats
+    tmp_path = tmp_path_factory.mktemp("postprocess_tools")
+    truth = own_detections_as_truth(ckpt, root, tmp_path / "data")  # with the checkpoint's NMS: nonzero stats
 
     def case(name: str, *extra: str) -> dict:
-        return {"argv": ["tools/eval.py", "--config", CONFIG, f"--data.init_args.root={root}", *TOY_DATA,
+        return {"argv": ["tools/eval.py", "--config", CONFIG, f"--data.init_args.root={truth}", *TOY_DATA,
                          "--data.init_args.batch_size=1",
                          f"--trainer.default_root_dir={tmp_path / name}", "--ckpt_path", ckpt,
                          "--output", tmp_path / f"{name}.json", *extra]}
 
-    results = run_tools([case("plain"), case("again"), case("nms_off", "--postprocess.nms_iou_threshold", "-1"),
-                         case("nms_03", "--postprocess.nms_iou_threshold=0.3", "--postprocess.nms_class_agnostic=true"),
-                         case("fit_refused_in_eval", "--postprocess.bogus", "1")], tmp_path)
+    evals = [case("plain"), case("again"), case("nms_off", "--postprocess.nms_iou_threshold", "-1"),
+             case("nms_03", "--postprocess.nms_iou_threshold=0.3", "--postprocess.nms_class_agnostic=true"),
+             case("fit_refused_in_eval", "--postprocess.bogus", "1")]
+    images = sorted((root / "val2017").glob("*.jpg"))
+    predicts = [{"argv": ["tools/predict.py", "--ckpt_path", ckpt, "--input", *images, "--output", tmp_path / f"predict_{name}",
+                          "--score_threshold", "0", *extra]} for name, extra in PREDICTS.items()]
+    results = run_tools(evals + predicts, tmp_path)
+    return tmp_path, results[:len(evals)], dict(zip(PREDICTS, results[len(evals):]))
+
+
+@pytest.mark.slow
+def test_eval_override_changes_the_stats_and_no_override_reproduces_them(tool_runs):
+    tmp_path, results, _ = tool_runs
     for r in results[:4]:
         assert r["code"] == 0, r["stderr"][-3000:]
     assert results[4]["code"] == 2 and "--postprocess.bogus" in error_line(results[4])
@@ -97,7 +115,7 @@ def test_eval_override_changes_the_stats_and_no_override_reproduces_them(trained
 
 
 @pytest.mark.slow
-def test_predictor_and_predict_cli_take_the_override(trained, tmp_path):
+def test_predictor_and_predict_cli_take_the_override(trained, tool_runs):
     from visiontf.inference.predictor import Predictor
 
     root, ckpt = trained
@@ -111,11 +129,8 @@ def test_predictor_and_predict_cli_take_the_override(trained, tmp_path):
     assert all(len(r["boxes"]) == 12 * 3 for r in off)  # every (query, class) pair: num_top clamps to 36
     assert sum(len(r["boxes"]) for r in tight) < sum(len(r["boxes"]) for r in plain)
 
-    results = run_tools([{"argv": ["tools/predict.py", "--ckpt_path", ckpt, "--input", *images, "--output", tmp_path / name,
-                                   "--score_threshold", "0", *extra]}
-                         for name, extra in (("plain", []), ("top5", ["--postprocess.num_top", "5",
-                                                                      "--postprocess.nms_iou_threshold", "-1"]))], tmp_path)
-    for r in results:
+    out, _, results = tool_runs
+    for r in results.values():
         assert r["code"] == 0, r["stderr"][-3000:]
-    count = {name: len(json.loads((tmp_path / name / "predictions.json").read_text())) for name in ("plain", "top5")}
+    count = {name: len(json.loads((out / f"predict_{name}" / "predictions.json").read_text())) for name in PREDICTS}
     assert count["top5"] == 5 * len(images) != count["plain"]
