@@ -4,7 +4,7 @@ fundamentalvision/Deformable-DETR's ``models/ops`` (``MultiScaleDeformableAttent
 mmcv carry the same kernel) is what the original Deformable DETR and DINO train with on a GPU. It
 is a benchmark reference only: nothing here builds it or ships it (the repository's rule for fetched
 code): a session that has a GPU builds it on that machine, outside the repository, and passes the folder
-as ``--ref-op`` (``docs/benchmarks.md``, "GPU (prepared)").
+as ``--ref-op`` (``docs/benchmarks.md``, "GPU").
 
 A folder is searched for, in order, a library per torch version (``torch-<version>/ms_deform_ref.so``:
 the original's sources with its two entry points registered as ``torch.ops.ms_deform_ref.forward`` /
