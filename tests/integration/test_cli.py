@@ -54,11 +54,17 @@ def test_a_variant_resolves_to_the_merge_of_its_files(printed_configs, config):
     assert "base_config" not in yaml.safe_load(ours["stdout"])  # the printed config stands alone
 
 
-def test_the_realtime_detr_variants_build_on_their_shared_schedules():
-    """Each COCO variant of RT-DETR, D-FINE and DEIM states what differs from its family's schedule, not the whole of it."""
-    variants = [c for c in CONFIGS if c.startswith(("configs/rtdetr/", "configs/dfine/", "configs/deim/")) and c.endswith("_coco.yaml")]
-    assert len(variants) == 9 + 5 + 10 and set(variants) <= set(COMPOSED)
-    for c in variants:
+def test_the_recipe_variants_build_on_their_shared_schedules():
+    """Each COCO variant of RT-DETR, D-FINE, DEIM, DETR and Deformable DETR and each SETR mmseg variant names its
+    family's shared file and states what differs, not the whole of it (no seed, checkpoint, accelerator or class_path)."""
+    import fnmatch
+
+    patterns = ("configs/rtdetr/*_coco.yaml", "configs/dfine/*_coco.yaml", "configs/deim/*_coco.yaml",
+                "configs/detr/detr_r*_coco.yaml", "configs/deformable_detr/deformable_detr_r50_*coco.yaml",
+                "configs/setr/setr_*_ade20k.yaml", "configs/setr/setr_*_cityscapes.yaml")
+    variants = [c for c in CONFIGS if any(fnmatch.fnmatch(c, p) for p in patterns)]
+    assert len(variants) == 9 + 5 + 10 + 3 + 3 + 6 and set(variants) <= set(COMPOSED)
+    for c in COMPOSED:
         cfg = yaml.safe_load((ROOT / c).read_text())
         restated = [k for k in ("seed_everything", "checkpoint") if k in cfg]
         restated += [f"{k}.class_path" for k in ("model", "data") if "class_path" in (cfg.get(k) or {})]

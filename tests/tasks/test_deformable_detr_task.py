@@ -10,10 +10,10 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-import yaml
 from torch import nn
 
 import visiontf.set_prediction.set_loss as set_loss
+from visiontf.core.config_files import read_config
 from visiontf.models.contract import Detector
 from visiontf.set_prediction import DeformablePostProcess, PostProcess, SetCriterion
 from visiontf.tasks.detection.coco_data import CocoDataModule
@@ -91,7 +91,7 @@ def test_loss_terms_are_split_by_name_alone():
 def test_paper_recipes_set_the_papers_optimiser(config):
     """lr 2e-4, backbone 2e-5, offsets and reference points 2e-5 (0.1x), weight decay 1e-4 everywhere,
     clipping 0.1, 50 epochs dropping x0.1 at 40, total batch 32."""
-    cfg = yaml.safe_load(config.read_text())
+    cfg = read_config(config)  # with its base file
     trainer, args = cfg["trainer"], cfg["model"]["init_args"]
     assert trainer["gradient_clip_val"] == 0.1 and trainer["max_epochs"] == 50
     assert trainer["devices"] * trainer.get("num_nodes", 1) * cfg["data"]["init_args"]["batch_size"] == 32
