@@ -11,12 +11,11 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
-from ddp_utils import ddp_args, evaluate, run, subprocess_env
+from ddp_utils import ddp_args, launch_runs, run, subprocess_env
 
 pytestmark = pytest.mark.slow
 
@@ -48,39 +47,30 @@ def _add_centred_boxes(ann_file: Path) -> None:
     ann_file.write_text(json.dumps(data))
 
 
-def _pin_box_heads(ckpt_path: Path, out: Path) -> Path:
-    """A copy whose boxes are 80 % of the image around each query's reference point.
-
-    After two steps every COCO stat is 0, and 0 == 0 would hide a lost or doubled image. With
-    refinement, layer 0's box is (reference + dx, dy, sigmoid(dw), sigmoid(dh)) and later layers
-    refine it in inverse-sigmoid space: small weights, bias log 4 (sigmoid 0.8) on layer 0's size and
-    0 after keep every query's box near 0.8 x 0.8, at its own reference point, ranked by its own scores.
-    """
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    sd = ckpt["state_dict"]
-    for key in [k for k in sd if k.startswith("model.bbox_embed.") and k.endswith("layers.2.weight")]:
-        sd[key] = sd[key] * 0.05
-        layer = int(key.split(".")[2])
-        sd[key.replace("weight", "bias")] = torch.tensor([0.0, 0.0] + [math.log(4)] * 2 if layer == 0 else [0.0] * 4)
-    torch.save(ckpt, out)
-    return out
+#: the box heads pinned when validation starts (tests/box_head_pin.py): after two steps every COCO stat is 0, and
+#: 0 == 0 would hide a lost or doubled image; pinned, each query's box is 80 % of the image at its reference point
+PIN = "--trainer.callbacks+=box_head_pin.PinBoxHeads"
 
 
 @pytest.fixture(scope="module")
 def ddp_fit(tmp_path_factory) -> tuple[Path, Path, list[str]]:
-    """2-process ``fit``: 8 images / (2 ranks x batch 2) = 2 optimizer steps, then validation."""
+    """2-process ``fit``: 8 images / (2 ranks x batch 2) = 2 optimizer steps, then validation; then, in the same
+    launch (tests/ddp_utils.py launch_runs), ``tools/eval.py`` of its checkpoint on 2 processes with the box heads
+    pinned: (checkpoint, the 2-process eval's stats file, the overrides)."""
     from visiontf.tasks.detection.detection_synthetic import make_detection_dataset
 
     tmp = tmp_path_factory.mktemp("deformable_ddp")
     paths = make_detection_dataset(tmp / "data", num_train=8, num_val=NUM_VAL, image_size=(64, 64), num_classes=2)
     _add_centred_boxes(paths["val_ann"])
     overrides = _overrides(paths["root"])
-    run(["tools/train.py", "fit", "--config", CONFIG, *overrides, *ddp_args(), "--trainer.max_epochs=1",
-         "--trainer.num_nodes=1", "--trainer.log_every_n_steps=1", f"--trainer.default_root_dir={tmp / 'run'}",
-         "--trainer.enable_progress_bar=false"])
     last = tmp / "run" / "checkpoints" / "last.ckpt"
+    fit = ["fit", "--config", CONFIG, *overrides, *ddp_args(), "--trainer.max_epochs=1", "--trainer.num_nodes=1",
+           "--trainer.log_every_n_steps=1", f"--trainer.default_root_dir={tmp / 'run'}", "--trainer.enable_progress_bar=false"]
+    evaluate = ["--config", CONFIG, "--ckpt_path", last, *overrides, PIN, "--trainer.enable_progress_bar=false",
+                "--trainer.logger=false", "--output", tmp / "ddp.json", *ddp_args()]
+    launch_runs([{"tool": "train", "argv": fit, "processes": 2}, {"argv": evaluate, "processes": 2}], tmp / "runs.json")
     assert last.is_file()
-    return last, _pin_box_heads(last, tmp / "eval.ckpt"), overrides
+    return last, tmp / "ddp.json", overrides
 
 
 def test_ddp_fit_of_the_paper_recipe_writes_a_finite_checkpoint_and_logs_every_term(ddp_fit):
@@ -104,7 +94,7 @@ def _evaluate_here(ckpt: Path, out: Path, overrides: list[str]) -> dict[str, flo
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        eval_main(["--config", CONFIG, "--ckpt_path", str(ckpt), *overrides, "--trainer.enable_progress_bar=false",
+        eval_main(["--config", CONFIG, "--ckpt_path", str(ckpt), *overrides, PIN, "--trainer.enable_progress_bar=false",
                    "--trainer.logger=false", "--trainer.devices=1", "--output", str(out)])
     finally:
         torch.set_num_threads(threads)
@@ -114,10 +104,10 @@ def _evaluate_here(ckpt: Path, out: Path, overrides: list[str]) -> dict[str, flo
 def test_ddp_eval_equals_single_process(ddp_fit, tmp_path):
     from visiontf.tasks.detection.coco_metric import METRIC_NAMES
 
-    _, ckpt, overrides = ddp_fit
+    ckpt, ddp_stats, overrides = ddp_fit
     single = _evaluate_here(ckpt, tmp_path / "single.json", overrides)
     assert 0 < single["val/map"] < 1 and 0 < single["val/mar_100"] < 1, f"degenerate stats prove nothing: {single}"
-    ddp = evaluate(CONFIG, ckpt, tmp_path / "ddp.json", overrides, ddp=True)
+    ddp = json.loads(ddp_stats.read_text())
     keys = [f"val/{k}" for k in METRIC_NAMES]
     assert len(keys) == 12
     for k in keys:
