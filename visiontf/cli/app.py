@@ -53,7 +53,6 @@ from visiontf.cli.checks import checkpoint_file, weights_file
 from visiontf.cli.tool_errors import debug_enabled, run_tool, user_message
 from visiontf.core.arguments import ToolParser
 from visiontf.core.errors import UsageError
-from visiontf.models.contract import Detector
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +149,10 @@ class AppModel:
         self.adapter = predictor.adapter
         self.top_k = top_k
         self.folder = Path(folder) if folder is not None else None
+        # here, not at the top: importing visiontf.models loads every model (torch, timm), which a mistake on the
+        # command line must not wait for
+        from visiontf.models.contract import Detector
+
         # a detector declares its mask options (visiontf.models.contract.Detector); other kinds have none
         options = predictor.model.mask_options if isinstance(predictor.model, Detector) else None
         #: a mask model's results go through predict.py's writer (segmentations, panoptic files)
