@@ -103,6 +103,40 @@ def get_entry(name: str) -> ModelEntry:
     return _REGISTRY[name]
 
 
+def _keyword_hint(error: BaseException) -> str:
+    """``"; did you mean 'arch'? It takes: arch, backbone, ..."`` for a TypeError naming an unexpected keyword, from
+    the signature of the callable the message names (found in the frame that called it); ``""`` where it is not found.
+
+    A family's builder passes the caller's keywords down through ``**kwargs``, so only the callee that refused one
+    knows the names it takes: the message names it (``DETR.__init__()``, ``build_rtdetr()``)."""
+    import re
+
+    found = re.search(r"(\w+(?:\.\w+)*)\(\) got an unexpected keyword argument '(\w+)'", str(error))
+    if not found or error.__traceback__ is None:
+        return ""
+    qualname, bad = found.groups()
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    owner = qualname[: -len(".__init__")] if qualname.endswith(".__init__") else qualname
+    target = None
+    for value in (*tb.tb_frame.f_locals.values(), *tb.tb_frame.f_globals.values()):
+        if getattr(value, "__qualname__", None) == owner and callable(value):
+            target = value
+            break
+    if target is None:
+        return ""
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return ""
+    names = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self")
+    if not names:
+        return ""
+    close = difflib.get_close_matches(bad, names, n=1, cutoff=0.6)
+    return (f"; did you mean {close[0]!r}?" if close else ".") + f" It takes: {', '.join(names)}"
+
+
 def create_model(
     name: str,
     pretrained: bool | str | Path | None = None,
@@ -133,10 +167,10 @@ def create_model(
     except (ValueError, TypeError) as e:
         # the family checks its arguments (IPT's tile_size, DETR's hidden_dim) with ValueError; a keyword it
         # does not take is a TypeError. Either is the config's mistake, not a bug: one line, naming the model
-        if isinstance(e, TypeError) and "keyword argument" not in str(e):
+        if isinstance(e, TypeError) and "keyword" not in str(e):
             raise
-        raise ModelArgumentError(f"{name}: {e} (the model's arguments: a config's model.init_args.model_kwargs, or "
-                                 "create_model's keywords)") from e
+        raise ModelArgumentError(f"{name}: {e}{_keyword_hint(e)} (the model's arguments: a config's "
+                                 "model.init_args.model_kwargs, or create_model's keywords)") from e
     model.model_name = name
     model.model_kwargs = dict(kwargs)
     if pretrained:

@@ -15,6 +15,8 @@ keywords whose field has another name); its builder then reads every field by na
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,7 +116,18 @@ class Sections:
         """A registered variant: ``builder`` on its ``DEFAULT_CFGS`` entry with the caller's sections merged on top."""
         merged = self.merge(cfg.kwargs, {k: v for k, v in kwargs.items() if k in self.classes})
         given = {k: v for k, v in kwargs.items() if k not in self.classes}
-        return build_model(builder, dataclasses.replace(cfg, kwargs=merged), **given)
+        try:
+            return build_model(builder, dataclasses.replace(cfg, kwargs=merged), **given)
+        except TypeError as e:
+            # the model class refuses it deep down, naming its own injected parts; the caller writes sections
+            refused = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+            if refused is None or refused.group(1) not in given:
+                raise
+            bad = refused.group(1)
+            close = difflib.get_close_matches(bad, list(self.classes), n=1, cutoff=0.6)
+            hint = f"; did you mean the section {close[0]!r}?" if close else "."
+            raise TypeError(f"{bad!r} is not a keyword argument of this model{hint} Its sections: "
+                            f"{', '.join(self.classes)}") from e
 
 
 def _as_mapping(value: Any) -> Any:
