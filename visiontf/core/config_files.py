@@ -49,7 +49,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def base_files(path: str | Path) -> list[Path]:
-    """The files ``path``'s ``config:`` key names, resolved against ``path``'s folder (none without the key)."""
+    """The files ``path``'s ``base_config:`` key names, resolved against ``path``'s folder (none without the key)."""
     path = Path(path)
     cfg = _load(path)
     if BASE_KEY not in cfg:
