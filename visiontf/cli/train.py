@@ -111,6 +111,36 @@ def check_ckpt_path(ckpt_path: str | Path | None, model: L.LightningModule, ckpt
         )
 
 
+class VisionArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, which also checks the model a config names whenever it validates a config.
+
+    ``model_kwargs`` is a plain mapping to jsonargparse (each family takes its own keywords); the task class the
+    config names checks it against the named model (``BaseTask.check_model_arguments``: built on the meta device,
+    no weights read). A run and ``--print_config`` then refuse the same misspelt or mistyped model keyword, before
+    any data is read. Only visiontf's own tasks are asked; another LightningModule is left to its constructor.
+    """
+
+    #: the (task, init_args) already checked in this process: a parse validates a config more than once
+    _checked_models: set[str] = set()
+
+    def validate(self, namespace, *args, **kwargs) -> None:
+        super().validate(namespace, *args, **kwargs)
+        if kwargs.get("branch") is None and len(args) < 3:  # the whole config, not one branch of it
+            self._check_model(namespace)
+
+    def _check_model(self, cfg) -> None:
+        model = cfg.get("model") if hasattr(cfg, "get") else None
+        class_path = model.get("class_path") if hasattr(model, "get") else None
+        if class_path not in task_class_paths():
+            return
+        init_args = model.get("init_args")
+        init_args = init_args.as_dict() if hasattr(init_args, "as_dict") else dict(init_args or {})
+        key = json.dumps([class_path, init_args], sort_keys=True, default=repr)
+        if key not in VisionArgumentParser._checked_models:
+            import_class(class_path).check_model_arguments(init_args)
+            VisionArgumentParser._checked_models.add(key)
+
+
 class VisionCLI(LightningCLI):
     """LightningCLI with visiontf's defaults: ``data.num_classes`` linked into the task, a
     ``last.ckpt`` in ``<root>/checkpoints``, CSV + TensorBoard logs, the RNG-state callback.
@@ -502,6 +532,7 @@ def make_cli(args: list[str] | None = None, run: bool = True, extra_options: tup
         run=run,
         auto_configure_optimizers=False,
         extra_options=extra_options,
+        parser_class=VisionArgumentParser,
     )
 
 

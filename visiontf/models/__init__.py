@@ -20,7 +20,9 @@ import visiontf.models.vqgan.vqgan  # noqa: F401
 from visiontf.models._registry import (
     ModelArgumentError,
     ModelEntry,
+    ModelNameError,
     WeightsLayoutError,
+    check_model_arguments,
     convert_state,
     create_model,
     get_entry,
@@ -32,5 +34,5 @@ from visiontf.models._registry import (
 )
 from visiontf.models.vit.vit import VisionTransformer
 
-__all__ = ["ModelArgumentError", "ModelEntry", "VisionTransformer", "WeightsLayoutError", "convert_state", "create_model", "get_entry",
+__all__ = ["ModelArgumentError", "ModelEntry", "ModelNameError", "VisionTransformer", "WeightsLayoutError", "check_model_arguments", "convert_state", "create_model", "get_entry",
            "list_models", "load_model", "load_pretrained", "register_model", "torch_hub_state_dict"]

@@ -137,6 +137,45 @@ def _keyword_hint(error: BaseException) -> str:
     return (f"; did you mean {close[0]!r}?" if close else ".") + f" It takes: {', '.join(names)}"
 
 
+def _construct(entry: ModelEntry, kwargs: dict[str, Any]) -> nn.Module:
+    """``entry.fn(**kwargs)``; the family's refusal of an argument as one :class:`ModelArgumentError` line."""
+    try:
+        return entry.fn(**kwargs)
+    except UserError:
+        raise
+    except (ValueError, TypeError) as e:
+        # the family checks its arguments (IPT's tile_size, DETR's hidden_dim) with ValueError; a keyword it
+        # does not take is a TypeError. Either is the config's mistake, not a bug: one line, naming the model
+        if isinstance(e, TypeError) and "keyword" not in str(e):
+            raise
+        raise ModelArgumentError(f"{entry.name}: {e}{_keyword_hint(e)} (the model's arguments: a config's "
+                                 "model.init_args.model_kwargs, or create_model's keywords)") from e
+
+
+def _without_weights(value: Any) -> Any:
+    """``value`` with every ``pretrained`` entry of its mappings, at any depth, set to None."""
+    if isinstance(value, Mapping):
+        return {k: None if k == "pretrained" else _without_weights(v) for k, v in value.items()}
+    return value
+
+
+def check_model_arguments(name: str, num_classes: int | None = None, **kwargs: Any) -> nn.Module:
+    """The model ``create_model(name, num_classes=num_classes, **kwargs)`` builds, built on PyTorch's meta device:
+    the same checks, before anything is allocated, read or downloaded.
+
+    What the constructor refuses is refused here with the same error (an unknown name: :class:`ModelNameError`;
+    a misspelt keyword, a value of the wrong type or out of range: :class:`ModelArgumentError`), so a config's
+    mistake is found when the config is parsed (``tools/train.py ... --print_config`` included) rather than when
+    its run starts. No weights are read or fetched: every ``pretrained`` in ``kwargs``, at any depth (a backbone
+    section's), is left out; the returned model's parameters are shapes without data.
+    """
+    entry = get_entry(name)
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    with torch.device("meta"):
+        return _construct(entry, _without_weights(kwargs))
+
+
 def create_model(
     name: str,
     pretrained: bool | str | Path | None = None,
@@ -160,17 +199,7 @@ def create_model(
         feature_kwargs = {k: kwargs.pop(k) for k in FEATURE_KWARGS if k in kwargs}
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
-    try:
-        model = entry.fn(**kwargs)
-    except UserError:
-        raise
-    except (ValueError, TypeError) as e:
-        # the family checks its arguments (IPT's tile_size, DETR's hidden_dim) with ValueError; a keyword it
-        # does not take is a TypeError. Either is the config's mistake, not a bug: one line, naming the model
-        if isinstance(e, TypeError) and "keyword" not in str(e):
-            raise
-        raise ModelArgumentError(f"{name}: {e}{_keyword_hint(e)} (the model's arguments: a config's "
-                                 "model.init_args.model_kwargs, or create_model's keywords)") from e
+    model = _construct(entry, kwargs)
     model.model_name = name
     model.model_kwargs = dict(kwargs)
     if pretrained:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning as L
@@ -12,10 +13,11 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 
-from visiontf.core.config_checks import check_config, one_of, optional, positive_int
+from visiontf.core.config_checks import ConfigError, check_config, one_of, optional, positive_int
 from visiontf.core.distributed import get_world_size, is_distributed, sum_over_ranks
+from visiontf.core.errors import UserError
 from visiontf.data.base import trainer_datamodule
-from visiontf.models import create_model
+from visiontf.models import ModelArgumentError, ModelNameError, check_model_arguments, create_model
 from visiontf.models.contract import VisionModel
 from visiontf.tasks.checkpoints import check_checkpoint_fits, load_task_checkpoint
 from visiontf.tasks.task_inference import adapter_for_task
@@ -51,6 +53,8 @@ class BaseTask(L.LightningModule):
     #: or process count (bf16's rounding moves with the padding of a batch); ``"trainer"``: in the trainer's
     #: precision (faster on a GPU, stats then depend on the batch). ``tools/train.py --eval_precision`` sets it.
     eval_precision: Literal["float32", "trainer"] = "float32"
+    #: what a refusal of a model of another kind suggests instead
+    model_kind_hint: str = ""
 
     def __init__(
         self,
@@ -75,9 +79,36 @@ class BaseTask(L.LightningModule):
     def check_model_kind(self, model_name: str, hint: str = "") -> None:
         """Refuse a model of another kind than :attr:`model_kind` (a detector given to the segmentation task)."""
         if not isinstance(self.model, self.model_kind):
-            raise ValueError(f"model_name={model_name!r} is a {type(self.model).__name__}, not a {self.model_kind.__name__}: "
-                             f"{type(self).__name__} trains {self.model_kind.__name__} models"
-                             f"{'; ' + hint if hint else ''} (visiontf.list_models() lists every name)")
+            raise ValueError(self._kind_mismatch(self.model, model_name, hint or self.model_kind_hint))
+
+    @classmethod
+    def _kind_mismatch(cls, model: nn.Module, model_name: str, hint: str) -> str:
+        return (f"model_name={model_name!r} is a {type(model).__name__}, not a {cls.model_kind.__name__}: "
+                f"{cls.__name__} trains {cls.model_kind.__name__} models{'; ' + hint if hint else ''} "
+                "(visiontf.list_models() lists every name)")
+
+    @classmethod
+    def check_model_arguments(cls, init_args: Mapping[str, Any]) -> None:
+        """A config's ``model.init_args`` for this task, checked as the constructor checks its model, without
+        building it: the registered name, the model's keywords (:func:`visiontf.models.check_model_arguments`: on
+        PyTorch's meta device, no weights read) and the model's kind.
+
+        ``tools/train.py`` calls it when it parses a config, so that ``--print_config`` refuses what the run would
+        (a misspelt or mistyped ``model_kwargs`` entry, a detector given to the segmentation task) before anything
+        is built or read. Raises the constructor's own errors (:class:`~visiontf.models.ModelArgumentError`, ...).
+        """
+        name = init_args.get("model_name")
+        kwargs = init_args.get("model_kwargs") or {}
+        if not isinstance(name, str) or not isinstance(kwargs, Mapping):
+            return  # jsonargparse's own check of the declared types reports these
+        try:
+            model = check_model_arguments(name, num_classes=init_args.get("num_classes"), **kwargs)
+        except (ModelArgumentError, ModelNameError):
+            raise  # they name the model and where its arguments come from
+        except (UserError, TypeError, ValueError) as e:  # a section's own check ("hidden_dim must be an int"): said where
+            raise ConfigError(f"{cls.__name__}: model.init_args.model_kwargs of {name}: {e}") from e
+        if not isinstance(model, cls.model_kind):
+            raise ConfigError(f"{cls.__name__}: model.init_args.{cls._kind_mismatch(model, name, cls.model_kind_hint)}")
 
     def set_postprocess(self, **overrides: Any) -> None:
         """Replace the model's post-processing options for evaluation and prediction (the task's adapter says

@@ -93,6 +93,7 @@ class TransformerTask(BaseTask):
 
     task = "generation"
     model_kind = Generator
+    model_kind_hint = "use a second stage such as vqgan_transformer_tiny"
 
     def __init__(self, model_name: str = "vqgan_transformer_tiny", num_classes: int | None = None,
                  model_kwargs: dict[str, Any] | None = None, pretrained: str | None = None,
@@ -122,7 +123,7 @@ class TransformerTask(BaseTask):
             kwargs["first_stage_kwargs"] = {**first.model_kwargs, **kwargs.get("first_stage_kwargs", {})}
             model_kwargs = self.hparams["model_kwargs"] = kwargs
         self.model = create_model(model_name, pretrained=pretrained, **(model_kwargs or {}))
-        self.check_model_kind(model_name, "use a second stage such as vqgan_transformer_tiny")
+        self.check_model_kind(model_name)
         if first is not None:
             _check_first_stage_fits(first, self.model.first_stage_model, first_stage_ckpt, model_kwargs)
             self.model.first_stage_model.load_state_dict(first.state_dict())

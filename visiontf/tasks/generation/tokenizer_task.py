@@ -73,6 +73,7 @@ class TokenizerTask(BaseTask):
 
     task = "generation"
     model_kind = Tokenizer
+    model_kind_hint = "use a VQGAN first stage such as vqgan_tiny"
 
     def __init__(
         self,
@@ -114,7 +115,7 @@ class TokenizerTask(BaseTask):
             self.save_hyperparameters(init_args)
         self._model_name, self._num_classes = model_name, None
         self.model = create_model(model_name, pretrained=pretrained, **(model_kwargs or {}))
-        self.check_model_kind(model_name, "use a VQGAN first stage such as vqgan_tiny")
+        self.check_model_kind(model_name)
         self.compile_model, self.on_nonfinite, self.nonfinite_steps = compile, on_nonfinite, 0
         self.discriminator = NLayerDiscriminator(self.model.in_channels, disc_ndf, disc_layers)
         self.register_buffer("batches_done", torch.zeros((), dtype=torch.long))
