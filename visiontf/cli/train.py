@@ -123,9 +123,10 @@ class VisionArgumentParser(LightningArgumentParser):
     #: the (task, init_args) already checked in this process: a parse validates a config more than once
     _checked_models: set[str] = set()
 
-    def validate(self, namespace, *args, **kwargs) -> None:
-        super().validate(namespace, *args, **kwargs)
-        if kwargs.get("branch") is None and len(args) < 3:  # the whole config, not one branch of it
+    def validate(self, namespace, skip_unset: bool = True, skip_required: bool = False, branch: str | None = None,
+                 **kwargs) -> None:
+        super().validate(namespace, skip_unset, skip_required, branch, **kwargs)
+        if branch is None:  # the whole config, not one branch of it
             self._check_model(namespace)
 
     def _check_model(self, cfg) -> None:
