@@ -77,8 +77,12 @@ def test_coco_recipes_follow_the_originals(name):
 def test_tiny_shapes_config_builds_its_task():
     cfg = read_config(CONFIGS / "rtdetr_tiny_shapes.yaml")
     args = cfg["model"]["init_args"]
-    task = DetectionTask(args["model_name"], num_classes=3, lr=args["lr"], lr_backbone=args["lr_backbone"])
-    assert task.model.decoder.options.num_queries == 100 and task.model.denoising.num_denoising == 50
+    task = DetectionTask(args["model_name"], num_classes=3, model_kwargs=args["model_kwargs"], set_loss=args["set_loss"],
+                         lr=args["lr"], lr_backbone=args["lr_backbone"])
+    assert task.model.decoder.options.num_queries == 50 and task.model.denoising.num_denoising == 50
+    # the config's matcher: class cost 4, the rest RT-DETR's (L1 5, GIoU 2, focal)
+    matcher = task.criterion.matcher
+    assert (matcher.cost_class, matcher.cost_bbox, matcher.cost_giou) == (4.0, 5.0, 2.0)
 
 
 def _small(**extra):
