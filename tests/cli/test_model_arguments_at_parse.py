@@ -85,3 +85,23 @@ def test_a_valid_config_still_prints(runs):
     assert out["code"] == 0, out["stderr"][-2000:]
     assert yaml.safe_load(out["stdout"])["model"]["init_args"]["model_name"] == "dino_tiny"
 
+
+
+def test_the_generation_tasks_check_their_model_as_they_build_it():
+    """The tokenizer and the transformer build their model without ``num_classes`` (the transformer takes the data's
+    class count as ``n_classes``): a config giving one is not refused for it."""
+    from visiontf.models import ModelNameError
+    from visiontf.tasks.generation.gpt_task import TransformerTask
+    from visiontf.tasks.generation.tokenizer_task import TokenizerTask
+
+    with pytest.raises(ModelArgumentError, match="num_classes"):  # what the generic check would have said
+        check_model_arguments("vqgan_transformer_tiny", num_classes=3)
+    TransformerTask.check_model_arguments({"model_name": "vqgan_transformer_tiny", "num_classes": 3, "model_kwargs": None})
+    TokenizerTask.check_model_arguments({"model_name": "vqgan_tiny", "num_classes": 5, "model_kwargs": {}})
+    with pytest.raises(ModelArgumentError, match="'n_clases'"):
+        TransformerTask.check_model_arguments({"model_name": "vqgan_transformer_tiny", "model_kwargs": {"n_clases": 3}})
+    # with a tokenizer file the architecture comes from it when the task is built: only the name is checked here
+    TransformerTask.check_model_arguments({"model_name": "vqgan_transformer_tiny", "first_stage_ckpt": "tok.ckpt",
+                                           "model_kwargs": {"first_stage_kwargs": {"n_embed": 7}}})
+    with pytest.raises(ModelNameError):
+        TransformerTask.check_model_arguments({"model_name": "vqgan_transformer_tny", "first_stage_ckpt": "tok.ckpt"})

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from visiontf.core.config_checks import check_config, non_negative, positive
 from visiontf.core.distributed import sum_over_ranks
 from visiontf.core.errors import UserError
 from visiontf.data.base import trainer_datamodule
-from visiontf.models import create_model
+from visiontf.models import create_model, get_entry
 from visiontf.models.contract import Generator, Tokenizer
 from visiontf.tasks.base_task import BaseTask
 from visiontf.tasks.fsdp import clip_sharded_grad_norm
@@ -150,6 +151,20 @@ class TransformerTask(BaseTask):
         self._require_first_stage()
 
     on_test_start = on_predict_start = on_validation_start
+
+    @classmethod
+    def check_model_arguments(cls, init_args: Mapping[str, Any]) -> None:
+        """As the task builds it: the data's class count as the model's ``n_classes`` (:meth:`_conditioning`), no
+        ``num_classes``. With a ``first_stage_ckpt`` the model takes the tokenizer's architecture from that file,
+        so only its name is checked here (the file is read when the task is built)."""
+        if init_args.get("first_stage_ckpt"):
+            if isinstance(init_args.get("model_name"), str):
+                get_entry(init_args["model_name"])
+            return
+        kwargs = init_args.get("model_kwargs") or {}
+        if init_args.get("num_classes") is not None and isinstance(kwargs, Mapping):
+            kwargs = {"n_classes": init_args["num_classes"], **kwargs}
+        super().check_model_arguments({**init_args, "num_classes": None, "model_kwargs": kwargs})
 
     def _conditioning(self, model_name: str, num_classes: int | None, model_kwargs: dict | None) -> dict | None:
         """The data's class count becomes the transformer's ``n_classes`` (saved with the task's hyper-parameters)."""

@@ -23,6 +23,7 @@ gradients are also averaged here before each step, so both networks stay identic
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning as L
@@ -74,6 +75,11 @@ class TokenizerTask(BaseTask):
     task = "generation"
     model_kind = Tokenizer
     model_kind_hint = "use a VQGAN first stage such as vqgan_tiny"
+
+    @classmethod
+    def check_model_arguments(cls, init_args: Mapping[str, Any]) -> None:
+        """As the task builds it: without ``num_classes`` (a tokenizer has no classes)."""
+        super().check_model_arguments({**init_args, "num_classes": None})
 
     def __init__(
         self,
