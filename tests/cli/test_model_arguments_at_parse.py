@@ -105,3 +105,18 @@ def test_the_generation_tasks_check_their_model_as_they_build_it():
                                            "model_kwargs": {"first_stage_kwargs": {"n_embed": 7}}})
     with pytest.raises(ModelNameError):
         TransformerTask.check_model_arguments({"model_name": "vqgan_transformer_tny", "first_stage_ckpt": "tok.ckpt"})
+
+
+def test_with_a_checkpoint_the_config_model_arguments_are_not_checked():
+    """With ``--ckpt_path`` the checkpoint's own hyper-parameters build the model (the config's ``model_kwargs`` may be
+    another model's: evaluating a detr_tiny checkpoint with dino_tiny's config and ``model_name=detr_tiny``)."""
+    from jsonargparse import Namespace
+
+    from visiontf.cli.train import VisionArgumentParser
+
+    parser = VisionArgumentParser()
+    detection = "visiontf.tasks.detection.detection_task.DetectionTask"
+    misfit = Namespace(class_path=detection, init_args=Namespace(model_name="detr_tiny", model_kwargs={"dino": {}}))
+    parser._check_model(Namespace(model=misfit, ckpt_path="run/last.ckpt"))
+    with pytest.raises(ModelArgumentError, match="'dino' is not a keyword argument"):
+        parser._check_model(Namespace(model=misfit, ckpt_path=None))

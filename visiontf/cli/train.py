@@ -130,7 +130,11 @@ class VisionArgumentParser(LightningArgumentParser):
             self._check_model(namespace)
 
     def _check_model(self, cfg) -> None:
-        model = cfg.get("model") if hasattr(cfg, "get") else None
+        if not hasattr(cfg, "get") or cfg.get("ckpt_path") is not None:
+            # a checkpoint's own hyper-parameters build the model in place of the config's (VisionCLI._parse_ckpt_path
+            # checks them against the task's signature): the config's model_kwargs may be another model's
+            return
+        model = cfg.get("model")
         class_path = model.get("class_path") if hasattr(model, "get") else None
         if class_path not in task_class_paths():
             return
