@@ -90,6 +90,7 @@ def test_a_valid_config_still_prints(runs):
 def test_the_generation_tasks_check_their_model_as_they_build_it():
     """The tokenizer and the transformer build their model without ``num_classes`` (the transformer takes the data's
     class count as ``n_classes``): a config giving one is not refused for it."""
+    from visiontf.core.errors import UserError
     from visiontf.models import ModelNameError
     from visiontf.tasks.generation.gpt_task import TransformerTask
     from visiontf.tasks.generation.tokenizer_task import TokenizerTask
@@ -98,6 +99,9 @@ def test_the_generation_tasks_check_their_model_as_they_build_it():
         check_model_arguments("vqgan_transformer_tiny", num_classes=3)
     TransformerTask.check_model_arguments({"model_name": "vqgan_transformer_tiny", "num_classes": 3, "model_kwargs": None})
     TokenizerTask.check_model_arguments({"model_name": "vqgan_tiny", "num_classes": 5, "model_kwargs": {}})
+    with pytest.raises(UserError, match="model_kwargs.n_classes 4 but the data has 3 classes"):  # as the build refuses it
+        TransformerTask.check_model_arguments({"model_name": "vqgan_transformer_tiny", "num_classes": 3,
+                                               "model_kwargs": {"n_classes": 4}})
     with pytest.raises(ModelArgumentError, match="'n_clases'"):
         TransformerTask.check_model_arguments({"model_name": "vqgan_transformer_tiny", "model_kwargs": {"n_clases": 3}})
     # with a tokenizer file the architecture comes from it when the task is built: only the name is checked here

@@ -88,6 +88,18 @@ def _missing_first_stage(path: str) -> MissingFirstStageError:
                                   f"{_TRAIN_FIRST}")
 
 
+def _conditioned(model_name: str, num_classes: int | None, model_kwargs: Mapping[str, Any] | None) -> dict | None:
+    """``model_kwargs`` with the data's class count as the transformer's ``n_classes``; UserError where they differ."""
+    if num_classes is None:
+        return None if model_kwargs is None else dict(model_kwargs)
+    kwargs = dict(model_kwargs or {})
+    asked = kwargs.setdefault("n_classes", num_classes)
+    if asked != num_classes:
+        raise UserError(f"{model_name}: model_kwargs.n_classes {asked} but the data has {num_classes} classes; "
+                        "drop model_kwargs.n_classes (the data's count is used) or fix the data's class folders")
+    return kwargs
+
+
 class TransformerTask(BaseTask):
     """Next-code prediction over a frozen tokenizer: unconditional (taming's SOS token first) or, with
     ``num_classes`` (linked from labelled data) or ``model_kwargs.n_classes``, class-conditional."""
@@ -161,20 +173,16 @@ class TransformerTask(BaseTask):
             if isinstance(init_args.get("model_name"), str):
                 get_entry(init_args["model_name"])
             return
-        kwargs = init_args.get("model_kwargs") or {}
-        if init_args.get("num_classes") is not None and isinstance(kwargs, Mapping):
-            kwargs = {"n_classes": init_args["num_classes"], **kwargs}
+        kwargs = init_args.get("model_kwargs")
+        if isinstance(init_args.get("model_name"), str) and isinstance(kwargs, Mapping | None):
+            kwargs = _conditioned(init_args["model_name"], init_args.get("num_classes"), kwargs)
         super().check_model_arguments({**init_args, "num_classes": None, "model_kwargs": kwargs})
 
     def _conditioning(self, model_name: str, num_classes: int | None, model_kwargs: dict | None) -> dict | None:
         """The data's class count becomes the transformer's ``n_classes`` (saved with the task's hyper-parameters)."""
         if num_classes is None:
             return model_kwargs
-        kwargs = dict(model_kwargs or {})
-        asked = kwargs.setdefault("n_classes", num_classes)
-        if asked != num_classes:
-            raise UserError(f"{model_name}: model_kwargs.n_classes {asked} but the data has {num_classes} classes; "
-                            "drop model_kwargs.n_classes (the data's count is used) or fix the data's class folders")
+        kwargs = _conditioned(model_name, num_classes, model_kwargs)
         self.hparams["model_kwargs"] = kwargs
         # the count lives in the model's own argument (taming's n_classes): a checkpoint rebuilds the model
         # from model_kwargs, and GPT-style second stages take no num_classes
