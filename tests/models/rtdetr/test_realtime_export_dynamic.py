@@ -24,12 +24,12 @@ ATOL = 1e-4
 STRUCTURES = ["rtdetr_r50vd_m", "rtdetrv2_r18vd", "rtdetrv2_r18vd_dsp", "dfine_n", "dfine_s", "deim_dfine_n"]
 
 
-def _model(name: str, seed: int = 0) -> torch.nn.Module:
+def _model(name: str, seed: int = 0, **decoder) -> torch.nn.Module:
     """The variant at its registry test settings (narrow, d 32, 3 layers), 10 queries, biases moved off their init so
-    scores and boxes differ from query to query."""
+    scores and boxes differ from query to query; ``decoder``: more decoder options."""
     entry = get_entry(name)
     kwargs = dict(entry.test_kwargs)
-    kwargs["decoder"] = {**kwargs["decoder"], "num_queries": 10}
+    kwargs["decoder"] = {**kwargs["decoder"], "num_queries": 10, **decoder}
     torch.manual_seed(seed)
     model = visiontf.create_model(name, **kwargs).eval()
     g = torch.Generator().manual_seed(seed)
@@ -57,6 +57,26 @@ def test_tiny_graph_follows_the_input_size(name, tmp_path):
     path = export_onnx(model, tmp_path / f"{name}.onnx", image_size=EXPORT_SIZE)
     dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(path)).graph.input}
     assert dims == {"images": ["batch", 3, "height", "width"], "mask": ["batch", "height", "width"]}
+    _check_other_sizes(model, path)
+
+
+def _op_types(graph) -> set[str]:
+    """The graph's operators, those of its subgraphs (``If`` branches) included."""
+    ops = set()
+    for node in graph.node:
+        ops.add(node.op_type)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                ops |= _op_types(attribute.g)
+    return ops
+
+
+def test_distinct_query_selection_exports_with_dynamic_batch_and_size(tmp_path):
+    """``decoder.distinct_query_iou`` (the CPU config's) puts an NMS of the proposals in the graph: it follows the
+    input's size and batch as the plain selection does."""
+    model = _model("rtdetr_tiny", distinct_query_iou=0.7)
+    path = export_onnx(model, tmp_path / "distinct.onnx", image_size=EXPORT_SIZE)
+    assert "NonMaxSuppression" in _op_types(onnx.load(str(path)).graph)
     _check_other_sizes(model, path)
 
 

@@ -35,7 +35,8 @@ def distinct_first(scores: torch.Tensor, boxes_unact: torch.Tensor, iou: float) 
     """
     B, S = scores.shape
     valid = torch.isfinite(scores)
-    boxes = box_convert(boxes_unact.float().sigmoid().reshape(-1, 4), "cxcywh", "xyxy")
+    scores = at_least_float32(scores)  # NMS takes boxes and scores of one type; float64 stays float64
+    boxes = box_convert(boxes_unact.to(scores.dtype).sigmoid().reshape(-1, 4), "cxcywh", "xyxy")
     flat = scores.reshape(-1)
     keep = batched_nms(boxes, flat.masked_fill(~valid.reshape(-1), -1e9), torch.arange(B, device=scores.device).repeat_interleave(S), iou)
     kept = torch.zeros_like(flat).scatter(0, keep, torch.ones_like(flat[keep])).reshape(B, S)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from visiontf.models.deformable_detr.deformable_transformer import DeformableDecoderLayer, inverse_sigmoid
 from visiontf.models.deformable_detr.denoising import DenoisingQueries
+from visiontf.models.deformable_detr.queries import distinct_first
 from visiontf.models.detr.detr import MLP
 from visiontf.models.rtdetr.hybrid_encoder import ConvNormAct, activation
 from visiontf.models.rtdetr.rtdetr_options import DecoderOptions
@@ -216,7 +217,12 @@ class RTDetrDecoder(nn.Module):
         if queries > logits.shape[1]:
             raise ValueError(f"RT-DETR selects num_queries={queries} of the encoder's {logits.shape[1]} positions; "
                              "give larger images or build with fewer queries")
-        index = torch.topk(logits.max(-1).values, queries, dim=1).indices[..., None]
+        scores = logits.max(-1).values
+        if self.options.distinct_query_iou is not None:
+            with torch.no_grad():  # the ranking alone; the picked rows' boxes are computed again below, with gradients
+                boxes = self.enc_bbox_head(output) + anchors
+                scores = distinct_first(scores, boxes, self.options.distinct_query_iou)
+        index = torch.topk(scores, queries, dim=1).indices[..., None]
         pick = lambda t: t.gather(1, index.expand(-1, -1, t.shape[-1]))  # noqa: E731
         picked = pick(output)
         # the box head is row-wise: run at the selected positions only, it gives what the originals pick from its run at

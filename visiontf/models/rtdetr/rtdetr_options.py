@@ -152,6 +152,10 @@ class DecoderOptions:
             ``"relu"`` (RT-DETR) or ``"silu"`` (DEIM's ``mlp_act``).
         query_pos_method: the query-position MLP of each layer's box: ``"default"`` (RT-DETR: 4 -> 2d -> d, two
             layers) or ``"as_reg"`` (DEIM's RT-DETRv2: 4 -> d -> d -> d, three layers, the box heads' shape).
+        distinct_query_iou: None (the originals) or an IoU in (0, 1]: DDQ DETR's distinct query selection, as DINO's
+            option of this name (:func:`~visiontf.models.deformable_detr.queries.distinct_first`): the top
+            ``num_queries`` proposals among those a class-agnostic NMS at this IoU keeps, the suppressed ones filling
+            what is left, so no two queries start on one object. Part of the model in training and inference.
     """
 
     hidden_dim: int = 256
@@ -172,6 +176,13 @@ class DecoderOptions:
     anchor_eps: float = 1e-2
     mlp_act: str = "relu"
     query_pos_method: str = "default"
+    distinct_query_iou: float | None = None
+
+    def __post_init__(self) -> None:
+        iou = self.distinct_query_iou
+        if iou is not None and (isinstance(iou, bool) or not isinstance(iou, (int, float)) or not 0 < iou <= 1):
+            raise ValueError(f"decoder.distinct_query_iou={iou!r}: give an IoU in (0, 1] (DDQ DETR 0.8), or null "
+                             "for the originals' selection by score alone")
 
 
 @dataclass(frozen=True)
