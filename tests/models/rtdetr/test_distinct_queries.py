@@ -116,3 +116,26 @@ def test_training_step_runs_and_backpropagates_with_the_option():
     losses["loss"].backward()
     assert model.decoder.enc_score_head.weight.grad is not None
     assert torch.isfinite(model.decoder.enc_score_head.weight.grad).all()
+
+
+@pytest.mark.parametrize("name", ["dfine_n", "deim_dfine_n"])
+def test_d_fine_and_deim_decoders_take_the_option(name):
+    """D-FINE's and DEIM's decoders inherit the selection: the option builds, validates and changes the selection."""
+    from visiontf.models._registry import get_entry
+
+    kwargs = dict(get_entry(name).test_kwargs)
+    picked = {}
+    for iou in (None, 0.3):
+        torch.manual_seed(0)
+        model = create_model(name, **{**kwargs, "decoder": {**kwargs["decoder"], "num_queries": 10, "distinct_query_iou": iou}}).eval()
+        assert model.decoder.options.distinct_query_iou == iou
+        seen = []
+        select = model.decoder.select
+        model.decoder.select = lambda *a, select=select, seen=seen: seen.append(select(*a)) or seen[-1]
+        with torch.no_grad():
+            for p in model.decoder.enc_bbox_head.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+            model(torch.randn(1, 3, 96, 128, generator=torch.Generator().manual_seed(2)))
+        picked[iou] = seen[0]["boxes"][0]
+    assert _worst_overlap_of_the_first(picked[0.3][None], 4) <= 0.3 + 1e-5
+    assert not torch.equal(picked[0.3], picked[None])
