@@ -166,7 +166,7 @@ class TransformerTask(BaseTask):
 
     @classmethod
     def check_model_arguments(cls, init_args: Mapping[str, Any]) -> None:
-        """As the task builds it: the data's class count as the model's ``n_classes`` (:meth:`_conditioning`), no
+        """As the task builds it: the data's class count as the model's ``n_classes`` (:func:`_conditioned`, as :meth:`_conditioning`), no
         ``num_classes``. With a ``first_stage_ckpt`` the model takes the tokenizer's architecture from that file,
         so only its name is checked here (the file is read when the task is built)."""
         if init_args.get("first_stage_ckpt"):
