@@ -12,6 +12,7 @@ import visiontf
 from visiontf.inference.export import example_inputs, export_onnx
 from visiontf.inference.onnx_check import check_onnx
 from visiontf.models._registry import get_entry
+from visiontf.models.deformable_detr.distinct_queries import SUPPRESSED_LOGIT
 
 EXPORT_SIZE = (64, 64)
 #: (height, width), batch: none of them the export size; 80 x 112 is no multiple of 32 (padded in the graph)
@@ -71,13 +72,22 @@ def _op_types(graph) -> set[str]:
     return ops
 
 
-def test_distinct_query_selection_exports_with_dynamic_batch_and_size(tmp_path):
-    """``decoder.distinct_query_iou`` (the CPU config's) puts an NMS of the proposals in the graph: it follows the
-    input's size and batch as the plain selection does."""
-    model = _model("rtdetr_tiny", distinct_query_iou=0.7)
+@pytest.mark.parametrize("between_layers", [False, True])
+def test_distinct_query_selection_exports_with_dynamic_batch_and_size(between_layers, tmp_path):
+    """``decoder.distinct_query_iou`` (and ``distinct_between_layers``, the CPU config's) put NMS of the proposals (and
+    of each layer's boxes) in the graph: it follows the input's size and batch as the plain selection does."""
+    model = _model("rtdetr_tiny", distinct_query_iou=0.7, distinct_between_layers=between_layers)
+    with torch.no_grad():  # large boxes, so that the layers' selection has overlaps to suppress
+        for head in model.decoder.bbox_heads:
+            head.layers[-1].bias[2:] += 4.0
     path = export_onnx(model, tmp_path / "distinct.onnx", image_size=EXPORT_SIZE)
     assert "NonMaxSuppression" in _op_types(onnx.load(str(path)).graph)
-    _check_other_sizes(model, path)
+    reports = _check_other_sizes(model, path)
+    if between_layers:  # the layers' selection suppressed queries (their logits at -100) in the compared outputs
+        inputs = example_inputs(model, image_size=OTHER_SIZES[0][0], batch_size=OTHER_SIZES[0][1], pad=True)
+        with torch.no_grad():
+            assert (model(**inputs)["pred_logits"] == SUPPRESSED_LOGIT).all(-1).any()
+    assert len(reports) == len(OTHER_SIZES)
 
 
 @pytest.mark.slow

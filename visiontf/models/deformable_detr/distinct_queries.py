@@ -32,7 +32,8 @@ class DistinctQueriesBetweenLayers:
     """The decoder's ``after_layer`` step of DDQ DETR for one forward pass; ``keeps`` records each selection.
 
     Args:
-        score: ``score(i, hidden)`` -> (B, N) best class probability of layer i's outputs (B, N, C).
+        score: ``score(i, hidden)`` -> (B, N) best class probability of layer i's outputs (B, N, C): its
+            hidden states, or its class logits themselves (RT-DETR's and D-FINE's decoders).
         iou: the NMS threshold (DDQ DETR 0.8, its first stage's too).
         num_denoising: P, the denoising queries in front of the matching ones (never selected).
         num_groups: G Group DETR groups of matching queries, each selected on its own.
@@ -70,9 +71,13 @@ class DistinctQueriesBetweenLayers:
 
     def mask_logits(self, logits: Tensor) -> Tensor:
         """(L, B, P + N, K) logits of every layer: layer j > 0 with the queries suppressed after layer j - 1 set to :data:`SUPPRESSED_LOGIT`."""
+        if len(logits) != len(self.keeps) + 1:  # one selection after every layer but the last
+            raise ValueError(f"{len(logits)} layers' logits for {len(self.keeps)} selections: give every layer's")
+        return torch.stack([logits[0], *(self.mask_layer(layer, j) for j, layer in enumerate(logits[1:], 1))])
+
+    def mask_layer(self, logits: Tensor, j: int) -> Tensor:
+        """(B, P + N, K) logits of layer j (> 0) with the queries suppressed up to layer j - 1 set to
+        :data:`SUPPRESSED_LOGIT`: what an evaluation that returns layer j alone reports."""
         P = self.P
-        layers = [logits[0]]
-        for layer, keep in zip(logits[1:], self.keeps, strict=True):  # one selection after every layer but the last
-            matching = torch.where(keep[..., None], layer[:, P:], logits.new_tensor(SUPPRESSED_LOGIT))
-            layers.append(torch.cat([layer[:, :P], matching], 1))
-        return torch.stack(layers)
+        matching = torch.where(self.keeps[j - 1][..., None], logits[:, P:], logits.new_tensor(SUPPRESSED_LOGIT))
+        return torch.cat([logits[:, :P], matching], 1)

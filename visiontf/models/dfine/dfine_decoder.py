@@ -183,6 +183,7 @@ class DFineDecoder(RTDetrDecoder):
         memory, shapes, selected, mask = q["memory"], q["shapes"], q["selected"], q["mask"]
         levels = self.options.num_levels
         last = self.options.num_layers - 1 if self.training else self.options.eval_idx % self.options.num_layers
+        distinct = self.distinct_between_layers(denoising)
         bins = weighting_function(self.options.reg_max, self.up, self.reg_scale)
         ref = q["ref_unact"].sigmoid()  # the current attention reference, detached
         out = q["content"]
@@ -199,10 +200,15 @@ class DFineDecoder(RTDetrDecoder):
                 initial = pre_boxes.detach()
             edge_logits = self.bbox_heads[i](out + previous_out) + previous_corners
             box = distance_to_box(initial, integral(edge_logits, bins), self.reg_scale)
+            layer_logits = None
+            if self.training or i == last or distinct is not None:
+                layer_logits = self.lqe_layers[i](self.score_heads[i](out), edge_logits)
             if self.training or i == last:
-                logits.append(self.lqe_layers[i](self.score_heads[i](out), edge_logits))
+                logits.append(layer_logits)
                 boxes.append(box)
                 corners.append(edge_logits)
+            if distinct is not None and i < last:
+                mask = distinct(i, layer_logits, box.detach(), mask)
             previous_corners, previous_out, ref = edge_logits, out.detach(), box.detach()
-        return FineDecoderOutput(torch.stack(logits), torch.stack(boxes), selected["logits"], selected["boxes"], layer_ref, shapes,
+        return FineDecoderOutput(self.suppress(distinct, logits, last), torch.stack(boxes), selected["logits"], selected["boxes"], layer_ref, shapes,
                                  torch.stack(corners), initial, pre_logits, pre_boxes)

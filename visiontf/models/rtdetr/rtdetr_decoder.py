@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from visiontf.models.deformable_detr.deformable_transformer import DeformableDecoderLayer, inverse_sigmoid
 from visiontf.models.deformable_detr.denoising import DenoisingQueries
+from visiontf.models.deformable_detr.distinct_queries import DistinctQueriesBetweenLayers
 from visiontf.models.deformable_detr.queries import distinct_first
 from visiontf.models.detr.detr import MLP
 from visiontf.models.rtdetr.hybrid_encoder import ConvNormAct, activation
@@ -245,12 +246,32 @@ class RTDetrDecoder(nn.Module):
             mask = ~denoising.attn_mask  # the layers' attention takes True = may attend
         return {"memory": memory, "shapes": shapes, "selected": selected, "content": content, "ref_unact": ref_unact, "mask": mask}
 
+    def distinct_between_layers(self, denoising: DenoisingQueries | None) -> DistinctQueriesBetweenLayers | None:
+        """DDQ DETR's selection after each layer for one forward pass (``distinct_between_layers``), else None."""
+        if not self.options.distinct_between_layers:
+            return None
+        P = denoising.meta.pad_size if denoising is not None else 0
+        return DistinctQueriesBetweenLayers(lambda i, logits: logits.sigmoid().max(-1).values, self.options.distinct_query_iou, P)
+
+    @staticmethod
+    def suppress(distinct: DistinctQueriesBetweenLayers | None, logits: list[Tensor], last: int) -> Tensor:
+        """(layers, B, N, K) the returned layers' logits, the suppressed queries' at
+        :data:`~visiontf.models.deformable_detr.distinct_queries.SUPPRESSED_LOGIT` when
+        ``distinct`` selected: every layer's in training, layer ``last``'s alone in evaluation."""
+        stacked = torch.stack(logits)
+        if distinct is None or last == 0:
+            return stacked
+        if len(logits) == last + 1:
+            return distinct.mask_logits(stacked)
+        return distinct.mask_layer(stacked[0], last)[None]
+
     def forward(self, feats: list[Tensor], denoising: DenoisingQueries | None = None, need_weights: bool = False) -> DecoderOutput:
         """Decode; ``denoising`` (training) puts its queries before the matching ones."""
         q = self.queries(feats, denoising)
         memory, shapes, selected, content, ref_unact, mask = (q[k] for k in ("memory", "shapes", "selected", "content", "ref_unact", "mask"))
         levels = self.options.num_levels
         last = self.options.num_layers - 1 if self.training else self.options.eval_idx % self.options.num_layers
+        distinct = self.distinct_between_layers(denoising)
         ref = ref_unact.sigmoid()  # detached: the reference every layer attends with
         undetached = ref  # the previous layer's box before detaching (training's look forward twice)
         out = content
@@ -260,9 +281,12 @@ class RTDetrDecoder(nn.Module):
             out = layer(out, query_pos, ref[:, :, None].expand(-1, -1, levels, -1), memory, shapes, None, mask)
             delta = self.bbox_heads[i](out)
             new = (delta + inverse_sigmoid(ref, INVERSE_SIGMOID_EPS)).sigmoid()
+            layer_logits = self.score_heads[i](out) if self.training or i == last or distinct is not None else None
             if self.training or i == last:
-                logits.append(self.score_heads[i](out))
+                logits.append(layer_logits)
                 boxes.append(new if i == 0 or not self.training else (delta + inverse_sigmoid(undetached, INVERSE_SIGMOID_EPS)).sigmoid())
             if i < last:
+                if distinct is not None:
+                    mask = distinct(i, layer_logits, new.detach(), mask)
                 undetached, ref = new, new.detach()
-        return DecoderOutput(torch.stack(logits), torch.stack(boxes), selected["logits"], selected["boxes"], ref, shapes)
+        return DecoderOutput(self.suppress(distinct, logits, last), torch.stack(boxes), selected["logits"], selected["boxes"], ref, shapes)

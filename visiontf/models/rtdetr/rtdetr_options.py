@@ -156,6 +156,12 @@ class DecoderOptions:
             option of this name (:func:`~visiontf.models.deformable_detr.queries.distinct_first`): the top
             ``num_queries`` proposals among those a class-agnostic NMS at this IoU keeps, the suppressed ones filling
             what is left, so no two queries start on one object. Part of the model in training and inference.
+        distinct_between_layers: DDQ DETR's selection also after every decoder layer but the last (DINO's option of
+            this name, :class:`~visiontf.models.deformable_detr.distinct_queries.DistinctQueriesBetweenLayers`): a
+            class-agnostic NMS at ``distinct_query_iou`` over the matching queries' refined boxes, ranked by the
+            layer's best class probability, among the queries still kept. A suppressed query is hidden from every
+            query's self-attention from the next layer on and its later logits are -100 (never matched, never
+            reported); denoising queries are never selected. Needs ``distinct_query_iou``.
     """
 
     hidden_dim: int = 256
@@ -177,12 +183,18 @@ class DecoderOptions:
     mlp_act: str = "relu"
     query_pos_method: str = "default"
     distinct_query_iou: float | None = None
+    distinct_between_layers: bool = False
 
     def __post_init__(self) -> None:
         iou = self.distinct_query_iou
         if iou is not None and (isinstance(iou, bool) or not isinstance(iou, (int, float)) or not 0 < iou <= 1):
             raise ValueError(f"decoder.distinct_query_iou={iou!r}: give an IoU in (0, 1] (DDQ DETR 0.8), or null "
                              "for the originals' selection by score alone")
+        if not isinstance(self.distinct_between_layers, bool):
+            raise ValueError(f"decoder.distinct_between_layers={self.distinct_between_layers!r}: give true or false")
+        if self.distinct_between_layers and iou is None:
+            raise ValueError("decoder.distinct_between_layers=true selects at decoder.distinct_query_iou after each decoder "
+                             "layer: set distinct_query_iou too (DDQ DETR 0.8)")
 
 
 @dataclass(frozen=True)
