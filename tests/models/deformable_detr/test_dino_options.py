@@ -299,3 +299,30 @@ def test_distinct_ranking_keeps_the_order_of_saturated_scores():
     ranked = distinct_first(scores, far_apart, 0.5)
     assert ranked.topk(3).indices.tolist() == [[1, 2, 0]]  # 29.0 is suppressed by 30.0
     assert ranked[0, 3] == float("-inf")
+
+
+@pytest.mark.parametrize("spread", [0.5, 0.05])
+def test_distinct_ranking_of_the_best_candidates_picks_what_the_nms_over_all_picks(spread):
+    """With ``count`` the NMS runs over each image's best 4 * count proposals first: the first ``count`` of the ranking
+    are those of the NMS over all, in the same order, whether an image keeps enough of its candidates (spread-out
+    boxes) or too few (boxes crowded on a few spots: it then runs over all)."""
+    from visiontf.models.deformable_detr import queries
+    from visiontf.models.deformable_detr.queries import distinct_first
+
+    g = torch.Generator().manual_seed(0)
+    B, S, count = 3, 600, 20
+    scores = torch.randn(B, S, generator=g)
+    scores[1, :37] = float("-inf")  # border positions of one image
+    centres = torch.rand(B, S, 2, generator=g) * spread + (1 - spread) / 2
+    boxes = torch.cat([centres, torch.full((B, S, 2), 0.15) + 0.05 * torch.rand(B, S, 2, generator=g)], -1).logit()
+    full = distinct_first(scores, boxes, 0.5)
+    calls = []
+    nms_of = queries._kept
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(queries, "_kept", lambda s, *a: calls.append(s.shape[1]) or nms_of(s, *a))
+        fast = distinct_first(scores, boxes, 0.5, count)
+    assert calls[0] == 4 * count
+    assert (len(calls) == 2) == (spread == 0.05)  # crowded: too few kept among the candidates, the NMS over all
+    assert torch.equal(fast.topk(count).indices, full.topk(count).indices)
+    assert torch.equal(fast.topk(count).values, full.topk(count).values)
+    assert fast[1, :37].eq(float("-inf")).all()

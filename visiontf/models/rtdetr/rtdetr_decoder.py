@@ -222,7 +222,7 @@ class RTDetrDecoder(nn.Module):
         if self.options.distinct_query_iou is not None:
             with torch.no_grad():  # the ranking alone; the picked rows' boxes are computed again below, with gradients
                 boxes = self.enc_bbox_head(output) + anchors
-                scores = distinct_first(scores, boxes, self.options.distinct_query_iou)
+                scores = distinct_first(scores, boxes, self.options.distinct_query_iou, queries)
         index = torch.topk(scores, queries, dim=1).indices[..., None]
         pick = lambda t: t.gather(1, index.expand(-1, -1, t.shape[-1]))  # noqa: E731
         picked = pick(output)
