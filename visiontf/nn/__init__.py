@@ -1,5 +1,5 @@
 """Shared building blocks: attention, transformer layers, position embeddings."""
-from visiontf.nn.attention import MultiheadAttention
+from visiontf.nn.attention import MultiheadAttention, scaled_dot_product_attention
 from visiontf.nn.ms_deform_attn import MSDeformAttn
 from visiontf.nn.ms_deform_core import ms_deform_attn_core
 from visiontf.nn.pos_embed import (
@@ -14,6 +14,7 @@ from visiontf.nn.transformer import TransformerDecoder, TransformerDecoderLayer,
 
 __all__ = [
     "MultiheadAttention",
+    "scaled_dot_product_attention",
     "MSDeformAttn",
     "ms_deform_attn_core",
     "TransformerEncoderLayer",

@@ -12,6 +12,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+_REDUCED = (torch.bfloat16, torch.float16)
+# On the CPU, torch's SDPA kernels in bfloat16 / float16 (what autocast picks) ran forward and backward 2-5x slower
+# than in float32 for up to a few hundred tokens, and were within 15 % of it either way above (one thread, torch
+# 2.14; docs/benchmarks.md, "Attention on the CPU under bf16"). DETR decoders' self-attention (50-300 queries) and
+# small ViTs live in that range.
+CPU_FLOAT32_ATTENTION_PAIRS = 300 * 300
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
+    """``F.scaled_dot_product_attention``, computed in float32 on the CPU when it would run in bfloat16 / float16
+    (the inputs' type, or autocast's) over at most :data:`CPU_FLOAT32_ATTENTION_PAIRS` query-key pairs a head; the
+    output keeps the type SDPA would have returned. Elsewhere (float32, CUDA, long sequences) it is SDPA itself."""
+    if q.device.type == "cpu":
+        out_dtype = q.dtype
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in _REDUCED:
+            out_dtype = torch.get_autocast_dtype("cpu")
+        if out_dtype in _REDUCED and q.shape[-2] * k.shape[-2] <= CPU_FLOAT32_ATTENTION_PAIRS:
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.float()
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
+                                                     dropout_p=dropout_p, is_causal=is_causal)
+            return out.to(out_dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
 
 class MultiheadAttention(nn.Module):
     def __init__(
@@ -88,7 +114,7 @@ class MultiheadAttention(nn.Module):
             out = F.dropout(weights, dropout, self.training) @ v
             attn = weights.mean(dim=1)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=fused_causal)
+            out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=fused_causal)
             attn = None
         out = out.transpose(1, 2).reshape(B, L, self.dim)
         return self.proj_drop(self.proj(out)), attn

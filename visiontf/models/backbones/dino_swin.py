@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from visiontf.models.backbones.backbone import Backbone, check_indices, select_levels
 from visiontf.models.backbones.registry import register_backbone
+from visiontf.nn.attention import scaled_dot_product_attention
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,9 @@ class WindowAttention(nn.Module):
             nw = mask.shape[0]
             q, k, v = (t.reshape(-1, nw, *t.shape[1:]) for t in (q, k, v))
             bias = bias.unsqueeze(0) + mask.to(q.dtype)[None, :, None]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).flatten(0, 1)
+            out = scaled_dot_product_attention(q, k, v, attn_mask=bias).flatten(0, 1)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            out = scaled_dot_product_attention(q, k, v, attn_mask=bias)
         return self.proj(out.transpose(1, 2).reshape(Bw, N, C))
 
 

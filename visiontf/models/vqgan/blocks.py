@@ -25,6 +25,8 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from visiontf.nn.attention import scaled_dot_product_attention
+
 
 def swish(x: Tensor) -> Tensor:
     """``x * sigmoid(x)`` (taming's ``nonlinearity``), as one fused SiLU."""
@@ -81,7 +83,7 @@ class AttnBlock(nn.Module):
         h = self.norm(x)
         # (B, 1, HW, C): one head whose width is C, so SDPA's default scale is taming's C ** -0.5
         q, k, v = (conv(h).flatten(2).transpose(1, 2).unsqueeze(1) for conv in (self.q, self.k, self.v))
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = scaled_dot_product_attention(q, k, v)
         out = out.squeeze(1).transpose(1, 2).reshape(B, C, H, W)
         return x + self.proj_out(out)
 

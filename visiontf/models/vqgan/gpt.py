@@ -26,6 +26,7 @@ from visiontf.models._registry import WeightsLayoutError, register_model
 from visiontf.models.contract import Generator, ModelCfg, PretrainedCfg
 from visiontf.models.vqgan.build import build_vqgan_transformer
 from visiontf.models.vqgan.vqgan import VQModel
+from visiontf.nn.attention import scaled_dot_product_attention
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class CausalSelfAttention(nn.Module):
             cols = torch.arange(start + T, device=x.device)[None, :]
             mask = (cols <= rows) | ((rows < self.n_unmasked) & (cols < self.n_unmasked))
         is_causal = bool(mask is None and start == 0 and T > 1)  # a Python bool also when traced (ONNX)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+        y = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            dropout_p=self.attn_pdrop if self.training else 0.0)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
