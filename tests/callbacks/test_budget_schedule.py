@@ -60,6 +60,17 @@ def test_anneals_over_the_step_budget_without_a_time_limit(tmp_path):
         assert lr == pytest.approx(BASE_LR * _cosine(step / total), abs=1e-12)
 
 
+def test_a_flat_share_holds_the_lr_then_anneals_over_the_rest(tmp_path):
+    model = Regression()
+    _trainer(tmp_path, [BudgetCosine(flat_fraction=0.5)], max_epochs=2, enable_checkpointing=False,
+             limit_val_batches=0).fit(model, _loader())
+    total = 2 * 10
+    assert model.lrs[:11] == [BASE_LR] * 11  # progress 0 .. 0.5
+    for step, lr in enumerate(model.lrs):
+        assert lr == pytest.approx(BASE_LR * _cosine(max(0.0, step / total - 0.5) / 0.5), abs=1e-12)
+    assert model.lrs[-1] < BASE_LR * 0.03
+
+
 class _Clock:
     """Stands in for the Timer's ``time`` module: 10 s pass at every training batch."""
 
@@ -118,3 +129,5 @@ def test_bad_arguments():
         BudgetCosine(time_fraction=0)
     with pytest.raises(ValueError, match="min_factor"):
         BudgetCosine(min_factor=2)
+    with pytest.raises(ValueError, match="flat_fraction"):
+        BudgetCosine(flat_fraction=1.0)

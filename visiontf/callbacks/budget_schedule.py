@@ -36,15 +36,20 @@ class BudgetCosine(L.Callback):
         time_fraction: share of ``max_time`` over which the learning rate anneals; training then
             stops, leaving the rest for the final validation and checkpoint.
         min_factor: the factor at the end of the budget (0: anneal to zero).
+        flat_fraction: share of the progress held at factor 1 before the cosine starts (DEIM's flat-cosine
+            shape: the cosine then spans the remaining ``1 - flat_fraction``); 0 anneals from the start.
     """
 
-    def __init__(self, time_fraction: float = 0.97, min_factor: float = 0.0) -> None:
+    def __init__(self, time_fraction: float = 0.97, min_factor: float = 0.0, flat_fraction: float = 0.0) -> None:
         super().__init__()
         if not 0.0 < time_fraction <= 1.0:
             raise ValueError(f"BudgetCosine: time_fraction must be in (0, 1], got {time_fraction}")
         if not 0.0 <= min_factor <= 1.0:
             raise ValueError(f"BudgetCosine: min_factor must be in [0, 1], got {min_factor}")
+        if not 0.0 <= flat_fraction < 1.0:
+            raise ValueError(f"BudgetCosine: flat_fraction must be in [0, 1), got {flat_fraction}")
         self.time_fraction = time_fraction
+        self.flat_fraction = flat_fraction
         self.min_factor = min_factor
         # per optimizer param group: the scheduler's lr we scaled and the value we wrote
         self._scheduled: list[float] = []
@@ -73,7 +78,8 @@ class BudgetCosine(L.Callback):
         return min(1.0, max(by_steps, self.time_progress(trainer)))
 
     def factor(self, progress: float) -> float:
-        """Cosine from 1 to ``min_factor``."""
+        """1 up to ``flat_fraction``, then a cosine from 1 to ``min_factor`` at progress 1."""
+        progress = max(0.0, progress - self.flat_fraction) / (1.0 - self.flat_fraction)
         return self.min_factor + (1.0 - self.min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
