@@ -27,7 +27,17 @@ log = logging.getLogger(__name__)
 
 
 def _benchmarks(device: str) -> dict[str, Callable[[bool], list[dict]]]:
-    from benchmarks import coco_eval, data_pipeline, deformable_detr, detr, matcher, memory, predict_memory, vit_vs_timm
+    from benchmarks import (
+        coco_eval,
+        cpu_attention,
+        data_pipeline,
+        deformable_detr,
+        detr,
+        matcher,
+        memory,
+        predict_memory,
+        vit_vs_timm,
+    )
 
     return {
         "vit": lambda quick: vit_vs_timm.run(quick, device),
@@ -37,6 +47,7 @@ def _benchmarks(device: str) -> dict[str, Callable[[bool], list[dict]]]:
         "memory": lambda quick: memory.run(quick, device),
         # whole-process / data-loader benchmarks: CPU only by design
         "coco_eval": lambda quick: coco_eval.run(quick),
+        "cpu_attention": lambda quick: cpu_attention.run(quick, "cpu"),
         "data_pipeline": lambda quick: data_pipeline.run(quick),
         "predict_memory": lambda quick: predict_memory.run(quick),
     }

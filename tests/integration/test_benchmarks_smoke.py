@@ -65,6 +65,17 @@ def test_run_all_table_and_json(tmp_path, monkeypatch):
     assert data["machine"]["torch"] == torch.__version__
 
 
+def test_cpu_attention_rows_ours_at_least_as_close_to_float64():
+    from benchmarks import cpu_attention
+
+    rows = cpu_attention.run(quick=True, device="cpu")
+    _check(rows, len(cpu_attention.QUICK_SIZES))
+    # below the threshold ours is float32 rounded once: closer to float64 than bf16 SDPA, not merely as close
+    assert rows[0]["max_err_ours"] < rows[0]["max_err_sdpa"]
+    # above it, both are SDPA itself
+    assert rows[-1]["max_err_ours"] == rows[-1]["max_err_sdpa"]
+
+
 def test_ipt_train_step_rows_against_the_original_module():
     """The tiled row needs the full-size model (115 M parameters): only the ipt_tiny train step runs here."""
     from benchmarks import ipt

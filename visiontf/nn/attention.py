@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 _REDUCED = (torch.bfloat16, torch.float16)
-# On the CPU, torch's SDPA kernels in bfloat16 / float16 (what autocast picks) ran forward and backward 2-5x slower
-# than in float32 for up to a few hundred tokens, and were within 15 % of it either way above (one thread, torch
-# 2.14; docs/benchmarks.md, "Attention on the CPU under bf16"). DETR decoders' self-attention (50-300 queries) and
-# small ViTs live in that range.
+# On the CPU, torch's SDPA kernels in bfloat16 / float16 (what autocast picks for SDPA) are several times slower than
+# in float32, forward and backward, up to a few hundred tokens, and about level above: DETR decoders' self-attention
+# (50-300 queries) and small ViTs live there. The sizes measured: docs/record/speed.md, "Attention on the CPU under
+# bf16"; benchmarks/cpu_attention.py.
 CPU_FLOAT32_ATTENTION_PAIRS = 300 * 300
 
 
