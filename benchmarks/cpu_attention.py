@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -58,34 +57,17 @@ def attention_rows(quick: bool) -> list[dict]:
 
 
 def step_time(data: str, steps: int, float32_pairs: int) -> float:
-    import lightning as L
-
-    from visiontf.cli.train import make_cli
-
-    class StepTimes(L.Callback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            self._start = time.perf_counter()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            self.times.append(time.perf_counter() - self._start)
+    from benchmarks.precision_step import median_step
 
     saved = attention.CPU_FLOAT32_ATTENTION_PAIRS
     attention.CPU_FLOAT32_ATTENTION_PAIRS = float32_pairs
     try:
-        cli = make_cli(["--config", STEP_CONFIG, f"--data.init_args.root={data}", "--trainer.devices=1",
-                        "--trainer.strategy=auto", f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0",
-                        "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-                        "--trainer.default_root_dir=outputs/bench_cpu_attention"],
-                       run=False)
-        timer = StepTimes()
-        cli.trainer.callbacks.append(timer)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        return median_step(["--config", STEP_CONFIG, f"--data.init_args.root={data}", "--trainer.devices=1",
+                            "--trainer.strategy=auto", f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0",
+                            "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+                            "--trainer.default_root_dir=outputs/bench_cpu_attention"])
     finally:
         attention.CPU_FLOAT32_ATTENTION_PAIRS = saved
-    return statistics.median(timer.times[5:])
 
 
 def run(quick: bool, device: str, step: bool = False, data: str | None = None, steps: int = 40, rounds: int = 2) -> list[dict]:

@@ -41,25 +41,31 @@ class StepTimes(L.Callback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def step_time(data: str, precision: str, clip: float | None, fused: bool, steps: int) -> float:
+def median_step(cli_args: list[str]) -> float:
+    """The median training step (after 5 warm-up steps) of a ``tools/train.py fit`` with ``cli_args``, in this process."""
     from visiontf.cli.train import make_cli
+
+    cli = make_cli(cli_args, run=False)
+    timer = StepTimes()
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return statistics.median(timer.times[5:])
+
+
+def step_time(data: str, precision: str, clip: float | None, fused: bool, steps: int) -> float:
     from visiontf.tasks import optim
 
     saved = optim.can_fuse_adamw
     if not fused:
         optim.can_fuse_adamw = lambda groups: False
     try:
-        cli = make_cli(["--config", CONFIG, f"--data.init_args.root={data}", "--trainer.devices=1", "--trainer.strategy=auto",
-                        f"--trainer.precision={precision}", f"--trainer.gradient_clip_val={'null' if clip is None else clip}", f"--trainer.max_steps={steps}",
-                        "--precision_without_native_bf16=null", "--trainer.limit_val_batches=0", "--trainer.logger=false",
-                        "--trainer.enable_progress_bar=false",
-                        "--trainer.default_root_dir=outputs/bench_precision"], run=False)
-        timer = StepTimes()
-        cli.trainer.callbacks.append(timer)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        return median_step(["--config", CONFIG, f"--data.init_args.root={data}", "--trainer.devices=1", "--trainer.strategy=auto",
+                            f"--trainer.precision={precision}", f"--trainer.gradient_clip_val={'null' if clip is None else clip}", f"--trainer.max_steps={steps}",
+                            "--precision_without_native_bf16=null", "--trainer.limit_val_batches=0", "--trainer.logger=false",
+                            "--trainer.enable_progress_bar=false",
+                            "--trainer.default_root_dir=outputs/bench_precision"])
     finally:
         optim.can_fuse_adamw = saved
-    return statistics.median(timer.times[5:])
 
 
 def main() -> None:
