@@ -53,6 +53,15 @@ def test_under_autocast_float32_inputs_get_autocasts_type_back():
     assert torch.equal(ours, F.scaled_dot_product_attention(q, k, v).to(torch.bfloat16))
 
 
+def test_under_autocast_float64_stays_float64_as_with_sdpa():
+    q, k, v = _qkv(30, 40, torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = scaled_dot_product_attention(q, k, v)
+        sdpa = F.scaled_dot_product_attention(q, k, v)
+    assert ours.dtype == sdpa.dtype == torch.float64
+    assert torch.equal(ours, sdpa)
+
+
 def test_float32_and_long_sequences_are_sdpa_itself():
     for L, S, dtype in ((30, 40, torch.float32), (30, 40, torch.float64)):
         q, k, v = _qkv(L, S, dtype)

@@ -27,7 +27,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     output keeps the type SDPA would have returned. Elsewhere (float32, CUDA, long sequences) it is SDPA itself."""
     if q.device.type == "cpu":
         out_dtype = q.dtype
-        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in _REDUCED:
+        # autocast casts every floating input but float64 to its type
+        if q.dtype != torch.float64 and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in _REDUCED:
             out_dtype = torch.get_autocast_dtype("cpu")
         if out_dtype in _REDUCED and q.shape[-2] * k.shape[-2] <= CPU_FLOAT32_ATTENTION_PAIRS:
             if attn_mask is not None and attn_mask.is_floating_point():
