@@ -41,25 +41,21 @@ def test_short_reduced_precision_attention_is_float32_attention_rounded_once(dty
         assert torch.allclose(got.grad.float(), want.grad, rtol=1e-2, atol=1e-2)
 
 
-def test_under_autocast_float32_inputs_get_autocasts_type_back():
-    q, k, v = _qkv(50, 50, torch.float32)
+@pytest.mark.parametrize("dtype, returned", [(torch.float32, torch.bfloat16), (torch.float64, torch.float64)])
+def test_under_autocast_the_type_returned_is_sdpas(dtype, returned):
+    """Autocast casts float32 to bf16 and leaves float64 alone; so does this function."""
+    q, k, v = _qkv(50, 50, dtype)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ours = scaled_dot_product_attention(q, k, v)
         sdpa = F.scaled_dot_product_attention(q, k, v)
-    assert ours.dtype == sdpa.dtype == torch.bfloat16
+    assert ours.dtype == sdpa.dtype == returned
+    if dtype == torch.float64:
+        assert torch.equal(ours, sdpa)
+        return
     exact = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)))
     # the float32 computation is closer to float64 than autocast's bf16 one
     assert (ours.double() - exact).abs().max() < (sdpa.double() - exact).abs().max()
     assert torch.equal(ours, F.scaled_dot_product_attention(q, k, v).to(torch.bfloat16))
-
-
-def test_under_autocast_float64_stays_float64_as_with_sdpa():
-    q, k, v = _qkv(30, 40, torch.float64)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours = scaled_dot_product_attention(q, k, v)
-        sdpa = F.scaled_dot_product_attention(q, k, v)
-    assert ours.dtype == sdpa.dtype == torch.float64
-    assert torch.equal(ours, sdpa)
 
 
 def test_float32_and_long_sequences_are_sdpa_itself():
