@@ -76,7 +76,7 @@ def run(quick: bool, device: str, step: bool = False, data: str | None = None, s
     rows = attention_rows(quick)
     if step:
         if data is None:
-            raise SystemExit("--step needs --data (a detection set: tools/make_synthetic.py --task detection --preset demo)")
+            raise ValueError("--step needs --data (a detection set: tools/make_synthetic.py --task detection --preset demo)")
         ours, ref = [], []
         for _ in range(rounds):
             ours.append(step_time(data, steps, attention.CPU_FLOAT32_ATTENTION_PAIRS))

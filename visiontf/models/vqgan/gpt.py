@@ -74,7 +74,7 @@ class CausalSelfAttention(nn.Module):
             mask = (cols <= rows) | ((rows < self.n_unmasked) & (cols < self.n_unmasked))
         is_causal = bool(mask is None and start == 0 and T > 1)  # a Python bool also when traced (ONNX)
         y = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           dropout_p=self.attn_pdrop if self.training else 0.0)
+                                         dropout_p=self.attn_pdrop if self.training else 0.0)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
