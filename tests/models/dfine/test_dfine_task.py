@@ -134,9 +134,15 @@ def test_deim_recipes_follow_the_original(size):
 def test_tiny_shapes_config_builds_its_task():
     cfg = read_config(CONFIGS / "dfine" / "dfine_tiny_shapes.yaml")
     args = cfg["model"]["init_args"]
-    task = DetectionTask(args["model_name"], num_classes=3, lr=args["lr"], lr_backbone=args["lr_backbone"])
-    assert task.model.decoder.options.num_queries == 100 and task.model.denoising.num_denoising == 50
+    task = DetectionTask(args["model_name"], num_classes=3, model_kwargs=args["model_kwargs"], set_loss=args["set_loss"],
+                         lr=args["lr"], lr_backbone=args["lr_backbone"])
+    options = task.model.decoder.options
+    assert options.num_queries == 50 and task.model.denoising.num_denoising == 50
+    assert options.distinct_query_iou == 0.8 and options.distinct_between_layers
     assert isinstance(task.criterion, FineGrainedCriterion) and task.criterion.reg_max == 16
+    # the config's matcher: class cost 4, the rest D-FINE's (L1 5, GIoU 2)
+    matcher = task.criterion.matcher
+    assert (matcher.cost_class, matcher.cost_bbox, matcher.cost_giou) == (4.0, 5.0, 2.0)
 
 
 def test_dfine_denoising_makes_crossed_boxes_sizes_positive():
