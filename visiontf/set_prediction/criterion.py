@@ -19,6 +19,10 @@ Options of the DINO line, each used only when the model's outputs carry its entr
   supervised with the class labels under the suffix ``_interm`` (DINO's ``SetCriterion``);
 * ``num_query_groups`` G (Group DETR): the G * Q queries are matched one-to-one per group, and the
   normaliser becomes ``num_boxes * G`` (as LW-DETR / RF-DETR);
+* ``one_to_many_outputs`` (H-DETR's hybrid matching, Jia et al., CVPR 2023): an auxiliary set of queries matched
+  to each image's ground truth repeated ``one_to_many_repeats`` times (H-DETR's k, 6), so that up to k queries
+  learn each object; its terms, normalised by ``num_boxes * k``, are ``_o2m`` (its last layer) and ``_o2m_<layer>``,
+  weighted by their base term's weight times ``one_to_many_weight`` (H-DETR's lambda, 1);
 * ``dn_outputs`` with ``dn_meta`` (contrastive denoising): the positive denoising queries are
   supervised with their own ground truth (fixed assignment, no matching), negatives and padding as
   "no object", normalised by ``num_boxes * dn_groups``, under ``_dn`` and ``_dn_<layer>`` (DINO);
@@ -56,7 +60,8 @@ CLASS_LOSSES = ("ce", "focal", "vfl", "ia_bce", "mal")
 #: IoU-aware sigmoid class losses: the matched class's target is the box's IoU
 _IOU_AWARE = {"vfl": varifocal_loss, "ia_bce": ia_bce_loss, "mal": matchability_aware_loss}
 #: outputs that are not the final predictions: each is matched and supervised separately
-_EXTRA_OUTPUTS = ("aux_outputs", "enc_outputs", "interm_outputs", "dn_outputs", "dn_meta", "num_query_groups")
+_EXTRA_OUTPUTS = ("aux_outputs", "enc_outputs", "interm_outputs", "dn_outputs", "dn_meta", "num_query_groups",
+                  "one_to_many_outputs")
 #: denoising terms of a batch without any box (zero, so that every step logs the same names)
 _DN_TERMS = ("loss_ce_dn", "loss_bbox_dn", "loss_giou_dn")
 
@@ -100,6 +105,8 @@ class SetCriterion(nn.Module):
             ``"mal"`` (:func:`~visiontf.set_prediction.losses.matchability_aware_loss`, no alpha; DEIM uses
             ``focal_gamma`` 1.5); the sigmoid losses share the focal matching cost and normalisation.
         focal_alpha, focal_gamma: of the focal loss (gamma of every sigmoid loss, alpha also of IA-BCE).
+        one_to_many_repeats: k, how many times each target is repeated for the ``one_to_many_outputs`` (H-DETR 6).
+        one_to_many_weight: the one-to-many terms' weight relative to their base terms' (H-DETR's lambda, 1).
 
     ``forward(outputs, targets)`` returns the unweighted terms (``loss_ce``, ``class_error``,
     ``loss_bbox``, ``loss_giou``, ``cardinality_error`` and their ``_i`` versions for
@@ -118,8 +125,14 @@ class SetCriterion(nn.Module):
         class_loss: str = "ce",
         focal_alpha: float = 0.25,
         focal_gamma: float = 2.0,
+        one_to_many_repeats: int = 6,
+        one_to_many_weight: float = 1.0,
     ):
         super().__init__()
+        if isinstance(one_to_many_repeats, bool) or not isinstance(one_to_many_repeats, int) or one_to_many_repeats < 1:
+            raise ValueError(f"SetCriterion: one_to_many_repeats must be a whole number >= 1 (H-DETR 6), got {one_to_many_repeats!r}")
+        if isinstance(one_to_many_weight, bool) or not isinstance(one_to_many_weight, (int, float)) or not one_to_many_weight >= 0:
+            raise ValueError(f"SetCriterion: one_to_many_weight must be a number >= 0 (H-DETR 1), got {one_to_many_weight!r}")
         if num_classes < 1:
             raise ValueError(f"SetCriterion: num_classes must be >= 1, got {num_classes}")
         unknown = [name for name in losses if name not in SUPPORTED_LOSSES + OPTIONAL_LOSSES]
@@ -145,6 +158,8 @@ class SetCriterion(nn.Module):
         self.class_loss = class_loss
         self.focal_alpha = focal_alpha
         self.focal_gamma = focal_gamma
+        self.one_to_many_repeats = one_to_many_repeats
+        self.one_to_many_weight = float(one_to_many_weight)
         empty_weight = torch.ones(num_classes + 1)
         empty_weight[-1] = eos_coef
         self.register_buffer("empty_weight", empty_weight)
@@ -321,6 +336,22 @@ class SetCriterion(nn.Module):
             for name in losses:
                 add(self.get_loss(name, aux, targets, indices, normaliser, **({"log": False} if name == "labels" else {})), f"_dn_{i}")
 
+    def _add_one_to_many(self, many: Mapping[str, object], targets: Sequence[Mapping[str, Tensor]], num_boxes: float, add) -> None:
+        """Hybrid matching's terms: each layer of ``many`` matched one-to-one to the targets repeated k times (so up to
+        k queries an object), normalised by ``num_boxes * k``, weighted by ``one_to_many_weight``."""
+        k = self.one_to_many_repeats
+        repeated = [{"labels": t["labels"].repeat(k), "boxes": t["boxes"].reshape(-1, 4).repeat(k, 1)} for t in targets]
+        layers = [*(many.get("aux_outputs", ()) or ()), many]
+        for i, out in enumerate(layers):
+            self._check(out, repeated)
+            indices = self.matcher(out, repeated)
+            suffix = "_o2m" if i == len(layers) - 1 else f"_o2m_{i}"
+            for name in self._losses_for(out):
+                if name == "cardinality":  # k copies of each object: a count of detections against it means nothing
+                    continue
+                kwargs = {"log": False} if name == "labels" else {}
+                add(self.get_loss(name, out, repeated, indices, num_boxes * k, **kwargs), suffix, self.one_to_many_weight)
+
     def forward(
         self, outputs: Mapping[str, object], targets: Sequence[Mapping[str, Tensor]], sync_num_boxes: bool = True
     ) -> dict[str, Tensor]:
@@ -336,11 +367,11 @@ class SetCriterion(nn.Module):
         terms: dict[str, Tensor] = {}
         weighted = []
 
-        def add(group: dict[str, Tensor], suffix: str) -> None:
+        def add(group: dict[str, Tensor], suffix: str, scale: float = 1.0) -> None:
             for key, value in group.items():
                 terms[key + suffix] = value
                 # Original-style dicts name aux weights explicitly ("loss_ce_0"); else share the base.
-                weight = self.weight_dict.get(key + suffix, self.weight_dict.get(key, 0.0))
+                weight = self.weight_dict.get(key + suffix, self.weight_dict.get(key, 0.0)) * scale
                 if weight:
                     weighted.append(weight * value)
 
@@ -370,6 +401,10 @@ class SetCriterion(nn.Module):
 
         if outputs.get("dn_meta") is not None:
             self._add_denoising(outputs["dn_outputs"], outputs["dn_meta"], targets, num_boxes, add, terms)
+
+        many = outputs.get("one_to_many_outputs")
+        if many is not None:
+            self._add_one_to_many(many, targets, num_boxes, add)
 
         enc = outputs.get("enc_outputs")
         if enc is not None:

@@ -204,6 +204,9 @@ class FineGrainedCriterion(SetCriterion):
     def forward(self, outputs: Mapping[str, object], targets: Sequence[Mapping[str, Tensor]], sync_num_boxes: bool = True) -> dict[str, Tensor]:
         """Every term (unweighted) and ``loss``, their weighted sum; the terms are float32 whatever the predictions' dtype."""
         extra = ("aux_outputs", "pre_outputs", "interm_outputs", "enc_outputs", "dn_outputs", "dn_meta")
+        if "one_to_many_outputs" in outputs:
+            raise ValueError("FineGrainedCriterion has no one-to-many terms (hybrid matching is RT-DETR's option); the "
+                             "outputs hold one_to_many_outputs: build the model with decoder.num_one_to_many_queries=0")
         main = {k: v for k, v in outputs.items() if k not in extra}
         self._check(main, targets)
         device = main["pred_logits"].device

@@ -65,6 +65,9 @@ class MatcherCosts:
 class CriterionSettings:
     """:class:`~visiontf.set_prediction.SetCriterion`'s settings other than its weights; None keeps the family's.
 
+    ``one_to_many_repeats`` and ``one_to_many_weight``: hybrid matching's k and lambda (the terms of a model built with
+    one-to-many queries, RT-DETR's ``decoder.num_one_to_many_queries``).
+
     ``options``: keywords of one family's criterion alone (D-FINE's and DEIM's ``ddf_temperature``,
     ``union_matching``, ``reg_max``), passed through unchanged; the criterion refuses a keyword it does not take.
     """
@@ -73,10 +76,16 @@ class CriterionSettings:
     eos_coef: float | None = None
     focal_alpha: float | None = None
     focal_gamma: float | None = None
+    one_to_many_repeats: int | None = None
+    one_to_many_weight: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _number("set_loss.criterion.eos_coef", self.eos_coef, low_open=True, high=1.0)
+        repeats = self.one_to_many_repeats
+        if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1):
+            raise ValueError(f"set_loss.criterion.one_to_many_repeats={repeats!r}: must be a whole number >= 1 (H-DETR 6)")
+        _number("set_loss.criterion.one_to_many_weight", self.one_to_many_weight)
         _number("set_loss.criterion.focal_alpha", self.focal_alpha)
         _number("set_loss.criterion.focal_gamma", self.focal_gamma)
         typed = {f.name for f in dataclasses.fields(self)} - {"options"}

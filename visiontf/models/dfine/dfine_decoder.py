@@ -135,6 +135,9 @@ class DFineDecoder(RTDetrDecoder):
                  tables: str = "original") -> None:
         if not isinstance(options, FDRDecoderOptions):
             raise TypeError(f"DFineDecoder takes FDRDecoderOptions, got {type(options).__name__}")
+        if options.num_one_to_many_queries:
+            raise ValueError("decoder.num_one_to_many_queries (hybrid matching) is RT-DETR's decoder's option; D-FINE's "
+                             "decoder has no one-to-many branch: leave it 0")
         super().__init__(in_channels, num_classes, options, num_denoising, tables)
 
     # ------------------------------------------------------------------------------------ parts
@@ -211,4 +214,4 @@ class DFineDecoder(RTDetrDecoder):
                 mask = distinct(i, layer_logits, box.detach(), mask)
             previous_corners, previous_out, ref = edge_logits, out.detach(), box.detach()
         return FineDecoderOutput(self.suppress(distinct, logits, last), torch.stack(boxes), selected["logits"], selected["boxes"], layer_ref, shapes,
-                                 torch.stack(corners), initial, pre_logits, pre_boxes)
+                                 corners=torch.stack(corners), initial=initial, pre_logits=pre_logits, pre_boxes=pre_boxes)

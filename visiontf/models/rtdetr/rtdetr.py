@@ -176,6 +176,12 @@ class RTDETR(BackboneLayerDepth, Detector):
             if self.decoder.options.aux_loss:
                 out["aux_outputs"] = [{"pred_logits": a[:, P:], "pred_boxes": b[:, P:]} for a, b in zip(logits[:-1], boxes[:-1])]
                 out["interm_outputs"] = {"pred_logits": dec.proposal_logits, "pred_boxes": to_image(dec.proposal_boxes)}
+            if dec.one_to_many is not None:
+                many_logits, many_boxes = dec.one_to_many[0], to_image(dec.one_to_many[1])
+                out["one_to_many_outputs"] = {"pred_logits": many_logits[-1], "pred_boxes": many_boxes[-1]}
+                if self.decoder.options.aux_loss:
+                    out["one_to_many_outputs"]["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b}
+                                                                 for a, b in zip(many_logits[:-1], many_boxes[:-1])]
             if dn is not None:
                 out["dn_outputs"] = {"pred_logits": logits[-1, :, :P], "pred_boxes": boxes[-1, :, :P]}
                 if self.decoder.options.aux_loss:
@@ -202,8 +208,9 @@ class RTDETR(BackboneLayerDepth, Detector):
         Returns:
             ``pred_logits`` (B, Q, K) and ``pred_boxes`` (B, Q, 4) cxcywh relative to each unpadded image, in
             evaluation of the ``eval_idx`` layer. In training also ``aux_outputs`` (every other layer),
-            ``interm_outputs`` (the selected proposals, supervised with the class labels), and with denoising
-            ``dn_outputs`` and ``dn_meta``.
+            ``interm_outputs`` (the selected proposals, supervised with the class labels), with denoising
+            ``dn_outputs`` and ``dn_meta``, and with ``num_one_to_many_queries`` ``one_to_many_outputs`` (hybrid
+            matching's queries: ``pred_logits``, ``pred_boxes`` and their ``aux_outputs``).
 
             With ``need_weights`` also, from the decoder layer the outputs come from: ``dec_sampling_locations``,
             float32 normalised (x, y) over each level's map of the padded canvas, as its attention core receives them, and
@@ -244,7 +251,7 @@ class RTDETR(BackboneLayerDepth, Detector):
         P = dn.meta.pad_size if dn is not None else 0
         out = self._outputs(dec, dn, to_image)
         if need_weights:
-            loc, weights = sampled[-1]
+            loc, weights = sampled[0]  # the one-to-one queries' pass (hybrid matching's one-to-many pass comes after)
             points = tuple(layer.points_per_level or (layer.n_points,) * layer.n_levels)
             if loc.dim() == 5 and len(set(points)) == 1:  # one count on every level: Deformable DETR's (L, P) layout
                 loc = loc.unflatten(3, (len(points), points[0]))

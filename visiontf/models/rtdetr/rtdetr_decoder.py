@@ -92,7 +92,9 @@ class ActMLP(MLP):
 class DecoderOutput:
     """What the decoder computed: per returned layer, logits (layers, B, N, K) and boxes (layers, B, N, 4); the
     selected proposals' logits (B, Q, K) and boxes (B, Q, 4); in evaluation only the ``eval_idx`` layer.
-    ``references``: the last returned layer's input reference boxes (B, N, 4)."""
+    ``references``: the last returned layer's input reference boxes (B, N, 4). ``one_to_many``: in training with
+    ``num_one_to_many_queries`` T, every layer's logits (layers, B, T, K) and boxes (layers, B, T, 4) of the one-to-many
+    queries; else None."""
 
     logits: Tensor
     boxes: Tensor
@@ -100,6 +102,7 @@ class DecoderOutput:
     proposal_boxes: Tensor
     references: Tensor
     spatial_shapes: list[tuple[int, int]]
+    one_to_many: tuple[Tensor, Tensor] | None = None
 
 
 class RTDetrDecoder(nn.Module):
@@ -219,6 +222,7 @@ class RTDetrDecoder(nn.Module):
             raise ValueError(f"RT-DETR selects num_queries={queries} of the encoder's {logits.shape[1]} positions; "
                              "give larger images or build with fewer queries")
         scores = logits.max(-1).values
+        many = self._one_to_many_queries(output, anchors, scores)
         if self.options.distinct_query_iou is not None:
             with torch.no_grad():  # the ranking alone; the picked rows' boxes are computed again below, with gradients
                 boxes = self.enc_bbox_head(output) + anchors
@@ -230,7 +234,24 @@ class RTDetrDecoder(nn.Module):
         # every position (8,400 at 640 x 640; the values, and the gradients, of the rows that are kept)
         boxes_unact = self.enc_bbox_head(picked) + pick(anchors.expand(len(memory), -1, -1))
         content = self.tgt_embed.weight[None].expand(len(memory), -1, -1) if self.tgt_embed is not None else picked.detach()
-        return {"content": content, "boxes_unact": boxes_unact.detach(), "logits": pick(logits), "boxes": boxes_unact.sigmoid()}
+        return {"content": content, "boxes_unact": boxes_unact.detach(), "logits": pick(logits), "boxes": boxes_unact.sigmoid(),
+                **many}
+
+    def _one_to_many_queries(self, output: Tensor, anchors: Tensor, scores: Tensor) -> dict[str, Tensor]:
+        """In training with ``num_one_to_many_queries`` T > 0: the content (B, T, d) and reference boxes (B, T, 4,
+        inverse-sigmoid space) of the T top positions by score alone, both detached as the one-to-one queries';
+        else nothing."""
+        T = self.options.num_one_to_many_queries
+        if not self.training or T == 0:
+            return {}
+        if T > scores.shape[1]:
+            raise ValueError(f"decoder.num_one_to_many_queries={T} is more than the encoder's {scores.shape[1]} positions; "
+                             "give larger images or fewer one-to-many queries")
+        with torch.no_grad():
+            index = torch.topk(scores, T, dim=1).indices[..., None]
+            picked = output.gather(1, index.expand(-1, -1, output.shape[-1]))
+            boxes = self.enc_bbox_head(picked) + anchors.expand(len(output), -1, -1).gather(1, index.expand(-1, -1, 4))
+        return {"many_content": picked, "many_boxes_unact": boxes}
 
     def queries(self, feats: list[Tensor], denoising: DenoisingQueries | None = None) -> dict:
         """The decoder's inputs: ``memory`` and its ``shapes``, the ``selected`` proposals, the queries' ``content`` and
@@ -269,10 +290,23 @@ class RTDetrDecoder(nn.Module):
         """Decode; ``denoising`` (training) puts its queries before the matching ones."""
         q = self.queries(feats, denoising)
         memory, shapes, selected, content, ref_unact, mask = (q[k] for k in ("memory", "shapes", "selected", "content", "ref_unact", "mask"))
-        levels = self.options.num_levels
         last = self.options.num_layers - 1 if self.training else self.options.eval_idx % self.options.num_layers
         distinct = self.distinct_between_layers(denoising)
-        ref = ref_unact.sigmoid()  # detached: the reference every layer attends with
+        logits, boxes, reference = self._layers(content, ref_unact.sigmoid(), memory, shapes, mask, last, distinct)
+        many = None
+        if "many_content" in selected:  # hybrid matching's one-to-many queries: their own pass, so no attention across
+            many_logits, many_boxes, _ = self._layers(selected["many_content"], selected["many_boxes_unact"].sigmoid(), memory,
+                                                   shapes, None, last, None)
+            many = (torch.stack(many_logits), torch.stack(many_boxes))
+        return DecoderOutput(self.suppress(distinct, logits, last), torch.stack(boxes), selected["logits"], selected["boxes"],
+                             reference, shapes, many)
+
+    def _layers(self, content: Tensor, ref: Tensor, memory: Tensor, shapes: list[tuple[int, int]], mask: Tensor | None,
+                last: int, distinct: DistinctQueriesBetweenLayers | None) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """Layers 0 to ``last`` on the queries ``content`` with reference boxes ``ref`` (detached): each returned layer's
+        logits and boxes (every layer's in training, layer ``last``'s in evaluation) and the last one's input
+        reference boxes."""
+        levels = self.options.num_levels
         undetached = ref  # the previous layer's box before detaching (training's look forward twice)
         out = content
         logits, boxes = [], []
@@ -289,4 +323,4 @@ class RTDetrDecoder(nn.Module):
                 if distinct is not None:
                     mask = distinct(i, layer_logits, new.detach(), mask)
                 undetached, ref = new, new.detach()
-        return DecoderOutput(self.suppress(distinct, logits, last), torch.stack(boxes), selected["logits"], selected["boxes"], ref, shapes)
+        return logits, boxes, ref

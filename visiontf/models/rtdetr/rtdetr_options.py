@@ -162,6 +162,12 @@ class DecoderOptions:
             layer's best class probability, among the queries still kept. A suppressed query is hidden from every
             query's self-attention from the next layer on and its later logits are -100 (never matched, never
             reported); denoising queries are never selected. Needs ``distinct_query_iou``.
+        num_one_to_many_queries: 0 (the originals) or T > 0: H-DETR's hybrid matching (Jia et al., CVPR 2023), in
+            training only. T more queries, the T encoder positions with the highest best-class score (by score alone,
+            so several may start on one object), go through the same layers in a pass of their own: they neither see
+            nor are seen by the ``num_queries`` one-to-one queries and the denoising queries. The criterion matches
+            them to the ground truth repeated ``one_to_many_repeats`` times (``one_to_many_outputs``): more boxes
+            supervised per step, for the layers the one-to-one queries use. Inference is unchanged.
     """
 
     hidden_dim: int = 256
@@ -184,8 +190,16 @@ class DecoderOptions:
     query_pos_method: str = "default"
     distinct_query_iou: float | None = None
     distinct_between_layers: bool = False
+    num_one_to_many_queries: int = 0
 
     def __post_init__(self) -> None:
+        many = self.num_one_to_many_queries
+        if isinstance(many, bool) or not isinstance(many, int) or many < 0:
+            raise ValueError(f"decoder.num_one_to_many_queries={many!r}: give a whole number >= 0 (0: no one-to-many "
+                             "branch, the originals; H-DETR uses 5 times num_queries)")
+        if many and self.learn_query_content:
+            raise ValueError("decoder.num_one_to_many_queries takes the selected encoder features as the one-to-many "
+                             "queries' content; learned content (learn_query_content=true) has num_queries rows alone")
         iou = self.distinct_query_iou
         if iou is not None and (isinstance(iou, bool) or not isinstance(iou, (int, float)) or not 0 < iou <= 1):
             raise ValueError(f"decoder.distinct_query_iou={iou!r}: give an IoU in (0, 1] (DDQ DETR 0.8), or null "
