@@ -134,12 +134,17 @@ def test_one_to_many_weight_scales_the_terms_in_the_total():
     assert totals[2.5] > totals[1.0] > totals[0.0]
 
 
-def test_a_training_step_reaches_every_layer_through_the_one_to_many_terms():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_training_step_reaches_every_layer_through_the_one_to_many_terms(dtype):
     model = _model({"num_one_to_many_queries": T}, denoising=0)
-    out = model(IMAGES, None, targets=TARGETS)
+    # under CPU autocast as bf16-mixed trains (the criterion computes its terms in float32 whatever the outputs' dtype)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        out = model(IMAGES, None, targets=TARGETS)
+    assert out["one_to_many_outputs"]["pred_logits"].dtype == dtype
     # the one-to-many terms alone: their gradient reaches every decoder layer, the heads and the encoder
     terms = build_criterion(model, 3)(out, TARGETS)
     loss = sum(value for name, value in terms.items() if "_o2m" in name and name.startswith("loss_"))
+    assert torch.isfinite(loss)
     loss.backward()
     for i, layer in enumerate(model.decoder.layers):
         assert layer.cross_attn.value_proj.weight.grad.abs().sum() > 0, i

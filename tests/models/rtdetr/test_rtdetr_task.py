@@ -74,6 +74,25 @@ def test_coco_recipes_follow_the_originals(name):
         create_model(args["model_name"], **{k: v for k, v in args["model_kwargs"].items() if k != "backbone"})
 
 
+def test_task_trains_with_hybrid_matching_from_its_sections():
+    # the model section's one-to-many queries and the set_loss section's k and lambda reach the model and the criterion
+    model_kwargs = {**TINY, "decoder": {**TINY["decoder"], "num_one_to_many_queries": 30}}
+    task = DetectionTask("rtdetr_tiny", num_classes=3, model_kwargs=model_kwargs,
+                         set_loss={"criterion": {"one_to_many_repeats": 2, "one_to_many_weight": 0.5}})
+    assert (task.criterion.one_to_many_repeats, task.criterion.one_to_many_weight) == (2, 0.5)
+    assert task.hparams["set_loss"]["criterion"]["one_to_many_repeats"] == 2  # plain data in the checkpoint
+    task.train()
+    images, mask, targets = _batch()
+    outputs = task.model(images, mask, targets=targets)
+    terms = task.criterion(outputs, targets)
+    assert {"loss_ce_o2m", "loss_bbox_o2m", "loss_giou_o2m", "loss_giou_o2m_0"} <= set(terms)
+    loss = task.training_step(_batch(), 0)
+    assert torch.isfinite(loss)
+    loss.backward()
+    missing = [n for n, p in task.model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, missing
+
+
 def test_tiny_shapes_config_builds_its_task():
     cfg = read_config(CONFIGS / "rtdetr_tiny_shapes.yaml")
     args = cfg["model"]["init_args"]
