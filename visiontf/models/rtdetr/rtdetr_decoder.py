@@ -74,6 +74,11 @@ def anchor_boxes(shapes: list[tuple[int, int]], eps: float = 1e-2, dtype: torch.
     return unact.to(device), valid.to(device)
 
 
+def _rows(t: Tensor, index: Tensor) -> Tensor:
+    """(B, K, C) the rows of (B, S, C) ``t`` at the (B, K, 1) positions ``index``."""
+    return t.gather(1, index.expand(-1, -1, t.shape[-1]))
+
+
 class ActMLP(MLP):
     """DETR's MLP (``layers.{i}``) with another activation between the layers (``"relu"``, ``"silu"``, ...)."""
 
@@ -228,7 +233,7 @@ class RTDetrDecoder(nn.Module):
                 boxes = self.enc_bbox_head(output) + anchors
                 scores = distinct_first(scores, boxes, self.options.distinct_query_iou, queries)
         index = torch.topk(scores, queries, dim=1).indices[..., None]
-        pick = lambda t: t.gather(1, index.expand(-1, -1, t.shape[-1]))  # noqa: E731
+        pick = functools.partial(_rows, index=index)
         picked = pick(output)
         # the box head is row-wise: run at the selected positions only, it gives what the originals pick from its run at
         # every position (8,400 at 640 x 640; the values, and the gradients, of the rows that are kept)
@@ -249,8 +254,8 @@ class RTDetrDecoder(nn.Module):
                              "give larger images or fewer one-to-many queries")
         with torch.no_grad():
             index = torch.topk(scores, T, dim=1).indices[..., None]
-            picked = output.gather(1, index.expand(-1, -1, output.shape[-1]))
-            boxes = self.enc_bbox_head(picked) + anchors.expand(len(output), -1, -1).gather(1, index.expand(-1, -1, 4))
+            picked = _rows(output, index)
+            boxes = self.enc_bbox_head(picked) + _rows(anchors.expand(len(output), -1, -1), index)
         return {"many_content": picked, "many_boxes_unact": boxes}
 
     def queries(self, feats: list[Tensor], denoising: DenoisingQueries | None = None) -> dict:
