@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torchvision.ops import batched_nms, box_convert, nms
 
 from visiontf.models.postprocess_options import PostprocessOptions
+from visiontf.nn.indexing import gather_rows
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ class DeformablePostProcess(_DetectionPostProcess):
         scores, index = torch.topk(prob, k, dim=1)
         query = torch.div(index, K, rounding_mode="floor")
         labels = index % K
-        xyxy = torch.gather(self._absolute_xyxy(boxes, sizes), 1, query.unsqueeze(-1).expand(-1, -1, 4))
+        xyxy = gather_rows(self._absolute_xyxy(boxes, sizes), query)
         return [self._suppress(s, l, b, score_threshold, q) for s, l, b, q in zip(scores, labels, xyxy, query)]
 
 

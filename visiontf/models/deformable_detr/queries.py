@@ -19,6 +19,7 @@ from torchvision.ops import batched_nms, box_convert
 from visiontf.models._registry import ModelArgumentError
 from visiontf.models.deformable_detr.deformable_transformer import MultiScaleMemory
 from visiontf.models.deformable_detr.denoising import DenoisingQueries
+from visiontf.nn.indexing import gather_rows
 from visiontf.nn.ms_deform_tables import tracing_shapes
 from visiontf.nn.precision import at_least_float32
 
@@ -52,7 +53,7 @@ def distinct_first(scores: torch.Tensor, boxes_unact: torch.Tensor, iou: float, 
     M = S if count is None or tracing_shapes() else min(S, CANDIDATES_PER_QUERY * count)
     if M < S:
         candidates = torch.topk(ranked, M, dim=1).indices
-        kept = _kept(ranked.gather(1, candidates), boxes_unact.gather(1, candidates[..., None].expand(-1, -1, 4)), iou)
+        kept = _kept(ranked.gather(1, candidates), gather_rows(boxes_unact, candidates), iou)
         if bool(((kept > 0) & valid.gather(1, candidates)).sum(1).ge(count).all()):
             flags = torch.zeros_like(ranked).scatter(1, candidates, kept)
             return scores.double() + 1e4 * flags.double()
@@ -94,7 +95,7 @@ class DeformableQueries:
             return {"tgt": tgt.unsqueeze(0).expand(B, -1, -1), "query_pos": query_pos, "reference": self.transformer.reference_points(query_pos).sigmoid()}
         enc_logits, enc_boxes, _ = self._encoder_proposals(enc, "two-stage")
         top = torch.topk(enc_logits[..., 0], self.arch_options.num_queries, dim=1)[1]
-        reference = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4)).detach().sigmoid()
+        reference = gather_rows(enc_boxes, top).detach().sigmoid()
         query_pos, tgt = self.transformer.proposal_queries(reference)
         return {
             "tgt": tgt, "query_pos": query_pos, "reference": reference,
@@ -124,8 +125,8 @@ class DeformableQueries:
         if self.dino_options.distinct_query_iou is not None:
             scores = distinct_first(scores, enc_boxes.detach(), self.dino_options.distinct_query_iou, self.arch_options.num_queries)
         top = torch.topk(scores, self.arch_options.num_queries, dim=1)[1]
-        boxes = torch.gather(enc_boxes, 1, top.unsqueeze(-1).expand(-1, -1, 4))
-        logits = torch.gather(enc_logits, 1, top.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
+        boxes = gather_rows(enc_boxes, top)
+        logits = gather_rows(enc_logits, top)
         reference = boxes.detach().sigmoid()
         tgt = self.tgt_embed.weight[: self.arch_options.num_queries * num_groups].unsqueeze(0).expand(B, -1, -1)
         return {

@@ -34,6 +34,7 @@ from visiontf.models.detr.detr import MLP
 from visiontf.models.rtdetr.hybrid_encoder import ConvNormAct, activation
 from visiontf.models.rtdetr.rtdetr_options import DecoderOptions
 from visiontf.nn import MSDeformAttn
+from visiontf.nn.indexing import gather_rows
 from visiontf.nn.ms_deform_tables import tracing_shapes
 
 __all__ = ["ActMLP", "DecoderOutput", "RTDetrDecoder", "anchor_boxes"]
@@ -72,11 +73,6 @@ def anchor_boxes(shapes: list[tuple[int, int]], eps: float = 1e-2, dtype: torch.
         return _anchor_values(shapes, float(eps), dtype, device)
     unact, valid = _anchors(tuple((int(h), int(w)) for h, w in shapes), float(eps), dtype)
     return unact.to(device), valid.to(device)
-
-
-def _rows(t: Tensor, index: Tensor) -> Tensor:
-    """(B, K, C) the rows of (B, S, C) ``t`` at the (B, K, 1) positions ``index``."""
-    return t.gather(1, index.expand(-1, -1, t.shape[-1]))
 
 
 class ActMLP(MLP):
@@ -232,8 +228,8 @@ class RTDetrDecoder(nn.Module):
             with torch.no_grad():  # the ranking alone; the picked rows' boxes are computed again below, with gradients
                 boxes = self.enc_bbox_head(output) + anchors
                 scores = distinct_first(scores, boxes, self.options.distinct_query_iou, queries)
-        index = torch.topk(scores, queries, dim=1).indices[..., None]
-        pick = functools.partial(_rows, index=index)
+        index = torch.topk(scores, queries, dim=1).indices
+        pick = functools.partial(gather_rows, index=index)
         picked = pick(output)
         # the box head is row-wise: run at the selected positions only, it gives what the originals pick from its run at
         # every position (8,400 at 640 x 640; the values, and the gradients, of the rows that are kept)
@@ -253,9 +249,9 @@ class RTDetrDecoder(nn.Module):
             raise ValueError(f"decoder.num_one_to_many_queries={T} is more than the encoder's {scores.shape[1]} positions; "
                              "give larger images or fewer one-to-many queries")
         with torch.no_grad():
-            index = torch.topk(scores, T, dim=1).indices[..., None]
-            picked = _rows(output, index)
-            boxes = self.enc_bbox_head(picked) + _rows(anchors.expand(len(output), -1, -1), index)
+            index = torch.topk(scores, T, dim=1).indices
+            picked = gather_rows(output, index)
+            boxes = self.enc_bbox_head(picked) + gather_rows(anchors.expand(len(output), -1, -1), index)
         return {"many_content": picked, "many_boxes_unact": boxes}
 
     def queries(self, feats: list[Tensor], denoising: DenoisingQueries | None = None) -> dict:
