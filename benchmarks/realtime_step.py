@@ -73,8 +73,11 @@ def wall_time(data: str, steps: int, processes: int) -> float:
     if processes == 1:
         args += ["--trainer.devices=1", "--trainer.strategy=auto", "--torch_num_threads=1"]
     start = time.perf_counter()
-    subprocess.run(args, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args[1:])} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return seconds
 
 
 def main() -> None:
