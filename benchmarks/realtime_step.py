@@ -45,7 +45,9 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_model_kwargs() -> dict[str, Any]:
-    return yaml.safe_load((REPO / CONFIG).read_text())["model"]["init_args"].get("model_kwargs") or {}
+    from visiontf.core.config_files import read_config
+
+    return read_config(REPO / CONFIG)["model"]["init_args"].get("model_kwargs") or {}
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
