@@ -85,6 +85,24 @@ def time_interleaved(
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def median_of_rounds(measures: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """The median of what each callable returns (a time it measured itself, such as a fit's median step), the
+    callables alternating over ``rounds`` rounds so that other load on the machine hits each alike."""
+    values: dict[str, list[float]] = {name: [] for name in measures}
+    for _ in range(rounds):
+        for name, measure in measures.items():
+            values[name].append(measure())
+    return {name: statistics.median(v) for name, v in values.items()}
+
+
+def print_against_first(step_seconds: dict[str, float]) -> None:
+    """One line a variant: its step in ms and its ratio to the first variant's."""
+    first = next(iter(step_seconds.values()))
+    print(f"{'variant':60s} {'ms/step':>8s} {'vs first row':>12s}")
+    for name, t in step_seconds.items():
+        print(f"{name:60s} {1000 * t:8.1f} {t / first:11.2f}x")
+
+
 def row(benchmark: str, ours_s: float, ref_s: float, same_result: bool, reference: str, **extra) -> dict:
     """One result row; ``ratio`` = reference time / our time (> 1: ours is faster)."""
     return {

@@ -13,6 +13,7 @@ each alike. Needs a detection set (``tools/make_synthetic.py --task detection --
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lightning as L  # noqa: E402
+
+from benchmarks.common import median_of_rounds, print_against_first  # noqa: E402
 
 CONFIG = "configs/deformable_detr/deformable_detr_tiny_shapes.yaml"
 VARIANTS = {
@@ -74,15 +77,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for _ in range(args.rounds):
-        for name, (precision, clip, fused) in VARIANTS.items():
-            times[name].append(step_time(args.data, precision, clip, fused, args.steps))
-    ours = statistics.median(times[next(iter(VARIANTS))])
-    print(f"{'variant':40s} {'s/step':>8s} {'vs first row':>12s}")
-    for name, ts in times.items():
-        t = statistics.median(ts)
-        print(f"{name:40s} {t:8.3f} {t / ours:11.2f}x")
+    measures = {name: functools.partial(step_time, args.data, precision, clip, fused, args.steps)
+                for name, (precision, clip, fused) in VARIANTS.items()}
+    print_against_first(median_of_rounds(measures, args.rounds))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ Needs a detection set (``tools/make_synthetic.py --task detection --preset demo`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +31,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.common import median_of_rounds, print_against_first  # noqa: E402
 
 CONFIG = "configs/rtdetr/rtdetr_tiny_shapes.yaml"
 RUN_DIR = "outputs/bench_realtime_step"
@@ -95,27 +96,19 @@ def main() -> None:
         if steps <= 20:
             raise SystemExit("--processes: --steps must be above the 20 steps of the start-up run")
         rows = {"two DDP processes of one thread, batch 4 each (the config)": 2, "one process of one thread, batch 4": 1}
-        times: dict[str, list[float]] = {name: [] for name in rows}
-        for _ in range(args.rounds):
-            for name, n in rows.items():
-                times[name].append((wall_time(args.data, steps, n) - wall_time(args.data, 20, n)) / (steps - 20))
-        print(f"{'run':62s} {'ms/step':>8s} {'images/s':>9s}")
+
+        def step(n: int) -> float:
+            return (wall_time(args.data, steps, n) - wall_time(args.data, 20, n)) / (steps - 20)
+
+        medians = median_of_rounds({name: functools.partial(step, n) for name, n in rows.items()}, args.rounds)
+        print_against_first(medians)
         for name, n in rows.items():
-            t = statistics.median(times[name])
-            print(f"{name:62s} {1000 * t:8.1f} {4 * n / t:9.1f}")
+            print(f"{name}: {4 * n / medians[name]:.1f} images a second")
         return
     base = config_model_kwargs()
     variants = {"the config": base} | {name: merged(base, over) for name, over in map(parse_variant, args.variant)}
-    steps = args.steps or 30
-    times = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, kwargs in variants.items():
-            times[name].append(in_process_step(args.data, kwargs, steps))
-    first = statistics.median(times["the config"])
-    print(f"{'variant':40s} {'ms/step':>8s} {'vs the config':>14s}")
-    for name, ts in times.items():
-        t = statistics.median(ts)
-        print(f"{name:40s} {1000 * t:8.1f} {t / first:13.2f}x")
+    measures = {name: functools.partial(in_process_step, args.data, kwargs, args.steps or 30) for name, kwargs in variants.items()}
+    print_against_first(median_of_rounds(measures, args.rounds))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,19 @@ def test_time_interleaved_alternates_and_takes_medians():
     assert set(t) == {"a", "b"} and all(v >= 0 for v in t.values())
 
 
+def test_median_of_rounds_alternates_and_takes_the_median_of_what_each_returns(capsys):
+    calls, values = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([0.5, 0.7, 0.1])}
+
+    def measure(name):
+        calls.append(name)
+        return next(values[name])
+
+    medians = common.median_of_rounds({"a": lambda: measure("a"), "b": lambda: measure("b")}, rounds=3)
+    assert calls == ["a", "b"] * 3 and medians == {"a": 2.0, "b": 0.5}
+    common.print_against_first(medians)
+    assert "0.25x" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_detr_vs_original_and_hf_tiny():
     _check(detr.run(tiny=True), 4)
