@@ -45,10 +45,15 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def config_model_kwargs() -> dict[str, Any]:
+def config_init_args(section: str) -> dict[str, Any]:
+    """The config's ``init_args`` of ``section`` (``model``, ``data``), composed as the CLI composes it."""
     from visiontf.core.config_files import read_config
 
-    return read_config(REPO / CONFIG)["model"]["init_args"].get("model_kwargs") or {}
+    return read_config(REPO / CONFIG)[section]["init_args"]
+
+
+def config_model_kwargs() -> dict[str, Any]:
+    return config_init_args("model").get("model_kwargs") or {}
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -95,7 +100,8 @@ def main() -> None:
         steps = args.steps or 200
         if steps <= 20:
             raise SystemExit("--processes: --steps must be above the 20 steps of the start-up run")
-        rows = {"two DDP processes of one thread, batch 4 each (the config)": 2, "one process of one thread, batch 4": 1}
+        batch = config_init_args("data")["batch_size"]
+        rows = {f"two DDP processes of one thread, batch {batch} each (the config)": 2, f"one process of one thread, batch {batch}": 1}
 
         def step(n: int) -> float:
             return (wall_time(args.data, steps, n) - wall_time(args.data, 20, n)) / (steps - 20)
@@ -103,7 +109,7 @@ def main() -> None:
         medians = median_of_rounds({name: functools.partial(step, n) for name, n in rows.items()}, args.rounds)
         print_against_first(medians)
         for name, n in rows.items():
-            print(f"{name}: {4 * n / medians[name]:.1f} images a second")
+            print(f"{name}: {batch * n / medians[name]:.1f} images a second")
         return
     base = config_model_kwargs()
     variants = {"the config": base} | {name: merged(base, over) for name, over in map(parse_variant, args.variant)}
