@@ -12,7 +12,7 @@ with the variant's mapping merged over them, e.g.
 The variants alternate over ``--rounds`` rounds, so that other load on the machine hits each alike.
 
 ``--processes``: whole ``tools/train.py fit`` runs of the config (no validation): its two DDP processes of one
-thread, batch 4 each, against one process of one thread. Each is run to ``--steps`` and to 20 steps, and the
+thread, the config's batch each, against one process of one thread. Each is run to ``--steps`` and to 20 steps, and the
 difference of the two wall times over the steps between gives the time a step with the start-up taken off.
 Needs a detection set (``tools/make_synthetic.py --task detection --preset demo``).
 """
@@ -32,23 +32,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.common import median_of_rounds, print_against_first  # noqa: E402
+from visiontf.core.config_files import merge_config_data, read_config  # noqa: E402
 
 CONFIG = "configs/rtdetr/rtdetr_tiny_shapes.yaml"
 RUN_DIR = "outputs/bench_realtime_step"
 
 
-def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` merged into ``base``: mappings key by key, anything else replaced."""
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def config_init_args(section: str) -> dict[str, Any]:
     """The config's ``init_args`` of ``section`` (``model``, ``data``), composed as the CLI composes it."""
-    from visiontf.core.config_files import read_config
-
     return read_config(REPO / CONFIG)[section]["init_args"]
 
 
@@ -112,7 +103,7 @@ def main() -> None:
             print(f"{name}: {batch * n / medians[name]:.1f} images a second")
         return
     base = config_model_kwargs()
-    variants = {"the config": base} | {name: merged(base, over) for name, over in map(parse_variant, args.variant)}
+    variants = {"the config": base} | {name: merge_config_data(base, over) for name, over in map(parse_variant, args.variant)}
     measures = {name: functools.partial(in_process_step, args.data, kwargs, args.steps or 30) for name, kwargs in variants.items()}
     print_against_first(median_of_rounds(measures, args.rounds))
 

@@ -111,12 +111,13 @@ def test_realtime_step_merges_variants_over_the_config_and_times_a_fit(tmp_path)
     """``realtime_step.py``'s variants are the config's ``model_kwargs`` with theirs merged in (other keys kept), a
     malformed one is refused with the form to use, and one variant's step is timed by a real fit."""
     from benchmarks import realtime_step
+    from visiontf.core.config_files import merge_config_data
     from visiontf.tasks.task_table import import_class, synthetic_writers
 
     base = realtime_step.config_model_kwargs()
     assert base["decoder"]["num_queries"] == 50
     name, over = realtime_step.parse_variant("two levels={encoder: {aifi_levels: [1]}, decoder: {num_levels: 2}}")
-    kwargs = realtime_step.merged(base, over)
+    kwargs = merge_config_data(base, over)
     assert name == "two levels" and kwargs["decoder"]["num_levels"] == 2 and kwargs["encoder"] == {"aifi_levels": [1]}
     assert kwargs["decoder"]["num_queries"] == base["decoder"]["num_queries"] and kwargs["num_select"] == base["num_select"]
     for bad in ("no mapping", "x=[1, 2]", "={decoder: {}}"):
@@ -124,6 +125,6 @@ def test_realtime_step_merges_variants_over_the_config_and_times_a_fit(tmp_path)
             realtime_step.parse_variant(bad)
     data = tmp_path / "data"
     import_class(synthetic_writers()["detection"])(data, num_train=8, num_val=2, seed=0)
-    seconds = realtime_step.in_process_step(str(data), realtime_step.merged(base, {"denoising": {"num_denoising": 10}}),
+    seconds = realtime_step.in_process_step(str(data), merge_config_data(base, {"denoising": {"num_denoising": 10}}),
                                             steps=7, run_dir=str(tmp_path / "run"))
     assert 0 < seconds < 60

@@ -84,14 +84,16 @@ def config_chain(path: str | Path, _seen: tuple[Path, ...] = ()) -> list[Path]:
     return [*chain, path]
 
 
-def _merge(base: Any, over: Any) -> Any:
+def merge_config_data(base: Any, over: Any) -> Any:
+    """``over`` on top of ``base`` as a config file's base composes with it: mappings merged key by key, anything else
+    (lists included) replaced; a mapping naming another ``class_path`` replaces the base's whole."""
     if not (isinstance(base, dict) and isinstance(over, dict)):
         return over
     if "class_path" in over and over["class_path"] != base.get("class_path"):
         return over  # another class: the base's arguments are not its arguments
     merged = dict(base)
     for key, value in over.items():
-        merged[key] = _merge(base[key], value) if key in base else value
+        merged[key] = merge_config_data(base[key], value) if key in base else value
     return merged
 
 
@@ -102,8 +104,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for file in config_chain(path):
         cfg = {k: v for k, v in _load(file).items() if k != BASE_KEY}
-        merged = _merge(merged, cfg)
+        merged = merge_config_data(merged, cfg)
     return merged
 
 
-__all__ = ["BASE_KEY", "base_files", "config_chain", "read_config"]
+__all__ = ["BASE_KEY", "base_files", "config_chain", "merge_config_data", "read_config"]
