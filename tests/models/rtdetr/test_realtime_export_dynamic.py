@@ -15,8 +15,9 @@ from visiontf.models._registry import get_entry
 from visiontf.models.deformable_detr.distinct_queries import SUPPRESSED_LOGIT
 
 EXPORT_SIZE = (64, 64)
-#: (height, width), batch: none of them the export size; 80 x 112 is no multiple of 32 (padded in the graph)
-OTHER_SIZES = [((96, 128), 2), ((80, 112), 1), ((128, 96), 2)]
+#: (height, width), batch: none of them the export size; 80 x 112 is no multiple of 32 (padded in the graph); batch 3 is
+#: not the batch the export traces (2), so a batch size fixed in the graph fails
+OTHER_SIZES = [((96, 128), 3), ((80, 112), 1), ((128, 96), 2)]
 #: the largest |onnxruntime - PyTorch| over logits and boxes (the issue's bar)
 ATOL = 1e-4
 #: one variant per graph structure (v1's basic and bottleneck blocks with an early eval layer, v2's per-level points,

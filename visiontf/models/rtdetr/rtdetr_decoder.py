@@ -233,8 +233,8 @@ class RTDetrDecoder(nn.Module):
         picked = pick(output)
         # the box head is row-wise: run at the selected positions only, it gives what the originals pick from its run at
         # every position (8,400 at 640 x 640; the values, and the gradients, of the rows that are kept)
-        boxes_unact = self.enc_bbox_head(picked) + pick(anchors.expand(len(memory), -1, -1))
-        content = self.tgt_embed.weight[None].expand(len(memory), -1, -1) if self.tgt_embed is not None else picked.detach()
+        boxes_unact = self.enc_bbox_head(picked) + pick(anchors.expand(memory.shape[0], -1, -1))
+        content = self.tgt_embed.weight[None].expand(memory.shape[0], -1, -1) if self.tgt_embed is not None else picked.detach()
         return {"content": content, "boxes_unact": boxes_unact.detach(), "logits": pick(logits), "boxes": boxes_unact.sigmoid(),
                 **many}
 
@@ -251,7 +251,7 @@ class RTDetrDecoder(nn.Module):
         with torch.no_grad():
             index = torch.topk(scores, T, dim=1).indices
             picked = gather_rows(output, index)
-            boxes = self.enc_bbox_head(picked) + gather_rows(anchors.expand(len(output), -1, -1), index)
+            boxes = self.enc_bbox_head(picked) + gather_rows(anchors.expand(output.shape[0], -1, -1), index)
         return {"many_content": picked, "many_boxes_unact": boxes}
 
     def queries(self, feats: list[Tensor], denoising: DenoisingQueries | None = None) -> dict:
