@@ -61,3 +61,32 @@ def test_a_missing_graph_is_named_with_the_fix(exported, tmp_path):
     model, _ = exported
     with pytest.raises(FileNotFoundError, match=r"--onnx .*nothing\.onnx: no such file \(write one with tools/export\.py --onnx"):
         OnnxRuntimeModel(tmp_path / "nothing.onnx", model)
+
+
+def test_a_graph_of_other_weights_is_refused_and_one_without_a_fingerprint_is_warned_about(exported, tmp_path, caplog):
+    import copy
+
+    import onnx
+
+    from visiontf.io.weights import ONNX_WEIGHTS_KEY, WeightsError, weights_fingerprint
+
+    model, path = exported
+    # the export names the weights of the model as given (before the fused copy it traces)
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert meta[ONNX_WEIGHTS_KEY] == weights_fingerprint(model)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.decoder.bbox_heads[0].layers[-1].bias[0] += 1e-3  # one weight of one head
+    assert weights_fingerprint(other) != weights_fingerprint(model)
+    with pytest.raises(WeightsError, match=r"--onnx .*m\.onnx: the graph was exported from other weights than the model "
+                                         r"it stands in for .*export this checkpoint with tools/export\.py"):
+        OnnxRuntimeModel(path, other, threads=1)
+    # a graph that names no weights (written by another tool) runs, with a warning
+    graph = onnx.load(str(path))
+    del graph.metadata_props[:]
+    bare = tmp_path / "bare.onnx"
+    onnx.save(graph, str(bare))
+    with caplog.at_level("WARNING", logger="visiontf.callbacks.onnx_eval"):
+        runner = OnnxRuntimeModel(bare, other, threads=1)
+    assert "names no weights" in caplog.text
+    assert set(runner(example_inputs(model, image_size=(64, 64), batch_size=1)["images"])) == {"pred_logits", "pred_boxes"}

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from visiontf.io.weights import ONNX_WEIGHTS_KEY, WeightsError, weights_fingerprint
 from visiontf.tasks.task_inference import get_adapter
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,23 @@ class OnnxRuntimeModel(nn.Module):
         if not set(graph_inputs) <= set(self.input_names):
             raise ValueError(f"--onnx {path}: the graph takes {graph_inputs}, the {adapter.task} model "
                              f"{self.input_names}; export it from this model with tools/export.py --onnx")
+        self._check_weights(path, model)
         self.path = path
+
+    def _check_weights(self, path: Path, model: nn.Module) -> None:
+        """The task reads everything but the outputs from ``model`` (its classes, post-processing), so a graph of
+        other weights would be scored as if it were this model: refused when the graph names its weights (visiontf's
+        exports do), and warned about when it names none."""
+        exported = self.session.get_modelmeta().custom_metadata_map.get(ONNX_WEIGHTS_KEY)
+        if exported is None:
+            log.warning("--onnx %s names no weights (%s; not exported by visiontf's tools/export.py): it cannot be "
+                        "checked to be this checkpoint's model", path, ONNX_WEIGHTS_KEY)
+            return
+        here = weights_fingerprint(model)
+        if exported != here:
+            raise WeightsError(f"--onnx {path}: the graph was exported from other weights than the model it stands in "
+                             f"for ({ONNX_WEIGHTS_KEY} {exported[:12]}..., this model's {here[:12]}...); export this "
+                             f"checkpoint with tools/export.py --ckpt_path <the same .ckpt> --onnx {path.name}")
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -24,6 +24,10 @@ adapter gives the graph's wrapper and signature (``visiontf.tasks.<task>.<task>_
 The check after an export (:func:`visiontf.inference.onnx_check.check_onnx`) compares what users
 consume: raw outputs with a relative tolerance and, for detection, the post-processed detections.
 
+Each graph names the weights it was made from in its metadata (``visiontf_weights_sha256``, the
+:func:`~visiontf.io.weights.weights_fingerprint` of the model as given, before fusing), so an evaluation of the
+graph in place of a checkpoint (``tools/eval.py --onnx``) can refuse a graph of other weights.
+
 Graph inputs are already normalised; the preprocessing settings travel in the ``.labels.json``
 beside the safetensors file (``preprocess``), for the :class:`~visiontf.inference.Predictor` and for
 anyone feeding the ONNX graph.
@@ -100,6 +104,9 @@ def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | 
     """Write ``model`` as an ONNX graph (see the module docstring for its inputs and outputs) in ``opset``
     (by default the task's, :attr:`~visiontf.tasks.task_inference.TaskAdapter.onnx_opset`); ``fuse``: export the
     model's :func:`inference_form` (the real-time DETRs' fused copy; ``model`` itself is left as it is)."""
+    from visiontf.io.weights import ONNX_WEIGHTS_KEY, weights_fingerprint
+
+    fingerprint = weights_fingerprint(model)
     if fuse:
         model = inference_form(model)
     adapter = get_adapter(model, task)
@@ -117,8 +124,18 @@ def export_onnx(model: nn.Module, path: str | Path, image_size: Sequence[int] | 
             wrapper, tuple(inputs[n] for n in in_names), str(path), dynamo=False, opset_version=opset,
             input_names=in_names, output_names=out_names, dynamic_axes=adapter.dynamic_axes(model), do_constant_folding=True,
         )
+    _write_metadata(path, {ONNX_WEIGHTS_KEY: fingerprint})
     log.info("wrote %s (%s, opset %d, inputs %s)", path, adapter.task, opset, in_names)
     return path
+
+
+def _write_metadata(path: Path, entries: Mapping[str, str]) -> None:
+    import onnx
+
+    graph = onnx.load(str(path))
+    for key, value in entries.items():
+        graph.metadata_props.add(key=key, value=value)
+    onnx.save(graph, str(path))
 
 
 def onnx_max_abs_diff(model: nn.Module, path: str | Path, inputs: dict[str, Tensor], task: Task | None = None) -> float:

@@ -254,6 +254,23 @@ def _looks_lightning(path: Path) -> bool:
     return path.suffix == ".ckpt"
 
 
+#: the ONNX metadata key under which an export names the :func:`weights_fingerprint` of the weights it was made from
+ONNX_WEIGHTS_KEY = "visiontf_weights_sha256"
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 of ``model``'s state dict (each entry's name, dtype, shape and bytes, in name order): equal for two
+    models exactly when their weights are, so an exported file can name the weights it was made from."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
 def save_model(model: torch.nn.Module, path: str | Path, model_name: str | None = None, **model_kwargs: Any) -> Path:
     """Write ``model``'s weights to ``.safetensors`` with the config ``create_model`` needs.
 
