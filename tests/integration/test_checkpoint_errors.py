@@ -134,6 +134,28 @@ def test_other_number_of_classes_points_to_pretrained_and_that_fine_tunes(traine
     assert tuned["state_dict"]["model.head.weight"].shape[0] == 4
 
 
+def test_same_class_count_with_other_classes_is_refused_naming_both_tables(trained, tmp_path, capsys):
+    """Same count, other classes: every output would be scored (or trained on) as another category, silently."""
+    renamed = tmp_path / "renamed"
+    shutil.copytree(trained["data"], renamed)
+    for split in ("train", "val"):
+        first = sorted((renamed / split).iterdir())[1]
+        first.rename(first.with_name(first.name.split("_")[0] + "_other"))
+    line = _one_line_error(capsys, eval_main, [*_args(renamed, tmp_path / "run"), f"--ckpt_path={trained['ckpt']}"])
+    assert re.search(r"last\.ckpt: trained on 3 classes \(00_\w+, 01_\w+, 02_\w+\), but the data \(.*renamed\) has 3 "
+                     r"classes \(00_\w+, 01_other, 02_\w+\);.*--model\.init_args\.pretrained=", line), line
+    with pytest.raises(CheckpointError, match="01_other"):  # resuming too
+        make_cli(["fit", *_args(renamed, tmp_path / "run"), f"--ckpt_path={trained['ckpt']}"])
+    # detection: the same names under other category ids (a COCO file with ids renumbered) are other classes too
+    ckpt = {"hyper_parameters": {"model_name": "detr_tiny", "num_classes": 2}, "task": "detection",
+            "class_names": ["cat", "dog"], "label_to_cat_id": {0: 1, 1: 2}}
+    fits = dict(task="detection", model_name="detr_tiny", num_classes=2, class_names=["cat", "dog"])
+    check_checkpoint_fits(ckpt, "d.ckpt", **fits, label_to_cat_id={0: 1, 1: 2})
+    with pytest.raises(CheckpointError, match=r"d\.ckpt: trained on 2 classes \(cat=1, dog=2\), but the data has 2 "
+                                              r"classes \(cat=17, dog=18\)"):
+        check_checkpoint_fits(ckpt, "d.ckpt", **fits, label_to_cat_id={0: 17, 1: 18})
+
+
 def test_checkpoint_of_another_task_or_model_is_refused_before_loading(trained):
     ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
     assert ckpt["task"] == "classification"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -380,12 +381,14 @@ def check_config_model(ckpt: dict[str, Any], path: str | Path, model_name: str |
 
 
 def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task: str, model_name: str,
-                          num_classes: int | None) -> None:
-    """Refuse, before any weight is copied, a checkpoint of another task, model or number of classes.
+                          num_classes: int | None, class_names: Sequence[str] | None = None,
+                          label_to_cat_id: Mapping[int, int] | None = None, data: str = "the data") -> None:
+    """Refuse, before any weight is copied, a checkpoint of another task, model or number of classes, or one whose
+    classes (names and category ids, as saved with it) are not ``class_names`` / ``label_to_cat_id`` of ``data``.
 
     Called by the tasks when Lightning restores ``--ckpt_path`` (fit, validate, test, predict); the
     message names the file, both sides and the fix. Checkpoints without visiontf hyper-parameters
-    pass (Lightning's own key check then applies).
+    pass (Lightning's own key check then applies), and so do classes either side does not record.
     """
     hp = _saved_hparams(ckpt)
     if not isinstance(hp.get("model_name"), str):
@@ -409,6 +412,26 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
             f"resumes or evaluates that same model. To fine-tune with a new head, start a new run with "
             f"`--model.init_args.pretrained={where}` instead of --ckpt_path"
         )
+    saved_names, saved_ids = ckpt.get("class_names"), ckpt.get("label_to_cat_id")
+    names_differ = bool(saved_names and class_names) and list(saved_names) != list(class_names)
+    ids_differ = bool(saved_ids and label_to_cat_id) and (
+        {int(k): int(v) for k, v in saved_ids.items()} != {int(k): int(v) for k, v in label_to_cat_id.items()})
+    if names_differ or ids_differ:
+        # the same class count with other names or ids: each output would be scored (or trained) as another category
+        raise CheckpointError(
+            f"{where}: trained on {_show_classes(saved_names or class_names, saved_ids)}, but {data} has "
+            f"{_show_classes(class_names or saved_names, label_to_cat_id)}; --ckpt_path resumes or evaluates that same "
+            f"model on the classes it was trained on: give the data it was trained with, or start a new run from its "
+            f"weights on these classes with `--model.init_args.pretrained={where}`"
+        )
+
+
+def _show_classes(names: Sequence[str] | None, ids: Mapping[Any, Any] | None) -> str:
+    """``4 classes (circle=1, square=2, ...)``: a class table as the checkpoint messages name it."""
+    table = {int(k): int(v) for k, v in (ids or {}).items()}
+    listed = [f"{name}={table[i]}" if i in table else str(name) for i, name in enumerate(names or [])]
+    shown = ", ".join(listed[:6]) + (", ..." if len(listed) > 6 else "")
+    return f"{len(listed)} classes ({shown})"
 
 
 __all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "SavedArguments", "WeightsError", "check_checkpoint_fits",
