@@ -233,6 +233,26 @@ def test_other_tensor_shapes_are_refused_by_name_or_skipped_when_not_strict(tmp_
     assert torch.equal(model.state_dict()["query_embed.weight"], ref["query_embed.weight"])
 
 
+def test_weights_of_another_real_time_family_are_refused_by_name_or_skipped_when_not_strict(tmp_path, caplog):
+    """RT-DETR and D-FINE declare no weights settings, so a tensor of another shape reaches load_state_dict: its
+    RuntimeError (a traceback in the tools) is a WeightsLayoutError naming the tensors, as for the DETR family."""
+    from visiontf.io.weights import save_model
+
+    torch.manual_seed(0)
+    path = save_model(create_model("rtdetr_tiny", num_classes=4), tmp_path / "rt.safetensors")
+    with pytest.raises(WeightsLayoutError, match=r"rt\.safetensors: 8 tensor\(s\) of the weights have another shape than "
+                                                 r"in dfine_tiny as built \(weights -> model\): encoder\.input_proj\.0\.conv"
+                                                 r"\.weight \(128, 64, 1, 1\) -> \(128, 96, 1, 1\);.*another variant or family"):
+        create_model("dfine_tiny", num_classes=2, pretrained=path)
+    with caplog.at_level(logging.INFO, logger=REGISTRY_LOG):
+        model = create_model("dfine_tiny", num_classes=2, pretrained=path, strict=False)
+    assert "8 tensors not loaded because their shapes differ (strict=False)" in caplog.text
+    # what fits loaded: the decoder's layers are alike in both
+    saved, loaded = load_state_dict_file(path), model.state_dict()
+    shared = [k for k in loaded if k.startswith("decoder.layers.") and k in saved and saved[k].shape == loaded[k].shape]
+    assert len(shared) > 20 and all(torch.equal(loaded[k], saved[k]) for k in shared)
+
+
 # --------------------------------------------------------------------------- from a config to an export
 def _tiny_recipe_argv(config: str, model_name: str, data, pretrained, out) -> list[str]:
     """``tools/train.py fit`` on a fine-tuning recipe, at the doc test's tiny sizes on the CPU."""

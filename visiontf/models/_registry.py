@@ -285,7 +285,22 @@ def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = No
         log.warning("%s: %d tensors not loaded because their shapes differ (strict=False): %s", where, len(mismatched),
                     "; ".join(mismatched))
     check_tensor_values(state, model, where)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:
+        # a shape no load hook adapted (a model without weights_settings): weights of another variant or family
+        other = [key for key in own if key in state and state[key].shape != own[key].shape]  # in the model's order
+        shapes = "; ".join(f"{k} {tuple(state[k].shape)} -> {tuple(own[k].shape)}" for k in other[:6])
+        if strict or not other:
+            raise WeightsLayoutError(
+                f"{where}: {len(other)} tensor(s) of the weights have another shape than in {entry.name} as built "
+                f"(weights -> model): {shapes or str(e).strip().splitlines()[-1]}. They are of another variant or family: "
+                "build the model they were trained as (its name and settings), or pass strict=False to load what fits"
+            ) from e
+        log.warning("%s: %d tensors not loaded because their shapes differ (strict=False): %s", where, len(other), shapes)
+        for key in other:
+            del state[key]
+        missing, unexpected = model.load_state_dict(state, strict=False)
     head_missing = [k for k in missing if _is_head_key(model, k)] if saved_config is None else []
     real_missing = [k for k in missing if k not in head_missing]
     if strict and (real_missing or unexpected):

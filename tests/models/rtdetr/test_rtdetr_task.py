@@ -170,3 +170,20 @@ def test_every_parameter_gets_a_gradient_when_no_image_has_a_box(name):
         out = model(torch.randn(2, 3, 96, 96), None, targets=targets)
         criterion(out, targets)["loss"].backward()
         assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+
+
+def test_images_too_small_for_the_queries_are_a_user_error_naming_the_positions_and_the_fix():
+    """D-FINE-N's 300 queries over strides 16 and 32 need about 250 px a side: smaller images are the user's to fix
+    (a one-line error in the tools), with the positions counted and the two settings that fix it."""
+    from visiontf.core.errors import UserError
+    from visiontf.models.rtdetr.rtdetr_decoder import ImageTooSmallError
+
+    model = create_model("dfine_n", num_classes=3).eval()
+    with torch.no_grad(), pytest.raises(ImageTooSmallError, match=r"num_queries=300 of the encoder's 100 positions \(the "
+                                                                 r"pixels of its feature maps, 8 x 10 \+ 4 x 5 for these "
+                                                                 r"images\); give larger images \(data\.init_args\.scales, "
+                                                                 r"val_size\) or build with fewer queries") as caught:
+        model(torch.rand(1, 3, 128, 160))
+    assert isinstance(caught.value, UserError) and isinstance(caught.value, ValueError)
+    with torch.no_grad():  # at 256 x 288 it has 288 + 72 positions
+        assert model(torch.rand(1, 3, 256, 288))["pred_logits"].shape == (1, 300, 3)

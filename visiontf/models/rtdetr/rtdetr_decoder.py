@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from visiontf.core.errors import UserError
 from visiontf.models.deformable_detr.deformable_transformer import DeformableDecoderLayer, inverse_sigmoid
 from visiontf.models.deformable_detr.denoising import DenoisingQueries
 from visiontf.models.deformable_detr.distinct_queries import DistinctQueriesBetweenLayers
@@ -37,7 +38,7 @@ from visiontf.nn import MSDeformAttn
 from visiontf.nn.indexing import gather_rows
 from visiontf.nn.ms_deform_tables import tracing_shapes
 
-__all__ = ["ActMLP", "DecoderOutput", "RTDetrDecoder", "anchor_boxes"]
+__all__ = ["ActMLP", "DecoderOutput", "ImageTooSmallError", "RTDetrDecoder", "anchor_boxes"]
 
 #: RT-DETR's inverse sigmoid clamp (``src/zoo/rtdetr/utils.py``)
 INVERSE_SIGMOID_EPS = 1e-5
@@ -87,6 +88,10 @@ class ActMLP(MLP):
         for i, layer in enumerate(self.layers):
             x = layer(x) if i == last else self.act(layer(x))
         return x
+
+
+class ImageTooSmallError(UserError, ValueError):
+    """The images give the encoder fewer positions than the decoder selects queries from; the message says how many."""
 
 
 @dataclass
@@ -220,8 +225,10 @@ class RTDetrDecoder(nn.Module):
         logits = self.enc_score_head(output)
         queries = self.options.num_queries
         if queries > logits.shape[1]:
-            raise ValueError(f"RT-DETR selects num_queries={queries} of the encoder's {logits.shape[1]} positions; "
-                             "give larger images or build with fewer queries")
+            raise ImageTooSmallError(
+                f"RT-DETR selects num_queries={queries} of the encoder's {logits.shape[1]} positions (the pixels of its "
+                f"feature maps, {' + '.join(f'{h} x {w}' for h, w in shapes)} for these images); give larger images "
+                "(data.init_args.scales, val_size) or build with fewer queries (model_kwargs.decoder.num_queries)")
         scores = logits.max(-1).values
         many = self._one_to_many_queries(output, anchors, scores)
         if self.options.distinct_query_iou is not None:
@@ -246,8 +253,8 @@ class RTDetrDecoder(nn.Module):
         if not self.training or T == 0:
             return {}
         if T > scores.shape[1]:
-            raise ValueError(f"decoder.num_one_to_many_queries={T} is more than the encoder's {scores.shape[1]} positions; "
-                             "give larger images or fewer one-to-many queries")
+            raise ImageTooSmallError(f"decoder.num_one_to_many_queries={T} is more than the encoder's {scores.shape[1]} "
+                                     "positions; give larger images or fewer one-to-many queries")
         with torch.no_grad():
             index = torch.topk(scores, T, dim=1).indices
             picked = gather_rows(output, index)
