@@ -125,3 +125,10 @@ def test_checkpoint_carries_class_names_for_the_predictor(det_root, tmp_path):
     predictor = Predictor.from_checkpoint(path)
     assert predictor.class_names == dm.class_names
     assert predictor.label_to_cat_id == {int(k): v for k, v in dm.label_to_cat_id.items()}
+    # each detection carries its dataset category id beside its label (the table saved with the checkpoint)
+    image = torch.rand(3, 64, 80)
+    result = predictor(image, score_threshold=None)[0]
+    assert len(result["labels"]) > 0
+    assert result["category_ids"].tolist() == [predictor.label_to_cat_id[int(label)] for label in result["labels"]]
+    predictor.label_to_cat_id = None  # a model without a table: no ids are made up
+    assert "category_ids" not in predictor(image, score_threshold=None)[0]

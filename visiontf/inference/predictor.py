@@ -200,7 +200,8 @@ class Predictor:
         * classification: ``labels`` (k,), ``scores`` (k,) softmax probabilities, ``class_names``;
           ``top_k`` classes (default 5, at most the number of classes).
         * detection: ``boxes`` (N, 4) xyxy in original image pixels, ``scores``, ``labels``,
-          ``class_names``; detections with ``score > score_threshold`` (``None`` keeps all), at most
+          ``class_names``, and ``category_ids`` (the dataset's ids of the labels; -1 for a label no
+          category has) when the model's ``label_to_cat_id`` is known; detections with ``score > score_threshold`` (``None`` keeps all), at most
           ``top_k`` (default: no limit), sorted by score.
         * segmentation: ``label_map`` (H, W) int64 at the original resolution.
         * restoration: ``image`` uint8 (3, H*s, W*s), the restored image (``s`` the model's scale),
@@ -246,6 +247,14 @@ class Predictor:
                     r["source"], r["image_size"] = b.source, b.size
                     yield b, r
 
+    def _with_category_ids(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A detector's result with ``category_ids``, its labels as the dataset's category ids, when the model's
+        ``label_to_cat_id`` is known (a checkpoint's, an export's ``.labels.json``, or given)."""
+        if self.label_to_cat_id is not None and self.task == "detection" and "labels" in result:
+            result["category_ids"] = torch.tensor([self.label_to_cat_id.get(int(label), -1) for label in result["labels"]],
+                                                  dtype=torch.int64)
+        return result
+
     def _predict_images(self, images: Sequence[LoadedImage], score_threshold: float | None, top_k: int | None,
                         raise_if_all_fail: bool) -> list[dict[str, Any]]:
         """Results for ``images``. When the batch fails, each image runs alone, so that an image the
@@ -261,8 +270,8 @@ class Predictor:
             with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
                 results = self.adapter.predict(self.model, self.preprocess, [im.tensor.to(self.device) for im in ims],
                                                score_threshold=score_threshold, top_k=top_k, class_name=self.class_name)
-            return [{k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in r.items()}
-                    for r in results]
+            return [self._with_category_ids({k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
+                                             for k, v in r.items()}) for r in results]
 
         try:
             return run(images)
