@@ -113,7 +113,7 @@ def test_validation_map_equals_pycocotools_on_the_original_annotations(det_root,
         assert p["boxes"][:, 2].max() <= w + 1e-3 and p["boxes"][:, 3].max() <= h + 1e-3
 
 
-def test_checkpoint_carries_class_names_for_the_predictor(det_root, tmp_path):
+def test_checkpoint_carries_class_names_for_the_predictor(det_root, tmp_path, capsys):
     from visiontf.inference.predictor import Predictor
 
     dm = _datamodule(det_root)
@@ -132,3 +132,23 @@ def test_checkpoint_carries_class_names_for_the_predictor(det_root, tmp_path):
     assert result["category_ids"].tolist() == [predictor.label_to_cat_id[int(label)] for label in result["labels"]]
     predictor.label_to_cat_id = None  # a model without a table: no ids are made up
     assert "category_ids" not in predictor(image, score_threshold=None)[0]
+    # tools/predict.py --annotations with a file whose category ids are not the model's: refused, as eval refuses them
+    import json as _json
+
+    from visiontf.cli import predict_main
+
+    data = _json.loads(dm.val_ann_file.read_text())
+    shift = {c["id"]: c["id"] + 10 for c in data["categories"]}
+    data["categories"] = [{**c, "id": shift[c["id"]]} for c in data["categories"]]
+    data["annotations"] = [{**a, "category_id": shift[a["category_id"]]} for a in data["annotations"]]
+    renumbered = tmp_path / "renumbered.json"
+    renumbered.write_text(_json.dumps(data))
+    images = str(dm.val_ann_file.parents[1] / "val2017")
+    argv = ["--ckpt_path", str(path), "--input", images, "--output", str(tmp_path / "pred"), "--quiet"]
+    capsys.readouterr()
+    assert predict_main([*argv, "--annotations", str(renumbered)]) == 2
+    assert "renumbered.json: the model predicts categories the file does not list as such" in capsys.readouterr().err
+    assert not (tmp_path / "pred" / "predictions.json").exists()
+    assert predict_main([*argv, "--annotations", str(dm.val_ann_file)]) == 0
+    written = _json.loads((tmp_path / "pred" / "predictions.json").read_text())
+    assert {d["category_id"] for d in written} <= set(dm.label_to_cat_id.values())
