@@ -334,6 +334,24 @@ def test_datamodule_rejects_splits_with_different_categories(synthetic, tmp_path
         dm.setup("fit")
 
 
+def test_datamodule_rejects_splits_naming_the_same_ids_differently(synthetic, tmp_path):
+    """Same ids, two names swapped in one split: its labels would be trained or scored as the other split's classes."""
+    paths, _ = synthetic
+    val = json.loads(paths["val_ann"].read_text())
+    names = {c["id"]: c["name"] for c in val["categories"]}
+    for c in val["categories"]:
+        c["name"] = {1: names[2], 2: names[1]}.get(c["id"], c["name"])
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "annotations" / "instances_val2017.json").write_text(json.dumps(val))
+    (tmp_path / "annotations" / "instances_train2017.json").write_text(paths["train_ann"].read_text())
+    (tmp_path / "train2017").symlink_to(paths["train_images"])
+    dm = CocoDataModule(tmp_path, num_workers=0)
+    with pytest.raises(AnnotationError, match=rf"instances_train2017\.json: category names differ from .*instances_val2017"
+                                              rf"\.json for the same ids \(id 1: '{names[1]}' here, '{names[2]}' there; "
+                                              rf"id 2: '{names[2]}' here, '{names[1]}' there\)"):
+        dm.setup("fit")
+
+
 def test_workers_draw_different_augmentations(rect_set):
     """Each DataLoader worker reseeds the pipeline; otherwise they would all copy one RNG."""
     root, ann = rect_set

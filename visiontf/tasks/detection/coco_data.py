@@ -190,6 +190,7 @@ class CocoDataModule(DetectionDataModule):
         cat_file = self.val_ann_file if self.val_ann_file.is_file() else self.train_ann_file
         self.label_space = label_space
         self._category_ids, names = parse_categories(load_coco_json(cat_file), cat_file)
+        self._category_names, self._category_file = list(names), cat_file
         self.cat_id_to_label, self.class_names = label_maps(self._category_ids, names, label_space, cat_file)
         self.label_to_cat_id = {label: c for c, label in self.cat_id_to_label.items()}
         self.num_classes = len(self.class_names)
@@ -227,6 +228,13 @@ class CocoDataModule(DetectionDataModule):
             raise AnnotationError(
                 f"{ann_file}: category ids {ds.index.category_ids} differ from {self._category_ids} in the file "
                 "num_classes was read from; every split must list the same categories"
+            )
+        renamed = [(c, a, b) for c, a, b in zip(self._category_ids, ds.index.class_names, self._category_names) if a != b]
+        if renamed:  # same ids, other classes: one split's labels would be trained or scored as the other's
+            shown = "; ".join(f"id {c}: {a!r} here, {b!r} there" for c, a, b in renamed[:6])
+            raise AnnotationError(
+                f"{ann_file}: category names differ from {self._category_file} for the same ids ({shown}); every split must "
+                "list the same categories: correct the names (or the ids) in one of the files"
             )
         return ds
 
