@@ -82,7 +82,8 @@ def test_onnx_export_equals_pytorch(name, tmp_path):
     model, adapter, size, inputs = _build(name)
     model.eval()
     path = export_onnx(model, tmp_path / f"{name}.onnx", size)
-    example = adapter.example_inputs(model, size, batch_size=2, pad=True)
+    # batch 3: not the batch the export traces (2), so a batch size fixed in the graph fails here
+    example = adapter.example_inputs(model, size, batch_size=3, pad=True)
     assert onnx_max_abs_diff(model, path, example) < 1e-3, name
     if {"rtdetr", "dfine"} & set(get_entry(name).tags):
         # the real-time DETRs' graphs follow the input: at another size and batch too, within 1e-4

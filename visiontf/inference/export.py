@@ -149,7 +149,8 @@ def export_model(model: nn.Module, output: str | Path, class_names: Sequence[str
                  onnx: str | Path | None = None, image_size: Sequence[int] | None = None, check: bool = True,
                  tolerance: ExportTolerance = DEFAULT_TOLERANCE) -> dict[str, Any]:
     """safetensors (+ ``.json`` config and ``.labels.json``) and optionally ONNX, checked against PyTorch
-    (:func:`~visiontf.inference.onnx_check.check_onnx` with ``tolerance``, on a padded batch of 2).
+    (:func:`~visiontf.inference.onnx_check.check_onnx` with ``tolerance``, on a padded batch of 3: not the batch the
+    export traces, so a batch size fixed in the graph fails the check).
 
     ``preprocess``: eval settings (keys of the task's settings, or complete ones) over the model's
     ``pretrained_cfg``; the labels file keeps the complete settings (``preprocess``).
@@ -166,6 +167,6 @@ def export_model(model: nn.Module, output: str | Path, class_names: Sequence[str
     if onnx:
         report["onnx"] = str(export_onnx(model, onnx, image_size, adapter.task))
         if check:
-            inputs = adapter.example_inputs(model, image_size, batch_size=2, pad=True)
+            inputs = adapter.example_inputs(model, image_size, batch_size=3, pad=True)
             report.update(check_onnx(model, onnx, inputs, adapter.task, tolerance))
     return report
