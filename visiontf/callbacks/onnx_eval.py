@@ -79,8 +79,8 @@ class OnnxRuntimeModel(nn.Module):
         here = weights_fingerprint(model)
         if exported != here:
             raise WeightsError(f"--onnx {path}: the graph was exported from other weights than the model it stands in "
-                             f"for ({ONNX_WEIGHTS_KEY} {exported[:12]}..., this model's {here[:12]}...); export this "
-                             f"checkpoint with tools/export.py --ckpt_path <the same .ckpt> --onnx {path.name}")
+                               f"for ({ONNX_WEIGHTS_KEY} {exported[:12]}..., this model's {here[:12]}...); export this "
+                               f"checkpoint with tools/export.py --ckpt_path <the same .ckpt> --onnx {path.name}")
 
     def __getattr__(self, name: str) -> Any:
         try:

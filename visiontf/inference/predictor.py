@@ -201,8 +201,9 @@ class Predictor:
           ``top_k`` classes (default 5, at most the number of classes).
         * detection: ``boxes`` (N, 4) xyxy in original image pixels, ``scores``, ``labels``,
           ``class_names``, and ``category_ids`` (the dataset's ids of the labels; -1 for a label no
-          category has) when the model's ``label_to_cat_id`` is known; detections with ``score > score_threshold`` (``None`` keeps all), at most
-          ``top_k`` (default: no limit), sorted by score.
+          category has) when the model's ``label_to_cat_id`` is known; detections with
+          ``score > score_threshold`` (``None`` keeps all), at most ``top_k`` (default: no limit),
+          sorted by score.
         * segmentation: ``label_map`` (H, W) int64 at the original resolution.
         * restoration: ``image`` uint8 (3, H*s, W*s), the restored image (``s`` the model's scale),
           and ``task``: the task of a multi-task model that ran (``preprocess={"restore_task": ...}``).
