@@ -142,7 +142,7 @@ def test_same_class_count_with_other_classes_is_refused_naming_both_tables(train
         first = sorted((renamed / split).iterdir())[1]
         first.rename(first.with_name(first.name.split("_")[0] + "_other"))
     line = _one_line_error(capsys, eval_main, [*_args(renamed, tmp_path / "run"), f"--ckpt_path={trained['ckpt']}"])
-    assert re.search(r"last\.ckpt: trained on 3 classes \(00_\w+, 01_\w+, 02_\w+\), but the data \(.*renamed\) has 3 "
+    assert re.search(r"last\.ckpt: trained on 3 classes \(00_\w+, 01_\w+, 02_\w+\), but this run's data has 3 "
                      r"classes \(00_\w+, 01_other, 02_\w+\);.*--model\.init_args\.pretrained=", line), line
     with pytest.raises(CheckpointError, match="01_other"):  # resuming too
         make_cli(["fit", *_args(renamed, tmp_path / "run"), f"--ckpt_path={trained['ckpt']}"])

@@ -341,32 +341,12 @@ def _predict(argv: Sequence[str]) -> int:
         names = adapter.annotation_class_names(args.annotations)
         if names and predictor.num_classes in (None, len(names)):
             predictor.class_names = names
-    if args.annotations and adapter.task == "detection":
-        _check_annotation_categories(args.annotations, predictor)
+    if args.annotations:
+        adapter.check_annotation_classes(args.annotations, predictor.class_names, predictor.label_to_cat_id)
     # streamed: files decoded in DataLoader workers, each result written as it comes (bounded memory)
     predict_to_folder(predictor, args.input, out, annotations=args.annotations,
                       score_threshold=args.score_threshold, top_k=args.top_k, attention=args.attention)
     return 0
-
-
-def _check_annotation_categories(annotations: str, predictor: Any) -> None:
-    """predictions.json names each detection by the model's category id (its ``label_to_cat_id``): an annotation file
-    without those ids, or with other classes under them, would get results for categories it does not have."""
-    if not predictor.label_to_cat_id:
-        return
-    from visiontf.tasks.detection.coco_annotations import load_coco_json, parse_categories
-
-    ids, names = parse_categories(load_coco_json(annotations), Path(annotations))
-    in_file = dict(zip(ids, names))
-    model_names = predictor.class_names or []
-    wrong = [(cat, model_names[label] if label < len(model_names) else None) for label, cat in sorted(predictor.label_to_cat_id.items())
-             if cat not in in_file or (label < len(model_names) and in_file[cat] != model_names[label])]
-    if wrong:
-        shown = ", ".join(f"{name}={cat}" if name else str(cat) for cat, name in wrong[:6])
-        listed = ", ".join(f"{name}={cat}" for cat, name in list(in_file.items())[:6])
-        raise UsageError(f"--annotations {annotations}: the model predicts categories the file does not list as such "
-                         f"({shown}; the file has {listed}{', ...' if len(in_file) > 6 else ''}); give the annotation "
-                         "file of the data the model was trained on, or predict without --annotations")
 
 
 def predict_main(argv: Sequence[str] | None = None) -> int:

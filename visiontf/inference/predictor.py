@@ -248,14 +248,6 @@ class Predictor:
                     r["source"], r["image_size"] = b.source, b.size
                     yield b, r
 
-    def _with_category_ids(self, result: dict[str, Any]) -> dict[str, Any]:
-        """A detector's result with ``category_ids``, its labels as the dataset's category ids, when the model's
-        ``label_to_cat_id`` is known (a checkpoint's, an export's ``.labels.json``, or given)."""
-        if self.label_to_cat_id is not None and self.task == "detection" and "labels" in result:
-            result["category_ids"] = torch.tensor([self.label_to_cat_id.get(int(label), -1) for label in result["labels"]],
-                                                  dtype=torch.int64)
-        return result
-
     def _predict_images(self, images: Sequence[LoadedImage], score_threshold: float | None, top_k: int | None,
                         raise_if_all_fail: bool) -> list[dict[str, Any]]:
         """Results for ``images``. When the batch fails, each image runs alone, so that an image the
@@ -271,8 +263,8 @@ class Predictor:
             with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
                 results = self.adapter.predict(self.model, self.preprocess, [im.tensor.to(self.device) for im in ims],
                                                score_threshold=score_threshold, top_k=top_k, class_name=self.class_name)
-            return [self._with_category_ids({k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
-                                             for k, v in r.items()}) for r in results]
+            return [self.adapter.with_category_ids({k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
+                                                    for k, v in r.items()}, self.label_to_cat_id) for r in results]
 
         try:
             return run(images)

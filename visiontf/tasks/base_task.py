@@ -157,10 +157,9 @@ class BaseTask(L.LightningModule):
         # before Lightning copies any weight: another task, model or class count is refused by name
         path = self._trainer.ckpt_path if self._trainer is not None else None
         dm = trainer_datamodule(self._trainer)
-        root = getattr(dm, "root", None)
         check_checkpoint_fits(checkpoint, path, task=self.task, model_name=self._model_name, num_classes=self._num_classes,
-                              class_names=getattr(dm, "class_names", None), label_to_cat_id=getattr(dm, "label_to_cat_id", None),
-                              data=f"the data ({root})" if root is not None else "the data")
+                              class_names=dm.class_names if dm is not None else None,
+                              label_to_cat_id=dm.label_to_cat_id if dm is not None else None, data="this run's data")
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, also for the fused AdamW under mixed precision.

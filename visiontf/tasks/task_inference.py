@@ -157,6 +157,15 @@ class TaskAdapter:
         """Class names read from an annotation file given to ``tools/predict.py``, if the task has them."""
         return None
 
+    def check_annotation_classes(self, annotations: str | Path, class_names: Sequence[str] | None,
+                                 label_to_cat_id: dict[int, int] | None) -> None:
+        """Refuse an annotation file given to ``tools/predict.py`` whose classes are not the model's, for tasks whose
+        predictions name them; nothing for the others."""
+
+    def with_category_ids(self, result: dict[str, Any], label_to_cat_id: dict[int, int] | None) -> dict[str, Any]:
+        """A prediction with the dataset's category ids of its labels, for tasks that have them; as it is for others."""
+        return result
+
     def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
                           out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:
         """Write one picture per image into ``out`` and return the records of ``predictions.json``."""

@@ -29,7 +29,7 @@ from reference.fixtures import FIXTURES, Fixture, load_fixture, read_layouts
 from rtdetr_helpers import assert_eval_outputs_match, one_thread, recorded_settings  # noqa: F401 (one_thread: a module fixture, one torch thread)
 
 from visiontf.core.config_files import read_config
-from visiontf.models import create_model
+from visiontf.models import WeightsLayoutError, create_model
 from visiontf.models.deformable_detr.denoising import DenoisingQueries, build_contrastive_denoising, denoising_match_indices
 from visiontf.models.rtdetr.convert import checkpoint_entry, convert_state_dict
 from visiontf.set_prediction.criterion import SetCriterion
@@ -170,11 +170,12 @@ def test_both_entries_load_strictly_and_the_toy_counts_agree(checkpoint):
 
 def test_a_deim_file_does_not_load_into_plain_rtdetrv2(checkpoint):
     """The query-position MLPs differ (DEIM's third layer, v2's 2d-wide first): picking the wrong name fails loudly."""
-    with pytest.raises(RuntimeError, match="query_pos_head"):
+    with pytest.raises(WeightsLayoutError, match=r"tensor\(s\) of the weights have another shape than in rtdetrv2_r18vd as "
+                                                 r"built \(weights -> model\): decoder\.query_pos_head"):
         create_model("rtdetrv2_r18vd", pretrained=str(checkpoint), input_norm="none",
                      **recorded_settings(fixture().meta["settings"], "rtdetrv2_r18vd"))
     settings = recorded_settings(fixture().meta["settings"], NAME)  # the same spec over either variant's backbone
-    with pytest.raises(RuntimeError, match="query_pos_head"):  # and the other way round
+    with pytest.raises(RuntimeError, match="query_pos_head"):  # and the other way round (torch's own load_state_dict)
         create_model(NAME, **settings).load_state_dict(create_model("rtdetrv2_r18vd", **settings).state_dict())
 
 

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
+from visiontf.core.errors import UsageError
 from visiontf.data.batching import PaddedBatch, pad_images, size_buckets
 from visiontf.data.transforms.detection import resized_hw
 from visiontf.set_prediction import build_postprocess, set_postprocess
@@ -217,6 +218,32 @@ class DetectionAdapter(TaskAdapter):
         from visiontf.tasks.detection.coco_annotations import load_coco_json, parse_categories
 
         return parse_categories(load_coco_json(annotations), Path(annotations))[1]
+
+    def check_annotation_classes(self, annotations: str | Path, class_names: Sequence[str] | None,
+                                 label_to_cat_id: dict[int, int] | None) -> None:
+        """predictions.json names each detection by the model's category id: an annotation file without those ids, or
+        with other classes under them, would get results for categories it does not have."""
+        from visiontf.tasks.detection.coco_annotations import load_coco_json, parse_categories
+
+        if not label_to_cat_id:
+            return
+        in_file = dict(zip(*parse_categories(load_coco_json(annotations), Path(annotations))))
+        names = list(class_names or [])
+        wrong = [(cat, names[label] if label < len(names) else None) for label, cat in sorted(label_to_cat_id.items())
+                 if cat not in in_file or (label < len(names) and in_file[cat] != names[label])]
+        if wrong:
+            shown = ", ".join(f"{name}={cat}" if name else str(cat) for cat, name in wrong[:6])
+            listed = ", ".join(f"{name}={cat}" for cat, name in list(in_file.items())[:6])
+            raise UsageError(f"--annotations {annotations}: the model predicts categories the file does not list as such "
+                             f"({shown}; the file has {listed}{', ...' if len(in_file) > 6 else ''}); give the annotation "
+                             "file of the data the model was trained on, or predict without --annotations")
+
+    def with_category_ids(self, result: dict[str, Any], label_to_cat_id: dict[int, int] | None) -> dict[str, Any]:
+        """``category_ids``: the labels as the dataset's category ids (-1 for a label no category has)."""
+        if label_to_cat_id is not None and "labels" in result:
+            result["category_ids"] = torch.tensor([label_to_cat_id.get(int(label), -1) for label in result["labels"]],
+                                                  dtype=torch.int64)
+        return result
 
     def write_predictions(self, images: Sequence[Any], results: Sequence[dict[str, Any]], stems: Sequence[str],
                           out: Path, predictor: Any, annotations: str | Path | None = None) -> list[dict[str, Any]]:
