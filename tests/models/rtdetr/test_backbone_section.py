@@ -89,3 +89,13 @@ def test_the_former_spelling_over_another_kind_of_backbone_is_refused():
         build_rtdetr(**HEADS, backbone={"depth": 18}, base={"backbone": {"name": "hgnetv2_b0"}})
     with pytest.raises(ValueError, match="backbone.depth must be 18, 34, 50 or 101"):
         create_model("rtdetr_r18vd", **HEADS, backbone={"depth": 20, **RESNET})
+
+
+def test_a_missing_backbone_file_names_the_field_and_how_to_train_without_it(tmp_path):
+    """The recipes name the originals' ImageNet files at their authors' paths: without them, the error says which
+    setting to change (a one-line FileNotFoundError in the tools), before any model is built."""
+    missing = tmp_path / "ResNet18_vd_pretrained_from_paddle.pth"
+    with pytest.raises(FileNotFoundError, match=r"model_kwargs\.backbone\.pretrained: weights file not found: .*ResNet18_vd"
+                                                r"_pretrained_from_paddle\.pth; give the path of the resnet18vd backbone's "
+                                                r"ImageNet file, or set model_kwargs: \{backbone: \{pretrained: null\}\}"):
+        BackboneSpec(name="resnet18vd", pretrained=str(missing)).build()

@@ -82,6 +82,12 @@ class BackboneSpec:
 
     def build(self, num_levels: int = 1, min_stride: int = 8, stages: Sequence[int] | None = None) -> Backbone:
         """The :class:`Backbone`: ``stages`` (or this spec's), else the last ``num_levels`` maps of stride >= ``min_stride``."""
+        if isinstance(self.pretrained, (str, Path)) and not Path(self.pretrained).is_file():
+            # the recipes name the originals' ImageNet files where their authors keep them: say which field to change
+            raise FileNotFoundError(
+                f"model_kwargs.backbone.pretrained: weights file not found: {self.pretrained}; give the path of the "
+                f"{self.name} backbone's ImageNet file, or set model_kwargs: {{backbone: {{pretrained: null}}}} to train "
+                "the backbone from scratch")
         return build_backbone(self.name, out_indices=self.stages if stages is None else stages, num_levels=num_levels,
                               min_stride=min_stride, pretrained=self.pretrained, train_backbone=self.train,
                               channels_last=self.channels_last, frozen_bn=self.frozen_bn, freeze_stem=self.freeze_stem,
