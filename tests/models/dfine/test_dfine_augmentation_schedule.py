@@ -83,3 +83,18 @@ def test_without_a_schedule_the_training_set_is_the_plain_one(four_images):
     assert type(dm.train_dataset).__name__ == "CocoDetection"
     with pytest.raises(ConfigError, match="strong_aug_epochs"):
         CocoDataModule(four_images, batch_size=2, num_workers=0, strong_aug_epochs=[3, 1], **SMALL)
+
+
+def test_the_data_module_logs_what_each_epoch_gets_once(four_images, caplog):
+    """The windows are epochs in a config, far from the run: the log says once what each epoch gets."""
+    with caplog.at_level("INFO", logger="visiontf.tasks.detection.coco_data"):
+        CocoDataModule(four_images, num_workers=0, mosaic=0.5, strong_aug_epochs=[4, 50], mosaic_epochs=[4, 29],
+                       mixup={"prob": 0.5, "epochs": [4, 29]}, **SMALL)
+    lines = [r.getMessage() for r in caplog.records if "training augmentation by epoch" in r.getMessage()]
+    assert lines == ["training augmentation by epoch: epochs 0-3: a flip and the multi-scale resize; epochs 4-49: the "
+                     "strong augmentation (the random crop, mosaics with probability 0.5 in epochs 4-28); from epoch 50: "
+                     "a flip and one resize to the evaluation size; MixUp with probability 0.5 in epochs 4-28"]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="visiontf.tasks.detection.coco_data"):  # no schedule: nothing to say
+        CocoDataModule(four_images, num_workers=0, **SMALL)
+    assert not [r for r in caplog.records if "training augmentation by epoch" in r.getMessage()]

@@ -244,6 +244,20 @@ class AugmentationSchedule:
             if value is not None and (len(value) != 2 or not 0 <= value[0] <= value[1]):
                 raise ValueError(f"{name} must be (start, stop) epochs with 0 <= start <= stop, got {value}")
 
+    def describe(self, mosaic: float = 0.0) -> str:
+        """The schedule in words, for the training log: which epochs get which stage (``mosaic``: its probability)."""
+        def window(span: tuple[int, int] | None) -> str:
+            return "every epoch" if span is None else f"epochs {span[0]}-{span[1] - 1}" if span[1] > span[0] else "no epoch"
+
+        parts = []
+        if self.strong_epochs is not None and self.strong_epochs[0] > 0:
+            parts.append(f"epochs 0-{self.strong_epochs[0] - 1}: a flip and the multi-scale resize")
+        parts.append(f"{window(self.strong_epochs)}: the strong augmentation (the random crop"
+                     + (f", mosaics with probability {mosaic:g} in {window(self.mosaic_epochs)}" if mosaic > 0 else "") + ")")
+        if self.strong_epochs is not None:
+            parts.append(f"from epoch {self.strong_epochs[1]}: a flip and one resize to the evaluation size")
+        return "; ".join(parts)
+
     def stage(self, epoch: int | None, mosaic: bool) -> str:
         """The stage of ``epoch`` (``mosaic``: the data module draws mosaics at all)."""
         if epoch is not None and self.strong_epochs is not None:

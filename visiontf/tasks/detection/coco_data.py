@@ -197,6 +197,12 @@ class CocoDataModule(DetectionDataModule):
         shown = ", ".join(f"{n} (id {c})" for c, n in list(zip(self._category_ids, names))[:10])
         space = "" if label_space == "contiguous" else f" (class index = category id: {self.num_classes} outputs)"
         log.info("%d classes from %s%s: %s%s", len(names), cat_file, space, shown, ", ..." if len(names) > 10 else "")
+        if self.schedule != DT.AugmentationSchedule() or self.mixup is not None:
+            # the windows are set by epoch, far from where a run shows them: say once what each epoch gets
+            mix = "" if self.mixup is None else (f"; MixUp with probability {self.mixup.prob:g} in "
+                                                 + ("every epoch" if self.mixup.epochs is None else
+                                                    f"epochs {self.mixup.epochs[0]}-{self.mixup.epochs[1] - 1}"))
+            log.info("training augmentation by epoch: %s%s", self.schedule.describe(self.mosaic), mix)
         self.train_dataset: CocoDetection | None = None
         self.val_dataset: CocoDetection | None = None
         self.test_dataset: CocoDetection | None = None
