@@ -160,12 +160,11 @@ def resolve_classes(saved_names: Sequence[str] | None, saved_ids: dict[int, int]
     cfg_names = list(config_names) if config_names else None
     cfg_ids = {int(k): int(v) for k, v in config_ids.items()} if config_ids else None
 
-    def show(n: Sequence[str] | None, i: dict[int, int] | None) -> str:
-        listed = ", ".join(f"{name}={i[k]}" if i and k in i else str(name) for k, name in list(enumerate(n or []))[:6])
-        return f"{len(n or [])} classes ({listed}{', ...' if n and len(n) > 6 else ''})"
-
     if names and cfg_names and (names != cfg_names or (ids and cfg_ids and ids != cfg_ids)):
-        raise UsageError(f"{saved} was trained on {show(names, ids)} but {config} has {show(cfg_names, cfg_ids)}; "
+        from visiontf.tasks.checkpoints import describe_classes
+
+        raise UsageError(f"{saved} was trained on {describe_classes(names, ids)} but {config} has "
+                         f"{describe_classes(cfg_names, cfg_ids)}; "
                          f"drop --config (the checkpoint carries its classes), or give the config it was trained with")
     return (names or cfg_names), (ids or (cfg_ids if not names or names == cfg_names else None))
 

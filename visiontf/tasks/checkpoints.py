@@ -419,15 +419,16 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
     if names_differ or ids_differ:
         # the same class count with other names or ids: each output would be scored (or trained) as another category
         raise CheckpointError(
-            f"{where}: trained on {_show_classes(saved_names or class_names, saved_ids)}, but {data} has "
-            f"{_show_classes(class_names or saved_names, label_to_cat_id)}; --ckpt_path resumes or evaluates that same "
+            f"{where}: trained on {describe_classes(saved_names or class_names, saved_ids)}, but {data} has "
+            f"{describe_classes(class_names or saved_names, label_to_cat_id)}; --ckpt_path resumes or evaluates that same "
             f"model on the classes it was trained on: give the data it was trained with, or start a new run from its "
             f"weights on these classes with `--model.init_args.pretrained={where}`"
         )
 
 
-def _show_classes(names: Sequence[str] | None, ids: Mapping[Any, Any] | None) -> str:
-    """``4 classes (circle=1, square=2, ...)``: a class table as the checkpoint messages name it."""
+def describe_classes(names: Sequence[str] | None, ids: Mapping[Any, Any] | None) -> str:
+    """``4 classes (circle=1, square=2, ...)``: a class table (names by label, ``label -> category id``) as the messages
+    about checkpoints and their data name it."""
     table = {int(k): int(v) for k, v in (ids or {}).items()}
     listed = [f"{name}={table[i]}" if i in table else str(name) for i, name in enumerate(names or [])]
     shown = ", ".join(listed[:6]) + (", ..." if len(listed) > 6 else "")
@@ -437,4 +438,4 @@ def _show_classes(names: Sequence[str] | None, ids: Mapping[Any, Any] | None) ->
 __all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "SavedArguments", "WeightsError", "check_checkpoint_fits",
            "check_checkpoint_task", "checkpoint_arguments", "checkpoint_classes", "load_task_checkpoint",
            "check_config_model", "checkpoint_task", "config_checkpoint_dir", "find_last_checkpoint", "load_checkpoint_model",
-           "best_checkpoint", "newest_hpc_checkpoint", "resolve_checkpoint", "run_checkpoint_dir"]
+           "best_checkpoint", "describe_classes", "newest_hpc_checkpoint", "resolve_checkpoint", "run_checkpoint_dir"]
