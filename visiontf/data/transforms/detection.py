@@ -244,11 +244,14 @@ class AugmentationSchedule:
             if value is not None and (len(value) != 2 or not 0 <= value[0] <= value[1]):
                 raise ValueError(f"{name} must be (start, stop) epochs with 0 <= start <= stop, got {value}")
 
+    @staticmethod
+    def window(span: Sequence[int] | None) -> str:
+        """An epoch window ``(start, stop)`` in words for the log (``epochs 4-28``; None: ``every epoch``)."""
+        return "every epoch" if span is None else f"epochs {span[0]}-{span[1] - 1}" if span[1] > span[0] else "no epoch"
+
     def describe(self, mosaic: float = 0.0) -> str:
         """The schedule in words, for the training log: which epochs get which stage (``mosaic``: its probability)."""
-        def window(span: tuple[int, int] | None) -> str:
-            return "every epoch" if span is None else f"epochs {span[0]}-{span[1] - 1}" if span[1] > span[0] else "no epoch"
-
+        window = self.window
         parts = []
         if self.strong_epochs is not None and self.strong_epochs[0] > 0:
             parts.append(f"epochs 0-{self.strong_epochs[0] - 1}: a flip and the multi-scale resize")

@@ -190,7 +190,7 @@ class CocoDataModule(DetectionDataModule):
         cat_file = self.val_ann_file if self.val_ann_file.is_file() else self.train_ann_file
         self.label_space = label_space
         self._category_ids, names = parse_categories(load_coco_json(cat_file), cat_file)
-        self._category_names, self._category_file = list(names), cat_file
+        self._category_file = cat_file
         self.cat_id_to_label, self.class_names = label_maps(self._category_ids, names, label_space, cat_file)
         self.label_to_cat_id = {label: c for c, label in self.cat_id_to_label.items()}
         self.num_classes = len(self.class_names)
@@ -200,8 +200,7 @@ class CocoDataModule(DetectionDataModule):
         if self.schedule != DT.AugmentationSchedule() or self.mixup is not None:
             # the windows are set by epoch, far from where a run shows them: say once what each epoch gets
             mix = "" if self.mixup is None else (f"; MixUp with probability {self.mixup.prob:g} in "
-                                                 + ("every epoch" if self.mixup.epochs is None else
-                                                    f"epochs {self.mixup.epochs[0]}-{self.mixup.epochs[1] - 1}"))
+                                                 f"{self.schedule.window(self.mixup.epochs)}")
             log.info("training augmentation by epoch: %s%s", self.schedule.describe(self.mosaic), mix)
         self.train_dataset: CocoDetection | None = None
         self.val_dataset: CocoDetection | None = None
@@ -235,7 +234,8 @@ class CocoDataModule(DetectionDataModule):
                 f"{ann_file}: category ids {ds.index.category_ids} differ from {self._category_ids} in the file "
                 "num_classes was read from; every split must list the same categories"
             )
-        renamed = [(c, a, b) for c, a, b in zip(self._category_ids, ds.index.class_names, self._category_names) if a != b]
+        renamed = [(c, a, self.class_names[self.cat_id_to_label[c]]) for c, a in zip(self._category_ids, ds.index.class_names)
+                   if a != self.class_names[self.cat_id_to_label[c]]]
         if renamed:  # same ids, other classes: one split's labels would be trained or scored as the other's
             shown = "; ".join(f"id {c}: {a!r} here, {b!r} there" for c, a, b in renamed[:6])
             raise AnnotationError(
