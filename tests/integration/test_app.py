@@ -572,8 +572,9 @@ def test_hostile_uploads_in_a_headless_browser(server, browser, hostile, image_f
     assert lines[2].startswith("notes.png: not a readable image") and lines[3].startswith("notes.txt: not a readable image")
     assert lines[4].startswith("truncated.png: corrupt or truncated image") and lines[5] == "empty.png: file is empty (0 bytes)"
     assert len(_wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#gallery img"))) == 1
-    assert any(t.startswith("Warning") and "5 of 6 files not predicted: bomb.png, notes.png, notes.txt, truncated.png, "
-               "empty.png" in t for t in _wait(browser, _toasts))
+    # wait for this toast itself: the first toasts to show may be others (or this one before its text is in)
+    batch_warning = "5 of 6 files not predicted: bomb.png, notes.png, notes.txt, truncated.png, empty.png"
+    _wait(browser, lambda d: any(t.startswith("Warning") and batch_warning in t for t in _toasts(d)))
     link = _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#batch_download a[href]"))[0].get_attribute("href")
     with urllib.request.urlopen(link, timeout=30) as r:
         records = json.loads(r.read())
