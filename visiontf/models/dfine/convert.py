@@ -14,7 +14,7 @@ Layouts read (each strictly: every tensor has a place, or loading fails naming t
   ``...encoder.stages``), the encoder's input projections at the top (``model.encoder_input_proj``), its blocks with
   their own names (``conv1``, ``csp_rep1``, ..., ``conv4``; SCDown's ``conv1``/``conv2``), separate q/k/v projections
   (fused here), FFNs as ``mlp.layers.{0,1}`` and the class and box heads stored twice (``model.decoder.class_embed``
-  and ``class_embed``).
+  and ``class_embed``); or its files' names (the hub's, ``save_pretrained``'s: ``fc1``, ``out_proj``, ``encoder.encoder``).
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from visiontf.models.rtdetr.convert import (
     original_key,
     original_to_visiontf,
     transformers_key,
+    transformers_module_names,
     transformers_to_visiontf,
 )
 
@@ -107,6 +108,7 @@ def convert_state_dict(state: Mapping[str, Tensor], model: nn.Module, strict: bo
         converted |= {k: converted[k].float() for k in ("decoder.up", "decoder.reg_scale") if k in converted}
         source = "Peterande/D-FINE (or DEIM)"
     else:
-        converted, unknown = transformers_to_visiontf(state, dfine_transformers_key)
+        converted, unknown = transformers_to_visiontf(transformers_module_names(state, "mlp.layers.0", "mlp.layers.1"),
+                                                      dfine_transformers_key)
         source = "transformers' DFineForObjectDetection"
     return finish_conversion(converted, unknown, model, f"this {source} checkpoint has tensors visiontf's D-FINE has no place for", strict)

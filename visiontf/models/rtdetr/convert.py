@@ -8,7 +8,9 @@ Layouts read:
   its fixed anchors and point scales as buffers (``decoder.anchors``, ``decoder.valid_mask``,
   ``cross_attn.num_points_scale``), which visiontf computes and drops here.
 * transformers' ``RTDetrForObjectDetection`` and ``RTDetrV2ForObjectDetection`` (``model.backbone.model.*``,
-  ``model.encoder.*``, ``model.decoder.*``, the heads twice, under ``model.decoder.`` and at the top).
+  ``model.encoder.*``, ``model.decoder.*``, the heads twice, under ``model.decoder.`` and at the top), under the names
+  of its modules (``state_dict()``) or of its files (the hub's and ``save_pretrained``'s: ``fc1``, ``out_proj``,
+  ``encoder.encoder``).
 
 Attention projections: the originals' ``nn.MultiheadAttention`` ``in_proj_weight`` is visiontf's ``qkv``;
 transformers' separate ``q_proj``, ``k_proj``, ``v_proj`` are concatenated in that order.
@@ -25,7 +27,7 @@ from visiontf.models._registry import WeightsLayoutError
 from visiontf.models.backbones.resnet_vd import presnet_to_timm, transformers_resnet_to_timm
 
 __all__ = ["checkpoint_entry", "convert_state_dict", "finish_conversion", "layout_of", "original_key", "original_to_visiontf",
-           "transformers_key", "transformers_to_visiontf"]
+           "transformers_key", "transformers_module_names", "transformers_to_visiontf"]
 
 #: buffers of the originals that visiontf computes instead of storing
 _COMPUTED = ("decoder.anchors", "decoder.valid_mask")
@@ -107,6 +109,27 @@ def original_to_visiontf(state: Mapping[str, Tensor], key_fn: Callable[[str], st
 
 
 # ------------------------------------------------------------------------------------ transformers'
+#: transformers 5 renamed modules of these models and renames the tensors of a file as it loads it; its files (the
+#: hub's, and what ``save_pretrained`` writes) keep the earlier names. Earlier name -> module name, as regular
+#: expressions; ``{fc1}`` and ``{fc2}`` are the family's feed-forward names (RT-DETR ``mlp.fc1``, D-FINE ``mlp.layers.0``).
+_HF_FILE_NAMES = ((r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
+                  (r"\.layers\.(\d+)\.fc1\.", r".layers.\1.{fc1}."),
+                  (r"\.layers\.(\d+)\.fc2\.", r".layers.\1.{fc2}."),
+                  (r"^model\.encoder\.encoder\.(\d+)\.layers\.", r"model.encoder.aifi.\1.layers."))
+
+
+def transformers_module_names(state: Mapping[str, Tensor], fc1: str = "mlp.fc1", fc2: str = "mlp.fc2") -> dict[str, Tensor]:
+    """A transformers file's tensors under the names of transformers' modules (the names ``state_dict()`` gives):
+    the file's earlier names renamed, the others kept."""
+    rules = [(re.compile(pattern), name.format(fc1=fc1, fc2=fc2)) for pattern, name in _HF_FILE_NAMES]
+    out = {}
+    for key, value in state.items():
+        for pattern, name in rules:
+            key = pattern.sub(name, key)
+        out[key] = value
+    return out
+
+
 _HF_LAYER = {"self_attn_layer_norm": "norm1", "encoder_attn_layer_norm": "norm2", "final_layer_norm": "norm3",
              "self_attn.o_proj": "self_attn.proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
 
@@ -193,7 +216,7 @@ def convert_state_dict(state: Mapping[str, Tensor], model: nn.Module, strict: bo
         converted, unknown = original_to_visiontf(state)
         source = "lyuwenyu/RT-DETR"
     else:
-        converted, unknown = transformers_to_visiontf(state)
+        converted, unknown = transformers_to_visiontf(transformers_module_names(state))
         source = "transformers' RTDetr(V2)ForObjectDetection"
     return finish_conversion(converted, unknown, model, f"this {source} checkpoint has tensors visiontf's RT-DETR has no place for",
                              strict)
