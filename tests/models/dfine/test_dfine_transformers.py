@@ -130,3 +130,18 @@ def test_default_tables_equal_transformers_on_square_maps_in_float32(models):
         theirs, out = hf(pixel_values=images), ours(images)
     assert max_diff(out["pred_logits"], theirs.logits) < 1e-4 and max_diff(out["pred_boxes"], theirs.pred_boxes) < 1e-4
     assert out["pred_logits"].shape == (1, 10, NUM_CLASSES)
+
+
+def test_a_silu_decoder_with_relu_quality_estimators_equals_transformers(tmp_path):
+    """transformers' ``DFineLQE`` (as D-FINE's code) is ReLU whatever ``decoder_activation_function`` says, where DEIM's
+    estimators take the decoder's activation (visiontf's default): ``decoder.lqe_act: relu`` rebuilds the former."""
+    hf = transformers_model(seed=1, decoder_activation_function="silu")
+    torch.save(hf.state_dict(), tmp_path / "silu.pth")
+    images, _ = padded_batch(BATCHES["single_64x96"])
+    with torch.no_grad():
+        theirs = hf.double()(pixel_values=images.double())
+        relu = visiontf_model(tmp_path / "silu.pth", decoder={"activation": "silu", "lqe_act": "relu"}).double()(images.double())
+        silu = visiontf_model(tmp_path / "silu.pth", decoder={"activation": "silu"}).double()(images.double())
+    assert max_diff(relu["pred_logits"], theirs.logits) < TOL[torch.float64]
+    assert max_diff(relu["pred_boxes"], theirs.pred_boxes) < TOL[torch.float64]
+    assert max_diff(silu["pred_logits"], theirs.logits) > 1e-3  # the estimators' activation is what differed

@@ -165,7 +165,7 @@ class DFineDecoder(RTDetrDecoder):
     def _add_parts(self) -> None:
         o, d = self.options, self.options.hidden_dim
         self.pre_bbox_head = self._mlp(d, d, 4, 3)
-        self.lqe_layers = nn.ModuleList(QualityEstimator(o.lqe_topk, o.lqe_hidden, o.lqe_layers, o.reg_max, o.activation)
+        self.lqe_layers = nn.ModuleList(QualityEstimator(o.lqe_topk, o.lqe_hidden, o.lqe_layers, o.reg_max, o.lqe_act or o.activation)
                                         for _ in range(o.num_layers))
         # fixed numbers kept as (frozen) parameters, as the originals' checkpoints hold them
         self.up = nn.Parameter(torch.tensor([float(o.up)]), requires_grad=False)

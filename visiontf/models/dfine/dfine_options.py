@@ -108,7 +108,11 @@ class FDRDecoderOptions(DecoderOptions):
         reg_scale: the weighting function's curvature and the edge offsets' unit (4; X: 8).
         up: the weighting function's upper bound factor (0.5).
         mlp_act: activation of the heads' MLPs (query position, proposal boxes, first-layer boxes, edge distributions):
-            ``"relu"`` (D-FINE) or ``"silu"`` (DEIM's ``mlp_act``). The quality estimators' MLPs take ``activation``.
+            ``"relu"`` (D-FINE) or ``"silu"`` (DEIM's ``mlp_act``).
+        lqe_act: activation of the quality estimators' MLPs; None (the default) takes ``activation``, as DEIM does
+            (its SiLU models) and D-FINE with its ReLU decoder. D-FINE's code and transformers' ``DFineLQE`` use ReLU
+            whatever the decoder's activation: ``"relu"`` rebuilds a transformers D-FINE whose
+            ``decoder_activation_function`` is another.
         lqe_topk, lqe_hidden, lqe_layers: the location-quality estimator, an MLP of each edge's ``lqe_topk`` largest
             bin probabilities and their mean (``4 * (lqe_topk + 1)`` inputs, ``lqe_hidden`` wide, ``lqe_layers``
             layers) added to the class logits.
@@ -119,6 +123,7 @@ class FDRDecoderOptions(DecoderOptions):
     reg_scale: float = 4.0
     up: float = 0.5
     mlp_act: str = "relu"
+    lqe_act: str | None = None
     lqe_topk: int = 4
     lqe_hidden: int = 64
     lqe_layers: int = 2
@@ -137,6 +142,8 @@ def check_fdr_sections(backbone: HGNetV2Options | None, decoder: FDRDecoderOptio
         raise ValueError(f"decoder.reg_scale and decoder.up must be > 0, got {decoder.reg_scale} and {decoder.up}")
     if decoder.mlp_act not in ACTIVATIONS:
         raise ValueError(f"decoder.mlp_act must be one of {ACTIVATIONS}, got {decoder.mlp_act!r}")
+    if decoder.lqe_act is not None and decoder.lqe_act not in ACTIVATIONS:
+        raise ValueError(f"decoder.lqe_act must be one of {ACTIVATIONS} or None (the decoder's activation), got {decoder.lqe_act!r}")
     if not 1 <= decoder.lqe_topk <= decoder.reg_max + 1 or decoder.lqe_hidden < 1 or decoder.lqe_layers < 1:
         raise ValueError(f"decoder.lqe_topk must be in [1, reg_max + 1] and lqe_hidden, lqe_layers >= 1, got "
                          f"{decoder.lqe_topk}, {decoder.lqe_hidden}, {decoder.lqe_layers}")
