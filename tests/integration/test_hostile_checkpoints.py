@@ -177,6 +177,53 @@ def test_types_keys_and_shapes_are_those_the_constructor_declares():
         check_value({"depth": "{class_path: os.system}"}, Options, "f", "k")
 
 
+def _aliased_yaml(levels: int) -> str:
+    """A few hundred characters of YAML whose last list reaches ``10 ** levels`` strings through anchors and aliases."""
+    text = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+    for i in range(1, levels + 1):
+        text += f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n"
+    return text
+
+
+def _shared_lists(levels: int) -> list:
+    """One list twice at every level: what a pickle's memo holds in ``levels`` small records, ``2 ** levels`` leaves."""
+    node: list = ["x"]
+    for _ in range(levels):
+        node = [node, node]
+    return node
+
+
+def test_values_that_expand_are_refused_before_they_are_walked(tmp_path):
+    """A file cannot stall a loader: a YAML string of 511 characters (10 ** 9 strings through aliases) and 30 levels
+    of one shared list (2 ** 30 leaves; within the nesting cap of 32) each took a loader past 90 s. Counting every
+    value reached stops the walk at :data:`_MOST_VALUES` and refuses the file in one line naming it and the key."""
+    import time
+
+    from visiontf.core import saved_arguments
+
+    assert len(_aliased_yaml(8)) < 520
+    for bomb in (_aliased_yaml(8), _shared_lists(30), {"a": _shared_lists(30)}):
+        started = time.perf_counter()
+        with pytest.raises(SavedArgumentsError, match=r"^f\.ckpt: k holds more than 200,000 values"):
+            check_value(bomb, typing.Any, "f.ckpt", "k")
+        with pytest.raises(SavedArgumentsError, match=r"^f\.ckpt: k holds more than"):
+            plain_data(bomb, "f.ckpt", "k")
+        assert time.perf_counter() - started < 20
+    # through a checkpoint's sections, and the count is per walk: the largest legitimate sections still pass
+    clean = _clean_checkpoint()
+    for keys in (("hyper_parameters", "model_kwargs", "x"), ("datamodule_hyper_parameters", "lq_dir")):
+        for bomb in (_aliased_yaml(8), _shared_lists(30)):
+            started = time.perf_counter()
+            with pytest.raises(CheckpointError) as e:  # too many values, or not the declared type (lq_dir: a path)
+                checkpoint_arguments(_with(clean, keys, bomb), tmp_path / "x.ckpt")
+            assert str(e.value).startswith(f"{tmp_path / 'x.ckpt'}: {keys[0]}.{keys[1]}") and len(str(e.value)) < 1000
+            assert time.perf_counter() - started < 20  # the message's value is shown bounded too
+    names = [f"class {i}" for i in range(saved_arguments._MOST_VALUES // 4)]  # V3Det has 13,204 classes
+    assert plain_data({"class_names": names, "ids": dict(zip(names, range(len(names))))}, "f", "k")["ids"]["class 7"] == 7
+    assert plain_data([_shared_lists(10)] * 8, "f", "k") == [_shared_lists(10)] * 8  # 8,192 leaves: fine
+    assert check_value(_aliased_yaml(3), str, "f", "k") == _aliased_yaml(3)  # a plain string whose document is small
+
+
 def test_every_table_class_declares_types_the_checker_reads():
     """Each task and data module of the task table takes only arguments whose types the checker reads: its
     defaults pass as they are (a class-typed or callable argument would be refused, as it must be)."""

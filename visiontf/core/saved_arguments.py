@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import argparse
 import collections.abc
+import contextvars
 import dataclasses
+import functools
 import inspect
+import reprlib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -40,6 +43,13 @@ CLASS_SPEC_KEYS = frozenset({"class_path", "_class_path", "init_args", "dict_kwa
 _LONGEST_DOCUMENT = 100_000
 #: nesting deeper than this is not what any constructor of visiontf takes
 _DEEPEST = 32
+#: values visited in one section of a file, shared ones counted each time they are reached: a pickle can hold one list
+#: twice at every level and a YAML string can alias one list many times, so a few hundred bytes can stand for 2 ** 30
+#: values; visiontf's largest sections (a data set's class names and ids) hold tens of thousands
+_MOST_VALUES = 200_000
+_visits: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("saved_argument_visits", default=None)
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 4, 120, 120
 
 
 class SavedArgumentsError(UserError, ValueError):
@@ -51,8 +61,39 @@ class _Mismatch(Exception):
     """A value that does not conform (internal: the caller adds the key and the file)."""
 
 
+class _TooMany(Exception):
+    """More than :data:`_MOST_VALUES` values visited (internal: the outermost call adds the key and the file)."""
+
+
+def _visit() -> None:
+    counter = _visits.get()
+    if counter is not None:
+        counter[0] += 1
+        if counter[0] > _MOST_VALUES:
+            raise _TooMany
+
+
+def _one_walk(where: str, key: str, walk: Any, *args: Any) -> Any:
+    """``walk(*args)`` as one counted walk of the values under ``key`` of ``where`` (the file); a walk inside
+    another is counted with it."""
+    if _visits.get() is not None:
+        return walk(*args)
+    token = _visits.set([0])
+    try:
+        return walk(*args)
+    except _TooMany:
+        raise SavedArgumentsError(
+            f"{where}: {key} holds more than {_MOST_VALUES:,} values, counting each time a shared one is reached "
+            "(references repeated in the pickle, or YAML anchors and aliases, that expand into more data than visiontf "
+            "ever writes), so the file was refused before anything was built; use a checkpoint written by visiontf's "
+            "tools/train.py") from None
+    finally:
+        _visits.reset(token)
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    # reprlib's bounded repr: a full repr of a value that expands (see _MOST_VALUES) would never end
+    text = _SHORT_REPR.repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -62,8 +103,10 @@ def _fail(where: str, key: str, value: Any, why: str) -> SavedArgumentsError:
                                "written by visiontf's tools/train.py")
 
 
+@functools.lru_cache(maxsize=1024)
 def _embedded_document(text: str) -> Any:
-    """What YAML (a superset of JSON) reads from ``text`` when that is a mapping or a list, else None."""
+    """What YAML (a superset of JSON) reads from ``text`` when that is a mapping or a list, else None (cached: a
+    string a file repeats is read once; callers only read the result)."""
     if len(text) > _LONGEST_DOCUMENT:
         return None
     import yaml
@@ -77,6 +120,7 @@ def _embedded_document(text: str) -> Any:
 
 def _class_reference(value: Any, depth: int = 0) -> str | None:
     """The dotted key of a class specification under ``value`` (in a string read as YAML/JSON too), or None."""
+    _visit()
     if depth > _DEEPEST:
         return ""
     if isinstance(value, argparse.Namespace):
@@ -102,9 +146,8 @@ def _class_reference(value: Any, depth: int = 0) -> str | None:
     return None
 
 
-def plain_data(value: Any, where: str, key: str, depth: int = 0) -> Any:
-    """``value`` if it is plain data without a class reference (argparse Namespaces become dicts), else
-    :class:`SavedArgumentsError` naming ``where`` (the file) and ``key``."""
+def _plain_data(value: Any, where: str, key: str, depth: int = 0) -> Any:
+    _visit()
     if depth > _DEEPEST:
         raise _fail(where, key, value, f"nested deeper than {_DEEPEST} levels")
     if value is None or isinstance(value, (bool, int, float, PurePath)):
@@ -122,19 +165,26 @@ def plain_data(value: Any, where: str, key: str, depth: int = 0) -> Any:
                 raise _fail(where, key, value, f"a mapping with the key {_show(k)}, where plain data has string keys")
             if k in CLASS_SPEC_KEYS:
                 raise _fail(where, f"{key}.{k}", v, "a class specification, not plain data")
-            out[k] = plain_data(v, where, f"{key}.{k}", depth + 1)
+            out[k] = _plain_data(v, where, f"{key}.{k}", depth + 1)
         return out
     if isinstance(value, (list, tuple)):
-        items = [plain_data(v, where, f"{key}[{i}]", depth + 1) for i, v in enumerate(value)]
+        items = [_plain_data(v, where, f"{key}[{i}]", depth + 1) for i, v in enumerate(value)]
         return tuple(items) if isinstance(value, tuple) else items
     raise _fail(where, key, value, f"a {type(value).__module__}.{type(value).__qualname__}, not plain data "
                 "(None, bools, numbers, strings, paths, and lists and string-keyed mappings of those)")
 
 
+def plain_data(value: Any, where: str, key: str) -> Any:
+    """``value`` if it is plain data without a class reference (argparse Namespaces become dicts), else
+    :class:`SavedArgumentsError` naming ``where`` (the file) and ``key``."""
+    return _one_walk(where, key, _plain_data, value, where, key)
+
+
 def _conform(value: Any, hint: Any, where: str, key: str) -> Any:
     """``value`` as a ``hint``-typed constructor argument, or :class:`_Mismatch`."""
+    _visit()
     if hint is Any or hint is object or hint is inspect.Parameter.empty:
-        return plain_data(value, where, key)
+        return _plain_data(value, where, key)
     if hint is None or hint is type(None):
         if value is None:
             return None
@@ -165,11 +215,11 @@ def _conform(value: Any, hint: Any, where: str, key: str) -> Any:
         raise _Mismatch
     if hint is str:
         if isinstance(value, str):
-            return plain_data(value, where, key)
+            return _plain_data(value, where, key)
         raise _Mismatch
     if inspect.isclass(hint) and issubclass(hint, PurePath):
         if isinstance(value, (str, PurePath)):
-            return plain_data(value, where, key)
+            return _plain_data(value, where, key)
         raise _Mismatch
     if isinstance(value, argparse.Namespace):
         value = vars(value)
@@ -199,7 +249,7 @@ def _conform(value: Any, hint: Any, where: str, key: str) -> Any:
                 _conform(k, key_hint, where, f"{key} (a key)")
             except _Mismatch:
                 raise _fail(where, key, value, f"a mapping with the key {_show(k)}, not {_type_name(key_hint)}") from None
-            out[k] = check_value(v, value_hint, where, f"{key}.{k}")
+            out[k] = _check_value(v, value_hint, where, f"{key}.{k}")
         return out
     # a class, a callable, a tensor: nothing a saved file may hold as a constructor argument
     raise _Mismatch
@@ -216,7 +266,7 @@ def _dataclass(value: Any, hint: type, where: str, key: str) -> Any:
     if unknown:
         raise _fail(where, f"{key}.{unknown[0]}", value[unknown[0]], f"not a field of {hint.__name__} "
                     f"(its fields: {', '.join(sorted(names))})")
-    return hint(**{k: check_value(v, hints.get(k, Any), where, f"{key}.{k}") for k, v in value.items()})
+    return hint(**{k: _check_value(v, hints.get(k, Any), where, f"{key}.{k}") for k, v in value.items()})
 
 
 def _type_name(hint: Any) -> str:
@@ -224,13 +274,17 @@ def _type_name(hint: Any) -> str:
     return text or str(hint).replace("typing.", "")
 
 
-def check_value(value: Any, hint: Any, where: str, key: str) -> Any:
-    """``value`` as a ``hint``-typed argument (see the module docstring), or :class:`SavedArgumentsError`
-    naming ``where`` (the file) and ``key``."""
+def _check_value(value: Any, hint: Any, where: str, key: str) -> Any:
     try:
         return _conform(value, hint, where, key)
     except _Mismatch:
         raise _fail(where, key, value, f"not {_type_name(hint)}") from None
+
+
+def check_value(value: Any, hint: Any, where: str, key: str) -> Any:
+    """``value`` as a ``hint``-typed argument (see the module docstring), or :class:`SavedArgumentsError`
+    naming ``where`` (the file) and ``key``."""
+    return _one_walk(where, key, _check_value, value, hint, where, key)
 
 
 def check_arguments(cls: type, arguments: Mapping[str, Any], where: str, section: str,
@@ -257,7 +311,7 @@ def check_arguments(cls: type, arguments: Mapping[str, Any], where: str, section
             raise _fail(where, key, value, "a class specification, not a constructor argument")
         if name not in params and not takes_any:
             raise _fail(where, key, value, f"not an argument of {cls.__name__} (it takes {', '.join(params)})")
-        out[name] = check_value(value, hints.get(name, Any), where, key)
+        out[name] = _one_walk(where, key, _check_value, value, hints.get(name, Any), where, key)
     return out
 
 
