@@ -36,12 +36,14 @@ def test_pictures_put_ground_truth_beside_predictions_enlarged():
 @pytest.mark.slow
 @pytest.mark.parametrize("native_bf16", ["1", "0"], ids=["native-bf16-cpu", "cpu-without-bf16"])
 def test_demo_runs_end_to_end(tmp_path, native_bf16):
-    """On both CPU kinds, forced: bf16-mixed (emulated, slowly, where the CPU lacks it) and the float32 fallback."""
+    """On both CPU kinds, forced: bf16-mixed (emulated, slowly, where the CPU lacks it) and the float32 fallback. Typed
+    outside the repository with relative paths: they are the caller's (the steps run in the repository, where the
+    data and the run once landed while the tool looked for them where it was typed)."""
     out = tmp_path / "demo"
-    cmd = [sys.executable, "tools/demo.py", "--out", str(out), "--data", str(tmp_path / "data"), "--epochs", "1",
+    cmd = [sys.executable, str(ROOT / "tools/demo.py"), "--out", "demo", "--data", "data", "--epochs", "1",
            "--num_train", "16", "--num_val", "5", "--num_pictures", "2"]
     env = {**os.environ, "VISIONTF_NATIVE_BF16": native_bf16}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     bf16 = "bfloat16 Automatic Mixed Precision" in proc.stdout + proc.stderr
     assert bf16 == (native_bf16 == "1"), (proc.stdout + proc.stderr)[-3000:]

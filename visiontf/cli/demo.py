@@ -113,6 +113,10 @@ def _demo(argv: Sequence[str]) -> int:
     p.add_argument("--num_train", type=int, default=NUM_TRAIN, help="synthetic training images (smaller for a smoke test)")
     p.add_argument("--num_val", type=int, default=NUM_VAL)
     args = p.parse_args(argv)
+    # the steps run in the repository (cwd=ROOT): the user's paths are taken from where the command was typed
+    args.out, args.data = args.out.resolve(), args.data.resolve()
+    if Path(args.config).is_file():
+        args.config = str(Path(args.config).resolve())
     start = time.time()
     py = sys.executable
     model, images_per_step = _config_model(args.config)
