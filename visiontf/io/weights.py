@@ -34,7 +34,14 @@ class WeightsError(UserError, RuntimeError):
 #: the classes beyond tensors and plain data that a checkpoint may hold, all plain attribute data:
 #: the original DETR pickles its argparse Namespace ("args"); Lightning stores data-module
 #: hyper-parameters as given, which may be pathlib paths
-SAFE_GLOBALS = (argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+SAFE_GLOBALS = (argparse.Namespace, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+#: the path classes by the names a pickle gives them: Python 3.13 moved them to ``pathlib._local``, and a concrete path
+#: of the other system (a checkpoint written on Windows, read on Linux) cannot be built here, so it is read as the
+#: pure path of its kind
+_CONCRETE = {"PosixPath": pathlib.PurePosixPath, "WindowsPath": pathlib.PureWindowsPath}
+PATH_GLOBALS = tuple((getattr(pathlib, name) if type(pathlib.Path()).__name__ == name else pure, f"{module}.{name}")
+                     for name, pure in _CONCRETE.items() for module in ("pathlib", "pathlib._local"))
+PATH_GLOBALS += tuple((cls, f"pathlib._local.{cls.__name__}") for cls in (pathlib.PurePosixPath, pathlib.PureWindowsPath))
 
 #: Lightning < 1.5 keyed ``checkpoint["callbacks"]`` by the callback's class (taming-transformers' and
 #: latent-diffusion's published ``.ckpt`` files): each name unpickles as an inert stand-in class of
@@ -49,7 +56,7 @@ LEGACY_LIGHTNING_CALLBACKS = tuple(
 def allow_listed_globals() -> contextlib.AbstractContextManager:
     """A context in which every ``torch.load(weights_only=True)`` takes the allow-list of :func:`safe_torch_load`
     (what ``tools/train.py`` wraps its run in, so that the loads Lightning makes itself read what visiontf reads)."""
-    return torch.serialization.safe_globals([*SAFE_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS])
+    return torch.serialization.safe_globals([*SAFE_GLOBALS, *PATH_GLOBALS, *LEGACY_LIGHTNING_CALLBACKS])
 
 
 def safe_torch_load(path: str | Path | typing.IO[bytes], map_location: Any = "cpu", mmap: bool = False) -> Any:
