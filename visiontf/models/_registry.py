@@ -152,10 +152,16 @@ def _construct(entry: ModelEntry, kwargs: dict[str, Any]) -> nn.Module:
                                  "model.init_args.model_kwargs, or create_model's keywords)") from e
 
 
-def _without_weights(value: Any) -> Any:
-    """``value`` with every ``pretrained`` entry of its mappings, at any depth, set to None."""
+#: keys naming weight files that start a training run (a backbone's ``pretrained``, timm's ``checkpoint_path``)
+WEIGHT_FILE_KEYS = frozenset({"pretrained", "checkpoint_path"})
+
+
+def without_weight_files(value: Any) -> Any:
+    """``value`` with every entry of :data:`WEIGHT_FILE_KEYS` of its mappings, at any depth, set to None: for
+    building a model whose weights come from elsewhere (a checkpoint, an export, none at all), so that no other file
+    is read, nor one a saved config names."""
     if isinstance(value, Mapping):
-        return {k: None if k == "pretrained" else _without_weights(v) for k, v in value.items()}
+        return {k: None if k in WEIGHT_FILE_KEYS else without_weight_files(v) for k, v in value.items()}
     return value
 
 
@@ -173,7 +179,7 @@ def check_model_arguments(name: str, num_classes: int | None = None, **kwargs: A
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     with torch.device("meta"):
-        return _construct(entry, _without_weights(kwargs))
+        return _construct(entry, without_weight_files(kwargs))
 
 
 def create_model(
@@ -395,9 +401,20 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
             "unknown; export a checkpoint with tools/export.py (it stores the config), or in Python use "
             "create_model(name, pretrained=path) and name the model yourself"
         )
-    kwargs = {**config.get("model_kwargs", {}), **overrides}
+    saved = config.get("model_kwargs", {})
+    if "strict" in saved:  # how to load is the caller's choice: a file may not switch off the check of its own tensors
+        raise WeightsError(f"{path}: its config's model_kwargs.strict is {saved['strict']!r}, an option of loading, not of the "
+                           "model; export the model again with tools/export.py, or pass load_model(path, strict=False)")
+    # the weights are the file's own: a weight file its config names (a backbone's pretrained) is not read
+    kwargs = {**without_weight_files(saved), **overrides}
     strict = kwargs.pop("strict", True)
-    model = create_model(config["model_name"], **kwargs)
+    try:
+        model = create_model(config["model_name"], **kwargs)
+    except UserError as e:  # the registry's own words (an unknown name, a misspelt keyword), with the file named
+        raise type(e)(f"{path}: its saved config: {e}") from None
+    except (TypeError, ValueError) as e:  # a value of the wrong kind deep in a constructor (num_classes: "x")
+        raise WeightsError(f"{path}: its saved config ({config['model_name']}, model_kwargs {str(saved)[:300]}) does not "
+                           f"build a model ({type(e).__name__}: {e}); export the model again with tools/export.py") from None
     # the model is built from the file's own config: every tensor must fit, class heads included
     load_pretrained(model, load_state_dict_file(path), get_entry(config["model_name"]), strict=strict, source=str(path),
                     saved_config=config)

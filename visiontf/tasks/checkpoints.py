@@ -56,6 +56,7 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     constructor arguments on top of the saved ``model_kwargs``.
     """
     from visiontf.models import convert_state, create_model
+    from visiontf.models._registry import without_weight_files
 
     path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
@@ -72,7 +73,8 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
                 check_value(hp.get(key), hint, str(path), f"hyper_parameters.{key}")
         except SavedArgumentsError as e:
             raise CheckpointError(str(e)) from None
-    kwargs = {k: v for k, v in dict(hp.get("model_kwargs") or {}).items() if k not in INIT_ONLY_KWARGS}
+    # the checkpoint holds every weight: no file its settings name is read (a backbone's pretrained, timm's checkpoint_path)
+    kwargs = without_weight_files({k: v for k, v in dict(hp.get("model_kwargs") or {}).items() if k not in INIT_ONLY_KWARGS})
     kwargs.update(overrides)
     model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **kwargs)
     saved = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
@@ -82,7 +84,12 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     if not _fits_as_saved(model, saved):
         state = convert_state(model, dict(saved), strict=strict)
     check_tensor_values(state, model, str(path))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shapes that differ: the hyper-parameters and the weights are not of one model
+        shapes = "; ".join(line.strip() for line in str(e).splitlines() if "size mismatch" in line)
+        raise CheckpointError(f"{path}: weights do not fit {hp['model_name']} built from the checkpoint's own hyper-parameters "
+                              f"({shapes[:600] or str(e)[:600]}); the file was written by other code or edited") from None
     if strict and (missing or unexpected):
         raise CheckpointError(
             f"{path}: weights do not fit {hp['model_name']} built from the checkpoint's own hyper-parameters: "
