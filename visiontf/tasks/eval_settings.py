@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import numbers
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar
@@ -27,8 +31,49 @@ class SettingsError(UserError, ValueError):
 
 
 def plain(value: Any) -> Any:
-    """Lists (a config file's, a JSON file's) as tuples, so settings read back equal the ones saved."""
+    """Lists (a config file's, a JSON file's) as tuples, so settings read back equal the ones saved; arrays and
+    tensors (numpy's, torch's) as their numbers."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
     return tuple(plain(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is a ``hint`` (the types settings declare: numbers, strings, bools, None, unions, literals and
+    tuples of those); numbers of any library count (numpy's too), an integral float as an int."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(value, arm) for arm in args)
+    if origin is Literal:
+        return value in args
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer()
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+    return True
+
+
+def _spelled(hint: Any) -> str:
+    return getattr(hint, "__name__", None) if typing.get_origin(hint) is None else str(hint).replace("typing.", "")
 
 
 @dataclass(frozen=True)
@@ -41,8 +86,14 @@ class EvalSettings:
     """
 
     def __post_init__(self) -> None:
+        hints = _field_types(type(self))
         for f in fields(self):
-            object.__setattr__(self, f.name, plain(getattr(self, f.name)))
+            value = plain(getattr(self, f.name))
+            # settings come from files too (a checkpoint's preprocess, an export's labels file): a value of another
+            # type is named here, not met as a tensor error when the first image is prepared
+            if not _fits(value, hints.get(f.name, Any)):
+                raise SettingsError(f"{f.name} is {value!r}, not {_spelled(hints[f.name])}")
+            object.__setattr__(self, f.name, value)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
