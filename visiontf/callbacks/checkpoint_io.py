@@ -18,7 +18,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
 from visiontf.io.atomic_write import atomic_save, remove_stale_temporaries
-from visiontf.io.weights import describe_load_failure
+from visiontf.io.weights import WeightsError, describe_load_failure
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
                         ) -> dict[str, Any]:
         try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except Exception as e:
             error = describe_load_failure(Path(str(path)), e) if _is_local_file_protocol(str(path)) else None
             if error is None:
                 raise
             raise error from e
+        _check_lightning_version(checkpoint, path)
+        return checkpoint
+
+
+def _check_lightning_version(checkpoint: Any, path: Any) -> None:
+    """Lightning reads the version a checkpoint records to migrate it, and fails with a bare parse error on one that
+    is not a version: named here with the file."""
+    from packaging.version import InvalidVersion, Version
+
+    version = checkpoint.get("pytorch-lightning_version") if isinstance(checkpoint, dict) else None
+    if version is None:
+        return
+    try:
+        Version(version if isinstance(version, str) else "")
+    except InvalidVersion:
+        raise WeightsError(f"{path}: pytorch-lightning_version is {str(version)[:80]!r}, not a version; the file was not "
+                           "written by Lightning (or was edited): use a checkpoint written by visiontf's tools/train.py") from None
 
 
 def install_atomic_checkpoint_io(trainer: Any) -> bool:

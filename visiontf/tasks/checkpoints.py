@@ -100,13 +100,18 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
                     missing[:5])
     dm = arguments.data_arguments
     info: dict[str, Any] = {"hyper_parameters": hp, "datamodule_hyper_parameters": dm}
-    names = ckpt.get("class_names") or hp.get("class_names") or dm.get("class_names")
+    saved_names, ids = saved_class_table(ckpt, path)
+    names = saved_names or hp.get("class_names") or dm.get("class_names")
     if names:
         info["class_names"] = list(names)
-    if ckpt.get("label_to_cat_id"):
-        info["label_to_cat_id"] = {int(k): int(v) for k, v in ckpt["label_to_cat_id"].items()}
-    if ckpt.get("preprocess") is not None:
-        info["preprocess"] = dict(ckpt["preprocess"])
+    if ids:
+        info["label_to_cat_id"] = ids
+    if ckpt.get("preprocess") is not None:  # written by visiontf as {setting: value}: anything else is refused by key
+        try:
+            preprocess = check_value(ckpt["preprocess"], dict[str, Any], str(path), "preprocess")
+        except SavedArgumentsError as e:
+            raise CheckpointError(str(e)) from None
+        info["preprocess"] = dict(preprocess)
         source = "saved with the checkpoint"
     else:
         info["preprocess"] = {}
@@ -114,6 +119,22 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     log.info("%s: rebuilt %s (%d tensors); preprocessing %s: %s", path, hp["model_name"], len(state), source,
              info["preprocess"] or "model defaults")
     return model, info
+
+
+def saved_class_table(ckpt: Mapping[str, Any], where: str | Path) -> tuple[list[str] | None, dict[int, int] | None]:
+    """A checkpoint's class names and ``label -> category id`` table, as visiontf writes them (a list of strings, a
+    mapping of integer labels, or their strings, to integers; either may be absent), or :class:`CheckpointError`
+    naming the file and the key."""
+    try:
+        names = check_value(ckpt.get("class_names"), list[str] | None, str(where), "class_names")
+        ids = check_value(ckpt.get("label_to_cat_id"), dict[int | str, int] | None, str(where), "label_to_cat_id")
+    except SavedArgumentsError as e:
+        raise CheckpointError(str(e)) from None
+    try:
+        return names, None if ids is None else {int(k): v for k, v in ids.items()}
+    except ValueError:
+        raise CheckpointError(f"{where}: label_to_cat_id's keys are the model's labels as integers, found {list(ids)[:3]}; "
+                              "use a checkpoint written by visiontf's tools/train.py") from None
 
 
 def _fits_as_saved(model: nn.Module, state: dict[str, Any]) -> bool:
@@ -419,7 +440,7 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
             f"resumes or evaluates that same model. To fine-tune with a new head, start a new run with "
             f"`--model.init_args.pretrained={where}` instead of --ckpt_path"
         )
-    saved_names, saved_ids = ckpt.get("class_names"), ckpt.get("label_to_cat_id")
+    saved_names, saved_ids = saved_class_table(ckpt, where)
     names_differ = bool(saved_names and class_names) and list(saved_names) != list(class_names)
     ids_differ = bool(saved_ids and label_to_cat_id) and (
         {int(k): int(v) for k, v in saved_ids.items()} != {int(k): int(v) for k, v in label_to_cat_id.items()})
@@ -442,7 +463,7 @@ def describe_classes(names: Sequence[str] | None, ids: Mapping[Any, Any] | None)
     return f"{len(listed)} classes ({shown})"
 
 
-__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "SavedArguments", "WeightsError", "check_checkpoint_fits",
+__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "SavedArguments", "WeightsError", "check_checkpoint_fits", "saved_class_table",
            "check_checkpoint_task", "checkpoint_arguments", "checkpoint_classes", "load_task_checkpoint",
            "check_config_model", "checkpoint_task", "config_checkpoint_dir", "find_last_checkpoint", "load_checkpoint_model",
            "best_checkpoint", "describe_classes", "newest_hpc_checkpoint", "resolve_checkpoint", "run_checkpoint_dir"]
