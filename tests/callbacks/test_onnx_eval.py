@@ -63,6 +63,21 @@ def test_a_missing_graph_is_named_with_the_fix(exported, tmp_path):
         OnnxRuntimeModel(tmp_path / "nothing.onnx", model)
 
 
+def test_a_file_onnxruntime_cannot_load_is_named_in_one_line(exported, tmp_path):
+    """Not a graph (a pickle named .onnx, an empty file): one line naming the file and onnxruntime's reason, where
+    tools/eval.py --onnx printed onnxruntime's traceback."""
+    from visiontf.io.weights import WeightsError
+
+    model, _ = exported
+    (tmp_path / "pickle.onnx").write_bytes(b"\x80\x04K\x01.")
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    for name in ("pickle.onnx", "empty.onnx"):
+        with pytest.raises(WeightsError, match=rf"^--onnx .*{name}: onnxruntime cannot load it as a graph \(.*\); write it again"
+                           ) as e:
+            OnnxRuntimeModel(tmp_path / name, model)
+        assert "\n" not in str(e.value)
+
+
 def test_a_graph_of_other_weights_is_refused_and_one_without_a_fingerprint_is_warned_about(exported, tmp_path, caplog):
     import copy
 

@@ -59,7 +59,12 @@ class OnnxRuntimeModel(nn.Module):
         self.input_names, self.output_names = list(adapter.input_names), list(adapter.onnx_output_names(model))
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(threads or torch.get_num_threads())
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own classes (InvalidProtobuf, Fail, ...): the file's fault
+            reason = " ".join(str(e).split())[:300]
+            raise WeightsError(f"--onnx {path}: onnxruntime cannot load it as a graph ({type(e).__name__}: {reason}); "
+                               f"write it again with tools/export.py --onnx {path.name}") from None
         graph_inputs = [i.name for i in self.session.get_inputs()]
         if not set(graph_inputs) <= set(self.input_names):
             raise ValueError(f"--onnx {path}: the graph takes {graph_inputs}, the {adapter.task} model "
