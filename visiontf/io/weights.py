@@ -94,7 +94,11 @@ def describe_load_failure(path: Path, error: BaseException) -> WeightsError | No
     disk, an interrupted copy) or damaged. The second message says "corrupt or incomplete (N bytes)".
     """
     if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error):
-        first = str(error).strip().splitlines()[-1][:300]
+        # torch's own text is advice about weights_only=False (never taken here) around the one line that names
+        # what was refused ("Unsupported global: GLOBAL posix.system ...", "unsupported GLOBAL ...", an opcode)
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        named = [line for line in lines if "unsupported" in line.lower() or "GLOBAL" in line or "WeightsUnpickler" in line]
+        first = (named or lines[-1:] or ["refused"])[0].removeprefix("WeightsUnpickler error: ").split(". Please")[0][:300]
         return WeightsError(
             f"{path}: refused to load with weights_only=True ({first}). "
             "The file holds Python objects beyond tensors; visiontf never unpickles them. "
