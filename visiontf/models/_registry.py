@@ -211,6 +211,10 @@ def create_model(
     if pretrained:
         if pretrained is True:
             if entry.fetch_pretrained is None:
+                url = getattr(getattr(model, "pretrained_cfg", None), "url", None)
+                if url:  # published where visiontf does not download from (GitHub release assets, Google Drive)
+                    raise ModelNameError(f"{name}: pretrained=True fetches no file for this model; its published weights "
+                                         f"are {url}: download that file and pass it as pretrained=PATH")
                 raise ModelNameError(f"{name} has no published weights; pass a local file as pretrained=PATH")
             state = entry.fetch_pretrained()
         else:

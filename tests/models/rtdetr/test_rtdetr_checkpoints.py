@@ -256,3 +256,16 @@ def test_a_release_file_with_only_its_ema_entry_loads(tmp_path):
     torch.save({"ema": {"module": source.state_dict(), "updates": 12}}, tmp_path / "ema_only.pth")
     loaded = create_model("rtdetr_tiny", num_classes=3, pretrained=tmp_path / "ema_only.pth")
     assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_pretrained_true_names_the_published_file_it_does_not_fetch():
+    """The originals publish GitHub release assets visiontf does not download: ``pretrained=True`` names the file to
+    fetch by hand (it said there were no published weights)."""
+    import visiontf
+    from visiontf.models import ModelNameError
+
+    for name, file in (("rtdetrv2_r18vd", "rtdetrv2_r18vd_120e_coco_rerun_48.1.pth"), ("dfine_n", "dfine_n_coco.pth")):
+        with pytest.raises(ModelNameError, match=rf"^{name}: pretrained=True fetches no file .* https://\S+/{file}: download"):
+            visiontf.create_model(name, pretrained=True)
+    with pytest.raises(ModelNameError, match="rtdetr_tiny has no published weights"):
+        visiontf.create_model("rtdetr_tiny", pretrained=True)
