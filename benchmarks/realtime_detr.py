@@ -234,10 +234,21 @@ def cpu_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--quick", action="store_true", help="320 x 320 instead of 640 x 640")
-    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--models", nargs="+", default=list(MODELS),
+                   help=f"registered RT-DETR, RT-DETRv2 and D-FINE names transformers can build (default: {' '.join(MODELS)})")
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
+    from visiontf.models import ModelNameError
+
+    for name in args.models:  # each model once, before any timing: a name or a layout transformers cannot take, in one line
+        try:
+            hf_config(create_model(name, num_classes=NUM_CLASSES, input_norm="none"), name)
+        except ModelNameError as e:
+            p.error(f"--models {name}: {e}")
+        except Exception as e:  # noqa: BLE001 - transformers' config validation, in its own classes
+            p.error(f"--models {name}: transformers cannot build this model's settings ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())[:200]})")
     rows = run(args.quick, tuple(args.models), tuple(args.threads), args.repeats)
     print(format_table(rows))
     print(cpu_table(rows))

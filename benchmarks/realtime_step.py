@@ -80,7 +80,7 @@ def wall_time(data: str, steps: int, processes: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--data", required=True, help="a detection set in COCO layout")
     p.add_argument("--variant", action="append", default=[], help="NAME={YAML mapping merged over the config's model_kwargs}")
     p.add_argument("--processes", action="store_true", help="time the config's two DDP processes against one process")
@@ -89,13 +89,17 @@ def main() -> None:
     args = p.parse_args()
     if args.processes:
         steps = args.steps or 200
-        if steps <= 20:
-            raise SystemExit("--processes: --steps must be above the 20 steps of the start-up run")
+        if steps < 60:  # the start-up varies by seconds between runs: fewer steps than this drown in it
+            raise SystemExit("--processes: --steps must be at least 60, 40 beyond the 20 steps of the start-up run")
         batch = config_init_args("data")["batch_size"]
         rows = {f"two DDP processes of one thread, batch {batch} each (the config)": 2, f"one process of one thread, batch {batch}": 1}
 
         def step(n: int) -> float:
-            return (wall_time(args.data, steps, n) - wall_time(args.data, 20, n)) / (steps - 20)
+            seconds = (wall_time(args.data, steps, n) - wall_time(args.data, 20, n)) / (steps - 20)
+            if seconds <= 0:
+                raise SystemExit(f"--processes: {steps} steps took no longer than 20 (the start-up's spread is larger "
+                                 "than the steps): run more (--steps 200)")
+            return seconds
 
         medians = median_of_rounds({name: functools.partial(step, n) for name, n in rows.items()}, args.rounds)
         print_against_first(medians)

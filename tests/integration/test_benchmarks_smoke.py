@@ -107,6 +107,15 @@ def test_realtime_detr_against_transformers_rows():
     assert all(r["queries_agreeing"] >= realtime_detr.AGREE for r in rows)
 
 
+def test_realtime_detr_refuses_a_model_it_cannot_compare_in_one_line(capsys):
+    from benchmarks import realtime_detr
+
+    for name, refusal in (("nosuch", "unknown model 'nosuch'"), ("rtdetr_tiny", "transformers cannot build this model's settings")):
+        with pytest.raises(SystemExit) as e:
+            realtime_detr.main(["--models", name])
+        assert e.value.code == 2 and f"--models {name}: {refusal}" in capsys.readouterr().err
+
+
 def test_realtime_step_merges_variants_over_the_config_and_times_a_fit(tmp_path):
     """``realtime_step.py``'s variants are the config's ``model_kwargs`` with theirs merged in (other keys kept), a
     malformed one is refused with the form to use, and one variant's step is timed by a real fit."""
