@@ -200,6 +200,9 @@ def test_lightning_cli_mistakes_in_one_line_and_debug_shows_the_traceback(heavy)
         if name == "gpu without one" and torch.cuda.is_available():
             continue
         assert "Traceback" not in heavy[name]["stderr"] and heavy[name]["code"] == 2, heavy[name]["stderr"][-2000:]
+    if not torch.cuda.is_available():  # the fix comes with Lightning's words
+        assert _one_line(heavy["gpu without one"], "train.py").endswith(
+            "(the config asks for GPUs; on a CPU add --trainer.accelerator cpu --trainer.devices 1 --trainer.strategy auto)")
     assert heavy["eval random on purpose"]["code"] == 0, heavy["eval random on purpose"]["stderr"][-2000:]
     assert "map" in json.loads((tmp / "random.json").read_text())
     for name in ("debug flag", "debug env"):

@@ -162,7 +162,11 @@ def user_message(exc: BaseException) -> str | None:
         # Lightning's refusal of a Trainer setting (devices 0, a GPU accelerator without a GPU, max_steps -5):
         # the user's configuration, named by Lightning; matched by name so that this module never imports it
         if type(e).__name__ == "MisconfigurationException" and type(e).__module__.startswith(("lightning", "pytorch_lightning")):
-            return _one_line(str(e))
+            text = _one_line(str(e))
+            if "gpu" in text.lower() or "cuda" in text.lower():  # a GPU recipe (the COCO configs) on a machine without one
+                text += (" (the config asks for GPUs; on a CPU add --trainer.accelerator cpu --trainer.devices 1 "
+                         "--trainer.strategy auto)")
+            return text
     # anything else, including a class jsonargparse could not build for another reason, is a bug
     return None
 
