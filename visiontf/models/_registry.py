@@ -415,7 +415,12 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
     try:
         model = create_model(config["model_name"], **kwargs)
     except UserError as e:  # the registry's own words (an unknown name, a misspelt keyword), with the file named
-        raise type(e)(f"{path}: its saved config: {e}") from None
+        message = f"{path}: its saved config: {e}"
+        try:
+            named = type(e)(message)
+        except Exception:  # noqa: BLE001 - an error class built from more than a message
+            named = WeightsError(message)
+        raise named from None
     except (TypeError, ValueError) as e:  # a value of the wrong kind deep in a constructor (num_classes: "x")
         raise WeightsError(f"{path}: its saved config ({config['model_name']}, model_kwargs {str(saved)[:300]}) does not "
                            f"build a model ({type(e).__name__}: {e}); export the model again with tools/export.py") from None
