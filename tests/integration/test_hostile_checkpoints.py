@@ -160,6 +160,13 @@ def test_types_keys_and_shapes_are_those_the_constructor_declares():
     for value in (object(), print, torch.nn.Linear, {1: "int key"}, b"bytes"):
         with pytest.raises(SavedArgumentsError):
             plain_data(value, "f", "k")
+    # numbers of any library, an integral float as an int (settings given in Python); a fraction is not an int
+    import numpy as np
+
+    assert check_value(np.int64(3), int, "f", "k") == 3 and type(check_value(3.0, int, "f", "k")) is int
+    assert type(check_value(np.float32(0.5), float, "f", "k")) is float
+    with pytest.raises(SavedArgumentsError, match="not int"):
+        check_value(2.5, int, "f", "k")
     # containers, tuples and typed option groups (dataclasses) by their declared shape
     assert check_value([1, 2], tuple[float, float], "f", "k") == (1.0, 2.0)
     with pytest.raises(SavedArgumentsError, match="not tuple"):

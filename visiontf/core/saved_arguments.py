@@ -28,6 +28,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import numbers
 import reprlib
 import types
 import typing
@@ -205,12 +206,13 @@ def _conform(value: Any, hint: Any, where: str, key: str) -> Any:
         if isinstance(value, bool):
             return value
         raise _Mismatch
+    # numbers of any library (numpy's: settings given in Python), an integral float as an int
     if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+            return int(value)
         raise _Mismatch
     if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return float(value)
         raise _Mismatch
     if hint is str:
@@ -248,7 +250,7 @@ def _conform(value: Any, hint: Any, where: str, key: str) -> Any:
             try:
                 _conform(k, key_hint, where, f"{key} (a key)")
             except _Mismatch:
-                raise _fail(where, key, value, f"a mapping with the key {_show(k)}, not {_type_name(key_hint)}") from None
+                raise _fail(where, key, value, f"a mapping with the key {_show(k)}, not {type_name(key_hint)}") from None
             out[k] = _check_value(v, value_hint, where, f"{key}.{k}")
         return out
     # a class, a callable, a tensor: nothing a saved file may hold as a constructor argument
@@ -269,7 +271,8 @@ def _dataclass(value: Any, hint: type, where: str, key: str) -> Any:
     return hint(**{k: _check_value(v, hints.get(k, Any), where, f"{key}.{k}") for k, v in value.items()})
 
 
-def _type_name(hint: Any) -> str:
+def type_name(hint: Any) -> str:
+    """``hint`` as a message names it (``int``, ``tuple[float, ...]``, ``str | None``)."""
     text = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
     return text or str(hint).replace("typing.", "")
 
@@ -278,7 +281,7 @@ def _check_value(value: Any, hint: Any, where: str, key: str) -> Any:
     try:
         return _conform(value, hint, where, key)
     except _Mismatch:
-        raise _fail(where, key, value, f"not {_type_name(hint)}") from None
+        raise _fail(where, key, value, f"not {type_name(hint)}") from None
 
 
 def check_value(value: Any, hint: Any, where: str, key: str) -> Any:
@@ -315,4 +318,16 @@ def check_arguments(cls: type, arguments: Mapping[str, Any], where: str, section
     return out
 
 
-__all__ = ["CLASS_SPEC_KEYS", "SavedArgumentsError", "check_arguments", "check_value", "plain_data"]
+def label_table(value: Any, where: str, key: str) -> dict[int, int]:
+    """A saved ``label -> category id`` table (integer labels, or their strings as JSON writes them, to integers) with
+    integer keys, or :class:`SavedArgumentsError` naming ``where`` (the file) and ``key``."""
+    table = check_value(value, dict[int | str, int], where, key)
+    try:
+        return {int(k): v for k, v in table.items()}
+    except ValueError:
+        raise SavedArgumentsError(f"{where}: {key}'s keys are the model's labels as integers, found {list(table)[:3]}; "
+                                  "use a file written by visiontf") from None
+
+
+__all__ = ["CLASS_SPEC_KEYS", "SavedArgumentsError", "check_arguments", "check_value", "label_table", "plain_data",
+           "type_name"]

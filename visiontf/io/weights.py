@@ -382,7 +382,7 @@ def write_labels_file(weights_path: str | Path, class_names: Sequence[str] | Non
 
 def read_labels_file(weights_path: str | Path) -> dict[str, Any]:
     """What :func:`write_labels_file` wrote (``{}`` when there is no labels file)."""
-    from visiontf.core.saved_arguments import SavedArgumentsError, check_value
+    from visiontf.core.saved_arguments import SavedArgumentsError, check_value, label_table
 
     p = labels_path(weights_path)
     if not p.is_file():
@@ -395,17 +395,13 @@ def read_labels_file(weights_path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise WeightsError(f"{p}: a JSON {type(data).__name__}, not a mapping of class_names, label_to_cat_id and "
                            f"preprocess; {fix}")
-    kinds = {"class_names": list[str], "label_to_cat_id": dict[str, int], "preprocess": dict[str, Any]}
+    kinds = {"class_names": list[str], "preprocess": dict[str, Any]}
+    unknown = sorted(set(data) - {*kinds, "label_to_cat_id"})
+    if unknown:
+        raise WeightsError(f"{p}: unknown key(s) {unknown}; a labels file holds class_names, label_to_cat_id and "
+                           f"preprocess; {fix}")
     try:
-        unknown = sorted(set(data) - set(kinds))
-        if unknown:
-            raise WeightsError(f"{p}: unknown key(s) {unknown}; a labels file holds {', '.join(kinds)}; {fix}")
-        data = {k: check_value(v, kinds[k], str(p), k) for k, v in data.items()}
+        return {k: label_table(v, str(p), k) if k == "label_to_cat_id" else check_value(v, kinds[k], str(p), k)
+                for k, v in data.items()}
     except SavedArgumentsError as e:
         raise WeightsError(str(e)) from None
-    if "label_to_cat_id" in data:
-        bad = [k for k in data["label_to_cat_id"] if not k.lstrip("-").isdigit()]
-        if bad:
-            raise WeightsError(f"{p}: label_to_cat_id's keys are the model's labels as integers, found {bad[:3]}; {fix}")
-        data["label_to_cat_id"] = {int(k): v for k, v in data["label_to_cat_id"].items()}
-    return data

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from visiontf.core.errors import UserError
-from visiontf.core.saved_arguments import SavedArgumentsError, check_value
+from visiontf.core.saved_arguments import SavedArgumentsError, check_value, label_table
 from visiontf.io.lightning_checkpoint import load_lightning_checkpoint, saved_init_arguments, spelled
 from visiontf.io.weights import (
     WeightsError,
@@ -127,14 +127,10 @@ def saved_class_table(ckpt: Mapping[str, Any], where: str | Path) -> tuple[list[
     naming the file and the key."""
     try:
         names = check_value(ckpt.get("class_names"), list[str] | None, str(where), "class_names")
-        ids = check_value(ckpt.get("label_to_cat_id"), dict[int | str, int] | None, str(where), "label_to_cat_id")
+        ids = ckpt.get("label_to_cat_id")
+        return names, None if ids is None else label_table(ids, str(where), "label_to_cat_id")
     except SavedArgumentsError as e:
         raise CheckpointError(str(e)) from None
-    try:
-        return names, None if ids is None else {int(k): v for k, v in ids.items()}
-    except ValueError:
-        raise CheckpointError(f"{where}: label_to_cat_id's keys are the model's labels as integers, found {list(ids)[:3]}; "
-                              "use a checkpoint written by visiontf's tools/train.py") from None
 
 
 def _fits_as_saved(model: nn.Module, state: dict[str, Any]) -> bool:

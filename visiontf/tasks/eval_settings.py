@@ -1,4 +1,4 @@
-"""A task's eval settings, typed, and the ``tools/predict.py`` options of a task (standard library only).
+"""A task's eval settings, typed, and the ``tools/predict.py`` options of a task (the standard library and visiontf.core only).
 
 :class:`EvalSettings`: one frozen dataclass per task (each adapter's ``settings_type``) carries the
 eval preprocessing from the model's ``pretrained_cfg`` through the adapter's preprocessing module to
@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import numbers
-import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar
 
 from visiontf.core.errors import UserError
+from visiontf.core.saved_arguments import SavedArgumentsError, check_value, type_name
 
 S = TypeVar("S", bound="EvalSettings")
 
@@ -43,39 +42,6 @@ def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether ``value`` is a ``hint`` (the types settings declare: numbers, strings, bools, None, unions, literals and
-    tuples of those); numbers of any library count (numpy's too), an integral float as an int."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if hint is None or hint is type(None):
-        return value is None
-    if origin is typing.Union or origin is types.UnionType:
-        return any(_fits(value, arm) for arm in args)
-    if origin is Literal:
-        return value in args
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer()
-    if hint is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if origin is tuple:
-        if not isinstance(value, tuple):
-            return False
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(_fits(v, args[0]) for v in value)
-        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
-    return True
-
-
-def _spelled(hint: Any) -> str:
-    return getattr(hint, "__name__", None) if typing.get_origin(hint) is None else str(hint).replace("typing.", "")
-
-
 @dataclass(frozen=True)
 class EvalSettings:
     """A task's complete eval settings. Subclasses declare the fields with the task's defaults (the values
@@ -90,9 +56,12 @@ class EvalSettings:
         for f in fields(self):
             value = plain(getattr(self, f.name))
             # settings come from files too (a checkpoint's preprocess, an export's labels file): a value of another
-            # type is named here, not met as a tensor error when the first image is prepared
-            if not _fits(value, hints.get(f.name, Any)):
-                raise SettingsError(f"{f.name} is {value!r}, not {_spelled(hints[f.name])}")
+            # type is named here, not met as a tensor error when the first image is prepared; the checker of saved
+            # arguments reads the declared type (numbers of any library, an integral float as an int)
+            try:
+                value = check_value(value, hints.get(f.name, Any), type(self).__name__, f.name)
+            except SavedArgumentsError:
+                raise SettingsError(f"{f.name} is {value!r}, not {type_name(hints[f.name])}") from None
             object.__setattr__(self, f.name, value)
 
     @classmethod
