@@ -240,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
     from visiontf.models import ModelNameError
+    from visiontf.models._registry import check_model_arguments
 
-    for name in args.models:  # each model once, before any timing: a name or a layout transformers cannot take, in one line
-        try:
-            hf_config(create_model(name, num_classes=NUM_CLASSES, input_norm="none"), name)
+    for name in args.models:  # before any timing (on the meta device: nothing allocated), in one line: a name or a layout
+        try:                  # transformers cannot take
+            hf_config(check_model_arguments(name, num_classes=NUM_CLASSES, input_norm="none"), name)
         except ModelNameError as e:
             p.error(f"--models {name}: {e}")
         except Exception as e:  # noqa: BLE001 - transformers' config validation, in its own classes

@@ -38,10 +38,11 @@ SAFE_GLOBALS = (argparse.Namespace, pathlib.PurePosixPath, pathlib.PureWindowsPa
 #: the path classes by the names a pickle gives them: Python 3.13 moved them to ``pathlib._local``, and a concrete path
 #: of the other system (a checkpoint written on Windows, read on Linux) cannot be built here, so it is read as the
 #: pure path of its kind
-_CONCRETE = {"PosixPath": pathlib.PurePosixPath, "WindowsPath": pathlib.PureWindowsPath}
-PATH_GLOBALS = tuple((getattr(pathlib, name) if type(pathlib.Path()).__name__ == name else pure, f"{module}.{name}")
-                     for name, pure in _CONCRETE.items() for module in ("pathlib", "pathlib._local"))
-PATH_GLOBALS += tuple((cls, f"pathlib._local.{cls.__name__}") for cls in (pathlib.PurePosixPath, pathlib.PureWindowsPath))
+_READ_AS = {"PosixPath": pathlib.PurePosixPath, "WindowsPath": pathlib.PureWindowsPath,
+            "PurePosixPath": pathlib.PurePosixPath, "PureWindowsPath": pathlib.PureWindowsPath}
+_READ_AS[type(pathlib.Path()).__name__] = type(pathlib.Path())  # this system's own concrete paths stay concrete
+PATH_GLOBALS = tuple((cls, f"{module}.{name}") for name, cls in _READ_AS.items() for module in ("pathlib", "pathlib._local")
+                     if f"{module}.{name}" not in ("pathlib.PurePosixPath", "pathlib.PureWindowsPath"))  # in SAFE_GLOBALS
 
 #: Lightning < 1.5 keyed ``checkpoint["callbacks"]`` by the callback's class (taming-transformers' and
 #: latent-diffusion's published ``.ckpt`` files): each name unpickles as an inert stand-in class of

@@ -258,11 +258,20 @@ def test_a_release_file_with_only_its_ema_entry_loads(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), loaded.state_dict().values()))
 
 
-def test_pretrained_true_names_the_published_file_it_does_not_fetch():
+def test_pretrained_true_names_the_published_file_it_does_not_fetch(monkeypatch):
     """The originals publish GitHub release assets visiontf does not download: ``pretrained=True`` names the file to
-    fetch by hand (it said there were no published weights)."""
+    fetch by hand (it said there were no published weights). Nothing is fetched: a download would fail the test."""
+    import urllib.request
+
     import visiontf
     from visiontf.models import ModelNameError
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("pretrained=True tried to download")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_network)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
 
     for name, file in (("rtdetrv2_r18vd", "rtdetrv2_r18vd_120e_coco_rerun_48.1.pth"), ("dfine_n", "dfine_n_coco.pth")):
         with pytest.raises(ModelNameError, match=rf"^{name}: pretrained=True fetches no file .* https://\S+/{file}: download"):
