@@ -92,14 +92,15 @@ def _one_walk(where: str, key: str, walk: Any, *args: Any) -> Any:
         _visits.reset(token)
 
 
-def _show(value: Any) -> str:
+def short_repr(value: Any) -> str:
+    """``value``'s repr, bounded: at most 120 characters, and built without walking all of a value that expands."""
     # reprlib's bounded repr: a full repr of a value that expands (see _MOST_VALUES) would never end
     text = _SHORT_REPR.repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _fail(where: str, key: str, value: Any, why: str) -> SavedArgumentsError:
-    return SavedArgumentsError(f"{where}: {key} is {_show(value)}, {why}; visiontf reads a file's saved arguments as "
+    return SavedArgumentsError(f"{where}: {key} is {short_repr(value)}, {why}; visiontf reads a file's saved arguments as "
                                "plain data, so the file was refused before anything was built; use a checkpoint "
                                "written by visiontf's tools/train.py")
 
@@ -163,7 +164,7 @@ def _plain_data(value: Any, where: str, key: str, depth: int = 0) -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise _fail(where, key, value, f"a mapping with the key {_show(k)}, where plain data has string keys")
+                raise _fail(where, key, value, f"a mapping with the key {short_repr(k)}, where plain data has string keys")
             if k in CLASS_SPEC_KEYS:
                 raise _fail(where, f"{key}.{k}", v, "a class specification, not plain data")
             out[k] = _plain_data(v, where, f"{key}.{k}", depth + 1)
@@ -250,7 +251,7 @@ def _conform(value: Any, hint: Any, where: str, key: str) -> Any:
             try:
                 _conform(k, key_hint, where, f"{key} (a key)")
             except _Mismatch:
-                raise _fail(where, key, value, f"a mapping with the key {_show(k)}, not {type_name(key_hint)}") from None
+                raise _fail(where, key, value, f"a mapping with the key {short_repr(k)}, not {type_name(key_hint)}") from None
             out[k] = _check_value(v, value_hint, where, f"{key}.{k}")
         return out
     # a class, a callable, a tensor: nothing a saved file may hold as a constructor argument

@@ -14,6 +14,7 @@ import pickle
 import typing
 import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,11 @@ import torch
 from visiontf.core.errors import UserError
 
 log = logging.getLogger(__name__)
+
+#: keys naming weight files that start a training run (a backbone's ``pretrained``, timm's ``checkpoint_path``)
+WEIGHT_FILE_KEYS = frozenset({"pretrained", "checkpoint_path"})
+#: a task's ``model_kwargs`` that name weight files read only to start training (a checkpoint holds every weight)
+INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
 
 #: keys under which common training frameworks nest the state dict inside a checkpoint
 _NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_ema", "ema")
@@ -219,6 +225,22 @@ def load_state_dict_file(path: str | Path, map_location: str | torch.device = "c
     as saved by Lightning) are unwrapped. From a Lightning ``.ckpt``, the tensors under ``model.``
     (a visiontf task's network) are kept, without the prefix.
     """
+    return read_weights_file(path, map_location).state
+
+
+@dataclass(frozen=True)
+class WeightsFile:
+    """A weight file's tensors (:func:`load_state_dict_file`'s state dict) and, where the file says which model they
+    were saved from, that model's config: ``{"model_name": ..., "model_kwargs": ...}`` of a visiontf task checkpoint's
+    ``hyper_parameters`` or of an export's metadata (:func:`read_config`), checked as plain data; else None."""
+
+    state: dict[str, torch.Tensor]
+    saved_config: dict[str, Any] | None
+
+
+def read_weights_file(path: str | Path, map_location: str | torch.device = "cpu") -> WeightsFile:
+    """The tensors of ``path`` (as :func:`load_state_dict_file`) and the config of the model they were saved from,
+    read in the same pass. A config that is not plain data is no config here (the tensors are what is asked for)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file not found: {path}")
@@ -230,10 +252,30 @@ def load_state_dict_file(path: str | Path, map_location: str | torch.device = "c
             state = load_file(str(path), device=str(map_location))
         except SafetensorError as e:
             raise not_safetensors_error(path, e) from e
-    else:
-        state = safe_torch_load(path, map_location)
-    state = _unwrap(state, path)
-    return state
+        try:
+            config = read_config(path)
+        except WeightsError as e:
+            log.debug("%s: its saved config is not read (%s)", path, e)
+            config = None
+        return WeightsFile(state, config)
+    obj = safe_torch_load(path, map_location)
+    return WeightsFile(_unwrap(obj, path), _task_config(obj, path) if _looks_lightning(path) else None)
+
+
+def _task_config(ckpt: Any, path: Path) -> dict[str, Any] | None:
+    """A visiontf task checkpoint's ``model_name`` and ``model_kwargs``, or None (another framework's checkpoint, or
+    values that are not plain data)."""
+    from visiontf.core.saved_arguments import SavedArgumentsError, check_value
+
+    hp = ckpt.get("hyper_parameters") if isinstance(ckpt, Mapping) else None
+    if not isinstance(hp, Mapping) or not isinstance(hp.get("model_name"), str):
+        return None
+    try:
+        kwargs = check_value(hp.get("model_kwargs") or {}, dict[str, Any], str(path), "hyper_parameters.model_kwargs")
+    except SavedArgumentsError as e:
+        log.debug("%s: its saved model_kwargs are not read (%s)", path, e)
+        return None
+    return {"model_name": hp["model_name"], "model_kwargs": dict(kwargs)}
 
 
 def _unwrap(obj: Any, path: Path) -> dict[str, torch.Tensor]:

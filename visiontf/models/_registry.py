@@ -24,7 +24,15 @@ import torch
 from torch import nn
 
 from visiontf.core.errors import UserError
-from visiontf.io.weights import WeightsError, check_tensor_values, load_state_dict_file, read_config
+from visiontf.io.weights import (
+    INIT_ONLY_KWARGS,
+    WEIGHT_FILE_KEYS,
+    WeightsError,
+    check_tensor_values,
+    load_state_dict_file,
+    read_config,
+    read_weights_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +160,6 @@ def _construct(entry: ModelEntry, kwargs: dict[str, Any]) -> nn.Module:
                                  "model.init_args.model_kwargs, or create_model's keywords)") from e
 
 
-#: keys naming weight files that start a training run (a backbone's ``pretrained``, timm's ``checkpoint_path``)
-WEIGHT_FILE_KEYS = frozenset({"pretrained", "checkpoint_path"})
 
 
 def without_weight_files(value: Any) -> Any:
@@ -218,13 +224,45 @@ def create_model(
                 raise ModelNameError(f"{name} has no published weights; pass a local file as pretrained=PATH")
             state = entry.fetch_pretrained()
         else:
-            state = load_state_dict_file(pretrained)
+            weights = read_weights_file(pretrained)
+            state = weights.state
+            _warn_if_saved_otherwise(name, kwargs, weights.saved_config, str(pretrained))
         load_pretrained(model, state, entry, strict=strict, source=str(pretrained))
     if features_only:
         model = entry.features_fn(model, name=name, **feature_kwargs)
         model.model_name = name
         model.model_kwargs = dict(kwargs, features_only=True, **feature_kwargs)
     return model
+
+
+def _warn_if_saved_otherwise(name: str, kwargs: Mapping[str, Any], saved: Mapping[str, Any] | None, source: str) -> None:
+    """Warn when ``source`` says it holds ``name`` saved with other settings than ``kwargs``: the weights load, yet
+    settings that no tensor's shape shows (queries, their selection, a sampling method) would compute otherwise,
+    unseen. The number of classes is left out (a new head is what fine-tuning asks for), and so are weight files."""
+    if saved is None or saved["model_name"] != name:
+        return
+
+    def plain(value: Any) -> Any:  # a saved list and a given tuple are one setting; a weight file to start from is none
+        if isinstance(value, Mapping):
+            kept = {k: plain(v) for k, v in value.items() if k not in WEIGHT_FILE_KEYS}
+            return {k: v for k, v in kept.items() if v != {}}
+        return [plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+    def settings(values: Mapping[str, Any]) -> dict[str, Any]:
+        return plain({k: v for k, v in values.items() if k not in INIT_ONLY_KWARGS and k != "num_classes"})
+
+    theirs, ours = settings(saved["model_kwargs"]), settings(kwargs)
+    differ = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
+    if not differ:
+        return
+    from visiontf.core.saved_arguments import short_repr
+
+    saved_with = ", ".join(f"{k}={short_repr(theirs[k])}" for k in differ if k in theirs) or "the defaults"
+    built_with = ", ".join(f"{k}={short_repr(ours[k])}" for k in differ if k in ours) or "the defaults"
+    log.warning("%s holds %s saved with %s; create_model built it with %s. Its weights load, but where a setting changes "
+                "no tensor's shape the model computes otherwise. For the model as saved use visiontf.load_model (an "
+                "export) or visiontf.tasks.checkpoints.load_checkpoint_model (a task checkpoint); to fine-tune with its "
+                "settings pass them to create_model", source, name, saved_with, built_with)
 
 
 def load_pretrained(model: nn.Module, state: dict, entry: ModelEntry | None = None, strict: bool = True, source: str = "",

@@ -23,6 +23,7 @@ from visiontf.core.errors import UserError
 from visiontf.core.saved_arguments import SavedArgumentsError, check_value, label_table
 from visiontf.io.lightning_checkpoint import load_lightning_checkpoint, saved_init_arguments, spelled
 from visiontf.io.weights import (
+    INIT_ONLY_KWARGS,
     WeightsError,
     check_tensor_values,
     corrupt_file_error,
@@ -39,8 +40,6 @@ class CheckpointError(UserError, ValueError):
 
 #: the hyper-parameters that rebuild a task's network, and their types (every task takes them first)
 MODEL_ARGUMENTS = {"model_name": str, "num_classes": int | None, "model_kwargs": dict[str, Any] | None}
-#: kwargs that point at weight files used only to initialise training; a checkpoint has all weights
-INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
 
 
 def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **overrides: Any) -> tuple[nn.Module, dict[str, Any]]:
