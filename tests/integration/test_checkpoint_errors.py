@@ -134,6 +134,33 @@ def test_other_number_of_classes_points_to_pretrained_and_that_fine_tunes(traine
     assert tuned["state_dict"]["model.head.weight"].shape[0] == 4
 
 
+def test_a_fine_tuned_run_needs_only_its_checkpoint_once_the_start_file_is_gone(trained, tmp_path, capsys):
+    """A run fine-tuned from a file (``pretrained``) saves that path with its hyper-parameters. Evaluating, resuming
+    or loading the run's checkpoint rebuilt the task with it and read the file again: once moved (another machine,
+    a cleaned download folder) every one of them stopped with ``weights file not found``. The checkpoint holds every
+    weight, so the file is not read any more."""
+    from visiontf.tasks.classification.classification_task import ClassificationTask
+
+    start = tmp_path / "start.ckpt"
+    shutil.copy(trained["ckpt"], start)
+    make_cli(["fit", *_args(trained["data"], tmp_path / "ft"), f"--model.init_args.pretrained={start}"])
+    tuned = tmp_path / "ft" / "checkpoints" / "last.ckpt"
+    saved = torch.load(tuned, map_location="cpu", weights_only=True)
+    assert saved["hyper_parameters"]["pretrained"] == str(start)  # the run's record keeps where it started
+    start.unlink()
+    capsys.readouterr()
+    assert eval_main([*_args(trained["data"], tmp_path / "ft"), f"--ckpt_path={tuned}"]) == 0
+    assert "weights file not found" not in capsys.readouterr().err
+    task = ClassificationTask.load_from_checkpoint(tuned)
+    assert all(torch.equal(task.state_dict()[k], v) for k, v in saved["state_dict"].items())
+    make_cli(["fit", *_args(trained["data"], tmp_path / "ft"), "--trainer.max_epochs=2", "--ckpt_path=last"])
+    resumed = torch.load(tuned, map_location="cpu", weights_only=True)
+    assert resumed["epoch"] == saved["epoch"] + 1 and resumed["hyper_parameters"]["pretrained"] == str(start)
+    # loading only what fits (strict=False) still starts from the file: it fills what the checkpoint lacks
+    with pytest.raises(FileNotFoundError, match="start.ckpt"):
+        ClassificationTask.load_from_checkpoint(tuned, strict=False)
+
+
 def test_same_class_count_with_other_classes_is_refused_naming_both_tables(trained, tmp_path, capsys):
     """Same count, other classes: every output would be scored (or trained on) as another category, silently."""
     renamed = tmp_path / "renamed"

@@ -45,7 +45,7 @@ from visiontf.core.config_files import config_chain
 from visiontf.core.errors import UsageError, UserError
 from visiontf.core.progress import set_progress
 from visiontf.data.base import VisionDataModule
-from visiontf.io.weights import allow_listed_globals
+from visiontf.io.weights import allow_listed_globals, weights_from_checkpoint
 from visiontf.tasks.checkpoints import (
     CheckpointError,
     check_checkpoint_fits,
@@ -420,11 +420,14 @@ class _ModelInstantiator(_InstantiatorFn):
 
     def __call__(self, class_type, *args, applied_instantiation_links: dict, **kwargs):
         saved = getattr(self.cli, "_checkpoint_model_arguments", None)
-        if saved:
-            links = {k.removeprefix("model.").removeprefix("init_args."): v
-                     for k, v in applied_instantiation_links.items() if k.startswith("model.")}
-            kwargs = {**kwargs, **copy.deepcopy(saved), **links}
-        return super().__call__(class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs)
+        if not saved:
+            return super().__call__(class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs)
+        links = {k.removeprefix("model.").removeprefix("init_args."): v
+                 for k, v in applied_instantiation_links.items() if k.startswith("model.")}
+        kwargs = {**kwargs, **copy.deepcopy(saved), **links}
+        # Lightning restores every weight from --ckpt_path: the files the run started from are not read (nor needed)
+        with weights_from_checkpoint():
+            return super().__call__(class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs)
 
 
 def _config_files(argv: list[str]) -> list[str]:

@@ -9,13 +9,14 @@ dropped (never called), and every other value goes through :func:`visiontf.core.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from visiontf.core.former_paths import former_spellings
 from visiontf.core.saved_arguments import SavedArgumentsError, check_arguments, plain_data
-from visiontf.io.weights import safe_torch_load
+from visiontf.io.weights import safe_torch_load, weights_from_checkpoint
 
 #: what LightningCLI writes as ``_instantiator``: recognised and dropped, never called
 LIGHTNING_CLI_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module", "pytorch_lightning.cli.instantiate_module")
@@ -120,7 +121,9 @@ def load_lightning_checkpoint(cls: type, checkpoint_path: str | Path | IO[bytes]
         section, source = _read_hparams_file(hparams_file), str(hparams_file)
     built, arguments = saved_init_arguments(section, source, section_key, allowed, expected=cls, ignored=ignored)
     arguments.update(overrides)
-    obj = (built or cls)(**arguments)
+    # the file's state dict replaces every weight (unless only what fits is asked for): no file to start from is read
+    with weights_from_checkpoint() if strict is not False else contextlib.nullcontext():
+        obj = (built or cls)(**arguments)
     if isinstance(obj, pl.LightningDataModule):
         state = checkpoint.get(type(obj).__qualname__)
         if state is not None:

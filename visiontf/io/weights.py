@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import json
 import logging
 import pathlib
 import pickle
 import typing
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,28 @@ log = logging.getLogger(__name__)
 WEIGHT_FILE_KEYS = frozenset({"pretrained", "checkpoint_path"})
 #: a task's ``model_kwargs`` that name weight files read only to start training (a checkpoint holds every weight)
 INIT_ONLY_KWARGS = ("backbone_pretrained", "encoder_pretrained", "pretrained")
+
+_restoring: contextvars.ContextVar[bool] = contextvars.ContextVar("weights_from_checkpoint", default=False)
+
+
+@contextlib.contextmanager
+def weights_from_checkpoint() -> Iterator[None]:
+    """Within it, models are built for a checkpoint whose state dict then replaces every weight (a run resumed or
+    evaluated with ``--ckpt_path``, a task's ``load_from_checkpoint``, a checkpoint's or an export's network):
+    ``create_model`` reads none of the weight files their settings name to start training from (the whole model's
+    ``pretrained``, a backbone's, :data:`WEIGHT_FILE_KEYS` at any depth, :data:`INIT_ONLY_KWARGS`). So the
+    checkpoint alone is needed: the file a run was fine-tuned from may have moved, or be on another machine."""
+    token = _restoring.set(True)
+    try:
+        yield
+    finally:
+        _restoring.reset(token)
+
+
+def restoring_weights() -> bool:
+    """Whether the models built now get their weights from a checkpoint afterwards (:func:`weights_from_checkpoint`)."""
+    return _restoring.get()
+
 
 #: keys under which common training frameworks nest the state dict inside a checkpoint
 _NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_ema", "ema")

@@ -32,6 +32,8 @@ from visiontf.io.weights import (
     load_state_dict_file,
     read_config,
     read_weights_file,
+    restoring_weights,
+    weights_from_checkpoint,
 )
 
 log = logging.getLogger(__name__)
@@ -201,8 +203,14 @@ def create_model(
     ``features_only=True`` (ViTs and DeiTs) returns the model as timm's feature wrapper over
     ``out_indices`` (default the last 3 blocks; ``output_fmt`` "NCHW" or "NLC"), after the weights are
     loaded: the registered ``features_fn`` (the ViTs': :func:`visiontf.models.vit.features.features_only`).
+
+    Within :func:`visiontf.io.weights.weights_from_checkpoint` (a checkpoint's weights follow) no weight file is read:
+    neither ``pretrained`` nor one the keywords name.
     """
     entry = get_entry(name)
+    if restoring_weights():  # a checkpoint's state dict replaces every weight: no file to start from is read
+        pretrained = None
+        kwargs = without_weight_files({k: v for k, v in kwargs.items() if k not in INIT_ONLY_KWARGS})
     feature_kwargs = {}
     if features_only:
         if entry.features_fn is None:
@@ -447,11 +455,12 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
     if "strict" in saved:  # how to load is the caller's choice: a file may not switch off the check of its own tensors
         raise WeightsError(f"{path}: its config's model_kwargs.strict is {saved['strict']!r}, an option of loading, not of the "
                            "model; export the model again with tools/export.py, or pass load_model(path, strict=False)")
-    # the weights are the file's own: a weight file its config names (a backbone's pretrained) is not read
-    kwargs = {**without_weight_files(saved), **overrides}
+    kwargs = {**saved, **overrides}
     strict = kwargs.pop("strict", True)
     try:
-        model = create_model(config["model_name"], **kwargs)
+        # the weights are the file's own: a weight file its config names (a backbone's pretrained) is not read
+        with weights_from_checkpoint():
+            model = create_model(config["model_name"], **kwargs)
     except UserError as e:  # the registry's own words (an unknown name, a misspelt keyword), with the file named
         message = f"{path}: its saved config: {e}"
         try:

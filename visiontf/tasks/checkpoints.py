@@ -23,12 +23,12 @@ from visiontf.core.errors import UserError
 from visiontf.core.saved_arguments import SavedArgumentsError, check_value, label_table
 from visiontf.io.lightning_checkpoint import load_lightning_checkpoint, saved_init_arguments, spelled
 from visiontf.io.weights import (
-    INIT_ONLY_KWARGS,
     WeightsError,
     check_tensor_values,
     corrupt_file_error,
     damaged_record,
     safe_torch_load,
+    weights_from_checkpoint,
 )
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,6 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     constructor arguments on top of the saved ``model_kwargs``.
     """
     from visiontf.models import convert_state, create_model
-    from visiontf.models._registry import without_weight_files
 
     path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
@@ -73,9 +72,8 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
         except SavedArgumentsError as e:
             raise CheckpointError(str(e)) from None
     # the checkpoint holds every weight: no file its settings name is read (a backbone's pretrained, timm's checkpoint_path)
-    kwargs = without_weight_files({k: v for k, v in dict(hp.get("model_kwargs") or {}).items() if k not in INIT_ONLY_KWARGS})
-    kwargs.update(overrides)
-    model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **kwargs)
+    with weights_from_checkpoint():
+        model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **{**(hp.get("model_kwargs") or {}), **overrides})
     saved = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     # nn.Module.compile keeps names, but torch.compile(model) adds "_orig_mod."
     saved = {k.replace("_orig_mod.", ""): v for k, v in saved.items()}
@@ -458,7 +456,7 @@ def describe_classes(names: Sequence[str] | None, ids: Mapping[Any, Any] | None)
     return f"{len(listed)} classes ({shown})"
 
 
-__all__ = ["INIT_ONLY_KWARGS", "CheckpointError", "SavedArguments", "WeightsError", "check_checkpoint_fits", "saved_class_table",
+__all__ = ["CheckpointError", "SavedArguments", "WeightsError", "check_checkpoint_fits", "saved_class_table",
            "check_checkpoint_task", "checkpoint_arguments", "checkpoint_classes", "load_task_checkpoint",
            "check_config_model", "checkpoint_task", "config_checkpoint_dir", "find_last_checkpoint", "load_checkpoint_model",
            "best_checkpoint", "describe_classes", "newest_hpc_checkpoint", "resolve_checkpoint", "run_checkpoint_dir"]
