@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from visiontf.core.errors import UserError
+from visiontf.core.saved_arguments import short_repr
 from visiontf.io.weights import (
     INIT_ONLY_KWARGS,
     WEIGHT_FILE_KEYS,
@@ -162,8 +163,6 @@ def _construct(entry: ModelEntry, kwargs: dict[str, Any]) -> nn.Module:
                                  "model.init_args.model_kwargs, or create_model's keywords)") from e
 
 
-
-
 def without_weight_files(value: Any) -> Any:
     """``value`` with every entry of :data:`WEIGHT_FILE_KEYS` of its mappings, at any depth, set to None: for
     building a model whose weights come from elsewhere (a checkpoint, an export, none at all), so that no other file
@@ -263,8 +262,6 @@ def _warn_if_saved_otherwise(name: str, kwargs: Mapping[str, Any], saved: Mappin
     differ = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
     if not differ:
         return
-    from visiontf.core.saved_arguments import short_repr
-
     saved_with = ", ".join(f"{k}={short_repr(theirs[k])}" for k in differ if k in theirs) or "the defaults"
     built_with = ", ".join(f"{k}={short_repr(ours[k])}" for k in differ if k in ours) or "the defaults"
     log.warning("%s holds %s saved with %s; create_model built it with %s. Its weights load, but where a setting changes "
