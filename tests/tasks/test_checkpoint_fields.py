@@ -38,5 +38,12 @@ def test_a_lightning_version_that_is_not_one_is_named(tmp_path):
     torch.save({"pytorch-lightning_version": "garbage", "state_dict": {}}, tmp_path / "v.ckpt")
     with pytest.raises(WeightsError, match=r"v\.ckpt: pytorch-lightning_version is 'garbage', not a version"):
         AtomicCheckpointIO().load_checkpoint(tmp_path / "v.ckpt")
+    # a value that expands (one list referenced twice at each of 30 levels: 2^30 leaves) is named without walking it
+    bomb = ["x"]
+    for _ in range(30):
+        bomb = [bomb, bomb]
+    torch.save({"pytorch-lightning_version": bomb, "state_dict": {}}, tmp_path / "bomb.ckpt")
+    with pytest.raises(WeightsError, match=r"bomb\.ckpt: pytorch-lightning_version is \[\[\[\[.*not a version"):
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "bomb.ckpt")
     torch.save({"pytorch-lightning_version": "2.6.6", "state_dict": {}}, tmp_path / "ok.ckpt")
     assert AtomicCheckpointIO().load_checkpoint(tmp_path / "ok.ckpt")["pytorch-lightning_version"] == "2.6.6"

@@ -17,6 +17,7 @@ from typing import Any
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
+from visiontf.core.saved_arguments import short_repr
 from visiontf.io.atomic_write import atomic_save, remove_stale_temporaries
 from visiontf.io.weights import WeightsError, describe_load_failure
 
@@ -66,7 +67,7 @@ def _check_lightning_version(checkpoint: Any, path: Any) -> None:
     try:
         Version(version if isinstance(version, str) else "")
     except InvalidVersion:
-        raise WeightsError(f"{path}: pytorch-lightning_version is {str(version)[:80]!r}, not a version; the file was not "
+        raise WeightsError(f"{path}: pytorch-lightning_version is {short_repr(version)}, not a version; the file was not "
                            "written by Lightning (or was edited): use a checkpoint written by visiontf's tools/train.py") from None
 
 

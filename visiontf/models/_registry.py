@@ -466,7 +466,7 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
             named = WeightsError(message)
         raise named from None
     except (TypeError, ValueError) as e:  # a value of the wrong kind deep in a constructor (num_classes: "x")
-        raise WeightsError(f"{path}: its saved config ({config['model_name']}, model_kwargs {str(saved)[:300]}) does not "
+        raise WeightsError(f"{path}: its saved config ({config['model_name']}, model_kwargs {short_repr(saved)}) does not "
                            f"build a model ({type(e).__name__}: {e}); export the model again with tools/export.py") from None
     # the model is built from the file's own config: every tensor must fit, class heads included
     load_pretrained(model, load_state_dict_file(path), get_entry(config["model_name"]), strict=strict, source=str(path),

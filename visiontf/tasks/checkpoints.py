@@ -436,7 +436,7 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
     saved_names, saved_ids = saved_class_table(ckpt, where)
     names_differ = bool(saved_names and class_names) and list(saved_names) != list(class_names)
     ids_differ = bool(saved_ids and label_to_cat_id) and (
-        {int(k): int(v) for k, v in saved_ids.items()} != {int(k): int(v) for k, v in label_to_cat_id.items()})
+        saved_ids != {int(k): int(v) for k, v in label_to_cat_id.items()})
     if names_differ or ids_differ:
         # the same class count with other names or ids: each output would be scored (or trained) as another category
         raise CheckpointError(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar
 
 from visiontf.core.errors import UserError
-from visiontf.core.saved_arguments import SavedArgumentsError, check_value, type_name
+from visiontf.core.saved_arguments import SavedArgumentsError, check_value, short_repr, type_name
 
 S = TypeVar("S", bound="EvalSettings")
 
@@ -61,7 +61,7 @@ class EvalSettings:
             try:
                 value = check_value(value, hints.get(f.name, Any), type(self).__name__, f.name)
             except SavedArgumentsError:
-                raise SettingsError(f"{f.name} is {value!r}, not {type_name(hints[f.name])}") from None
+                raise SettingsError(f"{f.name} is {short_repr(value)}, not {type_name(hints[f.name])}") from None
             object.__setattr__(self, f.name, value)
 
     @classmethod
