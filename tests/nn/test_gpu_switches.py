@@ -23,6 +23,17 @@ def test_compile_transformer_compiles_only_the_encoder_decoder():
     assert task.model.transformer._compiled_call_impl is not None
 
 
+def test_compile_transformer_of_a_realtime_detr_compiles_its_encoder_and_decoder():
+    """RT-DETR and D-FINE have no ``transformer`` module: their encoder and decoder are what is compiled (before:
+    an AttributeError from configure_model)."""
+    task = DetectionTask(model_name="rtdetr_tiny", num_classes=3, compile="transformer")
+    keys = set(task.model.state_dict())
+    task.configure_model()
+    assert task.model.encoder._compiled_call_impl is not None and task.model.decoder._compiled_call_impl is not None
+    assert task.model._compiled_call_impl is None and task.model.backbone._compiled_call_impl is None
+    assert set(task.model.state_dict()) == keys
+
+
 def test_compile_refuses_other_values():
     with pytest.raises(ValueError, match="compile"):
         DetectionTask(model_name="detr_tiny", num_classes=3, model_kwargs=TINY, compile="backbone")

@@ -178,6 +178,12 @@ class Detector(VisionModel):
     #: a mask head's post-processing settings; None: the detector predicts no masks (``pred_masks``)
     mask_options: MaskOptions | None = None
 
+    def transformer_modules(self) -> tuple[nn.Module, ...]:
+        """The encoder-decoder, the part a task's ``compile: transformer`` compiles (the backbone and the
+        post-processing stay eager)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say which modules are its transformer "
+                                  "(transformer_modules()): compile the whole model (compile: true) instead")
+
 
 class Segmenter(VisionModel):
     """Images (B, 3, H, W) -> per-pixel logits (B, K, H, W) (training may add auxiliary outputs)."""

@@ -229,3 +229,20 @@ def test_runs_on_cuda_with_a_cpu_generator():
     b = build_contrastive_denoising(_targets([2, 1]), 4, 5, num_denoising=10, generator=_gen(3))
     assert a.labels.is_cuda and a.attn_mask.is_cuda and a.meta.positive_idx[0].is_cuda
     assert torch.equal(a.labels.cpu(), b.labels) and torch.allclose(a.boxes_unact.cpu(), b.boxes_unact, atol=1e-5)
+
+
+def test_the_noise_traces_under_torch_compile_at_any_number_of_boxes():
+    """torch.compile(model) reaches the noise with a box count that is a symbol once the count has changed; the
+    draws then equal eager mode's at the same seed (the failure before: torch.rand(generator=None) at a
+    symbolic size does not trace). Dynamo with its eager backend: the trace is what failed, not a kernel."""
+    torch._dynamo.reset()
+    compiled = torch.compile(build_contrastive_denoising, backend="eager", dynamic=True)
+    for counts in ([3, 1], [5, 2], [4, 4]):
+        targets = _targets(counts)
+        torch.manual_seed(7)
+        got = compiled(targets, num_classes=4, num_queries=7, num_denoising=20, box_noise_scale=0.4)
+        torch.manual_seed(7)
+        want = build_contrastive_denoising(targets, num_classes=4, num_queries=7, num_denoising=20, box_noise_scale=0.4)
+        assert torch.equal(got.labels, want.labels)
+        assert torch.equal(got.boxes_unact, want.boxes_unact)
+    torch._dynamo.reset()

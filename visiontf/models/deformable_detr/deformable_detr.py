@@ -183,6 +183,9 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
             nn.init.constant_(self.bbox_embed[0].layers[-1].bias[2:], -2.0)
 
     # ------------------------------------------------- optimiser (no_weight_decay: none, the base's, as the original)
+    def transformer_modules(self) -> tuple[nn.Module, ...]:
+        return (self.transformer,)
+
     def param_group(self, name: str) -> str:
         """``"backbone"`` | ``"offsets"`` (sampling offsets and reference points, 0.1x lr) | ``"default"``."""
         if name.startswith("backbone."):

@@ -136,14 +136,18 @@ def denoising_attn_mask(pad_size: int, group_size: int, num_queries: int, device
 
 
 def _rand(shape, generator: torch.Generator | None, device) -> Tensor:
+    # no generator keyword at all when there is none: torch.compile cannot trace torch.rand(generator=None)
+    # at a size that depends on the batch's boxes
+    if generator is None:
+        return torch.rand(shape, device=device)
     # draw on the generator's device (a CPU generator cannot fill a CUDA tensor), then move
-    gen_device = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, device=gen_device).to(device)
+    return torch.rand(shape, generator=generator, device=generator.device).to(device)
 
 
 def _randint(high: int, shape, generator: torch.Generator | None, device) -> Tensor:
-    gen_device = generator.device if generator is not None else device
-    return torch.randint(0, high, shape, generator=generator, device=gen_device).to(device)
+    if generator is None:
+        return torch.randint(0, high, shape, device=device)
+    return torch.randint(0, high, shape, generator=generator, device=generator.device).to(device)
 
 
 def _empty(batch_size: int, num_queries: int, device) -> DenoisingQueries:

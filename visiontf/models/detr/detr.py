@@ -123,6 +123,9 @@ class DETR(BackboneLayerDepth, Detector):
         """Parameters trained without weight decay: none (the original decays every parameter)."""
         return set()
 
+    def transformer_modules(self) -> tuple[nn.Module, ...]:
+        return (self.transformer,)
+
     def param_group(self, name: str) -> str:
         """The learning-rate group of a parameter: ``"backbone"`` (the CNN) or ``"default"``."""
         return self.backbone.param_group(name[len("backbone."):]) if name.startswith("backbone.") else "default"

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch import Tensor
+from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
 from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
@@ -143,6 +143,9 @@ class RTDETR(BackboneLayerDepth, Detector):
         """The family's matcher and loss (``visiontf.set_prediction.build_criterion`` reads them): RT-DETR's varifocal
         loss, or DEIM's matchability-aware loss for its models."""
         return self.loss_options
+
+    def transformer_modules(self) -> tuple[nn.Module, ...]:
+        return (self.encoder, self.decoder)
 
     def param_group(self, name: str) -> str:
         """``"backbone"`` (the backbone's own answer) or ``"default"``; RT-DETR has no separate lr for sampling offsets."""

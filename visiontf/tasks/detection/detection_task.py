@@ -115,7 +115,7 @@ class DetectionTask(OptimArgsMixin, BaseTask):
     confusion matrix and TIDE's breakdown are the :class:`~visiontf.callbacks.DetectionReadouts` callback's.
 
     ``compile``: ``True`` runs the whole model through ``torch.compile``; ``"transformer"`` only its
-    encoder-decoder (``model.transformer``; the backbone's convolutions are cuDNN's already). The
+    encoder-decoder (``model.transformer_modules()``: DETR's ``transformer``, RT-DETR's encoder and decoder; the backbone's convolutions are cuDNN's already). The
     matcher and the loss stay eager either way. Off by default: not yet measured on a GPU
     (``benchmarks/gpu.py --sections s``).
 
@@ -218,8 +218,10 @@ class DetectionTask(OptimArgsMixin, BaseTask):
 
     def configure_model(self) -> None:
         super().configure_model()
-        if self.compile_transformer and self.model.transformer._compiled_call_impl is None:
-            self.model.transformer.compile()
+        if self.compile_transformer:
+            for module in self.model.transformer_modules():
+                if module._compiled_call_impl is None:
+                    module.compile()
 
     @property
     def postprocess(self) -> nn.Module:
