@@ -136,18 +136,14 @@ def denoising_attn_mask(pad_size: int, group_size: int, num_queries: int, device
 
 
 def _rand(shape, generator: torch.Generator | None, device) -> Tensor:
-    # no generator keyword at all when there is none: torch.compile cannot trace torch.rand(generator=None)
-    # at a size that depends on the batch's boxes
-    if generator is None:
-        return torch.rand(shape, device=device)
     # draw on the generator's device (a CPU generator cannot fill a CUDA tensor), then move
-    return torch.rand(shape, generator=generator, device=generator.device).to(device)
+    gen_device = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=gen_device).to(device)
 
 
 def _randint(high: int, shape, generator: torch.Generator | None, device) -> Tensor:
-    if generator is None:
-        return torch.randint(0, high, shape, device=device)
-    return torch.randint(0, high, shape, generator=generator, device=generator.device).to(device)
+    gen_device = generator.device if generator is not None else device
+    return torch.randint(0, high, shape, generator=generator, device=gen_device).to(device)
 
 
 def _empty(batch_size: int, num_queries: int, device) -> DenoisingQueries:
@@ -185,6 +181,10 @@ def _check_labels(labels: Tensor, num_classes: int) -> None:
         )
 
 
+# bookkeeping whose every size follows the batch's box counts: under torch.compile(model) it runs eagerly (a traced
+# copy would recompile for each new count, and torch 2.14 could neither trace torch.rand(generator=None) at such a
+# size nor lower the index arithmetic's reshape)
+@torch.compiler.disable
 def build_contrastive_denoising(
     targets: Sequence[Mapping[str, Tensor]],
     num_classes: int,
