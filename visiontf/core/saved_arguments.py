@@ -273,7 +273,9 @@ def _dataclass(value: Any, hint: type, where: str, key: str) -> Any:
 
 
 def type_name(hint: Any) -> str:
-    """``hint`` as a message names it (``int``, ``tuple[float, ...]``, ``str | None``)."""
+    """``hint`` as a message names it (``int``, ``tuple[float, ...]``, ``str | None``, ``one of 'a', 'b'``)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
     text = getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None
     return text or str(hint).replace("typing.", "")
 
@@ -283,6 +285,19 @@ def _check_value(value: Any, hint: Any, where: str, key: str) -> Any:
         return _conform(value, hint, where, key)
     except _Mismatch:
         raise _fail(where, key, value, f"not {type_name(hint)}") from None
+
+
+class NotOfType(ValueError):
+    """A value that is not of its declared type (:func:`as_declared`)."""
+
+
+def as_declared(value: Any, hint: Any) -> Any:
+    """``value`` as a ``hint``-typed value by :func:`check_value`'s rules (an integral float an int, a list a tuple
+    where one is declared) for a config's field, not a file's; :class:`NotOfType` when it is not one."""
+    try:
+        return _one_walk("", "", _conform, value, hint, "", "")
+    except (_Mismatch, SavedArgumentsError):
+        raise NotOfType(f"{short_repr(value)} is not {type_name(hint)}") from None
 
 
 def check_value(value: Any, hint: Any, where: str, key: str) -> Any:

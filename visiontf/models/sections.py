@@ -7,7 +7,7 @@ keywords whose field has another name); its builder then reads every field by na
 * :meth:`Sections.section`: a section given as its dataclass, a config's mapping (on top of the default), or
   for ``backbone`` a name;
 * :meth:`Sections.merge`: a config's sections over a variant's ``DEFAULT_CFGS`` entry, field by field (a
-  variant config sets only what differs; another backbone name keeps none of the variant's backbone ``kwargs``);
+  variant config sets only what differs; another backbone name keeps none of the variant's backbone ``kwargs`` or ``stages``);
 * :meth:`Sections.migrate`: the flat keywords of old configs and checkpoints' saved hyper-parameters moved
   into their sections by name, with one ``FutureWarning`` that shows the nested spelling;
 * :meth:`Sections.of`: a ``DEFAULT_CFGS`` entry spelt flat in code, as sections (no warning).
@@ -17,11 +17,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from visiontf.core.saved_arguments import NotOfType, as_declared
 from visiontf.models.backbones.backbone import Backbone
 from visiontf.models.backbones.spec import FLAT_BACKBONE_KEYWORDS, BackboneSpec
 from visiontf.models.contract import ModelCfg, build_model
@@ -101,7 +103,7 @@ class Sections:
         unknown = sorted(set(value) - set(names))
         if unknown:
             raise ValueError(f"{name}: unknown key(s) {unknown}; the {name} section ({kind.__name__}) takes {', '.join(names)}")
-        return dataclasses.replace(default, **value)
+        return dataclasses.replace(default, **typed_fields(kind, value, name))
 
     def migrate(self, given: Mapping[str, Any], flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(``given`` sections with the flat keywords among ``flat`` merged on top, the other keywords); one
@@ -130,6 +132,20 @@ class Sections:
                             f"{', '.join(self.classes)}") from e
 
 
+def typed_fields(kind: type, value: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A section's given fields as their declared types (a count an int, a list of counts a tuple), or one
+    ``ValueError`` naming ``where.field``, the value and the type: before, a string where a number belongs failed
+    deep in the build (``'<' not supported between 'str' and 'int'``)."""
+    hints = typing.get_type_hints(kind)
+    typed = {}
+    for key, given in value.items():
+        try:
+            typed[key] = as_declared(given, hints.get(key, Any))
+        except NotOfType as e:
+            raise ValueError(f"{where}.{key}: {e}") from None
+    return typed
+
+
 def _as_mapping(value: Any) -> Any:
     """A section as a mapping of its fields (a dataclass's fields); a backbone name as ``{name: ...}``."""
     if isinstance(value, str):
@@ -140,9 +156,10 @@ def _as_mapping(value: Any) -> Any:
 
 
 def _merge_backbone(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """Another backbone name keeps none of the old backbone's own ``kwargs``; the same one merges them."""
+    """Another backbone name keeps none of the old backbone's own ``kwargs`` or ``stages`` (feature numbers in the old
+    backbone's numbering: a ConvNeXt has no feature 4); the same one merges them."""
     if new.get("name", old.get("name")) != old.get("name"):
-        return {k: v for k, v in old.items() if k != "kwargs"}, new
+        return {k: v for k, v in old.items() if k not in ("kwargs", "stages")}, new
     if isinstance(old.get("kwargs"), Mapping) and isinstance(new.get("kwargs"), Mapping):
         return old, {**new, "kwargs": {**old["kwargs"], **new["kwargs"]}}
     return old, new

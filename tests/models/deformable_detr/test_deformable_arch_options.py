@@ -63,7 +63,11 @@ def test_impossible_architectures_are_refused_naming_the_argument(kwargs, error,
     with pytest.raises(error) as raised:
         DeformableArchOptions(**kwargs)
     assert str(raised.value).startswith(message), str(raised.value)
-    # the model refuses them the same way, before it builds anything
+    # the model refuses them before it builds anything: a value of another type as the section reads it (the
+    # section and field named: arch.num_queries), the others as the options do
+    if error is TypeError:
+        (key, value), = kwargs.items()
+        error, message = ValueError, f"arch.{key}: {value!r} is not"
     with pytest.raises(error, match=re.escape(message)):
         build_deformable_detr(DeformableDETR, arch=kwargs)
 

@@ -27,6 +27,7 @@ from visiontf.models.sections import Sections
 __all__ = ["FormerBackbone", "backbone_section"]
 
 #: how a config's backbone merges over a variant's: field by field; another name keeps none of the variant's kwargs
+#: or stages
 _MERGE = Sections({"backbone": BackboneSpec}, {"backbone": BackboneSpec()})
 
 

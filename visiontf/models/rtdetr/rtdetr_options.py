@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from visiontf.models.backbones.resnet_vd import RESNET_VD_NAMES
 from visiontf.models.backbones.spec import BackboneSpec
+from visiontf.models.sections import typed_fields
 
 __all__ = ["DecoderOptions", "DenoisingOptions", "EncoderOptions", "ResNetVdOptions", "resnet_vd_options", "resnet_vd_spec", "section"]
 
@@ -247,7 +248,8 @@ def section(cls: type[T], value: T | Mapping[str, Any] | None, base: T | None = 
     unknown = sorted(set(value) - set(names))
     if unknown:
         raise ValueError(f"{where or cls.__name__}: unknown key(s) {unknown}; it takes {', '.join(names)}")
-    return dataclasses.replace(base, **{k: _frozen(v) for k, v in value.items()})
+    typed = typed_fields(cls, value, where or cls.__name__)
+    return dataclasses.replace(base, **{k: _frozen(v) for k, v in typed.items()})
 
 
 def as_mapping(options: Any) -> dict[str, Any]:
