@@ -28,7 +28,7 @@ def _build(name: str, **kwargs):
     torch.manual_seed(0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = create_model(name, **HEADS, **kwargs)
+        model = create_model(name, **{**HEADS, **kwargs})
     return model, [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
 
 
@@ -99,3 +99,39 @@ def test_a_missing_backbone_file_names_the_field_and_how_to_train_without_it(tmp
                                                 r"_pretrained_from_paddle\.pth; give the path of the resnet18vd backbone's "
                                                 r"ImageNet file, or set model_kwargs: \{backbone: \{pretrained: null\}\}"):
         BackboneSpec(name="resnet18vd", pretrained=str(missing)).build()
+
+
+@pytest.mark.parametrize("backbone", ["timm:resnet18", {"name": "timm:convnext_atto"}, "resnet18"])
+def test_another_backbone_reads_its_own_strides_8_16_32_at_any_image_size(backbone):
+    """Another name keeps none of the variant's stages (the ResNet-vd numbering: a ConvNeXt has no feature 4), and
+    images are padded to the coarsest stride whatever the backbone's own multiple (timm's and torchvision's are 1):
+    before, sides that were not multiples of 32 failed in the fusion (``Expected size 14 but got size 13``)."""
+    model, _ = _build("rtdetr_r18vd", backbone=backbone)
+    assert list(model.backbone.strides) == [8, 16, 32] and model.pad_multiple == 32
+    images = torch.rand(2, 3, 200, 224)
+    model.eval()
+    with torch.no_grad():
+        out = model(images)
+        # the padding the model adds is padding: the same image padded by hand (masked) gives the same detections
+        padded = torch.zeros(2, 3, 224, 224)
+        padded[..., :200, :] = images
+        mask = torch.zeros(2, 224, 224, dtype=torch.bool)
+        mask[:, 200:] = True
+        by_hand = model(padded, mask)
+    torch.testing.assert_close(out["pred_logits"], by_hand["pred_logits"])
+    torch.testing.assert_close(out["pred_boxes"], by_hand["pred_boxes"])
+    model.train()
+    targets = [{"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3]])}] * 2
+    assert torch.isfinite(model(torch.rand(2, 3, 161, 97), targets=targets)["pred_boxes"]).all()
+
+
+def test_features_whose_strides_do_not_double_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"strides \(8, 32\).*backbone\.stages"):
+        _build("rtdetr_r18vd", backbone={"name": "timm:resnet18", "stages": [2, 4]}, decoder={**HEADS["decoder"], "num_levels": 2})
+
+
+def test_a_section_field_of_another_type_is_one_line_naming_it():
+    with pytest.raises(ValueError, match=r"decoder\.num_queries: 'ten' is not int"):
+        _build("rtdetr_r18vd", backbone={"kwargs": RESNET}, decoder={**HEADS["decoder"], "num_queries": "ten"})
+    model, _ = _build("rtdetr_r18vd", backbone={"kwargs": RESNET}, decoder={**HEADS["decoder"], "num_queries": 5.0})
+    assert type(model.decoder.options.num_queries) is int  # a YAML 5.0 is the count 5

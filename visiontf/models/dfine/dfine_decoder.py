@@ -131,6 +131,8 @@ class DFineDecoder(RTDetrDecoder):
 
     options: FDRDecoderOptions
 
+    family = "D-FINE"
+
     def __init__(self, in_channels: list[int], num_classes: int, options: FDRDecoderOptions, num_denoising: int = 0,
                  tables: str = "original") -> None:
         if not isinstance(options, FDRDecoderOptions):

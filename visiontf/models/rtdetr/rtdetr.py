@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
-from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
+from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth, pad_to_multiple
 from visiontf.models.backbones.spec import BackboneSpec
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising, DenoisingQueries
@@ -126,7 +127,12 @@ class RTDETR(BackboneLayerDepth, Detector):
             raise ValueError(f"the decoder has {decoder.num_classes} classes, the model {num_classes}")
         if (denoising is None) != (decoder.denoising_class_embed is None):
             raise ValueError("denoising and the decoder's denoising label embedding go together (num_denoising > 0 builds both)")
+        check_pyramid(backbone)
+        strides = list(backbone.strides)
         self.backbone, self.encoder, self.decoder = backbone, encoder, decoder
+        # the fusion upsamples each level 2x onto the next, so the maps' sizes must halve exactly: images are padded
+        # to a multiple of the coarsest stride as well as to the backbone's own multiple (a patch, a window)
+        self.pad_multiple = math.lcm(backbone.pad_multiple, max(strides))
         self.num_classes = num_classes
         self.denoising = denoising
         self.input_norm = input_norm
@@ -230,13 +236,12 @@ class RTDETR(BackboneLayerDepth, Detector):
         B, _, H, W = images.shape
         if mask is not None and tuple(mask.shape) != (B, H, W):
             raise ValueError(f"mask must have shape (B, H, W) = {(B, H, W)} (True on padding), got {tuple(mask.shape)}")
-        # the fusion upsamples each level 2x onto the next: sizes are padded to a multiple of the coarsest stride
-        # (the originals take 640 x 640 only); the padding is padding for the boxes too
-        padded = self.backbone.pad(images)
+        # sizes padded to pad_multiple (the originals take 640 x 640 only); the padding is padding for the boxes too
+        padded = pad_to_multiple(self.backbone.pad(images), self.pad_multiple)
         if padded.shape[-2:] != images.shape[-2:] and mask is None:
             mask = torch.zeros((B, H, W), dtype=torch.bool, device=images.device)
         if mask is not None:
-            mask = self.backbone.pad(mask.bool(), value=True)
+            mask = pad_to_multiple(self.backbone.pad(mask.bool(), value=True), self.pad_multiple, value=True)
         images = padded
         ratios = _valid_ratios(mask, *images.shape[-2:])
         x = images * self.pixel_std.to(images.dtype) + self.pixel_mean.to(images.dtype) if self.input_norm == "imagenet" else images
@@ -312,7 +317,9 @@ def build_rtdetr(
     opts_decoder = section(DecoderOptions, decoder, section(DecoderOptions, base.get("decoder"), where="decoder"), "decoder")
     opts_dn = section(DenoisingOptions, denoising, section(DenoisingOptions, base.get("denoising"), where="denoising"), "denoising")
     spec = backbone_section(backbone, base.get("backbone"), RESNET_VD_DEFAULT, RESNET_VD_FORMER)
-    body = spec if isinstance(spec, Backbone) else spec.build(num_levels=3, min_stride=8)
+    # without stages: the backbone's last maps of strides 8, 16, 32, or as many as the decoder attends to (D-FINE-N's 2)
+    body = spec if isinstance(spec, Backbone) else spec.build(num_levels=min(3, opts_decoder.num_levels), min_stride=8)
+    check_pyramid(body)
     check_sections(None, opts_encoder, opts_decoder, opts_dn)
     hybrid = HybridEncoder(list(body.channels), opts_encoder, tables)
     dec = RTDetrDecoder([opts_encoder.hidden_dim] * len(body.channels), num_classes, opts_decoder, opts_dn.num_denoising, tables)
@@ -325,6 +332,16 @@ def build_rtdetr(
     model.options = {"backbone": None if isinstance(spec, Backbone) else spec, "encoder": opts_encoder,
                      "decoder": opts_decoder, "denoising": opts_dn, "loss": opts_loss}
     return model
+
+
+def check_pyramid(backbone: Backbone) -> None:
+    """The hybrid encoder fuses maps whose strides double level to level; refuse others naming the field."""
+    strides = tuple(backbone.strides)
+    if any(b != 2 * a for a, b in zip(strides, strides[1:])):
+        raise ValueError(
+            f"backbone: the hybrid encoder fuses maps whose strides double level to level (8, 16, 32), but this "
+            f"backbone's maps have strides {strides}; pick features that do (backbone.stages), or, for a plain "
+            "ViT (one stride), its simple feature pyramid: backbone: {name: 'simplefpn:<the ViT>'}")
 
 
 # ------------------------------------------------------------------------------------ registry

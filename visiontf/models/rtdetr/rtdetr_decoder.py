@@ -122,12 +122,17 @@ class RTDetrDecoder(nn.Module):
         tables: ``"original"`` (anchors computed in float32 whatever the model's dtype) or ``"transformers"`` (in it).
     """
 
+    #: how messages name the model
+    family = "RT-DETR"
+
     def __init__(self, in_channels: list[int], num_classes: int, options: DecoderOptions, num_denoising: int = 0,
                  tables: str = "original") -> None:
         super().__init__()
         d, levels = options.hidden_dim, options.num_levels
         if len(in_channels) > levels:
-            raise ValueError(f"the decoder attends to num_levels={levels} levels, fewer than the encoder's {len(in_channels)} maps")
+            raise ValueError(f"the decoder attends to num_levels={levels} levels, fewer than the encoder's {len(in_channels)} maps; "
+                             f"set decoder.num_levels: {len(in_channels)} (and its num_points, one per level), or read fewer "
+                             "backbone features (backbone.stages)")
         self.options, self.num_classes, self.tables = options, num_classes, tables
         self.input_proj = nn.ModuleList(self._input_projections(in_channels))
         self.enc_output = nn.Sequential()
@@ -226,7 +231,7 @@ class RTDetrDecoder(nn.Module):
         queries = self.options.num_queries
         if queries > logits.shape[1]:
             raise ImageTooSmallError(
-                f"RT-DETR selects num_queries={queries} of the encoder's {logits.shape[1]} positions (the pixels of its "
+                f"{self.family} selects num_queries={queries} of the encoder's {logits.shape[1]} positions (the pixels of its "
                 f"feature maps, {' + '.join(f'{h} x {w}' for h, w in shapes)} for these images); give larger images "
                 "(data.init_args.scales, val_size) or build with fewer queries (model_kwargs.decoder.num_queries)")
         scores = logits.max(-1).values
