@@ -128,11 +128,10 @@ class RTDETR(BackboneLayerDepth, Detector):
         if (denoising is None) != (decoder.denoising_class_embed is None):
             raise ValueError("denoising and the decoder's denoising label embedding go together (num_denoising > 0 builds both)")
         check_pyramid(backbone)
-        strides = list(backbone.strides)
         self.backbone, self.encoder, self.decoder = backbone, encoder, decoder
         # the fusion upsamples each level 2x onto the next, so the maps' sizes must halve exactly: images are padded
         # to a multiple of the coarsest stride as well as to the backbone's own multiple (a patch, a window)
-        self.pad_multiple = math.lcm(backbone.pad_multiple, max(strides))
+        self.pad_multiple = math.lcm(backbone.pad_multiple, max(backbone.strides))
         self.num_classes = num_classes
         self.denoising = denoising
         self.input_norm = input_norm

@@ -115,8 +115,8 @@ class DetectionTask(OptimArgsMixin, BaseTask):
     confusion matrix and TIDE's breakdown are the :class:`~visiontf.callbacks.DetectionReadouts` callback's.
 
     ``compile``: ``True`` runs the whole model through ``torch.compile``; ``"transformer"`` only its
-    encoder-decoder (``model.transformer_modules()``: DETR's ``transformer``, RT-DETR's encoder and decoder; the backbone's convolutions are cuDNN's already). The
-    matcher and the loss stay eager either way. Off by default: not yet measured on a GPU
+    encoder-decoder (``model.transformer_modules()``: DETR's ``transformer``, RT-DETR's encoder and decoder; the
+    backbone's convolutions are cuDNN's already). The matcher and the loss stay eager either way. Off by default: not yet measured on a GPU
     (``benchmarks/gpu.py --sections s``).
 
     Learning rates follow the model's own parameter groups (``model.param_group(name)``): ``lr``
