@@ -62,7 +62,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
 @pytest.mark.parametrize("case, words", [
     ("misspelt", ["dino_tiny: 'arhc' is not a keyword argument of this model; did you mean the section 'arch'?",
                   "model.init_args.model_kwargs"]),
-    ("mistyped", ["DetectionTask: model.init_args.model_kwargs of dino_tiny: hidden_dim must be an int, got 'wide'"]),
+    ("mistyped", ["dino_tiny: arch.hidden_dim: 'wide' is not int", "model.init_args.model_kwargs"]),
     ("unknown_name", ["unknown model 'dino_tny'. Did you mean: dino_tiny"]),
     ("misspelt_run", ["did you mean the section 'arch'?"]),
     ("detector_for_segmentation", ["SegmentationTask: model.init_args.model_name='dino_tiny' is a DeformableDETR, "

@@ -144,7 +144,7 @@ def test_types_keys_and_shapes_are_those_the_constructor_declares():
                                          "compile": "transformer", "matcher_kwargs": None}, "f.ckpt", "hyper_parameters")
     assert ok["lr"] == 1.0 and isinstance(ok["lr"], float) and ok["compile"] == "transformer"
     refused = {
-        "num_classes": ("3", "not int"), "lr": (True, "not float"), "schedule": ("linear", "not Literal"),
+        "num_classes": ("3", "not int"), "lr": (True, "not float"), "schedule": ("linear", "not one of"),
         "model_kwargs": ("depth: 2", "not dict"), "log_per_class": (1, "not bool"),
         "no_such_argument": (1, "not an argument of DetectionTask"),
         "matcher_kwargs": ({"cost": torch.zeros(1)}, "torch.Tensor, not plain data"),
