@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar
 
 from visiontf.core.errors import UserError
-from visiontf.core.saved_arguments import SavedArgumentsError, check_value, short_repr, type_name
+from visiontf.core.saved_arguments import NotOfType, as_declared, short_repr, type_name
 
 S = TypeVar("S", bound="EvalSettings")
 
@@ -59,8 +59,8 @@ class EvalSettings:
             # type is named here, not met as a tensor error when the first image is prepared; the checker of saved
             # arguments reads the declared type (numbers of any library, an integral float as an int)
             try:
-                value = check_value(value, hints.get(f.name, Any), type(self).__name__, f.name)
-            except SavedArgumentsError:
+                value = as_declared(value, hints.get(f.name, Any))
+            except NotOfType:
                 raise SettingsError(f"{f.name} is {short_repr(value)}, not {type_name(hints[f.name])}") from None
             object.__setattr__(self, f.name, value)
 
