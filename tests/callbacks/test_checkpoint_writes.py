@@ -316,3 +316,52 @@ def test_a_killed_writes_temporary_of_any_checkpoint_name_is_removed_by_the_next
     late.write_bytes(b"partial")
     io.save_checkpoint({"i": 3}, folder / "last.ckpt")
     assert late.exists()
+
+
+class _RunsACommand:
+    """Unpickled, it would run ``touch`` on the marker (what ``torch.load(weights_only=False)`` does)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_is_read_as_data_whatever_weights_only_lightning_is_given(tmp_path):
+    """Lightning's fit/validate take ``weights_only`` (a config key and an option of tools/train.py); False would
+    unpickle the file. The plugin refuses it, and reads every local checkpoint with visiontf's allow-list."""
+    from visiontf.io.weights import WeightsError
+
+    marker = tmp_path / "payload_ran"
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save({"state_dict": {}, "callbacks": _RunsACommand(marker)}, hostile)
+    io = AtomicCheckpointIO()
+    with pytest.raises(WeightsError, match=r"hostile\.ckpt: weights_only false"):
+        io.load_checkpoint(hostile, weights_only=False)
+    for weights_only in (None, True):
+        with pytest.raises(WeightsError, match=r"hostile\.ckpt"):
+            io.load_checkpoint(hostile, weights_only=weights_only)
+    assert not marker.exists()
+    clean = tmp_path / "clean.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(2)}, "pytorch-lightning_version": L.__version__}, clean)
+    assert torch.equal(io.load_checkpoint(clean)["state_dict"]["w"], torch.ones(2))
+
+
+def test_only_lightning_registry_spellings_skip_the_checkpoint_checks(tmp_path):
+    """``registry`` and ``registry:NAME`` are Lightning's model registry; a file named ``registry_x.ckpt`` is a file,
+    checked as any other (it was passed on to Lightning unchecked)."""
+    from visiontf.cli.checks import checkpoint_file
+    from visiontf.core.errors import UsageError
+
+    assert checkpoint_file("registry", lightning_keywords=True) is None
+    assert checkpoint_file("registry:my-model:v1", lightning_keywords=True) is None
+    (tmp_path / "registry_x.ckpt").write_text("not a checkpoint")
+    with pytest.raises(UsageError, match="not a PyTorch checkpoint"):
+        checkpoint_file(str(tmp_path / "registry_x.ckpt"), lightning_keywords=True)
+    os.chdir(tmp_path)
+    try:
+        with pytest.raises(UsageError, match="registry_x.ckpt: not a PyTorch checkpoint"):
+            checkpoint_file("registry_x.ckpt", lightning_keywords=True)
+    finally:
+        os.chdir(Path(__file__).resolve().parents[2])

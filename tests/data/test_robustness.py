@@ -148,3 +148,46 @@ def test_image_size_reads_only_the_header_of_a_png_and_keeps_the_one_limit(tmp_p
     monkeypatch.setattr(vio, "MAX_IMAGE_PIXELS", 300 * 200 - 1)
     with pytest.raises(ImageReadError, match=r"plain\.png: image larger than the decompression-bomb limit of 59,999 pixels"):
         vio.image_size(tmp_path / "plain.png")
+
+
+_EPS = (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\n"
+        b"/marker (payload) def\nshowpage\n%%EOF\n")
+
+
+def test_an_eps_file_never_reaches_ghostscript(tmp_path, monkeypatch):
+    """Pillow identifies a file by its content and reads EPS by running Ghostscript on its PostScript: an image
+    named .jpg that is EPS is refused as unreadable by every reader, and Ghostscript is never started."""
+    from PIL import EpsImagePlugin, UnidentifiedImageError
+
+    from visiontf.cli.app import check_image_header
+    from visiontf.data.io import image_size
+    from visiontf.io.image_files import open_image
+    from visiontf.tasks.restoration.restoration_files import ImageReadError as RestorationReadError
+    from visiontf.tasks.restoration.restoration_files import read_rgb8
+
+    started = []
+    monkeypatch.setattr(EpsImagePlugin, "has_ghostscript", lambda: True)
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *a, **k: started.append(a))
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(_EPS)
+    with Image.open(path) as img:  # what Pillow alone makes of it
+        assert img.format == "EPS"
+    with pytest.raises(UnidentifiedImageError):
+        open_image(path)
+    with pytest.raises(ImageReadError, match=r"photo\.jpg: not a readable image"):
+        read_image(path)
+    with pytest.raises(ImageReadError, match=r"photo\.jpg"):
+        image_size(path)
+    with pytest.raises(RestorationReadError, match=r"photo\.jpg: cannot decode"):
+        read_rgb8(path)
+    assert check_image_header(path) is not None
+    assert started == []
+
+
+def test_every_pillow_open_in_the_library_goes_through_open_image():
+    """The one place that says which formats an image file may be read as (visiontf.io.image_files)."""
+    files = sorted((ROOT / "visiontf").rglob("*.py"))
+    opens = [f"{p.relative_to(ROOT)}:{n.lineno}" for p in files if p != ROOT / "visiontf" / "io" / "image_files.py"
+             for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "open" and isinstance(n.func.value, ast.Name) and n.func.value.id == "Image"]
+    assert not opens, f"Image.open outside visiontf/io/image_files.py (use open_image): {opens}"

@@ -94,3 +94,30 @@ def test_missing_torch_fidelity_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_fidelity", None)  # import fails as if not installed
     with pytest.raises(InceptionWeightsMissing, match="pip install torch-fidelity"):
         _task(rfid=True).setup("validate")
+
+
+class _RunsACommand:
+    """Unpickled, it would run ``touch`` on the marker (what a full torch.load of the file does)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_given_as_the_inception_file_is_refused_before_torch_fidelity_reads_it(tmp_path, monkeypatch):
+    """torch-fidelity reads the file with a bare torch.load, which TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD turns into full
+    unpickling, and ``fid_inception`` may come from a checkpoint's arguments: visiontf reads it as data first."""
+    from visiontf.io.weights import WeightsError
+    from visiontf.tasks.generation.fid import frechet_inception_distance
+
+    monkeypatch.setitem(sys.modules, "torch_fidelity", types.ModuleType("torch_fidelity"))
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    marker = tmp_path / "payload_ran"
+    hostile = tmp_path / "weights-inception.pth"
+    torch.save({"fc.weight": _RunsACommand(marker)}, hostile)
+    with pytest.raises(WeightsError, match="weights-inception.pth"):
+        frechet_inception_distance(hostile)
+    assert not marker.exists()

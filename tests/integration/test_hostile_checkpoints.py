@@ -75,6 +75,12 @@ VARIANTS: dict[str, tuple[tuple[str, ...], object]] = {
     "data_class_path": (("datamodule_hyper_parameters", "_class_path"), "subprocess.Popen"),
     "data_string": (("datamodule_hyper_parameters", "lq_dir"),
                     f"{{class_path: os.system, init_args: {{command: touch {MARK}}}}}"),
+    # an impossible date fails PyYAML's safe reader, and jsonargparse's reader (no timestamps) reads a document
+    "impossible_date": (("hyper_parameters", "model_kwargs", "backbone"),
+                        f"{{class_path: subprocess.Popen, init_args: {{args: touch {MARK}, shell: true}}, x: 2001-13-45}}"),
+    # longer than any string visiontf reads as a document
+    "long_string": (("hyper_parameters", "model_kwargs", "backbone"),
+                    f"{{class_path: os.system, init_args: {{command: touch {MARK}}}, pad: {'x' * 100_001}}}"),
 }
 
 
@@ -411,6 +417,92 @@ def test_files_named_best_or_last_in_the_working_folder_are_never_read(tmp_path,
         last = [ln for ln in result["stderr"].splitlines() if ln.strip()][-1]
         assert words in last and "Traceback" not in result["stderr"], last
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------------------- a config is data too
+def _through_visiontf(name: str) -> dict:
+    return {"class_path": "visiontf.tasks.fsdp.importlib.import_module", "init_args": {"name": name}}
+
+
+#: name -> (what the config file has over CONFIG, words the one error line has); every one would write the
+#: marker or import the planted module if anything built or imported what it names
+HOSTILE_CONFIGS: dict[str, tuple[dict, str]] = {
+    "task_class_path": ({"model": {"class_path": f"{PLANTED}.Task"}}, f"--model: class path {PLANTED}.Task is not"),
+    "data_class_path": ({"data": {"class_path": f"{PLANTED}.Task"}}, f"--data: class path {PLANTED}.Task is not"),
+    "logger": ({"trainer": {"logger": {"class_path": f"{PLANTED}.Task"}}}, "--trainer.logger: class path"),
+    "callback": ({"trainer": {"callbacks": [{"class_path": f"{PLANTED}.Task"}]}}, "--trainer.callbacks"),
+    "strategy": ({"trainer": {"strategy": {"class_path": f"{PLANTED}.Task"}}}, "--trainer.strategy"),
+    "data_through_visiontf": ({"data": _through_visiontf(PLANTED)},
+                              "class path visiontf.tasks.fsdp.importlib.import_module (that is importlib.import_module)"),
+    "model_kwargs": ({"model": {"init_args": {"model_kwargs": {**SMALL, "x": _popen("subprocess.Popen")}}}},
+                     "model.init_args.model_kwargs.x.class_path: a class specification"),
+    "model_kwargs_string": ({"model": {"init_args": {"model_kwargs": {
+        **SMALL, "x": f"{{class_path: subprocess.Popen, init_args: {{args: touch {MARK}, shell: true}}}}"}}}},
+        "model.init_args.model_kwargs.x"),
+    "model_kwargs_through_visiontf": ({"model": {"init_args": {"model_kwargs": {**SMALL, "x": _through_visiontf(PLANTED)}}}},
+                                      "model.init_args.model_kwargs.x.class_path"),
+    "weights_only": ({"weights_only": False}, "--weights_only false"),
+}
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+@pytest.mark.slow  # one process: 10 configs through three tools, each refused before building anything
+def test_no_hostile_config_imports_or_runs_anything(tmp_path, planted):
+    """A run's config.yaml travels with its checkpoint (the tools' messages point at it), so it is a file users load:
+    it may name visiontf's and Lightning's classes and nothing else (jsonargparse's import policy,
+    visiontf.cli.config_imports), a class specification where the task takes plain data is refused (jsonargparse
+    built one under ``Any``: ``{class_path: subprocess.Popen, ...}`` in model_kwargs ran its command), and
+    ``weights_only: false`` (which would unpickle the checkpoint) is refused."""
+    import yaml
+
+    planted_dir, marker = planted
+    data = _photos(tmp_path / "photos")
+    torch.save(_clean_checkpoint(), tmp_path / "clean.ckpt")
+    base = yaml.safe_load(Path(CONFIG).read_text())
+    base["data"]["init_args"].update({"root": str(data), "val_crop": 32})
+    base["trainer"].update({"logger": False, "default_root_dir": str(tmp_path / "run")})
+    base["model"]["init_args"]["model_kwargs"] = dict(SMALL)
+    configs = {}
+    for name, (over, _) in {"clean": ({}, ""), **HOSTILE_CONFIGS}.items():
+        configs[name] = tmp_path / f"{name}.yaml"
+        configs[name].write_text(yaml.safe_dump(_marked(_merged(base, over), marker)))
+
+    def commands(config: Path) -> dict[str, list]:
+        return {"tools/train.py fit --print_config": ["tools/train.py", "fit", "--config", config, "--print_config"],
+                "tools/eval.py": ["tools/eval.py", "--config", config, "--ckpt_path", tmp_path / "clean.ckpt"],
+                "tools/predict.py": ["tools/predict.py", "--config", config, "--ckpt_path", tmp_path / "clean.ckpt",
+                                     "--input", data / "val", "--output", tmp_path / "out"]}
+
+    watched = [PLANTED]
+    cases = [{"argv": argv, "watch_modules": watched} for argv in commands(configs["clean"]).values()]
+    labels = []
+    for name in HOSTILE_CONFIGS:
+        for tool, argv in commands(configs[name]).items():
+            # predict reads the data section alone, and never a checkpoint through Lightning; --print_config
+            # reads no checkpoint (weights_only is refused where one would be read)
+            if (tool == "tools/predict.py" and not name.startswith("data")) or \
+                    (name == "weights_only" and tool.endswith("--print_config")):
+                continue
+            cases.append({"argv": argv, "watch_modules": watched})
+            labels.append((name, tool))
+    results = run_tools(cases, tmp_path, pythonpath=[planted_dir])
+    for control in results[:3]:  # visiontf's and Lightning's classes still resolve under the policy
+        assert control["code"] == 0, (control["argv"], control["stderr"][-3000:])
+    for (name, tool), result in zip(labels, results[3:]):
+        where = f"{name} via {tool}"
+        assert result["code"] == 2, (where, result["stderr"][-3000:])
+        assert "Traceback" not in result["stderr"], (where, result["stderr"][-3000:])
+        last = [ln for ln in result["stderr"].splitlines() if ln.strip()][-1]
+        assert HOSTILE_CONFIGS[name][1] in last, (where, last)
+        assert result["imported"] == [], (where, result["imported"])
+        assert not marker.exists(), f"{where} ran its payload or imported the planted module"
+    assert len(labels) == 2 * len(HOSTILE_CONFIGS) + 1
 
 
 # ------------------------------------------------------------------------------------------- the structure alone

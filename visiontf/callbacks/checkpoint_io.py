@@ -19,7 +19,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
 from visiontf.core.saved_arguments import short_repr
 from visiontf.io.atomic_write import atomic_save, remove_stale_temporaries
-from visiontf.io.weights import WeightsError, describe_load_failure
+from visiontf.io.weights import WeightsError, describe_load_failure, safe_torch_load
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
                         ) -> dict[str, Any]:
+        if weights_only is False:
+            # Lightning's fit/validate take weights_only (a config key and an option of tools/train.py), and False
+            # would unpickle whatever the file holds: a checkpoint is data, so it is never read that way
+            raise WeightsError(f"{path}: weights_only false asks to unpickle the checkpoint as code; visiontf reads every "
+                               "checkpoint as data (weights only): drop weights_only from the config or the command")
         try:
-            checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            if _is_local_file_protocol(str(path)):
+                checkpoint = safe_torch_load(str(path), map_location=map_location)
+            else:
+                checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=True)
+        except WeightsError:
+            raise
         except Exception as e:
             error = describe_load_failure(Path(str(path)), e) if _is_local_file_protocol(str(path)) else None
             if error is None:

@@ -110,11 +110,11 @@ class DetectionReadouts(Callback):
             log_files(trainer, self.last_written, f"readouts/{stage}")
 
     def _log_pictures(self, trainer: Trainer, stage: str, readouts: DetectionReport) -> None:
-        from PIL import Image
+        from visiontf.io.image_files import open_image
 
         for path in self.last_written:
             if path.suffix == ".png":
-                with Image.open(path) as image:
+                with open_image(path) as image:
                     log_image(trainer, f"{stage}/readouts/{path.stem}", image.convert("RGB"))
         tensorboards = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not tensorboards:

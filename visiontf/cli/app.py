@@ -113,6 +113,7 @@ def check_image_header(path: str | Path, name: str | None = None) -> str | None:
     from PIL import Image, UnidentifiedImageError
 
     from visiontf.data import io  # also sets Pillow's limit to visiontf's
+    from visiontf.io.image_files import open_image
 
     path = Path(path)
     name = name or path.name
@@ -126,7 +127,7 @@ def check_image_header(path: str | Path, name: str | None = None) -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with open_image(path) as img:
                 w, h = img.size
     except Image.DecompressionBombError as e:  # above twice Pillow's limit: refused before the size is given
         found = re.search(r"\((\d+) pixels\)", str(e))

@@ -17,6 +17,12 @@ __all__ = ["checkpoint_file", "input_paths", "output_folder", "weights_file"]
 LIGHTNING_CKPT_KEYWORDS = ("last", "best", "hpc")
 
 
+def _is_registry(path: str) -> bool:
+    """Lightning's spelling of its model registry (``registry`` or ``registry:NAME``); a file whose name starts
+    with "registry" (``registry_runs/last.ckpt``) is a file, checked as the others."""
+    return path == "registry" or path.startswith("registry:")
+
+
 def _is_truncated_zip(path: Path) -> bool:
     """Starts like a zip archive (``torch.save``'s format) but has no readable directory: cut off."""
     with open(path, "rb") as f:
@@ -37,7 +43,7 @@ def checkpoint_file(path: str | Path | None, option: str = "--ckpt_path", lightn
     With ``lightning_keywords`` (tools/train.py), ``last``/``best``/``hpc``/``registry:...`` and None
     pass through as None, for Lightning to resolve.
     """
-    if lightning_keywords and (path is None or str(path) in LIGHTNING_CKPT_KEYWORDS or str(path).startswith("registry")):
+    if lightning_keywords and (path is None or str(path) in LIGHTNING_CKPT_KEYWORDS or _is_registry(str(path))):
         return None
     if path is None:
         raise UsageError(f"{option} is required")

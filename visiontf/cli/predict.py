@@ -76,6 +76,7 @@ def _data_parser():
     any VisionDataModule, untyped arguments taken as they are, mistakes raised instead of printed)."""
     from jsonargparse import ArgumentParser
 
+    from visiontf.cli.config_imports import restrict_config_imports
     from visiontf.data.base import VisionDataModule
     from visiontf.tasks.task_table import data_module_class_paths, import_class
 
@@ -83,6 +84,7 @@ def _data_parser():
     # resolves among the imported subclasses as it does for tools/train.py
     for class_path in data_module_class_paths():
         import_class(class_path)
+    restrict_config_imports()  # the section names visiontf's data modules only (visiontf.cli.config_imports)
     parser = ArgumentParser(exit_on_error=False, allow_abbrev=False)
     parser.add_subclass_arguments(VisionDataModule, "data", fail_untyped=False, required=True)
     return parser
@@ -125,6 +127,7 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
             raise UsageError(f"--data.{next(iter(overrides))}: --config {path} has no data section with a class_path "
                              "to apply it to; give the config the model was trained with")
         return None, {}
+    from visiontf.cli.config_imports import denied_import_message
     from visiontf.cli.tool_errors import user_message
 
     parser = _data_parser()
@@ -136,6 +139,9 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
         init_args = parsed.data.init_args.as_dict()
         return parser.instantiate_classes(parsed).data, init_args
     except Exception as e:  # noqa: BLE001 - the data is optional for prediction
+        denied = denied_import_message(e)
+        if denied is not None:  # not data that moved: a file naming what visiontf never imports
+            raise UsageError(f"--config {path}: {denied}") from None
         message = user_message(e)
         if required:
             if isinstance(e, argparse.ArgumentError):  # the parser's words name the key; say where it came from

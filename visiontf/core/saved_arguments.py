@@ -105,19 +105,51 @@ def _fail(where: str, key: str, value: Any, why: str) -> SavedArgumentsError:
                                "written by visiontf's tools/train.py")
 
 
-@functools.lru_cache(maxsize=1024)
-def _embedded_document(text: str) -> Any:
-    """What YAML (a superset of JSON) reads from ``text`` when that is a mapping or a list, else None (cached: a
-    string a file repeats is read once; callers only read the result)."""
-    if len(text) > _LONGEST_DOCUMENT:
-        return None
+@functools.lru_cache(maxsize=1)
+def _yaml_readers() -> tuple[type, ...]:
+    """PyYAML's safe reader, and the same without timestamps, as jsonargparse reads a value: a string with an
+    impossible date (``2001-13-45``) fails the first and reads as a document with the second."""
     import yaml
 
-    try:
-        loaded = yaml.safe_load(text)
-    except Exception:  # noqa: BLE001 - not a document: a plain string
-        return None
-    return loaded if isinstance(loaded, (dict, list)) else None
+    class WithoutTimestamps(yaml.SafeLoader):
+        pass
+
+    WithoutTimestamps.yaml_implicit_resolvers = {
+        first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    return yaml.SafeLoader, WithoutTimestamps
+
+
+def _names_a_class_key(text: str) -> bool:
+    return any(key in text for key in CLASS_SPEC_KEYS)
+
+
+#: what :func:`_embedded_document` gives for a string it cannot read that may spell a class specification
+_UNREADABLE = object()
+
+
+@functools.lru_cache(maxsize=1024)
+def _embedded_document(text: str) -> Any:
+    """What YAML (a superset of JSON) reads from ``text`` when that is a mapping or a list (a list of what each of
+    :func:`_yaml_readers` reads), else None; :data:`_UNREADABLE` for a string none of them reads that names a class
+    specification's key, or one too long to read that names one or holds an escape (cached: a string a file repeats is read once;
+    callers only read the result)."""
+    import yaml
+
+    if len(text) > _LONGEST_DOCUMENT:
+        return _UNREADABLE if _names_a_class_key(text) or "\\" in text else None
+    documents, read = [], False
+    for reader in _yaml_readers():
+        try:
+            loaded = yaml.load(text, Loader=reader)  # noqa: S506 - safe readers only (SafeLoader and a subclass)
+        except Exception:  # noqa: BLE001 - not a document to this reader
+            continue
+        read = True
+        if isinstance(loaded, (dict, list)):
+            documents.append(loaded)
+    if documents:
+        return documents
+    return _UNREADABLE if not read and _names_a_class_key(text) else None
 
 
 def _class_reference(value: Any, depth: int = 0) -> str | None:
@@ -131,8 +163,13 @@ def _class_reference(value: Any, depth: int = 0) -> str | None:
         document = _embedded_document(value)
         if document is None:
             return None
-        found = _class_reference(document, depth + 1)
-        return None if found is None else f"<as YAML>{found}"
+        if document is _UNREADABLE:
+            return "<as YAML>"
+        for each in document:
+            found = _class_reference(each, depth + 1)
+            if found is not None:
+                return f"<as YAML>{found}"
+        return None
     if isinstance(value, Mapping):
         for k, v in value.items():
             if k in CLASS_SPEC_KEYS:
@@ -146,6 +183,12 @@ def _class_reference(value: Any, depth: int = 0) -> str | None:
             if found is not None:
                 return f"[{i}]{found}"
     return None
+
+
+def class_reference(value: Any) -> str | None:
+    """The dotted key (``.model_kwargs.backbone.class_path``) of the first class specification under ``value``, in
+    any spelling :func:`plain_data` refuses (a string YAML or JSON reads as one too), or None."""
+    return _class_reference(value)
 
 
 def _plain_data(value: Any, where: str, key: str, depth: int = 0) -> Any:
@@ -345,5 +388,5 @@ def label_table(value: Any, where: str, key: str) -> dict[int, int]:
                                   "use a file written by visiontf") from None
 
 
-__all__ = ["CLASS_SPEC_KEYS", "SavedArgumentsError", "check_arguments", "check_value", "label_table", "plain_data",
+__all__ = ["CLASS_SPEC_KEYS", "SavedArgumentsError", "check_arguments", "class_reference", "check_value", "label_table", "plain_data",
            "type_name"]

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from visiontf.core.errors import UserError
+from visiontf.io.image_files import open_image
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def _open(path: str | Path) -> Image.Image:
         with warnings.catch_warnings():
             # Pillow warns between 1x and 2x its limit; visiontf refuses there itself (below)
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(path)
+            img = open_image(path)
         w, h = img.size
         if limit is not None and w * h > limit:
             raise _bomb(path, w * h, (w, h), limit)
@@ -174,7 +175,7 @@ def image_size(path: str | Path) -> tuple[int, int]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with open_image(path) as img:
                 w, h = img.size
                 if w * h > MAX_IMAGE_PIXELS:
                     raise _bomb(path, w * h, (w, h), MAX_IMAGE_PIXELS)

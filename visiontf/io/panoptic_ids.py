@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from visiontf.io.image_files import open_image
+
 __all__ = ["VOID", "id2rgb", "png_bytes", "read_panoptic_png", "rgb2id"]
 
 #: the id of unlabelled pixels (COCO panoptic's VOID): never a segment, in the ground truth or a prediction
@@ -31,7 +33,7 @@ def rgb2id(rgb: np.ndarray) -> np.ndarray:
 
 def read_panoptic_png(path: str | Path) -> np.ndarray:
     """The (H, W) int64 segment ids of a panoptic PNG (RGB)."""
-    with Image.open(path) as img:
+    with open_image(path) as img:
         if img.mode != "RGB":
             raise ValueError(f"{path}: a panoptic PNG is RGB (id = R + 256 G + 256^2 B), this one is {img.mode}")
         return rgb2id(np.asarray(img))

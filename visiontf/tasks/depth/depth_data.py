@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import InterpolationMode
@@ -36,6 +35,7 @@ from visiontf.data.loading import (
     sample_seed,
 )
 from visiontf.data.samplers import eval_sampler, train_sampler
+from visiontf.io.image_files import open_image
 
 
 def find_pairs(root: Path, split: str) -> list[tuple[Path, Path]]:
@@ -68,7 +68,7 @@ class DepthDataset(Dataset):
         index = int(key.index if isinstance(key, EpochIndex) else key)
         image_file, depth_file = self.pairs[index]
         image = torch.from_numpy(read_image(image_file)).permute(2, 0, 1).float() / 255
-        depth = np.asarray(Image.open(depth_file), dtype=np.float32) / self.depth_scale
+        depth = np.asarray(open_image(depth_file), dtype=np.float32) / self.depth_scale
         if depth.shape != tuple(image.shape[-2:]):
             raise DatasetLayoutError(f"{depth_file}: {depth.shape[1]}x{depth.shape[0]} px, but its image {image_file} is "
                                      f"{image.shape[-1]}x{image.shape[-2]}")

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from visiontf.core.errors import UserError
+from visiontf.io.weights import safe_torch_load
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + INCEPTION_FILE
@@ -54,5 +55,9 @@ def frechet_inception_distance(weights: str | Path | None = None, feature: nn.Mo
             f"FID needs torch-fidelity's InceptionV3 weights at {path} (not found; nothing is downloaded at run time): "
             f"place {INCEPTION_FILE} in {path.parent} (from {INCEPTION_URL}), or give its path with "
             "model.init_args.fid_inception=PATH")
+    # torch-fidelity reads the file with a bare torch.load, which a setting of the environment
+    # (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD) turns into unpickling: read as data here first, a file holding
+    # anything but weights is refused before it gets there (the path may come from a checkpoint's arguments)
+    safe_torch_load(path)
     return FrechetInceptionDistance(feature=2048, normalize=True, reset_real_features=True,
                                     feature_extractor_weights_path=str(path))

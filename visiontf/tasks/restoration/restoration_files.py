@@ -67,10 +67,12 @@ def conversion_of(mode: str, rawmode: str = "") -> str | None:
 
 def probe(path: Path) -> tuple[tuple[int, int], str, str | None]:
     """(H, W), PIL mode and conversion of an image from its header; ImageReadError when unreadable."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
+
+    from visiontf.io.image_files import open_image
 
     try:
-        with Image.open(path) as im:
+        with open_image(path) as im:
             rawmode = str(im.tile[0][3]) if im.tile else ""
             im.verify() if path.suffix.lower() == ".png" else None  # PNG: CRCs of every chunk
             return (im.height, im.width), im.mode, conversion_of(im.mode, rawmode)
@@ -84,20 +86,21 @@ def read_rgb8(path: Path) -> np.ndarray:
 
     data = np.fromfile(str(path), dtype=np.uint8)
     if data[:2].tobytes() == b"\xff\xd8":  # a JPEG: CMYK ones get Pillow's conversion, as every other reader's
-        from PIL import Image
+
+        from visiontf.io.image_files import open_image
 
         try:
-            with Image.open(path) as im:
+            with open_image(path) as im:
                 if im.mode == "CMYK":
                     return np.asarray(im.convert("RGB")).copy()
         except Exception as e:  # noqa: BLE001 - every decoder failure is the same user-facing problem
             raise ImageReadError(f"{path}: cannot decode the image ({type(e).__name__}: {e})") from e
     img = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
     if img is None:  # GIF, or a file OpenCV cannot decode: PIL
-        from PIL import Image
+        from visiontf.io.image_files import open_image
 
         try:
-            with Image.open(path) as im:
+            with open_image(path) as im:
                 return np.asarray(im.convert("RGB"))
         except Exception as e:  # noqa: BLE001 - every decoder failure is the same user-facing problem
             raise ImageReadError(f"{path}: cannot decode the image ({type(e).__name__}: {e})") from e

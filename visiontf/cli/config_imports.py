@@ -1,0 +1,57 @@
+"""What a config file may make jsonargparse import: visiontf's classes and Lightning's, nothing else.
+
+Why: a config is a file users load, not only write (a run's ``config.yaml`` beside a checkpoint someone shared is
+what ``tools/eval.py`` is given). LightningCLI builds what a config's ``class_path`` names, and jsonargparse imports
+the module of a class path before it checks the class's type; a class specification under an ``Any``-typed value
+(``model.init_args.model_kwargs``) was built as well, whatever it named (``{class_path: subprocess.Popen, init_args:
+{args: ..., shell: true}}`` ran its command). So every parser of visiontf's tools takes jsonargparse's own import
+policy (``set_parsing_settings``): every import path a value names is denied but those under :data:`IMPORTABLE`,
+and a class specification under ``Any`` stays a mapping, never built (visiontf's task arguments are plain data
+and typed option groups: one there is then refused by the model's checks, naming its key).
+
+Short names (``CocoDataModule``, ``ModelEMA``) resolve among the classes already imported, as before.
+"""
+from __future__ import annotations
+
+import re
+
+#: the packages whose classes a config may name: visiontf's tasks, data modules and callbacks; Lightning's callbacks,
+#: loggers, strategies, profilers and plugins
+IMPORTABLE = ("visiontf", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+
+
+_DENIED = re.compile(r"Importing '(?P<path>[\w.]+)' is not allowed")
+_KEY = re.compile(r'Parser key "(?P<key>[\w.]+)"')
+_WRITTEN = re.compile(r"given class_path '(?P<written>[\w.]+)'")
+
+
+def denied_import_message(error: BaseException) -> str | None:
+    """jsonargparse's refusal of a class path under :func:`restrict_config_imports` (its own fix is a call no
+    config can make) in visiontf's words, naming the option and the class path; None when ``error``'s chain holds
+    no such refusal."""
+    chain, seen, current = [], set(), error
+    while current is not None and id(current) not in seen:
+        chain.append(str(current))
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    denied = next((m for m in map(_DENIED.search, chain) if m), None)
+    if denied is None:
+        return None
+    key = next((m["key"] for m in map(_KEY.search, chain) if m), None)
+    written = next((m["written"] for m in map(_WRITTEN.search, chain) if m), denied["path"])
+    named = f"class path {written}" if written == denied["path"] else f"class path {written} (that is {denied['path']})"
+    return (f"{'--' + key + ': ' if key else ''}{named} is not a class of visiontf or Lightning; a config may name only "
+            f"those ({', '.join(IMPORTABLE)}), so nothing else it names is imported; use a visiontf task, data module "
+            "or callback, or a Lightning callback, logger or strategy")
+
+
+def restrict_config_imports() -> None:
+    """Set jsonargparse's import policy for this process (idempotent): deny all but :data:`IMPORTABLE`, never
+    build a class specification found under an ``Any``-typed value."""
+    from jsonargparse import set_parsing_settings
+
+    set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(IMPORTABLE),
+                         instantiate_subclass_spec_in_any=False, validate_subclass_spec_in_any=False)
+
+
+__all__ = ["IMPORTABLE", "denied_import_message", "restrict_config_imports"]
