@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from visiontf.core.config_checks import ConfigError
+from visiontf.core.saved_arguments import expands_beyond
 
 #: the key of a config that names the files it builds on
 BASE_KEY = "base_config"
@@ -45,6 +46,11 @@ def _load(path: Path) -> dict[str, Any]:
     loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: a YAML {type(loaded).__name__}, not a mapping of sections (trainer, model, data)")
+    if expands_beyond(loaded):
+        # the readers copy the values out (jsonargparse, json.dumps), and a few hundred bytes of anchors and aliases
+        # stand for billions
+        raise ConfigError(f"{path}: its anchors and aliases expand into more values than any training config holds; "
+                          "write the values out")
     return loaded
 
 

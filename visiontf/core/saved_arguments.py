@@ -92,6 +92,22 @@ def _one_walk(where: str, key: str, walk: Any, *args: Any) -> Any:
         _visits.reset(token)
 
 
+def expands_beyond(value: Any, most: int = _MOST_VALUES) -> bool:
+    """Whether ``value`` holds more than ``most`` values, a shared one counted each time it is reached (YAML anchors
+    and aliases: a few hundred bytes that stand for 10 ** 9 strings once a reader copies them out)."""
+    stack, seen = [value], 0
+    while stack:
+        current = stack.pop()
+        seen += 1
+        if seen > most:
+            return True
+        if isinstance(current, Mapping):
+            stack.extend(current.values())
+        elif isinstance(current, (list, tuple)):
+            stack.extend(current)
+    return False
+
+
 def short_repr(value: Any) -> str:
     """``value``'s repr, bounded: at most 120 characters, and built without walking all of a value that expands."""
     # reprlib's bounded repr: a full repr of a value that expands (see _MOST_VALUES) would never end
@@ -388,5 +404,5 @@ def label_table(value: Any, where: str, key: str) -> dict[int, int]:
                                   "use a file written by visiontf") from None
 
 
-__all__ = ["CLASS_SPEC_KEYS", "SavedArgumentsError", "check_arguments", "class_reference", "check_value", "label_table", "plain_data",
+__all__ = ["CLASS_SPEC_KEYS", "SavedArgumentsError", "check_arguments", "class_reference", "expands_beyond", "check_value", "label_table", "plain_data",
            "type_name"]
