@@ -505,6 +505,23 @@ def test_no_hostile_config_imports_or_runs_anything(tmp_path, planted):
     assert len(labels) == 2 * len(HOSTILE_CONFIGS) + 1
 
 
+def test_the_environment_admits_a_users_own_callbacks_and_a_file_cannot(tmp_path):
+    """A callback of the user's own package on the command line is refused, naming the variable that admits it; with
+    VISIONTF_IMPORTABLE set (the environment: no file can set it) it is built."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "my_callbacks.py").write_text("import lightning as L\nclass Mark(L.Callback):\n    pass\n")
+    argv = ["tools/train.py", "fit", "--config", CONFIG, "--trainer.callbacks+=my_callbacks.Mark", "--print_config"]
+    refused, admitted = run_tools([{"argv": argv, "env": {"VISIONTF_IMPORTABLE": ""}},
+                                   {"argv": argv, "env": {"VISIONTF_IMPORTABLE": "my_callbacks"}}], tmp_path,
+                                  pythonpath=[folder])
+    assert refused["code"] == 2 and "Traceback" not in refused["stderr"], refused["stderr"][-3000:]
+    last = [ln for ln in refused["stderr"].splitlines() if ln.strip()][-1]
+    assert "class path my_callbacks.Mark is not a class of visiontf or Lightning" in last and \
+        "VISIONTF_IMPORTABLE=PACKAGE" in last, last
+    assert admitted["code"] == 0 and "class_path: my_callbacks.Mark" in admitted["stdout"], admitted["stderr"][-3000:]
+
+
 # ------------------------------------------------------------------------------------------- the structure alone
 def test_with_the_string_check_off_the_strings_still_run_nothing(tmp_path, monkeypatch):
     """Refusing class-shaped strings is a courtesy: switched off, the YAML and JSON payloads reach the task

@@ -9,10 +9,13 @@ policy (``set_parsing_settings``): every import path a value names is denied but
 and a class specification under ``Any`` stays a mapping, never built (visiontf's task arguments are plain data
 and typed option groups: one there is then refused by the model's checks, naming its key).
 
-Short names (``CocoDataModule``, ``ModelEMA``) resolve among the classes already imported, as before.
+Short names (``CocoDataModule``, ``ModelEMA``) resolve among the classes already imported, as before. A user's own
+package (a callback of their project) is admitted by the environment, never by a file:
+``VISIONTF_IMPORTABLE=my_project,other`` adds those import paths.
 """
 from __future__ import annotations
 
+import os
 import re
 
 #: the packages whose classes a config may name: visiontf's tasks, data modules and callbacks; Lightning's callbacks,
@@ -41,17 +44,34 @@ def denied_import_message(error: BaseException) -> str | None:
     written = next((m["written"] for m in map(_WRITTEN.search, chain) if m), denied["path"])
     named = f"class path {written}" if written == denied["path"] else f"class path {written} (that is {denied['path']})"
     return (f"{'--' + key + ': ' if key else ''}{named} is not a class of visiontf or Lightning; a config may name only "
-            f"those ({', '.join(IMPORTABLE)}), so nothing else it names is imported; use a visiontf task, data module "
-            "or callback, or a Lightning callback, logger or strategy")
+            f"those ({', '.join(importable())}), so nothing else it names is imported; use a visiontf task, data module "
+            f"or callback, or a Lightning callback, logger or strategy; a package of your own: set "
+            f"{IMPORTABLE_ENV}=PACKAGE in the environment")
+
+
+#: the environment variable that admits the user's own packages (comma-separated import paths)
+IMPORTABLE_ENV = "VISIONTF_IMPORTABLE"
+
+
+def importable() -> list[str]:
+    """:data:`IMPORTABLE` and the import paths :data:`IMPORTABLE_ENV` adds; a malformed entry is refused, naming it."""
+    from visiontf.core.errors import UsageError
+
+    added = [entry.strip() for entry in os.environ.get(IMPORTABLE_ENV, "").split(",") if entry.strip()]
+    for entry in added:
+        if not all(part.isidentifier() for part in entry.split(".")):
+            raise UsageError(f"{IMPORTABLE_ENV}={os.environ[IMPORTABLE_ENV]!r}: {entry!r} is not an import path; give "
+                             "package or module names separated by commas (my_project,my_project.callbacks)")
+    return [*IMPORTABLE, *added]
 
 
 def restrict_config_imports() -> None:
-    """Set jsonargparse's import policy for this process (idempotent): deny all but :data:`IMPORTABLE`, never
+    """Set jsonargparse's import policy for this process (idempotent): deny all but :func:`importable`, never
     build a class specification found under an ``Any``-typed value."""
     from jsonargparse import set_parsing_settings
 
-    set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(IMPORTABLE),
+    set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=importable(),
                          instantiate_subclass_spec_in_any=False, validate_subclass_spec_in_any=False)
 
 
-__all__ = ["IMPORTABLE", "denied_import_message", "restrict_config_imports"]
+__all__ = ["IMPORTABLE", "IMPORTABLE_ENV", "denied_import_message", "importable", "restrict_config_imports"]
