@@ -21,6 +21,8 @@ import re
 #: the packages whose classes a config may name: visiontf's tasks, data modules and callbacks; Lightning's callbacks,
 #: loggers, strategies, profilers and plugins
 IMPORTABLE = ("visiontf", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+#: the environment variable that admits the user's own packages (comma-separated import paths)
+IMPORTABLE_ENV = "VISIONTF_IMPORTABLE"
 
 
 _DENIED = re.compile(r"Importing '(?P<path>[\w.]+)' is not allowed")
@@ -49,10 +51,6 @@ def denied_import_message(error: BaseException) -> str | None:
             f"{IMPORTABLE_ENV}=PACKAGE in the environment")
 
 
-#: the environment variable that admits the user's own packages (comma-separated import paths)
-IMPORTABLE_ENV = "VISIONTF_IMPORTABLE"
-
-
 def importable() -> list[str]:
     """:data:`IMPORTABLE` and the import paths :data:`IMPORTABLE_ENV` adds; a malformed entry is refused, naming it."""
     from visiontf.core.errors import UsageError
@@ -66,8 +64,9 @@ def importable() -> list[str]:
 
 
 def restrict_config_imports() -> None:
-    """Set jsonargparse's import policy for this process (idempotent): deny all but :func:`importable`, never
-    build a class specification found under an ``Any``-typed value."""
+    """Set jsonargparse's import policy for this process: deny all but :func:`importable`, never build a class
+    specification found under an ``Any``-typed value. (jsonargparse only adds entries: a package admitted once stays
+    admitted in this process.)"""
     from jsonargparse import set_parsing_settings
 
     set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=importable(),
