@@ -187,3 +187,21 @@ def test_images_too_small_for_the_queries_are_a_user_error_naming_the_positions_
     assert isinstance(caught.value, UserError) and isinstance(caught.value, ValueError)
     with torch.no_grad():  # at 256 x 288 it has 288 + 72 positions
         assert model(torch.rand(1, 3, 256, 288))["pred_logits"].shape == (1, 300, 3)
+
+
+@pytest.mark.parametrize("name", ["rtdetr_tiny", "dfine_tiny"])
+def test_a_training_image_too_small_is_named_before_the_backbone_runs(name):
+    """In training, a 32-px image gave the coarsest map one value per channel and BatchNorm failed ("Expected more
+    than 1 value per channel") before the decoder counted its positions: both are now said first, in the user's terms."""
+    from visiontf.models.rtdetr.rtdetr_decoder import ImageTooSmallError
+
+    one = [{"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])}]
+    model = create_model(name, num_classes=3).train()
+    with pytest.raises(ImageTooSmallError, match=r"num_queries=100 of the encoder's 21 positions"):
+        model(torch.rand(1, 3, 32, 32), None, targets=one)
+    few = create_model(name, num_classes=3, decoder={"num_queries": 10}).train()
+    with pytest.raises(ImageTooSmallError, match=r"a training batch of one 32 x 32 image gives the 1 x 1 map of the "
+                                                 r"coarsest level one value per channel.*batch_size 2 or more"):
+        few(torch.rand(1, 3, 32, 32), None, targets=one)
+    assert few(torch.rand(2, 3, 32, 32), None, targets=one * 2)["pred_logits"].shape[-1] == 3
+    assert few.eval()(torch.rand(1, 3, 32, 32))["pred_boxes"].shape == (1, 10, 4)

@@ -40,7 +40,7 @@ from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.models.rtdetr.backbone_section import FormerBackbone, backbone_section
 from visiontf.models.rtdetr.convert import convert_state_dict
 from visiontf.models.rtdetr.hybrid_encoder import HybridEncoder
-from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS, DecoderOutput, RTDetrDecoder
+from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS, DecoderOutput, ImageTooSmallError, RTDetrDecoder
 from visiontf.models.rtdetr.rtdetr_options import (
     DecoderOptions,
     DenoisingOptions,
@@ -53,6 +53,7 @@ from visiontf.models.rtdetr.rtdetr_options import (
 )
 from visiontf.models.set_loss_options import SetLossOptions
 from visiontf.nn.ms_deform_attn import recording_sampling
+from visiontf.nn.ms_deform_tables import tracing_shapes
 
 __all__ = ["DEFAULT_CFGS", "DEIM_RTDETR_LOSS", "RTDETR", "RTDETR_LOSS", "build_rtdetr"]
 
@@ -242,6 +243,19 @@ class RTDETR(BackboneLayerDepth, Detector):
         if mask is not None:
             mask = pad_to_multiple(self.backbone.pad(mask.bool(), value=True), self.pad_multiple, value=True)
         images = padded
+        if not tracing_shapes():
+            # before the backbone: a map of one pixel per channel fails BatchNorm in training with a message naming
+            # nothing, where too few positions is the user's problem (the check is the decoder's own, on the most
+            # positions the backbone's maps and the decoder's extra levels can give)
+            shapes = [(images.shape[-2] // s, images.shape[-1] // s) for s in self.backbone.strides]
+            while len(shapes) < self.decoder.options.num_levels:
+                shapes.append(((shapes[-1][0] + 1) // 2, (shapes[-1][1] + 1) // 2))
+            self.decoder.check_positions(shapes)
+            if self.training and B * min(h * w for h, w in shapes) == 1:
+                raise ImageTooSmallError(
+                    f"a training batch of one {H} x {W} image gives the {shapes[-1][0]} x {shapes[-1][1]} map of the coarsest "
+                    "level one value per channel, which BatchNorm cannot normalise in training; train with "
+                    "data.init_args.batch_size 2 or more, or larger images (data.init_args.scales)")
         ratios = _valid_ratios(mask, *images.shape[-2:])
         x = images * self.pixel_std.to(images.dtype) + self.pixel_mean.to(images.dtype) if self.input_norm == "imagenet" else images
         feats = self.encoder(self.backbone.forward_maps(x))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -222,6 +223,16 @@ class RTDetrDecoder(nn.Module):
         shapes = [(m.shape[-2], m.shape[-1]) if tracing_shapes() else (int(m.shape[-2]), int(m.shape[-1])) for m in maps]
         return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], 1), shapes
 
+    def check_positions(self, shapes: Sequence[tuple[int, int]], positions: int | None = None) -> None:
+        """Refuse feature maps of ``shapes`` (``positions`` in all: their pixels unless given) with fewer positions than
+        the queries selected from them."""
+        positions = sum(h * w for h, w in shapes) if positions is None else positions
+        if self.options.num_queries > positions:
+            raise ImageTooSmallError(
+                f"{self.family} selects num_queries={self.options.num_queries} of the encoder's {positions} positions (the "
+                f"pixels of its feature maps, {' + '.join(f'{h} x {w}' for h, w in shapes)} for these images); give larger "
+                "images (data.init_args.scales, val_size) or build with fewer queries (model_kwargs.decoder.num_queries)")
+
     def select(self, memory: Tensor, shapes: list[tuple[int, int]]) -> dict[str, Tensor]:
         """IoU-aware query selection: the top ``num_queries`` positions by best class score."""
         dtype = torch.float32 if self.tables == "original" else memory.dtype
@@ -229,11 +240,7 @@ class RTDetrDecoder(nn.Module):
         output = self.enc_output(valid.to(memory.dtype) * memory)
         logits = self.enc_score_head(output)
         queries = self.options.num_queries
-        if queries > logits.shape[1]:
-            raise ImageTooSmallError(
-                f"{self.family} selects num_queries={queries} of the encoder's {logits.shape[1]} positions (the pixels of its "
-                f"feature maps, {' + '.join(f'{h} x {w}' for h, w in shapes)} for these images); give larger images "
-                "(data.init_args.scales, val_size) or build with fewer queries (model_kwargs.decoder.num_queries)")
+        self.check_positions(shapes, logits.shape[1])
         scores = logits.max(-1).values
         many = self._one_to_many_queries(output, anchors, scores)
         if self.options.distinct_query_iou is not None:
