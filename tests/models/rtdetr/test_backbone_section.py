@@ -130,6 +130,18 @@ def test_features_whose_strides_do_not_double_are_refused_naming_the_field():
         _build("rtdetr_r18vd", backbone={"name": "timm:resnet18", "stages": [2, 4]}, decoder={**HEADS["decoder"], "num_levels": 2})
 
 
+def test_a_plain_vit_is_pointed_to_its_simple_feature_pyramid_which_then_fits():
+    """One map gives the hybrid encoder nothing to fuse; the message names the pyramid that fits (strides 8, 16, 32)."""
+    vit = "timm:vit_tiny_patch16_224"
+    with pytest.raises(ValueError, match=r"1 backbone levels; a backbone of one map \(a plain ViT\).*"
+                                         r"simplefpn:<the ViT>', kwargs: \{top_block: false\}"):
+        _build("rtdetr_r18vd", backbone={"name": vit})
+    model, _ = _build("rtdetr_r18vd", backbone={"name": f"simplefpn:{vit}", "kwargs": {"top_block": False, "depth": 1}})
+    assert list(model.backbone.strides) == [8, 16, 32]
+    with torch.no_grad():
+        assert model.eval()(torch.rand(1, 3, 96, 128))["pred_boxes"].shape == (1, 5, 4)
+
+
 def test_a_section_field_of_another_type_is_one_line_naming_it():
     with pytest.raises(ValueError, match=r"decoder\.num_queries: 'ten' is not int"):
         _build("rtdetr_r18vd", backbone={"kwargs": RESNET}, decoder={**HEADS["decoder"], "num_queries": "ten"})

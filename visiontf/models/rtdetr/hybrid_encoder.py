@@ -214,7 +214,9 @@ class HybridEncoder(nn.Module):
         d = options.hidden_dim
         levels = len(in_channels)
         if any(not 0 <= i < levels for i in options.aifi_levels):
-            raise ValueError(f"encoder aifi_levels {options.aifi_levels} must index the {levels} backbone levels")
+            one = ("; a backbone of one map (a plain ViT) gives the encoder nothing to fuse: use its simple feature pyramid, "
+                   "backbone: {name: 'simplefpn:<the ViT>', kwargs: {top_block: false}} (strides 8, 16, 32)") if levels == 1 else ""
+            raise ValueError(f"encoder aifi_levels {options.aifi_levels} must index the {levels} backbone levels{one}")
         self.options, self.tables = options, tables
         self.input_proj = nn.ModuleList(ConvNormAct(c, d, 1) for c in in_channels)
         self.aifi = nn.ModuleList(

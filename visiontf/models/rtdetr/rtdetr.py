@@ -354,7 +354,7 @@ def check_pyramid(backbone: Backbone) -> None:
         raise ValueError(
             f"backbone: the hybrid encoder fuses maps whose strides double level to level (8, 16, 32), but this "
             f"backbone's maps have strides {strides}; pick features that do (backbone.stages), or, for a plain "
-            "ViT (one stride), its simple feature pyramid: backbone: {name: 'simplefpn:<the ViT>'}")
+            "ViT (one stride), its simple feature pyramid: backbone: {name: 'simplefpn:<the ViT>', kwargs: {top_block: false}}")
 
 
 # ------------------------------------------------------------------------------------ registry
