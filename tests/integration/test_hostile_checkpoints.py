@@ -433,7 +433,7 @@ HOSTILE_CONFIGS: dict[str, tuple[dict, str]] = {
     "callback": ({"trainer": {"callbacks": [{"class_path": f"{PLANTED}.Task"}]}}, "--trainer.callbacks"),
     "strategy": ({"trainer": {"strategy": {"class_path": f"{PLANTED}.Task"}}}, "--trainer.strategy"),
     "data_through_visiontf": ({"data": _through_visiontf(PLANTED)},
-                              "class path visiontf.tasks.fsdp.importlib.import_module (that is importlib.import_module)"),
+                              "class path importlib.import_module (reached through visiontf.tasks.fsdp.importlib.import_module)"),
     "model_kwargs": ({"model": {"init_args": {"model_kwargs": {**SMALL, "x": _popen("subprocess.Popen")}}}},
                      "model.init_args.model_kwargs.x.class_path: a class specification"),
     "model_kwargs_string": ({"model": {"init_args": {"model_kwargs": {
@@ -442,6 +442,27 @@ HOSTILE_CONFIGS: dict[str, tuple[dict, str]] = {
     "model_kwargs_through_visiontf": ({"model": {"init_args": {"model_kwargs": {**SMALL, "x": _through_visiontf(PLANTED)}}}},
                                       "model.init_args.model_kwargs.x.class_path"),
     "weights_only": ({"weights_only": False}, "--weights_only false"),
+    # jsonargparse calls a function a class path names for a Callable-typed parameter (a callback's hooks), and
+    # allowed packages hold functions that import or run what they are given
+    "function_that_runs_a_command": ({"trainer": {"callbacks": [{
+        "class_path": "lightning.pytorch.callbacks.LambdaCallback", "init_args": {"on_fit_start": {
+            "class_path": "lightning.pytorch.cli.instantiate_class", "init_args": {
+                "args": f"touch {MARK}", "init": {**_popen("subprocess.Popen"), "not_a_spec": 1}}}}}]}},
+        "class path lightning.pytorch.cli.instantiate_class (reached through"),
+    "function_that_imports": ({"trainer": {"callbacks": [{
+        "class_path": "lightning.pytorch.callbacks.LambdaCallback", "init_args": {"on_fit_start": {
+            "class_path": "visiontf.tasks.task_table.import_class", "init_args": {"class_path": f"{PLANTED}.Task"}}}}]}},
+        "class path visiontf.tasks.task_table.import_class"),
+    "function_of_an_allowed_module": ({"trainer": {"callbacks": [{
+        "class_path": "lightning.pytorch.callbacks.ThroughputMonitor", "init_args": {"batch_size_fn": {
+            "class_path": "visiontf.tasks.fsdp._import_class", "init_args": {"path": f"{PLANTED}.Task"}}}}]}},
+        "visiontf.tasks.fsdp._import_class is not a class"),
+    "a_strategy_that_imports_its_argument": ({"trainer": {"strategy": {
+        "class_path": "visiontf.tasks.fsdp.FSDPStrategy", "init_args": {"wrap_modules": [f"{PLANTED}.Task"]}}}},
+        f"trainer.strategy.init_args.wrap_modules[0]: {PLANTED}.Task is not a class of"),
+    "dict_kwargs": ({"trainer": {"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "x"},
+                                            "dict_kwargs": {"x": {"class_path": f"{PLANTED}.Task"}}}}},
+                    "trainer.logger.dict_kwargs.x.class_path: a class specification written as plain values"),
 }
 
 
@@ -452,7 +473,7 @@ def _merged(base: dict, over: dict) -> dict:
     return out
 
 
-@pytest.mark.slow  # one process: 10 configs through three tools, each refused before building anything
+@pytest.mark.slow  # one process: 15 configs through three tools, each refused before building anything
 def test_no_hostile_config_imports_or_runs_anything(tmp_path, planted):
     """A run's config.yaml travels with its checkpoint (the tools' messages point at it), so it is a file users load:
     it may name visiontf's and Lightning's classes and nothing else (jsonargparse's import policy,

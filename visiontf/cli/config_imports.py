@@ -5,9 +5,16 @@ what ``tools/eval.py`` is given). LightningCLI builds what a config's ``class_pa
 the module of a class path before it checks the class's type; a class specification under an ``Any``-typed value
 (``model.init_args.model_kwargs``) was built as well, whatever it named (``{class_path: subprocess.Popen, init_args:
 {args: ..., shell: true}}`` ran its command). So every parser of visiontf's tools takes jsonargparse's own import
-policy (``set_parsing_settings``): every import path a value names is denied but those under :data:`IMPORTABLE`,
-and a class specification under ``Any`` stays a mapping, never built (visiontf's task arguments are plain data
-and typed option groups: one there is then refused by the model's checks, naming its key).
+policy (``set_parsing_settings``): every import path a value names is denied but those under :data:`IMPORTABLE`
+(less :data:`NOT_IMPORTABLE`, modules of functions and command lines), and a class specification under ``Any`` stays
+a mapping, never built.
+
+jsonargparse also takes a class path naming a *function* for a ``Callable``-typed parameter (a Lightning callback's
+hooks, a strategy's functions) and calls it with the given arguments when the classes are built: allowed packages hold
+functions that import or run what they are given (``lightning.pytorch.cli.instantiate_class``). So once a config is
+parsed, before anything is built, :func:`refuse_code_in_config` walks all of it: every class path must name a class,
+and a class specification written as plain values (under ``Any``, or a mapping jsonargparse did not read as one) is
+refused, naming its key.
 
 Short names (``CocoDataModule``, ``ModelEMA``) resolve among the classes already imported, as before. A user's own
 package (a callback of their project) is admitted by the environment, never by a file:
@@ -15,15 +22,15 @@ package (a callback of their project) is admitted by the environment, never by a
 """
 from __future__ import annotations
 
-import os
+import argparse
+import inspect
 import re
+import sys
+from typing import Any
 
-#: the packages whose classes a config may name: visiontf's tasks, data modules and callbacks; Lightning's callbacks,
-#: loggers, strategies, profilers and plugins
-IMPORTABLE = ("visiontf", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
-#: the environment variable that admits the user's own packages (comma-separated import paths)
-IMPORTABLE_ENV = "VISIONTF_IMPORTABLE"
-
+from visiontf.core.errors import UsageError
+from visiontf.core.importable import IMPORTABLE, IMPORTABLE_ENV, NOT_IMPORTABLE, check_importable, importable
+from visiontf.core.saved_arguments import CLASS_SPEC_KEYS, class_reference
 
 _DENIED = re.compile(r"Importing '(?P<path>[\w.]+)' is not allowed")
 _KEY = re.compile(r'Parser key "(?P<key>[\w.]+)"')
@@ -43,24 +50,14 @@ def denied_import_message(error: BaseException) -> str | None:
     if denied is None:
         return None
     key = next((m["key"] for m in map(_KEY.search, chain) if m), None)
-    written = next((m["written"] for m in map(_WRITTEN.search, chain) if m), denied["path"])
-    named = f"class path {written}" if written == denied["path"] else f"class path {written} (that is {denied['path']})"
+    # the innermost class path the chain names is the one refused (an outer one is the callback holding it)
+    written = [m["written"] for m in map(_WRITTEN.search, chain) if m]
+    written = written[-1] if written else denied["path"]
+    named = f"class path {denied['path']}" + ("" if written == denied["path"] else f" (reached through {written})")
     return (f"{'--' + key + ': ' if key else ''}{named} is not a class of visiontf or Lightning; a config may name only "
             f"those ({', '.join(importable())}), so nothing else it names is imported; use a visiontf task, data module "
             f"or callback, or a Lightning callback, logger or strategy; a package of your own: set "
             f"{IMPORTABLE_ENV}=PACKAGE in the environment")
-
-
-def importable() -> list[str]:
-    """:data:`IMPORTABLE` and the import paths :data:`IMPORTABLE_ENV` adds; a malformed entry is refused, naming it."""
-    from visiontf.core.errors import UsageError
-
-    added = [entry.strip() for entry in os.environ.get(IMPORTABLE_ENV, "").split(",") if entry.strip()]
-    for entry in added:
-        if not all(part.isidentifier() for part in entry.split(".")):
-            raise UsageError(f"{IMPORTABLE_ENV}={os.environ[IMPORTABLE_ENV]!r}: {entry!r} is not an import path; give "
-                             "package or module names separated by commas (my_project,my_project.callbacks)")
-    return [*IMPORTABLE, *added]
 
 
 def restrict_config_imports() -> None:
@@ -69,8 +66,77 @@ def restrict_config_imports() -> None:
     admitted in this process.)"""
     from jsonargparse import set_parsing_settings
 
-    set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=importable(),
+    set_parsing_settings(import_path_denylist=["*", *NOT_IMPORTABLE], import_path_allowlist=importable(),
                          instantiate_subclass_spec_in_any=False, validate_subclass_spec_in_any=False)
 
 
-__all__ = ["IMPORTABLE", "IMPORTABLE_ENV", "denied_import_message", "importable", "restrict_config_imports"]
+def _class_named(class_path: str) -> type | None:
+    """The class ``class_path`` names, looked up among the modules already imported (the parser imported what a
+    config's class paths name, under the policy), or None: never imported here."""
+    module, _, name = class_path.rpartition(".")
+    found = getattr(sys.modules.get(module), name, None)
+    return found if inspect.isclass(found) else None
+
+
+def _import_path_arguments(cls: type, init_args: Any, key: str) -> str | None:
+    """The refusal of an import path outside :func:`importable` in the arguments ``cls`` declares as import paths
+    (``import_path_arguments``, e.g. FSDPStrategy's ``wrap_modules``), checked before the class imports them."""
+    for name in getattr(cls, "import_path_arguments", ()):
+        value = getattr(init_args, name, None) if init_args is not None else None
+        for i, path in enumerate([value] if isinstance(value, str) else list(value or ())):
+            try:
+                check_importable(str(path), f"{key}.init_args.{name}[{i}]", also=tuple(getattr(cls, "import_path_roots", ())))
+            except UsageError as e:
+                return str(e)
+    return None
+
+
+def code_in_config(value: Any, key: str = "") -> str | None:
+    """Where a parsed config (jsonargparse's namespace) holds something that would import or call what a file names,
+    and what: a class path that names no class, or a class specification written as plain values; None when
+    nothing does. jsonargparse's namespaces are the typed structure it built (an option group, a callback: each with
+    its class path), the plain mappings, lists and strings in them are what the file wrote."""
+    if isinstance(value, argparse.Namespace):
+        class_path = getattr(value, "class_path", None)
+        if isinstance(class_path, str):
+            cls = _class_named(class_path)
+            if cls is None:
+                return (f"{key}.class_path: {class_path} is not a class (a function or a module); a config names classes "
+                        "only, so nothing it names is called")
+            found = _import_path_arguments(cls, getattr(value, "init_args", None), key)
+            if found is not None:
+                return found
+        items = [(f"{key}.{k}" if key else k, v) for k, v in vars(value).items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+    elif isinstance(value, dict):
+        spec = sorted(CLASS_SPEC_KEYS & set(value))
+        if spec:
+            return (f"{key}.{spec[0]}: a class specification written as plain values, so nothing it names is imported "
+                    "or built; write the setting as plain values (an option group's fields as a mapping)")
+        items = [(f"{key}.{k}", v) for k, v in value.items()]
+    else:
+        found = class_reference(value)
+        return None if found is None else (
+            f"{key}{found}: a class specification written in a string, so nothing it names is imported or built; "
+            "write the setting as plain values")
+    for where, v in items:
+        found = code_in_config(v, where)
+        if found is not None:
+            return found
+    return None
+
+
+class CodeInConfigError(UsageError):
+    """A parsed config holds what would import or call what the file names (:func:`code_in_config`)."""
+
+
+def refuse_code_in_config(config: Any) -> None:
+    """Raise :class:`CodeInConfigError` with :func:`code_in_config`'s finding, if any."""
+    found = code_in_config(config)
+    if found is not None:
+        raise CodeInConfigError(found)
+
+
+__all__ = ["IMPORTABLE", "IMPORTABLE_ENV", "NOT_IMPORTABLE", "CodeInConfigError", "code_in_config", "denied_import_message", "importable",
+           "refuse_code_in_config", "restrict_config_imports"]

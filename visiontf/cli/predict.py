@@ -127,7 +127,7 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
             raise UsageError(f"--data.{next(iter(overrides))}: --config {path} has no data section with a class_path "
                              "to apply it to; give the config the model was trained with")
         return None, {}
-    from visiontf.cli.config_imports import denied_import_message
+    from visiontf.cli.config_imports import CodeInConfigError, denied_import_message, refuse_code_in_config
     from visiontf.cli.tool_errors import user_message
 
     parser = _data_parser()
@@ -136,12 +136,15 @@ def datamodule_from_config(config: str | Path | None, overrides: dict[str, str] 
     init_args: dict[str, Any] = dict((data or {}).get("init_args") or {})
     try:
         parsed = parser.parse_args(argv)
+        refuse_code_in_config(parsed)
         init_args = parsed.data.init_args.as_dict()
         return parser.instantiate_classes(parsed).data, init_args
     except Exception as e:  # noqa: BLE001 - the data is optional for prediction
         denied = denied_import_message(e)
         if denied is not None:  # not data that moved: a file naming what visiontf never imports
             raise UsageError(f"--config {path}: {denied}") from None
+        if isinstance(e, CodeInConfigError):
+            raise UsageError(f"--config {path}: {e}") from None
         message = user_message(e)
         if required:
             if isinstance(e, argparse.ArgumentError):  # the parser's words name the key; say where it came from

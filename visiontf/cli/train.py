@@ -38,14 +38,13 @@ from visiontf.callbacks.detection_readouts import DetectionReadouts
 from visiontf.callbacks.epoch_lines import EpochLines
 from visiontf.callbacks.validation_schedule import ValidationSchedule
 from visiontf.cli.checks import checkpoint_file
-from visiontf.cli.config_imports import denied_import_message, restrict_config_imports
+from visiontf.cli.config_imports import denied_import_message, refuse_code_in_config, restrict_config_imports
 from visiontf.cli.cpu_precision import resolve_cpu_precision
 from visiontf.cli.tool_errors import run_tool
 from visiontf.core.arguments import unknown_option_error, unknown_options
 from visiontf.core.config_files import config_chain
 from visiontf.core.errors import UsageError, UserError
 from visiontf.core.progress import set_progress
-from visiontf.core.saved_arguments import CLASS_SPEC_KEYS, class_reference
 from visiontf.data.base import VisionDataModule
 from visiontf.io.weights import allow_listed_globals, weights_from_checkpoint
 from visiontf.tasks.checkpoints import (
@@ -134,7 +133,8 @@ class VisionArgumentParser(LightningArgumentParser):
     def _check_model(self, cfg) -> None:
         if not hasattr(cfg, "get"):
             return
-        _refuse_class_specifications(cfg)
+        if "trainer" in cfg:  # a run's whole config (jsonargparse validates each class's own arguments first)
+            refuse_code_in_config(cfg)
         if cfg.get("ckpt_path") is not None:
             # a checkpoint's own hyper-parameters build the model in place of the config's (VisionCLI._parse_ckpt_path
             # checks them against the task's signature): the config's model_kwargs may be another model's
@@ -149,39 +149,6 @@ class VisionArgumentParser(LightningArgumentParser):
         if key not in VisionArgumentParser._checked_models:
             import_class(class_path).check_model_arguments(init_args)
             VisionArgumentParser._checked_models.add(key)
-
-
-def _untyped_class_specification(value, key: str) -> str | None:
-    """The dotted key of a class specification in an untyped value under ``value``: jsonargparse's namespaces are
-    the typed structure it built (an option group is one, with its own class_path, in a list too), the plain
-    mappings and the strings are what the file wrote under ``Any``."""
-    if isinstance(value, argparse.Namespace):
-        items = [(f".{k}", v) for k, v in vars(value).items()]
-    elif isinstance(value, (list, tuple)):
-        items = [(f"[{i}]", v) for i, v in enumerate(value)]
-    elif isinstance(value, dict) and not (CLASS_SPEC_KEYS & set(value)):
-        items = [(f".{k}", v) for k, v in value.items()]
-    else:
-        found = class_reference(value)
-        return None if found is None else f"{key}{found}"
-    for part, v in items:
-        found = _untyped_class_specification(v, f"{key}{part}")
-        if found is not None:
-            return found
-    return None
-
-
-def _refuse_class_specifications(cfg) -> None:
-    """A class specification in an untyped argument of the task or the data module (``model_kwargs``), refused
-    naming its key: jsonargparse keeps one there as a mapping (never built: :mod:`visiontf.cli.config_imports`),
-    which would reach a model or a loss as an unknown setting."""
-    for section in ("model", "data"):
-        init_args = cfg.get(f"{section}.init_args")
-        found = _untyped_class_specification(init_args, f"{section}.init_args") if init_args is not None else None
-        if found is not None:
-            raise UsageError(f"{found}: a class specification where the {section} takes plain values, so nothing it "
-                             "names is imported or built; write the setting as plain values (the option group's "
-                             "fields as a mapping)")
 
 
 class VisionCLI(LightningCLI):

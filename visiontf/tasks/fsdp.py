@@ -30,6 +30,8 @@ from typing import Any
 from lightning.pytorch.strategies import FSDPStrategy as LightningFSDPStrategy
 from torch import nn
 
+from visiontf.core.importable import check_importable
+
 
 def frozen_subtrees(module: nn.Module) -> list[nn.Module]:
     """The largest sub-modules of ``module`` that hold parameters, none of them trainable."""
@@ -48,6 +50,9 @@ def frozen_subtrees(module: nn.Module) -> list[nn.Module]:
 
 
 def _import_class(path: str) -> type[nn.Module]:
+    # the paths come from a config, which may name block classes of visiontf, torch, timm and the user's admitted
+    # packages only: an import is code running (visiontf.core.importable)
+    check_importable(path, "FSDPStrategy: wrap_modules", also=FSDPStrategy.import_path_roots)
     module_name, _, name = path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), name)
@@ -65,6 +70,11 @@ class FSDPStrategy(LightningFSDPStrategy):
     Takes Lightning's arguments (``sharding_strategy``, ``state_dict_type``, ``cpu_offload``, ...)
     and ``wrap_modules``: class import paths for the auto-wrap policy.
     """
+
+    #: the arguments that name classes to import, and the packages besides visiontf's importable ones they may name:
+    #: a config's are checked before anything is built (visiontf.cli.config_imports)
+    import_path_arguments = ("wrap_modules",)
+    import_path_roots = ("torch", "timm")
 
     def __init__(self, *args: Any, wrap_modules: list[str] | None = None, **kwargs: Any) -> None:
         if wrap_modules:
