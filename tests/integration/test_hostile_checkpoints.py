@@ -460,6 +460,21 @@ HOSTILE_CONFIGS: dict[str, tuple[dict, str]] = {
     "a_strategy_that_imports_its_argument": ({"trainer": {"strategy": {
         "class_path": "visiontf.tasks.fsdp.FSDPStrategy", "init_args": {"wrap_modules": [f"{PLANTED}.Task"]}}}},
         f"trainer.strategy.init_args.wrap_modules[0]: {PLANTED}.Task is not a class of"),
+    "function_as_a_string": ({"trainer": {"callbacks": [{
+        "class_path": "lightning.pytorch.callbacks.LambdaCallback",
+        "init_args": {"on_validation_start": "visiontf.tasks.fsdp._import_class"}}]}},
+        "trainer.callbacks[0].init_args.on_validation_start: visiontf.tasks.fsdp._import_class is a function"),
+    # torch's and timm's block classes are looked up among the modules already imported, never imported for a file
+    "a_torch_module_not_imported": ({"trainer": {"strategy": {
+        "class_path": "visiontf.tasks.fsdp.FSDPStrategy",
+        "init_args": {"wrap_modules": ["torch.testing._internal.common_utils.TestCase"]}}}},
+        "wrap_modules[0]: torch.testing._internal.common_utils.TestCase is not a class of"),
+    # an allowed class that is no component (its constructor imports its mapping's keys), under an untyped slot
+    "not_a_component": ({"trainer": {"strategy": {
+        "class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"ddp_comm_state": {
+            "class_path": "lightning.fabric.plugins.precision.utils._ClassReplacementContextManager",
+            "init_args": {"mapping": {f"{PLANTED}.Task": "visiontf.tasks.fsdp.FSDPStrategy"}}}}}}},
+        "_ClassReplacementContextManager is not a component a config builds"),
     "dict_kwargs": ({"trainer": {"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "x"},
                                             "dict_kwargs": {"x": {"class_path": f"{PLANTED}.Task"}}}}},
                     "trainer.logger.dict_kwargs.x.class_path: a class specification written as plain values"),
@@ -473,7 +488,7 @@ def _merged(base: dict, over: dict) -> dict:
     return out
 
 
-@pytest.mark.slow  # one process: 15 configs through three tools, each refused before building anything
+@pytest.mark.slow  # one process: 18 configs through three tools, each refused before building anything
 def test_no_hostile_config_imports_or_runs_anything(tmp_path, planted):
     """A run's config.yaml travels with its checkpoint (the tools' messages point at it), so it is a file users load:
     it may name visiontf's and Lightning's classes and nothing else (jsonargparse's import policy,
@@ -500,7 +515,7 @@ def test_no_hostile_config_imports_or_runs_anything(tmp_path, planted):
                 "tools/predict.py": ["tools/predict.py", "--config", config, "--ckpt_path", tmp_path / "clean.ckpt",
                                      "--input", data / "val", "--output", tmp_path / "out"]}
 
-    watched = [PLANTED]
+    watched = [PLANTED, "torch.testing._internal.common_utils"]
     cases = [{"argv": argv, "watch_modules": watched} for argv in commands(configs["clean"]).values()]
     labels = []
     for name in HOSTILE_CONFIGS:

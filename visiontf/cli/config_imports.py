@@ -23,6 +23,8 @@ package (a callback of their project) is admitted by the environment, never by a
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import inspect
 import re
 import sys
@@ -78,6 +80,31 @@ def _class_named(class_path: str) -> type | None:
     return found if inspect.isclass(found) else None
 
 
+@functools.lru_cache(maxsize=1)
+def _component_bases() -> tuple[type, ...]:
+    """What a config builds: Lightning's tasks, data modules, callbacks, loggers, strategies, accelerators, profilers
+    and plugins (visiontf's derive from them)."""
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.fabric.plugins.io import CheckpointIO
+    from lightning.pytorch import Callback, LightningDataModule, LightningModule
+    from lightning.pytorch.accelerators import Accelerator
+    from lightning.pytorch.loggers import Logger
+    from lightning.pytorch.plugins import LayerSync, Precision
+    from lightning.pytorch.profilers import Profiler
+    from lightning.pytorch.strategies import Strategy
+
+    return (LightningModule, LightningDataModule, Callback, Logger, Strategy, Accelerator, Profiler, Precision,
+            ClusterEnvironment, CheckpointIO, LayerSync)
+
+
+def _a_component(cls: type) -> bool:
+    """A class a config may build: a subclass of :func:`_component_bases`, or one of visiontf's option groups (its
+    dataclasses: a typed section of a task's arguments)."""
+    if issubclass(cls, _component_bases()):
+        return True
+    return dataclasses.is_dataclass(cls) and (cls.__module__ == "visiontf" or cls.__module__.startswith("visiontf."))
+
+
 def _import_path_arguments(cls: type, init_args: Any, key: str) -> str | None:
     """The refusal of an import path outside :func:`importable` in the arguments ``cls`` declares as import paths
     (``import_path_arguments``, e.g. FSDPStrategy's ``wrap_modules``), checked before the class imports them."""
@@ -85,7 +112,8 @@ def _import_path_arguments(cls: type, init_args: Any, key: str) -> str | None:
         value = getattr(init_args, name, None) if init_args is not None else None
         for i, path in enumerate([value] if isinstance(value, str) else list(value or ())):
             try:
-                check_importable(str(path), f"{key}.init_args.{name}[{i}]", also=tuple(getattr(cls, "import_path_roots", ())))
+                check_importable(str(path), f"{key}.init_args.{name}[{i}]",
+                                 imported_roots=tuple(getattr(cls, "imported_roots", ())))
             except UsageError as e:
                 return str(e)
     return None
@@ -103,6 +131,10 @@ def code_in_config(value: Any, key: str = "") -> str | None:
             if cls is None:
                 return (f"{key}.class_path: {class_path} is not a class (a function or a module); a config names classes "
                         "only, so nothing it names is called")
+            if not _a_component(cls):
+                return (f"{key}.class_path: {class_path} is not a component a config builds (a task, data module, "
+                        "callback, logger, strategy, accelerator, profiler, plugin, or one of visiontf's option groups), "
+                        "so it is not built")
             found = _import_path_arguments(cls, getattr(value, "init_args", None), key)
             if found is not None:
                 return found
@@ -115,6 +147,11 @@ def code_in_config(value: Any, key: str = "") -> str | None:
             return (f"{key}.{spec[0]}: a class specification written as plain values, so nothing it names is imported "
                     "or built; write the setting as plain values (an option group's fields as a mapping)")
         items = [(f"{key}.{k}", v) for k, v in value.items()]
+    elif inspect.ismodule(value) or inspect.isroutine(value) or isinstance(value, functools.partial):
+        # a dotted string given for a Callable-typed parameter: jsonargparse imported the function, Lightning calls it
+        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", repr(value))
+        return (f"{key}: {getattr(value, '__module__', '')}.{name} is a function or a module; a config names classes "
+                "only, so nothing it names is called")
     else:
         found = class_reference(value)
         return None if found is None else (

@@ -5,6 +5,7 @@ to the block classes it wraps).
 from __future__ import annotations
 
 import os
+import sys
 
 from visiontf.core.errors import UsageError
 
@@ -28,14 +29,22 @@ def importable() -> list[str]:
     return [*IMPORTABLE, *added]
 
 
-def check_importable(path: str, where: str, also: tuple[str, ...] = ()) -> None:
-    """Refuse an import path outside :func:`importable` (and ``also``), or inside :data:`NOT_IMPORTABLE`, naming
-    ``where`` it was written; nothing is imported here."""
+def check_importable(path: str, where: str, imported_roots: tuple[str, ...] = ()) -> None:
+    """Refuse an import path outside :func:`importable`, or inside :data:`NOT_IMPORTABLE`, naming ``where`` it was
+    written; a path under ``imported_roots`` (torch's, timm's blocks) passes only when its module is already imported,
+    so nothing new is imported for it. Nothing is imported here."""
     def under(prefixes: tuple[str, ...] | list[str]) -> bool:
         return any(path == p or path.startswith(p + ".") for p in prefixes)
 
-    if under(NOT_IMPORTABLE) or not under([*importable(), *also]):
-        raise UsageError(f"{where}: {path} is not a class of {', '.join([*importable(), *also])}; a file may name only "
+    if under(NOT_IMPORTABLE):
+        allowed = False
+    elif under(importable()):
+        allowed = True
+    else:
+        allowed = under(imported_roots) and path.rpartition(".")[0] in sys.modules
+    if not allowed:
+        roots = f", or a class of {', '.join(imported_roots)} already imported" if imported_roots else ""
+        raise UsageError(f"{where}: {path} is not a class of {', '.join(importable())}{roots}; a file may name only "
                          f"those, so nothing else it names is imported; a package of your own: set {IMPORTABLE_ENV}="
                          "PACKAGE in the environment")
 

@@ -50,9 +50,9 @@ def frozen_subtrees(module: nn.Module) -> list[nn.Module]:
 
 
 def _import_class(path: str) -> type[nn.Module]:
-    # the paths come from a config, which may name block classes of visiontf, torch, timm and the user's admitted
-    # packages only: an import is code running (visiontf.core.importable)
-    check_importable(path, "FSDPStrategy: wrap_modules", also=FSDPStrategy.import_path_roots)
+    # the paths come from a config, which may name block classes of visiontf and the user's admitted packages, and
+    # torch's and timm's already imported: an import is code running (visiontf.core.importable)
+    check_importable(path, "FSDPStrategy: wrap_modules", imported_roots=FSDPStrategy.imported_roots)
     module_name, _, name = path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), name)
@@ -71,10 +71,10 @@ class FSDPStrategy(LightningFSDPStrategy):
     and ``wrap_modules``: class import paths for the auto-wrap policy.
     """
 
-    #: the arguments that name classes to import, and the packages besides visiontf's importable ones they may name:
-    #: a config's are checked before anything is built (visiontf.cli.config_imports)
+    #: the arguments that name classes to import, checked in a config before anything is built
+    #: (visiontf.cli.config_imports), and the packages whose classes they may also name when already imported
     import_path_arguments = ("wrap_modules",)
-    import_path_roots = ("torch", "timm")
+    imported_roots = ("torch", "timm")
 
     def __init__(self, *args: Any, wrap_modules: list[str] | None = None, **kwargs: Any) -> None:
         if wrap_modules:
