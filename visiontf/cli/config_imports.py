@@ -12,9 +12,11 @@ a mapping, never built.
 jsonargparse also takes a class path naming a *function* for a ``Callable``-typed parameter (a Lightning callback's
 hooks, a strategy's functions) and calls it with the given arguments when the classes are built: allowed packages hold
 functions that import or run what they are given (``lightning.pytorch.cli.instantiate_class``). So once a config is
-parsed, before anything is built, :func:`refuse_code_in_config` walks all of it: every class path must name a class,
-and a class specification written as plain values (under ``Any``, or a mapping jsonargparse did not read as one) is
-refused, naming its key.
+parsed, before anything is built, :func:`refuse_code_in_config` walks all of it, and refuses, naming the key: a class
+path that names no class, or a class that is no component a config builds (a task, data module, callback, logger,
+strategy, accelerator, profiler, plugin, or visiontf option group); a function or module a dotted string named; a
+class specification written as plain values (under ``Any``, or a mapping jsonargparse did not read as one); and an
+import path outside the packages above in an argument a class declares as one (``import_path_arguments``).
 
 Short names (``CocoDataModule``, ``ModelEMA``) resolve among the classes already imported, as before. A user's own
 package (a callback of their project) is admitted by the environment, never by a file:
