@@ -8,14 +8,17 @@ and the full-tmpfs test start small Python processes (about 15 s together, marke
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import lightning as L
@@ -134,6 +137,92 @@ def test_moved_run_folder_resumes_onto_its_own_last_checkpoint(tmp_path):
     assert _step(folder / "last.ckpt") == 3 * STEPS_PER_EPOCH
     # the best of the first run is tracked in its new place, so the worse later epochs did not replace it
     assert cb.best_model_path == str(folder / "epoch=0-step=2.ckpt") and float(cb.best_model_score) == 0.0
+
+
+def _resume(folder: Path, callback: ModelCheckpoint, ckpt_path: Path, atomic: bool = True) -> None:
+    trainer = L.Trainer(max_epochs=3, callbacks=[callback], plugins=[AtomicCheckpointIO()] if atomic else None,
+                        default_root_dir=folder, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0)
+    trainer.fit(Tiny(), _loader(), _loader(), ckpt_path=str(ckpt_path))
+
+
+def _name_a_victim(state: dict, folder: Path, victim: Path, how: str) -> str:
+    """Edit a checkpoint callback's ``state`` so that resuming from it deletes ``victim``; the field edited."""
+    escape = f"{folder}/../../{victim.name}"  # below the folder for pathlib's parents, which Lightning checks
+    if how == "last":
+        state["last_model_path"] = escape
+        return "last_model_path"
+    if how == "top_k":  # the worst of the top k, replaced by the next better score
+        low = torch.tensor(-1e9)
+        state.update(best_k_models={escape: low}, kth_best_model_path=escape, kth_value=low, best_model_score=low,
+                     best_model_path=escape)
+        return r"(best_model_path|kth_best_model_path|best_k_models)"
+    if how == "moved_folder":  # another folder, whose paths visiontf re-bases onto the run's
+        state["dirpath"] = "/old/run/ck"
+        state.update(best_model_path="/old/run/ck/../../../" + str(victim).lstrip("/"), last_model_path="")
+        return "best_model_path"
+    state["last_model_path"] = [escape]  # not a path at all
+    return "last_model_path"
+
+
+@pytest.mark.parametrize("how", ["last", "top_k", "moved_folder", "not_a_path"])
+@pytest.mark.parametrize("callback", [LastAndBestCheckpoint, ModelCheckpoint])
+def test_a_checkpoint_cannot_name_files_outside_its_folder_for_deletion(tmp_path, how, callback):
+    """Lightning restores a checkpoint callback's paths from the file and deletes the restored last and k-th best
+    checkpoints when it replaces them; a path written ``<dirpath>/../../x`` passes its own check. Such a file is
+    refused when it is read, naming the file and the field, and nothing is deleted: Lightning's ModelCheckpoint
+    through visiontf's CheckpointIO, LastAndBestCheckpoint whatever reads the file."""
+    from visiontf.io.weights import WeightsError
+
+    folder = tmp_path / "run" / "ck"
+    make = functools.partial(callback, dirpath=folder, monitor="val/score", mode="max", save_last=True, save_top_k=1)
+    _fit(tmp_path / "run", 1, make())
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not a checkpoint")
+    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
+    [key] = [k for k in ckpt["callbacks"] if k.startswith(callback.__name__)]
+    field = _name_a_victim(ckpt["callbacks"][key], folder, victim, how)
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save(ckpt, hostile)
+    readers = [(True, re.escape(str(hostile)))]
+    if callback is LastAndBestCheckpoint:
+        readers.append((False, "the checkpoint resumed from"))  # a plain Trainer's reader: the callback refuses
+    for atomic, where in readers:
+        with pytest.raises(WeightsError, match=rf"{where}: callbacks\[.*\]\.{field} is .*(outside the checkpoint folder|not a path)"):
+            _resume(tmp_path / "run", make(), hostile, atomic=atomic)
+        assert victim.read_text() == "not a checkpoint"
+
+
+def test_without_the_check_lightning_deletes_what_a_checkpoint_names(tmp_path):
+    """What the test above guards against, shown on Lightning's own reader and ModelCheckpoint: if this fails,
+    Lightning has closed the hole itself."""
+    folder = tmp_path / "run" / "ck"
+    make = functools.partial(ModelCheckpoint, dirpath=folder, monitor="val/score", mode="max", save_last=True, save_top_k=1)
+    _fit(tmp_path / "run", 1, make())
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not a checkpoint")
+    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
+    [key] = [k for k in ckpt["callbacks"] if k.startswith("ModelCheckpoint")]
+    _name_a_victim(ckpt["callbacks"][key], folder, victim, "last")
+    torch.save(ckpt, tmp_path / "hostile.ckpt")
+    _resume(tmp_path / "run", make(), tmp_path / "hostile.ckpt", atomic=False)
+    assert not victim.exists()
+
+
+def test_the_w_and_b_callback_uploads_only_files_of_the_run_folder(tmp_path, monkeypatch):
+    from visiontf.callbacks import wandb_checkpoints
+
+    uploaded = []
+    monkeypatch.setattr(wandb_checkpoints, "log_wandb_checkpoints", lambda trainer, found: uploaded.append(found) or ["x"])
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "epoch=0.ckpt").write_text("x")
+    (tmp_path / "secret").write_text("x")
+    cb = ModelCheckpoint(dirpath=folder)
+    cb.best_model_path, cb.last_model_path = str(tmp_path / "secret"), str(folder / "epoch=0.ckpt")
+    trainer = types.SimpleNamespace(is_global_zero=True, checkpoint_callback=cb)
+    wandb_checkpoints.WandbCheckpoints().on_fit_end(trainer, None)
+    assert uploaded == [{"last": folder / "epoch=0.ckpt"}]
 
 
 def test_with_model_ema_last_holds_the_average_of_the_latest_step(tmp_path):

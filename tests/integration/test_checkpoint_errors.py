@@ -221,6 +221,14 @@ def test_resolver_finds_best_and_hpc_files_and_names_broken_links(tmp_path):
     torch.save({**state, "callbacks": {"ModelCheckpoint{}": {"best_model_path": "/elsewhere/old_run/epoch001.ckpt"}}},
                tmp_path / "last.ckpt")
     assert resolve_checkpoint("best", tmp_path) == str(tmp_path / "epoch001.ckpt")  # a moved run folder: found by name
+    # a recorded best elsewhere is never read: a file outside the folder, or one reached through ".."
+    outside = tmp_path.parent / f"{tmp_path.name}_outside.ckpt"
+    torch.save(state, outside)
+    for recorded in (str(outside), f"{tmp_path}/../{outside.name}"):
+        torch.save({**state, "callbacks": {"ModelCheckpoint{}": {"best_model_path": recorded}}}, tmp_path / "last.ckpt")
+        with pytest.raises(CheckpointError, match=r"records the best checkpoint .*outside the run's checkpoint folder"):
+            resolve_checkpoint("best", tmp_path)
+    outside.unlink()
     torch.save({**state, "callbacks": {"ModelCheckpoint{}": {"best_model_path": ""}}}, tmp_path / "last.ckpt")
     with pytest.raises(CheckpointError, match="records no best checkpoint"):
         resolve_checkpoint("best", tmp_path)
@@ -309,3 +317,26 @@ def test_the_task_check_reads_what_the_allow_list_takes(tmp_path):
     assert checkpoint_arguments(ckpt, path).data_arguments == {"root": Path("data/shapes")}
     with pytest.raises(CheckpointError, match="a detection checkpoint"):
         check_checkpoint_task(ckpt, path, ClassificationTask)
+
+
+def test_a_checkpoint_naming_a_file_outside_its_folder_is_refused_before_resuming(trained, tmp_path, capsys):
+    """tools/train.py fit resuming from a checkpoint whose callback state names a file outside the run's folder (which
+    Lightning would delete when replacing it): one line naming the file and the field, exit code 2, nothing deleted."""
+    from visiontf.cli.train import train_main
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["tmp"] / "run", run)
+    folder = run / "checkpoints"
+    ckpt = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=True)
+    [key] = [k for k in ckpt["callbacks"] if k.startswith("LastAndBestCheckpoint")]
+    state = ckpt["callbacks"][key]
+    victim = Path(state["dirpath"]).parents[1] / f"victim_of_{tmp_path.name}.txt"
+    victim.write_text("kept")
+    state["last_model_path"] = f"{state['dirpath']}/../../{victim.name}"
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save(ckpt, hostile)
+    line = _one_line_error(capsys, train_main, ["fit", *_args(trained["data"], run), "--trainer.max_epochs=2",
+                                                f"--ckpt_path={hostile}"])
+    assert line.startswith(f"{hostile}: callbacks[") and "].last_model_path is" in line, line
+    assert "outside the checkpoint folder" in line and victim.read_text() == "kept"
+    victim.unlink()

@@ -18,7 +18,9 @@ monitored metric does, always under the same name (no ``-vN`` copies); it is wri
 top-k checkpoint of the same step, so its callback state knows that checkpoint. Resuming from a
 moved folder re-bases the best-k paths onto the new folder when their files are there, so the
 best checkpoint keeps being tracked. Atomic writes are the ``CheckpointIO``'s job
-(:mod:`visiontf.callbacks.checkpoint_io`).
+(:mod:`visiontf.callbacks.checkpoint_io`). A checkpoint whose state names files outside its own folder is refused
+(:func:`visiontf.io.lightning_checkpoint.check_callback_paths`): Lightning deletes the files the restored
+``kth_best_model_path`` and ``last_model_path`` name when it replaces them.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
+
+from visiontf.io.lightning_checkpoint import check_callback_paths
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,9 @@ class LastAndBestCheckpoint(ModelCheckpoint):
 
     # ------------------------------------------------------------------ resume
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # the restored paths are deleted when replaced: only files in the state's own folder, however the checkpoint
+        # was read (visiontf's CheckpointIO checks every callback's state; a plain Trainer's does not)
+        check_callback_paths({"callbacks": {self.state_key: state_dict}}, "the checkpoint resumed from")
         old = state_dict.get("dirpath")
         if old and self.dirpath and os.path.realpath(old) != os.path.realpath(self.dirpath):
             state_dict = self._rebased(state_dict, str(old), str(self.dirpath))

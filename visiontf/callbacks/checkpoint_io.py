@@ -19,6 +19,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
 from visiontf.core.saved_arguments import short_repr
 from visiontf.io.atomic_write import atomic_save, remove_stale_temporaries
+from visiontf.io.lightning_checkpoint import check_callback_paths
 from visiontf.io.weights import WeightsError, describe_load_failure, safe_torch_load
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 raise
             raise error from e
         _check_lightning_version(checkpoint, path)
+        check_callback_paths(checkpoint, path)
         return checkpoint
 
 

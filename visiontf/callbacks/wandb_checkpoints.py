@@ -18,6 +18,7 @@ from pathlib import Path
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from visiontf.callbacks.logger_sinks import log_wandb_checkpoints
+from visiontf.io.lightning_checkpoint import lies_under
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,9 @@ class WandbCheckpoints(Callback):
         if not trainer.is_global_zero or trainer.checkpoint_callback is None:
             return
         cb = trainer.checkpoint_callback
+        # files of this run's checkpoint folder only: a best_model_path restored from another folder is not uploaded
         found = {alias: Path(p) for alias, p in (("best", cb.best_model_path), ("last", cb.last_model_path))
-                 if p and Path(p).is_file()}
+                 if p and cb.dirpath and lies_under(str(p), str(cb.dirpath)) and Path(p).is_file()}
         if found:
             names = log_wandb_checkpoints(trainer, found)
             if names:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from visiontf.core.former_paths import former_spellings
-from visiontf.core.saved_arguments import SavedArgumentsError, check_arguments, plain_data
-from visiontf.io.weights import safe_torch_load, weights_from_checkpoint
+from visiontf.core.saved_arguments import SavedArgumentsError, check_arguments, plain_data, short_repr
+from visiontf.io.weights import WeightsError, safe_torch_load, weights_from_checkpoint
 
 #: what LightningCLI writes as ``_instantiator``: recognised and dropped, never called
 LIGHTNING_CLI_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module", "pytorch_lightning.cli.instantiate_module")
@@ -144,6 +144,58 @@ def load_lightning_checkpoint(cls: type, checkpoint_path: str | Path | IO[bytes]
     return obj.to(device) if device is not None else obj
 
 
+#: the fields of a checkpoint callback's state (Lightning's ``ModelCheckpoint``) that name files: the callback deletes
+#: ``kth_best_model_path`` and ``last_model_path`` when it replaces them, reads ``best_model_path`` for
+#: ``ckpt_path="best"``, and visiontf's W&B callback uploads ``best_model_path`` and ``last_model_path``
+CHECKPOINT_PATH_FIELDS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def lies_under(path: str, folder: str) -> bool:
+    """Whether ``path`` names something below ``folder`` as written, with no ``..`` segment (``folder/../x`` is
+    below ``folder`` for ``pathlib``'s parents, and Lightning deletes it). Local paths, URLs and paths written on
+    Windows alike."""
+    prefix = folder.rstrip("/\\")
+    below = path.startswith(prefix) and path[len(prefix):len(prefix) + 1] in ("/", "\\") and len(path) > len(prefix) + 1
+    return below and ".." not in path.replace("\\", "/").split("/")
+
+
+def check_callback_paths(checkpoint: Any, where: str | Path) -> None:
+    """Refuse a checkpoint whose callback state names files outside that callback's own folder.
+
+    Lightning restores a ``ModelCheckpoint``'s paths from the file when its ``dirpath`` is the run's, and on the
+    next save deletes the restored ``kth_best_model_path`` and ``last_model_path``: a file could name any path
+    (``<dirpath>/../../x`` passes Lightning's own check) and have it deleted. Every path a checkpoint callback
+    writes lies under its ``dirpath``, so anything else is refused, naming the file and the field.
+
+    Raises:
+        WeightsError: a path field that is not a string, or names something outside the state's ``dirpath``.
+    """
+    callbacks = checkpoint.get("callbacks") if isinstance(checkpoint, Mapping) else None
+    if not isinstance(callbacks, Mapping):
+        return
+    for key, state in callbacks.items():
+        if not isinstance(state, Mapping) or not (set(state) & {"dirpath", "best_k_models", *CHECKPOINT_PATH_FIELDS}):
+            continue
+        named = [(field, state.get(field)) for field in CHECKPOINT_PATH_FIELDS]
+        best_k = state.get("best_k_models")
+        if best_k is not None and not isinstance(best_k, Mapping):
+            raise WeightsError(f"{where}: callbacks[{short_repr(key)}].best_k_models is {short_repr(best_k)}, not a "
+                               "mapping of checkpoint paths to scores: use a checkpoint written by visiontf's tools/train.py")
+        named += [("best_k_models", path) for path in (best_k or {})]
+        folder = state.get("dirpath")
+        for field, path in named:
+            if path is None or path == "":
+                continue
+            if not isinstance(path, str):
+                raise WeightsError(f"{where}: callbacks[{short_repr(key)}].{field} is {short_repr(path)}, not a path")
+            if not isinstance(folder, str) or not folder or not lies_under(path, folder):
+                raise WeightsError(
+                    f"{where}: callbacks[{short_repr(key)}].{field} is {short_repr(path)}, outside the checkpoint folder "
+                    f"{short_repr(folder)} the callback writes in; a checkpoint callback names only files in its own "
+                    "folder, and Lightning deletes the files these fields name when it replaces them, so the file is "
+                    "refused: use a checkpoint written by visiontf's tools/train.py")
+
+
 def _read_hparams_file(path: str | Path) -> Any:
     import yaml
 
@@ -156,5 +208,5 @@ def _read_hparams_file(path: str | Path) -> Any:
         raise SavedArgumentsError(f"hparams_file={path}: not readable as YAML ({str(e).splitlines()[0]})") from e
 
 
-__all__ = ["LIGHTNING_CLI_INSTANTIATORS", "class_spellings", "load_lightning_checkpoint", "saved_init_arguments",
-           "spelled"]
+__all__ = ["CHECKPOINT_PATH_FIELDS", "LIGHTNING_CLI_INSTANTIATORS", "check_callback_paths", "class_spellings",
+           "lies_under", "load_lightning_checkpoint", "saved_init_arguments", "spelled"]

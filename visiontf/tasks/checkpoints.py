@@ -10,7 +10,9 @@ A checkpoint without ``preprocess`` (not written by a visiontf task) predicts wi
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from torch import nn
 
 from visiontf.core.errors import UserError
 from visiontf.core.saved_arguments import SavedArgumentsError, check_value, label_table
-from visiontf.io.lightning_checkpoint import load_lightning_checkpoint, saved_init_arguments, spelled
+from visiontf.io.lightning_checkpoint import lies_under, load_lightning_checkpoint, saved_init_arguments, spelled
 from visiontf.io.weights import (
     WeightsError,
     check_tensor_values,
@@ -203,8 +205,13 @@ def best_checkpoint(checkpoint_dir: str | Path) -> Path:
         raise CheckpointError(f"--ckpt_path best: {last} records several best checkpoints ({', '.join(recorded)}), one "
                               "per checkpoint callback; pass the one you mean")
     best = Path(recorded[0])
-    if not best.is_file() and (folder / best.name).is_file():
-        best = folder / best.name  # the run folder was moved: the same file in its new place
+    inside = functools.partial(lies_under, folder=os.path.realpath(folder))
+    if not inside(os.path.realpath(best)) and (folder / best.name).is_file():
+        best = folder / best.name  # the run folder was moved or copied: the same file in its new place
+    if not inside(os.path.realpath(best)):
+        # what a checkpoint records is data: it names a file of its own run, never one elsewhere to be read
+        raise CheckpointError(f"--ckpt_path best: {last} records the best checkpoint {best}, outside the run's checkpoint "
+                              f"folder {folder}, where a run keeps its checkpoints; pass the checkpoint's path")
     return best
 
 
