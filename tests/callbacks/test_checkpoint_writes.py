@@ -161,11 +161,16 @@ def _name_a_victim(state: dict, folder: Path, victim: Path, how: str) -> str:
         state["dirpath"] = "/old/run/ck"
         state.update(best_model_path="/old/run/ck/../../../" + str(victim).lstrip("/"), last_model_path="")
         return "best_model_path"
+    if how == "double_slash":  # a name below the folder that joins to an absolute path when the folder is re-based
+        state["dirpath"] = "/any/folder"
+        state.update(best_model_path="/any/folder/" + str(victim), best_k_models={"/any/folder/" + str(victim): 1e9},
+                     kth_best_model_path="/any/folder/" + str(victim), last_model_path="")
+        return r"(best_model_path|kth_best_model_path|best_k_models)"
     state["last_model_path"] = [escape]  # not a path at all
     return "last_model_path"
 
 
-@pytest.mark.parametrize("how", ["last", "top_k", "moved_folder", "not_a_path"])
+@pytest.mark.parametrize("how", ["last", "top_k", "moved_folder", "double_slash", "not_a_path"])
 @pytest.mark.parametrize("callback", [LastAndBestCheckpoint, ModelCheckpoint])
 def test_a_checkpoint_cannot_name_files_outside_its_folder_for_deletion(tmp_path, how, callback):
     """Lightning restores a checkpoint callback's paths from the file and deletes the restored last and k-th best
@@ -191,6 +196,45 @@ def test_a_checkpoint_cannot_name_files_outside_its_folder_for_deletion(tmp_path
         with pytest.raises(WeightsError, match=rf"{where}: callbacks\[.*\]\.{field} is .*(outside the checkpoint folder|not a path)"):
             _resume(tmp_path / "run", make(), hostile, atomic=atomic)
         assert victim.read_text() == "not a checkpoint"
+
+
+@pytest.mark.parametrize("callback", [LastAndBestCheckpoint, ModelCheckpoint])
+def test_a_best_checkpoint_of_another_folder_is_not_tracked_nor_handed_to_the_loggers(tmp_path, callback, caplog):
+    """Lightning restores ``best_model_path`` from a checkpoint of another folder, and the loggers that upload
+    checkpoints (``log_model``: MLflow, W&B) send every file its checkpoint callbacks name: a file whose state says
+    ``dirpath: ~/.ssh, best_model_path: ~/.ssh/id_rsa`` passes the check of its own folder. After the restore, every
+    checkpoint callback keeps only paths in its own folder (``LastAndBestCheckpoint`` at once, the others when training
+    starts), so the loggers see none elsewhere."""
+    from lightning.pytorch.loggers.utilities import _scan_checkpoints
+
+    folder = tmp_path / "run" / "ck"
+    make = functools.partial(callback, dirpath=folder, monitor="val/score", mode="max", save_last=True, save_top_k=1)
+    _fit(tmp_path / "run", 1, make())
+    secret = tmp_path / "ssh" / "id_rsa"
+    secret.parent.mkdir()
+    secret.write_text("a private key")
+    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
+    [key] = [k for k in ckpt["callbacks"] if k.startswith(callback.__name__)]
+    ckpt["callbacks"][key].update(dirpath=str(secret.parent), best_model_path=str(secret), last_model_path=str(secret),
+                                  kth_best_model_path=str(secret), best_k_models={str(secret): torch.tensor(9.0)})
+    torch.save(ckpt, tmp_path / "foreign.ckpt")
+    seen = []
+
+    class Scan(L.Callback):  # what a log_model logger would upload at a save, from the first epoch on
+        def on_train_epoch_start(self, trainer, pl_module):
+            seen.extend(p for c in trainer.checkpoint_callbacks for _, p, _, _ in _scan_checkpoints(c, {}))
+
+    resumed = make()
+    extra = [Scan()] if callback is LastAndBestCheckpoint else [LastAndBestCheckpoint(dirpath=tmp_path / "ours"), Scan()]
+    with caplog.at_level(logging.WARNING, logger="visiontf.callbacks.checkpoint"):
+        trainer = L.Trainer(max_epochs=2, callbacks=[resumed, *extra], plugins=[AtomicCheckpointIO()],
+                            default_root_dir=tmp_path / "run", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(Tiny(), _loader(), _loader(), ckpt_path=str(tmp_path / "foreign.ckpt"))
+    assert str(secret) not in seen and all(Path(p).parent == folder for p in seen), seen
+    assert Path(resumed.best_model_path).parent == folder and str(secret) not in resumed.best_k_models
+    assert f"names {secret} outside this run's checkpoint folder" in caplog.text
+    assert secret.read_text() == "a private key"
 
 
 def test_without_the_check_lightning_deletes_what_a_checkpoint_names(tmp_path):

@@ -29,10 +29,12 @@ import os
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from visiontf.io.lightning_checkpoint import check_callback_paths
+from visiontf.io.lightning_checkpoint import check_callback_paths, lies_under
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,15 @@ class LastAndBestCheckpoint(ModelCheckpoint):
         if old and self.dirpath and os.path.realpath(old) != os.path.realpath(self.dirpath):
             state_dict = self._rebased(state_dict, str(old), str(self.dirpath))
         super().load_state_dict(state_dict)
+        confine_restored_paths(self)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # every checkpoint callback's restored paths (Lightning's own ModelCheckpoint restores best_model_path from
+        # another folder too), before anything saves, deletes or uploads what they name
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint) and not isinstance(callback, LastAndBestCheckpoint):
+                confine_restored_paths(callback)
 
     @staticmethod
     def _rebased(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
@@ -123,7 +134,10 @@ class LastAndBestCheckpoint(ModelCheckpoint):
         prefix = old.rstrip(os.sep) + os.sep
 
         def move(path: Any) -> Any:
-            return os.path.join(new, path[len(prefix):]) if isinstance(path, str) and path.startswith(prefix) else path
+            if not isinstance(path, str) or not path.startswith(prefix):
+                return path
+            # the name below the old folder, never an absolute path (os.path.join(new, "/x") is "/x")
+            return os.path.join(new, path[len(prefix):].lstrip("/\\"))
 
         best = move(state.get("best_model_path") or "")
         if not best or best == state.get("best_model_path") or not os.path.isfile(best):
@@ -138,4 +152,39 @@ class LastAndBestCheckpoint(ModelCheckpoint):
         return out
 
 
-__all__ = ["LastAndBestCheckpoint"]
+def confine_restored_paths(callback: ModelCheckpoint) -> list[str]:
+    """Forget the paths of ``callback``'s state that do not name a file in its own folder (real paths), and return them.
+
+    What a checkpoint callback restores from a file it later deletes (the last and the k-th best checkpoint when
+    replaced), reads (``best`` for testing) and hands to the loggers that upload checkpoints (``log_model``):
+    whatever the file wrote, only files of the run's own checkpoint folder are kept. A path elsewhere clears the
+    top-k state it belongs to (the best scores go with their files) or the last checkpoint's path, with one warning.
+    """
+    folder = callback.dirpath
+    if not folder:
+        return []
+    local = _is_local_file_protocol(str(folder))
+    real = os.path.realpath(folder) if local else str(folder)
+
+    def inside(path: Any) -> bool:
+        return not path or (isinstance(path, str) and lies_under(os.path.realpath(path) if local else path, real))
+
+    dropped = []
+    top_k = [callback.best_model_path, callback.kth_best_model_path, *callback.best_k_models]
+    if not all(inside(p) for p in top_k):
+        dropped += [str(p) for p in top_k if not inside(p)]
+        callback.best_k_models = {}
+        callback.kth_best_model_path = callback.best_model_path = ""
+        callback.best_model_score = None
+        callback.kth_value = torch.tensor(torch.inf if callback.mode == "min" else -torch.inf)
+    if not inside(callback.last_model_path):
+        dropped.append(str(callback.last_model_path))
+        callback.last_model_path = ""
+    if dropped:
+        log.warning("%s: the checkpoint resumed from names %s outside this run's checkpoint folder %s; they are not "
+                    "tracked (nor deleted, read or uploaded), and the best checkpoints start afresh here",
+                    type(callback).__name__, ", ".join(sorted(set(dropped))), folder)
+    return dropped
+
+
+__all__ = ["LastAndBestCheckpoint", "confine_restored_paths"]

@@ -151,12 +151,14 @@ CHECKPOINT_PATH_FIELDS = ("best_model_path", "kth_best_model_path", "last_model_
 
 
 def lies_under(path: str, folder: str) -> bool:
-    """Whether ``path`` names something below ``folder`` as written, with no ``..`` segment (``folder/../x`` is
-    below ``folder`` for ``pathlib``'s parents, and Lightning deletes it). Local paths, URLs and paths written on
-    Windows alike."""
+    """Whether ``path`` names something below ``folder`` as written: ``folder`` and a separator, then names only, no
+    empty, ``.`` or ``..`` segment (``folder/../x`` is below ``folder`` for ``pathlib``'s parents, which Lightning
+    checks, and ``folder//x`` joins to ``/x``). Local paths, URLs and paths written on Windows alike."""
     prefix = folder.rstrip("/\\")
-    below = path.startswith(prefix) and path[len(prefix):len(prefix) + 1] in ("/", "\\") and len(path) > len(prefix) + 1
-    return below and ".." not in path.replace("\\", "/").split("/")
+    if not path.startswith(prefix) or path[len(prefix):len(prefix) + 1] not in ("/", "\\"):
+        return False
+    segments = path[len(prefix) + 1:].replace("\\", "/").split("/")
+    return not any(segment in ("", ".", "..") for segment in segments)
 
 
 def check_callback_paths(checkpoint: Any, where: str | Path) -> None:
