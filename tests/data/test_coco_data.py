@@ -365,3 +365,27 @@ def test_workers_draw_different_augmentations(rect_set):
     # Worker 0 serves items 0, 2, 4, ... and worker 1 items 1, 3, 5, ...: their sequences must differ.
     assert sizes[0::2] != sizes[1::2]
     assert not math.isnan(sizes[0][2])
+
+
+@pytest.mark.parametrize("name", ["/home/user/private.png", "../../private.png", "images/../../private.png",
+                                  "C:\\Users\\u\\private.png", "\\\\server\\share\\private.png", 7])
+def test_a_file_name_outside_the_image_folder_is_refused_naming_the_entry(tmp_path, name):
+    """An annotation file is data: an absolute or climbing ``file_name`` had the dataset read (and the prediction
+    pictures draw and log) a file of the user's that the dataset does not hold."""
+    private = tmp_path / "private.png"
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(private)
+    root = tmp_path / "a" / "b"
+    root.mkdir(parents=True)
+    written = str(private) if isinstance(name, str) and name.startswith("/") else name
+    ann = write_coco(root, [{"id": 1, "file_name": written, "width": 8, "height": 8}], [])
+    with pytest.raises(AnnotationError, match=r"ann\.json: images\[0\]\.file_name is .*, (an absolute path|a path "
+                                              r"through '\.\.'|not a file name); a dataset names its files relative"):
+        CocoDetection(root, ann)
+
+
+def test_file_names_in_subfolders_of_the_image_folder_load(tmp_path):
+    (tmp_path / "sub").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "sub" / "a..b.png")
+    ann = write_coco(tmp_path, [{"id": 1, "file_name": "sub/a..b.png", "width": 8, "height": 8}], [])
+    image, _ = CocoDetection(tmp_path, ann)[0]
+    assert image.shape[-2:] == (8, 8)

@@ -101,3 +101,16 @@ def test_a_png_painted_with_an_unlisted_id_is_refused_naming_it(tmp_path, shapes
                                               rf"of image id {first['image_id']} but not listed in its segments_info"):
         ds.load(position)
     ds.load((position + 1) % len(ds))  # the others load
+
+
+@pytest.mark.parametrize("entry", ["images", "annotations"])
+def test_an_image_or_png_named_outside_its_folder_is_refused(tmp_path, shapes, entry):
+    """The image (``images[].file_name``) and the segment PNG (``annotations[].file_name``) are named relative to their
+    folders; an absolute or climbing name would read a file elsewhere on the disk."""
+    data = json.loads(shapes["val_panoptic"].read_text())
+    data[entry][0]["file_name"] = "../../elsewhere.png"
+    path = tmp_path / "panoptic.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(AnnotationError, match=rf"panoptic\.json: {entry}\[0\]\.file_name is '\.\./\.\./elsewhere\.png', "
+                                              r"a path through '\.\.'"):
+        CocoPanoptic(shapes["val_images"], path, shapes["val_segments"])

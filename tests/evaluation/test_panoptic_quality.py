@@ -125,3 +125,20 @@ def test_a_ground_truth_png_with_an_unlisted_id_is_refused():
         pq_image_stats(gt, gt_segments, pred, [{"id": 2, "category_id": 1}], [1, 2], 3)
     gt[0, :2] = 0  # unlabelled pixels are fine
     assert pq_image_stats(gt, gt_segments, pred, [{"id": 2, "category_id": 1}], [1, 2], 3)[1][1] == 1
+
+
+@pytest.mark.parametrize("which", ["gt", "pred"])
+def test_a_png_named_outside_its_folder_is_refused(tmp_path, which):
+    """pq_compute and PanopticMetric read each annotation's PNG from its folder; an absolute name is refused, not read."""
+    from visiontf.tasks.detection.panoptic_metric import PanopticMetric
+
+    shutil.copytree(ROOT, tmp_path / "p")
+    data = json.loads((tmp_path / "p" / f"{which}.json").read_text())
+    data["annotations"][0]["file_name"] = str(tmp_path / "p" / which / data["annotations"][0]["file_name"])
+    (tmp_path / "p" / f"{which}.json").write_text(json.dumps(data))
+    with pytest.raises(PanopticEvalError, match=rf"{which}\.json: the annotation of image id \d+ names its PNG .*, an "
+                                                "absolute path"):
+        pq_compute(tmp_path / "p" / "gt.json", tmp_path / "p" / "pred.json", tmp_path / "p" / "gt", tmp_path / "p" / "pred")
+    if which == "gt":
+        with pytest.raises(PanopticEvalError, match=r"gt\.json: the annotation of image id \d+ names its PNG"):
+            PanopticMetric(tmp_path / "p" / "gt.json", tmp_path / "p" / "gt", {0: 1})

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from visiontf.core.errors import UserError
+from visiontf.io.image_files import outside_its_folder
 from visiontf.io.panoptic_ids import VOID, read_panoptic_png
 
 __all__ = ["OFFSET", "VOID", "PanopticEvalError", "format_pq_table", "pq_average", "pq_compute", "pq_image_stats",
@@ -201,6 +202,10 @@ def pq_compute(gt_json_file: str | Path, pred_json_file: str | Path, gt_folder: 
         pred = preds.get(gt["image_id"])
         if pred is None:
             raise PanopticEvalError(f"{pred_json_file}: no prediction for the image with id {gt['image_id']}")
+        for file, entry in ((gt_json_file, gt), (pred_json_file, pred)):
+            if (why := outside_its_folder(entry["file_name"])) is not None:
+                raise PanopticEvalError(f"{file}: the annotation of image id {entry['image_id']} names its PNG "
+                                        f"{entry['file_name']!r}, {why}; a PNG is named relative to its folder")
         image = pq_image_stats(read_panoptic_png(gt_folder / gt["file_name"]), gt["segments_info"],
                                read_panoptic_png(pred_folder / pred["file_name"]), pred["segments_info"], categories,
                                gt["image_id"])

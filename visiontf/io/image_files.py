@@ -9,7 +9,7 @@ decodes itself, and an EPS file reads as an unidentified image. Every ``Image.op
 from __future__ import annotations
 
 import functools
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import IO
 
 from PIL import Image
@@ -30,4 +30,20 @@ def open_image(file: str | Path | IO[bytes]) -> Image.Image:
     return Image.open(file, formats=pixel_formats())
 
 
-__all__ = ["RUNS_A_PROGRAM", "open_image", "pixel_formats"]
+def outside_its_folder(name: object) -> str | None:
+    """Why a file name read from a dataset's annotation file would name a file outside the folder it is joined to
+    (``folder / name``), or None when it names one below it.
+
+    An annotation file is data: a ``file_name`` that is absolute (``/home/u/photo.png``, ``C:\\x``) or climbs out
+    (``../../x``) would have the dataset read, draw and log a file of the user's that the dataset does not hold."""
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    posix = name.replace("\\", "/")
+    if posix.startswith("/") or PureWindowsPath(name).drive:
+        return "an absolute path"
+    if ".." in posix.split("/"):
+        return "a path through '..'"
+    return None
+
+
+__all__ = ["RUNS_A_PROGRAM", "open_image", "outside_its_folder", "pixel_formats"]

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from visiontf.core.errors import UserError
+from visiontf.core.saved_arguments import short_repr
+from visiontf.io.image_files import outside_its_folder
 
 # the logger of the COCO data modules, as before they were split (users' logging configs name it)
 log = logging.getLogger("visiontf.tasks.detection.coco_data")
@@ -34,6 +36,8 @@ __all__ = ["LABEL_SPACES", "AnnotationError", "CocoIndex", "label_maps", "load_c
 
 #: How many offending ids a log line or error message lists.
 SHOW = 5
+#: how an annotation file's file name outside its folder is fixed
+FILE_NAME_FIX = ("a dataset names its files relative to its folder, and a file elsewhere on the disk is never read: write it as a path below that folder")
 
 #: How a class index relates to the file's category ids. ``contiguous`` numbers the sorted ids 0..K-1.
 #: ``category_id`` uses the id itself (K = largest id + 1, the gaps being classes that never occur), as
@@ -216,6 +220,9 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
                 f"{ann_file}: images[{i}] ({img['file_name']!r}) has id {img['id']!r}, a {type(img['id']).__name__}; "
                 "COCO image ids are integers (convert them, and the annotations' image_id, to numbers)"
             )
+        if (why := outside_its_folder(img["file_name"])) is not None:
+            raise AnnotationError(f"{ann_file}: images[{i}].file_name is {short_repr(img['file_name'])}, {why}; "
+                                  f"{FILE_NAME_FIX}")
         if img["id"] in image_pos:
             raise AnnotationError(f"{ann_file}: image id {img['id']} appears twice in 'images'; ids must be unique")
         image_pos[img["id"]] = i

@@ -20,11 +20,19 @@ import numpy as np
 import torch
 from torchvision.ops import box_convert
 
+from visiontf.core.saved_arguments import short_repr
 from visiontf.data.io import read_image
 from visiontf.data.loading import AugmentedDataset, EpochIndex
 from visiontf.data.transforms import detection as DT
+from visiontf.io.image_files import outside_its_folder
 from visiontf.io.panoptic_ids import VOID, read_panoptic_png
-from visiontf.tasks.detection.coco_annotations import AnnotationError, label_maps, load_coco_json, parse_categories
+from visiontf.tasks.detection.coco_annotations import (
+    FILE_NAME_FIX,
+    AnnotationError,
+    label_maps,
+    load_coco_json,
+    parse_categories,
+)
 
 log = logging.getLogger("visiontf.tasks.detection.coco_data")
 
@@ -68,6 +76,9 @@ def parse_panoptic(data: dict, ann_file: str | Path, label_space: str = "contigu
     for i, ann in enumerate(data["annotations"]):
         if not isinstance(ann, dict) or any(k not in ann for k in ("image_id", "file_name", "segments_info")):
             raise AnnotationError(f"{ann_file}: annotations[{i}] needs 'image_id', 'file_name' (its PNG) and 'segments_info'")
+        if (why := outside_its_folder(ann["file_name"])) is not None:
+            raise AnnotationError(f"{ann_file}: annotations[{i}].file_name is {short_repr(ann['file_name'])}, {why}; "
+                                  f"{FILE_NAME_FIX}")
         if ann["image_id"] in by_image:
             raise AnnotationError(f"{ann_file}: image id {ann['image_id']} has two annotations; a panoptic file has one per image")
         ids = [s.get("id") for s in ann["segments_info"]]
@@ -83,6 +94,9 @@ def parse_panoptic(data: dict, ann_file: str | Path, label_space: str = "contigu
     for i, img in enumerate(data["images"]):
         if not isinstance(img, dict) or "id" not in img or "file_name" not in img:
             raise AnnotationError(f"{ann_file}: images[{i}] needs 'id' and 'file_name'")
+        if (why := outside_its_folder(img["file_name"])) is not None:
+            raise AnnotationError(f"{ann_file}: images[{i}].file_name is {short_repr(img['file_name'])}, {why}; "
+                                  f"{FILE_NAME_FIX}")
         if img["id"] not in by_image:
             raise AnnotationError(f"{ann_file}: image id {img['id']} ({img['file_name']}) has no entry in 'annotations'; "
                                   "a panoptic file annotates every image (an image without segments has segments_info [])")

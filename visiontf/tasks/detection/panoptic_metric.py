@@ -21,6 +21,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 from visiontf.core.distributed import get_rank
 from visiontf.evaluation.panoptic import VOID, PanopticEvalError, format_pq_table, pq_image_stats, pq_summary
+from visiontf.io.image_files import outside_its_folder
 from visiontf.io.panoptic_ids import read_panoptic_png
 
 __all__ = ["PQ_METRIC_NAMES", "PanopticMetric"]
@@ -63,6 +64,10 @@ class PanopticMetric(Metric):
         self.gt_json, self.gt_folder = Path(gt_json), Path(gt_folder)
         data = json.loads(self.gt_json.read_text())
         self.categories = {int(c["id"]): c for c in data["categories"]}
+        for a in data["annotations"]:
+            if (why := outside_its_folder(a["file_name"])) is not None:
+                raise PanopticEvalError(f"{gt_json}: the annotation of image id {a['image_id']} names its PNG "
+                                        f"{a['file_name']!r}, {why}; a PNG is named relative to its folder")
         self.gt = {a["image_id"]: a for a in data["annotations"]}
         self.label_to_cat_id = {int(k): int(v) for k, v in label_to_cat_id.items()}
         self.last_unmapped = 0
