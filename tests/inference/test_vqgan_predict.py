@@ -88,3 +88,25 @@ def test_weights_of_another_codebook_size_are_refused_by_name(tmp_path):
     torch.save(create_model("vqgan_tiny", **TOY).state_dict(), path)
     with pytest.raises(WeightsLayoutError, match="codebook of 16 codes"):
         create_model("vqgan_tiny", pretrained=str(path), **{**TOY, "n_embed": 32})
+
+
+def test_a_transformer_checkpoint_does_not_open_the_first_stage_file_it_names(tmp_path, monkeypatch):
+    """The checkpoint holds the first stage's weights and architecture; the tokenizer file its ``first_stage_ckpt``
+    names is not opened while restoring (a checkpoint does not open files of its choosing)."""
+    from visiontf.tasks.generation import gpt_task
+    from visiontf.tasks.generation.gpt_task import TransformerTask
+
+    net = create_model("vqgan_transformer_tiny", first_stage_kwargs=TOY, block_size=16, n_layer=1, n_head=2, n_embd=32)
+    other = tmp_path / "private.bin"
+    other.write_bytes(b"not the user's tokenizer")
+    kwargs = {"first_stage_kwargs": TOY, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32}
+    torch.save({"state_dict": {f"model.{k}": v for k, v in net.state_dict().items()},
+                "pytorch-lightning_version": "2.6.0",
+                "hyper_parameters": {"model_name": "vqgan_transformer_tiny", "first_stage_ckpt": str(other),
+                                     "model_kwargs": kwargs}}, tmp_path / "gpt.ckpt")
+    opened = []
+    monkeypatch.setattr(gpt_task, "_first_stage", lambda path: opened.append(path))
+    task = TransformerTask.load_from_checkpoint(tmp_path / "gpt.ckpt")
+    assert opened == []
+    for k, v in net.state_dict().items():
+        assert torch.equal(task.model.state_dict()[k], v), k

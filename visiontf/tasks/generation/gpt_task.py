@@ -34,6 +34,7 @@ from visiontf.core.config_checks import check_config, non_negative, positive
 from visiontf.core.distributed import sum_over_ranks
 from visiontf.core.errors import UserError
 from visiontf.data.base import trainer_datamodule
+from visiontf.io.weights import restoring_weights
 from visiontf.models import create_model, get_entry
 from visiontf.models.contract import Generator, Tokenizer
 from visiontf.tasks.base_task import BaseTask
@@ -123,10 +124,16 @@ class TransformerTask(BaseTask):
         self._model_name, self._num_classes = model_name, None
         model_kwargs = self._conditioning(model_name, num_classes, model_kwargs)
         first, self._first_stage_missing = None, None
-        if first_stage_ckpt and "first_stage_kwargs" in (model_kwargs or {}) and not Path(first_stage_ckpt).expanduser().is_file():
-            # this task's own checkpoint resumed or evaluated (its hyper-parameters hold the tokenizer's
-            # architecture) after the tokenizer's file moved: the first stage's weights are in that checkpoint.
-            # A run that restores none is refused when it starts (_require_first_stage)
+        saved_first_stage = bool(first_stage_ckpt) and "first_stage_kwargs" in (model_kwargs or {})
+        # this task's own checkpoint being restored (its hyper-parameters hold the tokenizer's architecture, its weights
+        # the first stage's): the file its arguments name is not read (a checkpoint is data, it does not open files of
+        # its choosing)
+        from_checkpoint = saved_first_stage and restoring_weights()
+        if from_checkpoint:
+            pass
+        elif saved_first_stage and not Path(first_stage_ckpt).expanduser().is_file():
+            # the same checkpoint's arguments resumed or evaluated after the tokenizer's file moved: the first stage's
+            # weights are in that checkpoint. A run that restores none is refused when it starts (_require_first_stage)
             self._first_stage_missing = first_stage_ckpt
         elif first_stage_ckpt:
             first = _first_stage(first_stage_ckpt)
@@ -140,7 +147,7 @@ class TransformerTask(BaseTask):
         if first is not None:
             _check_first_stage_fits(first, self.model.first_stage_model, first_stage_ckpt, model_kwargs)
             self.model.first_stage_model.load_state_dict(first.state_dict())
-        elif not pretrained and self._first_stage_missing is None:
+        elif not pretrained and self._first_stage_missing is None and not from_checkpoint:
             raise MissingFirstStageError(
                 f"{model_name}: no trained first stage; give the tokenizer's checkpoint with "
                 "model.init_args.first_stage_ckpt=outputs/vqgan_tiny/checkpoints/last.ckpt (or pretrained= a "
