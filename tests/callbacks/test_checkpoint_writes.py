@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -170,6 +171,17 @@ def _name_a_victim(state: dict, folder: Path, victim: Path, how: str) -> str:
     return "last_model_path"
 
 
+def _trained_state(tmp_path: Path, callback: type) -> tuple[Path, Callable[[], ModelCheckpoint], dict, dict]:
+    """A one-epoch run of ``callback`` in ``tmp_path/run/ck``: the folder, a maker of the same callback, the run's
+    last.ckpt and that callback's state in it (to be edited)."""
+    folder = tmp_path / "run" / "ck"
+    make = functools.partial(callback, dirpath=folder, monitor="val/score", mode="max", save_last=True, save_top_k=1)
+    _fit(tmp_path / "run", 1, make())
+    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
+    [key] = [k for k in ckpt["callbacks"] if k.startswith(callback.__name__)]
+    return folder, make, ckpt, ckpt["callbacks"][key]
+
+
 @pytest.mark.parametrize("how", ["last", "top_k", "moved_folder", "double_slash", "not_a_path"])
 @pytest.mark.parametrize("callback", [LastAndBestCheckpoint, ModelCheckpoint])
 def test_a_checkpoint_cannot_name_files_outside_its_folder_for_deletion(tmp_path, how, callback):
@@ -179,14 +191,10 @@ def test_a_checkpoint_cannot_name_files_outside_its_folder_for_deletion(tmp_path
     through visiontf's CheckpointIO, LastAndBestCheckpoint whatever reads the file."""
     from visiontf.io.weights import WeightsError
 
-    folder = tmp_path / "run" / "ck"
-    make = functools.partial(callback, dirpath=folder, monitor="val/score", mode="max", save_last=True, save_top_k=1)
-    _fit(tmp_path / "run", 1, make())
+    folder, make, ckpt, state = _trained_state(tmp_path, callback)
     victim = tmp_path / "victim.txt"
     victim.write_text("not a checkpoint")
-    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
-    [key] = [k for k in ckpt["callbacks"] if k.startswith(callback.__name__)]
-    field = _name_a_victim(ckpt["callbacks"][key], folder, victim, how)
+    field = _name_a_victim(state, folder, victim, how)
     hostile = tmp_path / "hostile.ckpt"
     torch.save(ckpt, hostile)
     readers = [(True, re.escape(str(hostile)))]
@@ -207,15 +215,11 @@ def test_a_best_checkpoint_of_another_folder_is_not_tracked_nor_handed_to_the_lo
     starts), so the loggers see none elsewhere."""
     from lightning.pytorch.loggers.utilities import _scan_checkpoints
 
-    folder = tmp_path / "run" / "ck"
-    make = functools.partial(callback, dirpath=folder, monitor="val/score", mode="max", save_last=True, save_top_k=1)
-    _fit(tmp_path / "run", 1, make())
+    folder, make, ckpt, state = _trained_state(tmp_path, callback)
     secret = tmp_path / "ssh" / "id_rsa"
     secret.parent.mkdir()
     secret.write_text("a private key")
-    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
-    [key] = [k for k in ckpt["callbacks"] if k.startswith(callback.__name__)]
-    ckpt["callbacks"][key].update(dirpath=str(secret.parent), best_model_path=str(secret), last_model_path=str(secret),
+    state.update(dirpath=str(secret.parent), best_model_path=str(secret), last_model_path=str(secret),
                                   kth_best_model_path=str(secret), best_k_models={str(secret): torch.tensor(9.0)})
     torch.save(ckpt, tmp_path / "foreign.ckpt")
     seen = []
@@ -240,14 +244,10 @@ def test_a_best_checkpoint_of_another_folder_is_not_tracked_nor_handed_to_the_lo
 def test_without_the_check_lightning_deletes_what_a_checkpoint_names(tmp_path):
     """What the test above guards against, shown on Lightning's own reader and ModelCheckpoint: if this fails,
     Lightning has closed the hole itself."""
-    folder = tmp_path / "run" / "ck"
-    make = functools.partial(ModelCheckpoint, dirpath=folder, monitor="val/score", mode="max", save_last=True, save_top_k=1)
-    _fit(tmp_path / "run", 1, make())
+    folder, make, ckpt, state = _trained_state(tmp_path, ModelCheckpoint)
     victim = tmp_path / "victim.txt"
     victim.write_text("not a checkpoint")
-    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
-    [key] = [k for k in ckpt["callbacks"] if k.startswith("ModelCheckpoint")]
-    _name_a_victim(ckpt["callbacks"][key], folder, victim, "last")
+    _name_a_victim(state, folder, victim, "last")
     torch.save(ckpt, tmp_path / "hostile.ckpt")
     _resume(tmp_path / "run", make(), tmp_path / "hostile.ckpt", atomic=False)
     assert not victim.exists()
