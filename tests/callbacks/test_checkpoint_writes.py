@@ -241,6 +241,24 @@ def test_a_best_checkpoint_of_another_folder_is_not_tracked_nor_handed_to_the_lo
     assert secret.read_text() == "a private key"
 
 
+@pytest.mark.parametrize("callback", [LastAndBestCheckpoint, ModelCheckpoint])
+def test_a_restored_path_to_a_file_of_the_folder_that_is_no_checkpoint_is_forgotten(tmp_path, callback):
+    """A path inside the run's checkpoint folder passes the folder checks; Lightning would still delete what it names
+    at the next save. Only checkpoint files (the callback's ``FILE_EXTENSION``) are kept."""
+    folder, make, ckpt, state = _trained_state(tmp_path, callback)
+    notes = folder / "notes.txt"
+    notes.write_text("the user's")
+    state["last_model_path"] = str(notes)
+    torch.save(ckpt, tmp_path / "resume.ckpt")
+    resumed = make()
+    extra = [] if callback is LastAndBestCheckpoint else [LastAndBestCheckpoint(dirpath=tmp_path / "ours")]
+    trainer = L.Trainer(max_epochs=2, callbacks=[resumed, *extra], plugins=[AtomicCheckpointIO()],
+                        default_root_dir=tmp_path / "run", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(Tiny(), _loader(), _loader(), ckpt_path=str(tmp_path / "resume.ckpt"))
+    assert notes.read_text() == "the user's" and resumed.last_model_path != str(notes)
+
+
 def test_without_the_check_lightning_deletes_what_a_checkpoint_names(tmp_path):
     """What the test above guards against, shown on Lightning's own reader and ModelCheckpoint: if this fails,
     Lightning has closed the hole itself."""

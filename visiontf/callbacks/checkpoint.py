@@ -153,7 +153,8 @@ class LastAndBestCheckpoint(ModelCheckpoint):
 
 
 def confine_restored_paths(callback: ModelCheckpoint) -> list[str]:
-    """Forget the paths of ``callback``'s state that do not name a file in its own folder (real paths), and return them.
+    """Forget the paths of ``callback``'s state that do not name a checkpoint file (``FILE_EXTENSION``) in its own
+    folder (real paths), and return them.
 
     What a checkpoint callback restores from a file it later deletes (the last and the k-th best checkpoint when
     replaced), reads (``best`` for testing) and hands to the loggers that upload checkpoints (``log_model``):
@@ -167,7 +168,9 @@ def confine_restored_paths(callback: ModelCheckpoint) -> list[str]:
     real = os.path.realpath(folder) if local else str(folder)
 
     def inside(path: Any) -> bool:
-        return not path or (isinstance(path, str) and lies_under(os.path.realpath(path) if local else path, real))
+        # a checkpoint file of the folder: the callback deletes what these paths name, and names its files so
+        return not path or (isinstance(path, str) and path.endswith(callback.FILE_EXTENSION)
+                            and lies_under(os.path.realpath(path) if local else path, real))
 
     dropped = []
     top_k = [callback.best_model_path, callback.kth_best_model_path, *callback.best_k_models]
