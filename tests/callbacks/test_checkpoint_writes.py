@@ -259,6 +259,29 @@ def test_a_restored_path_to_a_file_of_the_folder_that_is_no_checkpoint_is_forgot
     assert notes.read_text() == "the user's" and resumed.last_model_path != str(notes)
 
 
+@pytest.mark.parametrize("edit, words", [
+    ({"best_model_score": "high"}, r"\.best_model_score is 'high', not a score"),
+    ({"kth_value": [1.0]}, r"\.kth_value is \[1\.0\], not a score"),
+    ({"best_k_models": {"@/a.ckpt": "x"}}, r"\.best_k_models\['@/a\.ckpt'\] is 'x', not a score"),
+    ({"best_k_models": {"@/a.ckpt": 1.0}, "kth_best_model_path": "@/b.ckpt"},
+     r"\.kth_best_model_path is '@/b\.ckpt', not one of its best_k_models"),
+])
+def test_scores_and_the_kth_best_of_a_checkpoint_callback_are_checked_by_name(tmp_path, edit, words):
+    """What Lightning compares a new score with, and the k-th best it pops from the best k: a string score failed with
+    a bare TypeError, a k-th best outside the best k with a KeyError, at the first validation after resuming."""
+    from visiontf.io.weights import WeightsError
+
+    folder = "runs/ck"  # as written in the file (short: the messages quote values bounded)
+    state = {"dirpath": folder, "best_model_path": "", "best_model_score": None, "kth_best_model_path": "",
+             "best_k_models": {}, "last_model_path": ""}
+    state.update({k: ({p.replace("@", folder): s for p, s in v.items()} if isinstance(v, dict) else
+                      v.replace("@", folder) if isinstance(v, str) and v.startswith("@") else v) for k, v in edit.items()})
+    torch.save({"state_dict": {}, "pytorch-lightning_version": L.__version__,
+                "callbacks": {"ModelCheckpoint{}": state}}, tmp_path / "odd.ckpt")
+    with pytest.raises(WeightsError, match=r"odd\.ckpt: callbacks\['ModelCheckpoint\{\}'\]" + words.replace("@", re.escape(folder))):
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "odd.ckpt")
+
+
 def test_without_the_check_lightning_deletes_what_a_checkpoint_names(tmp_path):
     """What the test above guards against, shown on Lightning's own reader and ModelCheckpoint: if this fails,
     Lightning has closed the hole itself."""

@@ -161,6 +161,14 @@ def lies_under(path: str, folder: str) -> bool:
     return not any(segment in ("", ".", "..") for segment in segments)
 
 
+def _is_score(value: Any) -> bool:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def check_callback_paths(checkpoint: Any, where: str | Path) -> None:
     """Refuse a checkpoint whose callback state names files outside that callback's own folder.
 
@@ -170,7 +178,8 @@ def check_callback_paths(checkpoint: Any, where: str | Path) -> None:
     writes lies under its ``dirpath``, so anything else is refused, naming the file and the field.
 
     Raises:
-        WeightsError: a path field that is not a string, or names something outside the state's ``dirpath``.
+        WeightsError: a path field that is not a string, or names something outside the state's ``dirpath``; a score
+            that is not a number; a k-th best path that is not among the best k.
     """
     callbacks = checkpoint.get("callbacks") if isinstance(checkpoint, Mapping) else None
     if not isinstance(callbacks, Mapping):
@@ -184,6 +193,17 @@ def check_callback_paths(checkpoint: Any, where: str | Path) -> None:
             raise WeightsError(f"{where}: callbacks[{short_repr(key)}].best_k_models is {short_repr(best_k)}, not a "
                                "mapping of checkpoint paths to scores: use a checkpoint written by visiontf's tools/train.py")
         named += [("best_k_models", path) for path in (best_k or {})]
+        # the scores Lightning compares a new one with (a string or a list fails there with a bare TypeError)
+        scores = [(f"best_k_models[{short_repr(k)}]", v) for k, v in (best_k or {}).items()]
+        scores += [(field, state.get(field)) for field in ("best_model_score", "kth_value", "current_score")]
+        for field, score in scores:
+            if score is not None and not _is_score(score):
+                raise WeightsError(f"{where}: callbacks[{short_repr(key)}].{field} is {short_repr(score)}, not a score "
+                                   "(a number): use a checkpoint written by visiontf's tools/train.py")
+        kth = state.get("kth_best_model_path")
+        if best_k and kth and kth not in best_k:
+            raise WeightsError(f"{where}: callbacks[{short_repr(key)}].kth_best_model_path is {short_repr(kth)}, not one "
+                               "of its best_k_models: use a checkpoint written by visiontf's tools/train.py")
         folder = state.get("dirpath")
         for field, path in named:
             if path is None or path == "":
