@@ -105,6 +105,12 @@ def safe_torch_load(path: str | Path | typing.IO[bytes], map_location: Any = "cp
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"{path}: file not found" + (" (a broken symbolic link)" if path.is_symlink() else ""))
+    packed = compressed_record(path)
+    if packed:
+        raise WeightsError(
+            f"{path}: record {packed!r} of the archive is compressed; torch.save stores every record uncompressed, and a "
+            "compressed one can unpack into far more memory than the file holds, so the file is refused unread: save "
+            "the weights again with torch.save (or export them with tools/export.py)")
     damaged = None if mmap else damaged_record(path)
     if damaged:
         raise corrupt_file_error(path, damaged)
@@ -156,6 +162,18 @@ def corrupt_file_error(path: Path, reason: str) -> WeightsError:
         "cut off while being written (a killed run, a full disk, an interrupted copy) or damaged; use another "
         "checkpoint (the run's best one, or an earlier copy) or copy the file again."
     )
+
+
+def compressed_record(path: Path) -> str | None:
+    """The first record of the zip archive ``path`` that is compressed, or None (``torch.save`` stores every record;
+    torch.load reads compressed ones too, so a small file could unpack into gigabytes)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as z:
+            return next((info.filename for info in z.infolist() if info.compress_type != zipfile.ZIP_STORED), None)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None  # damaged: damaged_record and torch.load name it
 
 
 def damaged_record(path: Path) -> str | None:

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from visiontf.core.saved_arguments import expands_beyond, short_repr
 from visiontf.data.io import image_size
 from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError
 from visiontf.tasks.detection.coco_annotations import AnnotationError
@@ -37,6 +38,12 @@ SPLITS = ("train", "val", "test")
 __all__ = ["SPLITS", "convert_yolo", "label_file", "read_data_yaml", "yolo_split_to_coco", "yolo_cache_dir"]
 
 
+def _class_name(name: Any, path: Path) -> str:
+    if isinstance(name, bool) or not isinstance(name, (str, int, float)):
+        raise DatasetLayoutError(f"{path}: the class name {short_repr(name)} is not a name; 'names' lists strings")
+    return str(name)
+
+
 def read_data_yaml(path: str | Path) -> tuple[list[str], dict[str, list[Path]], dict[str, Any]]:
     """Class names, image folders per split (``train``/``val``/``test``, those present) and the raw YAML."""
     import yaml
@@ -46,6 +53,10 @@ def read_data_yaml(path: str | Path) -> tuple[list[str], dict[str, list[Path]], 
         cfg = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise DatasetLayoutError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from e
+    if expands_beyond(cfg):
+        # a few hundred bytes of anchors and aliases stand for billions of values once the names are copied out
+        raise DatasetLayoutError(f"{path}: its anchors and aliases expand into more values than a dataset file holds; "
+                                 "write the class names out")
     if not isinstance(cfg, dict) or "names" not in cfg:
         raise DatasetLayoutError(f"{path}: a YOLO data.yaml needs 'names' (the class names) and 'train'/'val' image folders")
     names = cfg["names"]
@@ -56,12 +67,16 @@ def read_data_yaml(path: str | Path) -> tuple[list[str], dict[str, list[Path]], 
             raise DatasetLayoutError(f"{path}: 'names' keys must be class indices 0..K-1, got {list(names)[:5]}") from e
         if order != list(range(len(order))):
             raise DatasetLayoutError(f"{path}: 'names' indices must be 0..{len(order) - 1} without gaps, got {order[:10]}")
-        names = [str(names[k] if k in names else names[str(k)]) for k in order]
+        names = [_class_name(names[k] if k in names else names[str(k)], path) for k in order]
     elif isinstance(names, list):
-        names = [str(n) for n in names]
+        names = [_class_name(n, path) for n in names]
     else:
         raise DatasetLayoutError(f"{path}: 'names' must be a list or an {{index: name}} mapping")
-    if "nc" in cfg and int(cfg["nc"]) != len(names):
+    nc = cfg.get("nc")
+    if nc is not None and (not isinstance(nc, int) or isinstance(nc, bool)):
+        raise DatasetLayoutError(f"{path}: nc is {short_repr(nc)}, not a number of classes; write it as an integer "
+                                 "(or leave it out: 'names' gives the count)")
+    if nc is not None and nc != len(names):
         raise DatasetLayoutError(f"{path}: nc is {cfg['nc']} but 'names' lists {len(names)} classes")
     base = path.parent
     if cfg.get("path"):

@@ -1,0 +1,92 @@
+"""Small files that would take far more memory than they hold are refused before anything large is built.
+
+Each case was found by an audit that measured the memory a small hostile file took (a 3.5 MB checkpoint
+unpacking into 4 GB, a 589-byte YOLO file expanding past 3 GB, a 16-bit PNG decoded in float64)."""
+from __future__ import annotations
+
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from visiontf.io.weights import WeightsError, safe_torch_load
+
+
+def test_a_checkpoint_with_a_compressed_record_is_refused_unread(tmp_path):
+    """torch.load reads compressed zip records too; torch.save never writes them. A record of zeros deflates a
+    thousandfold, so a small file could ask for gigabytes."""
+    plain = tmp_path / "plain.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1 << 20)}}, plain)
+    packed = tmp_path / "packed.ckpt"
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(packed, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    assert packed.stat().st_size < plain.stat().st_size // 50
+    assert torch.load(packed, weights_only=True)["state_dict"]["w"].numel() == 1 << 20  # torch itself reads it
+    for mmap in (False, True):
+        with pytest.raises(WeightsError, match=r"packed\.ckpt: record '.*' of the archive is compressed; torch\.save "
+                                               "stores every record uncompressed"):
+            safe_torch_load(packed, mmap=mmap)
+    assert safe_torch_load(plain)["state_dict"]["w"].numel() == 1 << 20
+
+
+def _yolo_bomb(levels: int = 9) -> str:
+    lines = [f"a0: &a0 [{', '.join(['abcdefghij'] * 10)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\nnames: [*a{levels - 1}]\ntrain: images/train\nval: images/val\n"
+
+
+@pytest.mark.parametrize("text, words", [
+    (_yolo_bomb(), "its anchors and aliases expand into more values than a dataset file holds"),
+    ("names: [[a, b], c]\ntrain: images\n", r"the class name \['a', 'b'\] is not a name"),
+    ("names: [a, b]\nnc: two\ntrain: images\n", "nc is 'two', not a number of classes"),
+])
+def test_a_yolo_data_yaml_that_expands_or_holds_other_types_is_named(tmp_path, text, words):
+    """A 600-byte data.yaml of nested aliases took 3.5 GB and minutes when its names were copied out; a nested list
+    or a word for nc ended in raw tracebacks."""
+    from visiontf.data.loading import DatasetLayoutError
+    from visiontf.tasks.detection.yolo import read_data_yaml
+
+    (tmp_path / "data.yaml").write_text(text)
+    assert len(text) < 700
+    with pytest.raises(DatasetLayoutError, match=rf"data\.yaml: {words}"):
+        read_data_yaml(tmp_path / "data.yaml")
+
+
+def test_16_bit_images_are_rounded_in_integers_to_the_same_pixels(tmp_path):
+    """16-bit samples become 8 bits as floor(x / 257 + 0.5) (every value 0..65535 checked), now in 32-bit integers: a
+    328 KB 16-bit PNG of 13,000 x 13,000 pixels, under the pixel limit, took 3.9 GB in float64 copies."""
+    import cv2
+
+    from visiontf.data.io import read_image
+
+    values = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256)
+    expected = np.floor(values.astype(np.float64) / 257 + 0.5).astype(np.uint8)
+    Image.fromarray(values).save(tmp_path / "gray16.png")
+    assert Image.open(tmp_path / "gray16.png").mode.startswith("I")
+    np.testing.assert_array_equal(read_image(tmp_path / "gray16.png"), np.repeat(expected[..., None], 3, axis=2))
+    bgr = np.stack([values, values[::-1], values.T], axis=2)
+    cv2.imwrite(str(tmp_path / "rgb16.png"), bgr)
+    want = np.floor(bgr[..., ::-1].astype(np.float64) / 257 + 0.5).astype(np.uint8)
+    np.testing.assert_array_equal(read_image(tmp_path / "rgb16.png"), want)
+
+
+@pytest.mark.parametrize("edit", [
+    {"python": "x"},
+    {"torch": torch.zeros(3, dtype=torch.uint8)},
+    {"numpy": {"name": "MT19937", "keys": torch.zeros(3, dtype=torch.int64), "pos": 0, "has_gauss": 0,
+               "cached_gaussian": 0.0}},
+])
+def test_rng_states_of_other_types_or_sizes_are_named(edit):
+    """A resumed checkpoint's RNGStateCheckpoint state of another shape ended in the RNGs' raw TypeError,
+    RuntimeError or IndexError."""
+    from visiontf.callbacks import RNGStateCheckpoint
+
+    callback = RNGStateCheckpoint()
+    state = {**callback.state_dict(), **edit}
+    with pytest.raises(WeightsError, match=r"^the checkpoint resumed from: its RNGStateCheckpoint state is not the "
+                                           r"random states this callback saves \(\w+"):
+        callback.load_state_dict(state)
+    callback.load_state_dict(callback.state_dict())  # its own state restores
