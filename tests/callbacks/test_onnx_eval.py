@@ -105,3 +105,23 @@ def test_a_graph_of_other_weights_is_refused_and_one_without_a_fingerprint_is_wa
         runner = OnnxRuntimeModel(bare, other, threads=1)
     assert "names no weights" in caplog.text
     assert set(runner(example_inputs(model, image_size=(64, 64), batch_size=1)["images"])) == {"pred_logits", "pred_boxes"}
+
+
+def test_a_graph_that_fails_while_running_is_named_in_one_line(exported, monkeypatch):
+    """A graph whose run fails (an audit's 270-byte graph with a ConstantOfShape node asked for a 6.4 GB buffer, and a
+    capped memory refused it) ended in onnxruntime's raw error; it is now one line naming the file and the fix."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+
+    from visiontf.io.weights import WeightsError
+
+    model, path = exported
+    runner = OnnxRuntimeModel(path, model, threads=1)
+
+    def fail(*args, **kwargs):  # onnxruntime's own failure, without taking the memory here
+        raise Fail("[ONNXRuntimeError] : 1 : FAIL : Failed to allocate memory for requested buffer of size 6400000000")
+
+    monkeypatch.setattr(runner, "session", SimpleNamespace(get_inputs=runner.session.get_inputs, run=fail))
+    with pytest.raises(WeightsError, match=r"^--onnx .*m\.onnx: onnxruntime could not run the graph on a batch of "
+                                           r"\(1, 3, 64, 64\) \(Fail: .*6400000000\); export the checkpoint again") as e:
+        runner(torch.zeros(1, 3, 64, 64))
+    assert "\n" not in str(e.value)

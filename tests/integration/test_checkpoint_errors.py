@@ -340,3 +340,17 @@ def test_a_checkpoint_naming_a_file_outside_its_folder_is_refused_before_resumin
     assert line.startswith(f"{hostile}: callbacks[") and "].last_model_path is" in line, line
     assert "outside the checkpoint folder" in line and victim.read_text() == "kept"
     victim.unlink()
+
+
+def test_resuming_from_weights_with_nan_is_one_line_naming_the_tensor(trained, tmp_path, capsys):
+    """A checkpoint of a diverged run (NaN weights) resumed and then failed at its first steps with a
+    NonFiniteLossError traceback; it is refused before training, as evaluation refuses it."""
+    from visiontf.cli.train import train_main
+
+    ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    name = next(k for k, v in ckpt["state_dict"].items() if v.is_floating_point() and v.dim() == 2)
+    ckpt["state_dict"][name] = torch.full_like(ckpt["state_dict"][name], float("nan"))
+    torch.save(ckpt, tmp_path / "diverged.ckpt")
+    line = _one_line_error(capsys, train_main, ["fit", *_args(trained["data"], tmp_path / "run"), "--trainer.max_epochs=2",
+                                                f"--ckpt_path={tmp_path / 'diverged.ckpt'}"])
+    assert re.search(rf"--ckpt_path .*diverged\.ckpt: tensor '{re.escape(name)}' has \d+ NaN/infinite value\(s\)", line), line

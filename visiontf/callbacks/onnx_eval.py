@@ -101,7 +101,13 @@ class OnnxRuntimeModel(nn.Module):
             if value is None and i.name == "mask":  # nothing padded
                 value = torch.zeros((images.shape[0], *images.shape[-2:]), dtype=torch.bool)
             feeds[i.name] = value.detach().cpu().numpy() if i.name != "images" else value.detach().float().cpu().numpy()
-        outputs = [torch.from_numpy(np.asarray(o)).to(images.device) for o in self.session.run(None, feeds)]
+        try:
+            ran = self.session.run(None, feeds)
+        except Exception as e:  # onnxruntime's own errors (Fail, RuntimeException, ...) name neither the file nor a fix
+            raise WeightsError(f"--onnx {self.path}: onnxruntime could not run the graph on a batch of "
+                               f"{tuple(images.shape)} ({type(e).__name__}: {' '.join(str(e).split())[:300]}); export "
+                               f"the checkpoint again with tools/export.py --onnx {Path(self.path).name}") from e
+        outputs = [torch.from_numpy(np.asarray(o)).to(images.device) for o in ran]
         if len(outputs) == 1:
             return outputs[0]
         return dict(zip(self.output_names, outputs))

@@ -8,6 +8,8 @@ import lightning as L
 import numpy as np
 import torch
 
+from visiontf.io.weights import WeightsError
+
 
 class RNGStateCheckpoint(L.Callback):
     """Saves the global RNG states (python ``random``, NumPy, torch CPU and CUDA) in every checkpoint
@@ -34,6 +36,17 @@ class RNGStateCheckpoint(L.Callback):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        try:
+            self._restore(state_dict)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+            # a state of other types or sizes than this callback writes: the RNGs' own errors name neither
+            raise WeightsError(f"the checkpoint resumed from: its RNGStateCheckpoint state is not the random states "
+                               f"this callback saves ({type(e).__name__}: {' '.join(str(e).split())[:200]}); resume "
+                               "without --trainer.callbacks+=visiontf.callbacks.RNGStateCheckpoint, or from a "
+                               "checkpoint written with it") from e
+
+    @staticmethod
+    def _restore(state_dict: dict[str, Any]) -> None:
         py = state_dict["python"]
         random.setstate((py["version"], tuple(py["internal"].tolist()), py["gauss"]))
         n = state_dict["numpy"]

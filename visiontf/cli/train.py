@@ -110,6 +110,10 @@ def check_ckpt_path(ckpt_path: str | Path | None, model: L.LightningModule, ckpt
             f"--ckpt_path {path}: its weights do not fit the config's {ours_hp.get('model_name', type(model).__name__)}: "
             f"{', '.join(parts)}; use the config it was trained with (config.yaml beside its logs)"
         )
+    from visiontf.io.weights import check_tensor_values
+
+    # NaN/infinite or integer weights: a resumed run failed at its first steps with a NonFiniteLossError traceback
+    check_tensor_values(state, model, f"--ckpt_path {path}")
 
 
 class VisionArgumentParser(LightningArgumentParser):
