@@ -90,3 +90,35 @@ def test_rng_states_of_other_types_or_sizes_are_named(edit):
                                            r"random states this callback saves \(\w+"):
         callback.load_state_dict(state)
     callback.load_state_dict(callback.state_dict())  # its own state restores
+
+
+def test_saved_settings_that_build_a_model_far_larger_than_the_weights_are_refused_before_building(tmp_path):
+    """A 160 KB checkpoint (or export) of a tiny ViT whose settings say embed_dim 8192 built a 6 GB model before its
+    weights were compared; the model is now built on the meta device first and measured against the file."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    import visiontf
+    from visiontf.io.weights import read_safetensors_metadata
+    from visiontf.tasks.checkpoints import CheckpointError, load_checkpoint_model
+
+    tiny = {"img_size": 32, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}
+    model = visiontf.create_model("vit_tiny_patch16_224", num_classes=3, **tiny)
+    huge = {**tiny, "embed_dim": 8192}
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "pytorch-lightning_version": "2.6.0",
+                "hyper_parameters": {"model_name": "vit_tiny_patch16_224", "num_classes": 3, "model_kwargs": huge}},
+               tmp_path / "odd.ckpt")
+    with pytest.raises(CheckpointError, match=r"odd\.ckpt: its saved settings build vit_tiny_patch16_224 with [\d,]+ values, "
+                                              r"but the file holds [\d,]+: the settings and the weights are not of one model"):
+        load_checkpoint_model(tmp_path / "odd.ckpt")
+    visiontf.save_model(model, tmp_path / "m.safetensors")
+    # the export's own config, its embed_dim changed
+    meta = read_safetensors_metadata(tmp_path / "m.safetensors")
+    key = next(k for k, v in meta.items() if "model_kwargs" in v)
+    config = json.loads(meta[key])
+    config["model_kwargs"] = {**config["model_kwargs"], "embed_dim": 8192}
+    save_file(load_file(tmp_path / "m.safetensors"), tmp_path / "odd.safetensors", metadata={**meta, key: json.dumps(config)})
+    with pytest.raises(WeightsError, match=r"odd\.safetensors: its saved settings build vit_tiny_patch16_224 with"):
+        visiontf.load_model(tmp_path / "odd.safetensors")
+    assert visiontf.load_model(tmp_path / "m.safetensors").patch_embed.proj.out_channels == 32

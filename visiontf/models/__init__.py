@@ -23,6 +23,7 @@ from visiontf.models._registry import (
     ModelNameError,
     WeightsLayoutError,
     check_model_arguments,
+    check_settings_fit_the_weights,
     convert_state,
     create_model,
     get_entry,
@@ -34,5 +35,6 @@ from visiontf.models._registry import (
 )
 from visiontf.models.vit.vit import VisionTransformer
 
-__all__ = ["ModelArgumentError", "ModelEntry", "ModelNameError", "VisionTransformer", "WeightsLayoutError", "check_model_arguments", "convert_state", "create_model", "get_entry",
+__all__ = ["ModelArgumentError", "ModelEntry", "ModelNameError", "VisionTransformer", "WeightsLayoutError", "check_model_arguments",
+           "check_settings_fit_the_weights", "convert_state", "create_model", "get_entry",
            "list_models", "load_model", "load_pretrained", "register_model", "torch_hub_state_dict"]

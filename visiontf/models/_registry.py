@@ -436,6 +436,22 @@ def _is_head_key(model: nn.Module, key: str) -> bool:
     return key.startswith(model.head_prefixes)
 
 
+def check_settings_fit_the_weights(name: str, kwargs: Mapping[str, Any], held: int, where: str) -> None:
+    """Refuse saved settings that build a model far larger than the weights saved with them, before it is allocated.
+
+    A file's settings build the model its weights then fill; a small file whose settings ask for a model of
+    billions of values (``embed_dim: 8192`` beside a tiny ViT's tensors) took gigabytes before the weights were
+    compared. The model is built on the meta device first; it may exceed ``held`` (the file's tensor values) by four
+    times and 50 million values (200 MB of float32: parts a file need not hold, and below that the weights' own
+    comparison names the tensors that differ), not more."""
+    meta = check_model_arguments(name, **dict(kwargs))
+    needed = sum(t.numel() for t in meta.state_dict().values())
+    if needed > 4 * held + 50_000_000:
+        raise WeightsError(f"{where}: its saved settings build {name} with {needed:,} values, but the file holds {held:,}: "
+                           "the settings and the weights are not of one model, and the model is not built; export the "
+                           "model again with tools/export.py, or build it yourself with create_model(...)")
+
+
 def load_model(path: str | Path, **overrides: Any) -> nn.Module:
     """Rebuild a model saved by :func:`visiontf.save_model` (config stored with the weights).
 
@@ -454,10 +470,14 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
                            "model; export the model again with tools/export.py, or pass load_model(path, strict=False)")
     kwargs = {**saved, **overrides}
     strict = kwargs.pop("strict", True)
+    state = load_state_dict_file(path)
     try:
+        check_settings_fit_the_weights(config["model_name"], kwargs, sum(t.numel() for t in state.values()), str(path))
         # the weights are the file's own: a weight file its config names (a backbone's pretrained) is not read
         with weights_from_checkpoint():
             model = create_model(config["model_name"], **kwargs)
+    except WeightsError:
+        raise  # names the file already
     except UserError as e:  # the registry's own words (an unknown name, a misspelt keyword), with the file named
         message = f"{path}: its saved config: {e}"
         try:
@@ -469,8 +489,7 @@ def load_model(path: str | Path, **overrides: Any) -> nn.Module:
         raise WeightsError(f"{path}: its saved config ({config['model_name']}, model_kwargs {short_repr(saved)}) does not "
                            f"build a model ({type(e).__name__}: {e}); export the model again with tools/export.py") from None
     # the model is built from the file's own config: every tensor must fit, class heads included
-    load_pretrained(model, load_state_dict_file(path), get_entry(config["model_name"]), strict=strict, source=str(path),
-                    saved_config=config)
+    load_pretrained(model, state, get_entry(config["model_name"]), strict=strict, source=str(path), saved_config=config)
     return model
 
 

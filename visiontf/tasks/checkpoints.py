@@ -56,7 +56,7 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     (:func:`visiontf.models.convert_state`). ``strict=False`` loads what fits and leaves the rest at init; ``overrides`` are
     constructor arguments on top of the saved ``model_kwargs``.
     """
-    from visiontf.models import convert_state, create_model
+    from visiontf.models import check_settings_fit_the_weights, convert_state, create_model
 
     path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
@@ -73,10 +73,16 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
                 check_value(hp.get(key), hint, str(path), f"hyper_parameters.{key}")
         except SavedArgumentsError as e:
             raise CheckpointError(str(e)) from None
+    saved = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    kwargs = {**(hp.get("model_kwargs") or {}), **overrides}
+    try:
+        check_settings_fit_the_weights(hp["model_name"], {"num_classes": hp.get("num_classes"), **kwargs},
+                                       sum(v.numel() for v in saved.values() if hasattr(v, "numel")), str(path))
+    except WeightsError as e:
+        raise CheckpointError(str(e)) from None
     # the checkpoint holds every weight: no file its settings name is read (a backbone's pretrained, timm's checkpoint_path)
     with weights_from_checkpoint():
-        model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **{**(hp.get("model_kwargs") or {}), **overrides})
-    saved = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **kwargs)
     # nn.Module.compile keeps names, but torch.compile(model) adds "_orig_mod."
     saved = {k.replace("_orig_mod.", ""): v for k, v in saved.items()}
     state = saved
