@@ -100,8 +100,8 @@ def _is_16bit_rgb_png(path: str | Path) -> bool:
 
 
 def _to_8bit(samples: np.ndarray) -> np.ndarray:
-    """16-bit samples rounded to 8 bits, ``floor(x / 257 + 0.5)``, in 32-bit integers in place of float64 copies
-    (a 13,000 x 13,000 16-bit PNG of 328 KB, under the pixel limit, took 3.9 GB that way)."""
+    """16-bit samples rounded to 8 bits, ``floor(x / 257 + 0.5)``, in 32-bit integers in place of float64 copies,
+    which made a small, highly compressed 16-bit PNG under the pixel limit take gigabytes (docs/robustness.md)."""
     wide = samples.astype(np.uint32)
     wide *= 2
     wide += 257

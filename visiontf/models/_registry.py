@@ -15,6 +15,7 @@ import difflib
 import fnmatch
 import inspect
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -444,7 +445,10 @@ def check_settings_fit_the_weights(name: str, kwargs: Mapping[str, Any], held: i
     compared. The model is built on the meta device first; it may exceed ``held`` (the file's tensor values) by four
     times and 50 million values (200 MB of float32: parts a file need not hold, and below that the weights' own
     comparison names the tensors that differ), not more."""
-    meta = check_model_arguments(name, **dict(kwargs))
+    network = {k: v for k, v in kwargs.items() if k not in ("pretrained", "strict", "features_only", *FEATURE_KWARGS)}
+    with warnings.catch_warnings():  # a former spelling warns once, when the model itself is built
+        warnings.simplefilter("ignore")
+        meta = check_model_arguments(name, **network)
     needed = sum(t.numel() for t in meta.state_dict().values())
     if needed > 4 * held + 50_000_000:
         raise WeightsError(f"{where}: its saved settings build {name} with {needed:,} values, but the file holds {held:,}: "
