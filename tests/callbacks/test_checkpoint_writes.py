@@ -237,7 +237,7 @@ def test_a_best_checkpoint_of_another_folder_is_not_tracked_nor_handed_to_the_lo
         trainer.fit(Tiny(), _loader(), _loader(), ckpt_path=str(tmp_path / "foreign.ckpt"))
     assert str(secret) not in seen and all(Path(p).parent == folder for p in seen), seen
     assert Path(resumed.best_model_path).parent == folder and str(secret) not in resumed.best_k_models
-    assert f"names {secret} outside this run's checkpoint folder" in caplog.text
+    assert f"names {secret}, which are not checkpoint files of this run's checkpoint folder" in caplog.text
     assert secret.read_text() == "a private key"
 
 

@@ -184,8 +184,9 @@ def confine_restored_paths(callback: ModelCheckpoint) -> list[str]:
         dropped.append(str(callback.last_model_path))
         callback.last_model_path = ""
     if dropped:
-        log.warning("%s: the checkpoint resumed from names %s outside this run's checkpoint folder %s; they are not "
-                    "tracked (nor deleted, read or uploaded), and the best checkpoints start afresh here",
+        log.warning("%s: the checkpoint resumed from names %s, which are not checkpoint files of this run's checkpoint "
+                    "folder %s; they are not tracked (nor deleted, read or uploaded), and the best checkpoints start "
+                    "afresh here",
                     type(callback).__name__, ", ".join(sorted(set(dropped))), folder)
     return dropped
 

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+import torch
+
 from visiontf.core.former_paths import former_spellings
 from visiontf.core.saved_arguments import SavedArgumentsError, check_arguments, plain_data, short_repr
 from visiontf.io.weights import WeightsError, safe_torch_load, weights_from_checkpoint
@@ -103,7 +105,6 @@ def load_lightning_checkpoint(cls: type, checkpoint_path: str | Path | IO[bytes]
     A LightningDataModule gets its saved state.
     """
     import lightning.pytorch as pl
-    import torch
     from lightning.pytorch.core.saving import _default_map_location
     from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
     from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -162,8 +163,6 @@ def lies_under(path: str, folder: str) -> bool:
 
 
 def _is_score(value: Any) -> bool:
-    import torch
-
     if isinstance(value, torch.Tensor):
         return value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -187,35 +186,35 @@ def check_callback_paths(checkpoint: Any, where: str | Path) -> None:
     for key, state in callbacks.items():
         if not isinstance(state, Mapping) or not (set(state) & {"dirpath", "best_k_models", *CHECKPOINT_PATH_FIELDS}):
             continue
-        named = [(field, state.get(field)) for field in CHECKPOINT_PATH_FIELDS]
+
+        def refuse(field: str, value: Any, why: str, key: Any = key) -> WeightsError:
+            return WeightsError(f"{where}: callbacks[{short_repr(key)}].{field} is {short_repr(value)}, {why}: use a "
+                                "checkpoint written by visiontf's tools/train.py")
+
         best_k = state.get("best_k_models")
         if best_k is not None and not isinstance(best_k, Mapping):
-            raise WeightsError(f"{where}: callbacks[{short_repr(key)}].best_k_models is {short_repr(best_k)}, not a "
-                               "mapping of checkpoint paths to scores: use a checkpoint written by visiontf's tools/train.py")
-        named += [("best_k_models", path) for path in (best_k or {})]
+            raise refuse("best_k_models", best_k, "not a mapping of checkpoint paths to scores")
+        best_k = best_k or {}
         # the scores Lightning compares a new one with (a string or a list fails there with a bare TypeError)
-        scores = [(f"best_k_models[{short_repr(k)}]", v) for k, v in (best_k or {}).items()]
+        scores = [(f"best_k_models[{short_repr(k)}]", v) for k, v in best_k.items()]
         scores += [(field, state.get(field)) for field in ("best_model_score", "kth_value", "current_score")]
         for field, score in scores:
             if score is not None and not _is_score(score):
-                raise WeightsError(f"{where}: callbacks[{short_repr(key)}].{field} is {short_repr(score)}, not a score "
-                                   "(a number): use a checkpoint written by visiontf's tools/train.py")
+                raise refuse(field, score, "not a score (a number)")
         kth = state.get("kth_best_model_path")
         if best_k and kth and kth not in best_k:
-            raise WeightsError(f"{where}: callbacks[{short_repr(key)}].kth_best_model_path is {short_repr(kth)}, not one "
-                               "of its best_k_models: use a checkpoint written by visiontf's tools/train.py")
+            raise refuse("kth_best_model_path", kth, "not one of its best_k_models")
         folder = state.get("dirpath")
+        named = [(field, state.get(field)) for field in CHECKPOINT_PATH_FIELDS] + [("best_k_models", p) for p in best_k]
         for field, path in named:
             if path is None or path == "":
                 continue
             if not isinstance(path, str):
-                raise WeightsError(f"{where}: callbacks[{short_repr(key)}].{field} is {short_repr(path)}, not a path")
+                raise refuse(field, path, "not a path")
             if not isinstance(folder, str) or not folder or not lies_under(path, folder):
-                raise WeightsError(
-                    f"{where}: callbacks[{short_repr(key)}].{field} is {short_repr(path)}, outside the checkpoint folder "
-                    f"{short_repr(folder)} the callback writes in; a checkpoint callback names only files in its own "
-                    "folder, and Lightning deletes the files these fields name when it replaces them, so the file is "
-                    "refused: use a checkpoint written by visiontf's tools/train.py")
+                raise refuse(field, path, f"outside the checkpoint folder {short_repr(folder)} the callback writes in; a "
+                             "checkpoint callback names only files in its own folder, and Lightning deletes the files "
+                             "these fields name when it replaces them, so the file is refused")
 
 
 def _read_hparams_file(path: str | Path) -> Any:
