@@ -131,3 +131,18 @@ def test_bad_arguments():
         BudgetCosine(min_factor=2)
     with pytest.raises(ValueError, match="flat_fraction"):
         BudgetCosine(flat_fraction=1.0)
+
+
+def test_ddp_ranks_stop_at_the_same_step_by_rank_zero_clock(tmp_path):
+    """2 CPU processes (gloo) whose clocks disagree: both anneal and stop by rank 0's clock. Each rank once read its
+    own, so one rank stopped a step early and the other waited in a collective it had left: the tuning runs of the
+    CPU recipe died at their end with gloo's "Received data size doesn't match expected size"."""
+    from ddp_utils import run
+
+    run(["tests/budget_ddp_worker.py", str(tmp_path)], timeout=180)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert r0["global_step"] == r1["global_step"] == 9  # rank 0's clock: 10 s a step, annealed at 90 s
+    assert r0["lrs"] == r1["lrs"] and len(r0["lrs"]) == 9
+    for step, lr in enumerate(r0["lrs"]):
+        assert lr == pytest.approx(0.1 * _cosine(step * 10 / 90), abs=1e-12)
+    torch.testing.assert_close(r0["weight"], r1["weight"], rtol=0, atol=0)

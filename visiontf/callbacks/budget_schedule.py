@@ -18,7 +18,10 @@ so the learning rate reaches ``min_factor`` exactly when the first budget runs o
 the time budget's annealing is complete it stops training, which runs the final validation (and
 writes ``last.ckpt``) inside the time limit; ``time_fraction`` leaves the rest of ``max_time`` for it.
 The time is :class:`~lightning.pytorch.callbacks.Timer`'s (the one ``max_time`` creates), so it
-counts validation and resumes with the checkpoint's elapsed time.
+counts validation and resumes with the checkpoint's elapsed time. Under DDP it is rank 0's clock, sent to the
+other ranks after every step: each rank reading its own clock stopped at its own step, and the rank that
+stopped first left the others in a collective it no longer joined (a crash or a hang at the end of the run,
+before the final validation), and the ranks' learning rates differed in their last digits.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import math
 from typing import Any
 
 import lightning as L
+import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Timer
 
 
@@ -54,6 +59,8 @@ class BudgetCosine(L.Callback):
         # per optimizer param group: the scheduler's lr we scaled and the value we wrote
         self._scheduled: list[float] = []
         self._written: list[float] = []
+        # rank 0's time progress after the last step (None until the run's first step)
+        self._shared_time_progress: float | None = None
 
     @staticmethod
     def _timer(trainer: L.Trainer) -> Timer | None:
@@ -71,19 +78,34 @@ class BudgetCosine(L.Callback):
         total = elapsed + (timer.time_remaining("train") or 0.0)
         return elapsed / max(self.time_fraction * total, 1e-9)
 
-    def progress(self, trainer: L.Trainer) -> float:
-        """The run's progress in [0, 1]: the larger of the step and the time progress."""
+    def shared_time_progress(self, trainer: L.Trainer) -> float:
+        """:meth:`time_progress` by rank 0's clock, the same on every rank (one broadcast of one number)."""
+        progress = self.time_progress(trainer)
+        if self._timer(trainer) is None or trainer.world_size < 2 or not (dist.is_available() and dist.is_initialized()):
+            return progress
+        value = torch.tensor([progress], dtype=torch.float64, device=trainer.strategy.root_device)
+        dist.broadcast(value, src=0)
+        return float(value.item())
+
+    def progress(self, trainer: L.Trainer, time_progress: float | None = None) -> float:
+        """The run's progress in [0, 1]: the larger of the step and the time progress (``time_progress``, or this
+        rank's :meth:`time_progress`)."""
         steps = trainer.estimated_stepping_batches
         by_steps = trainer.global_step / steps if steps and math.isfinite(steps) else 0.0
-        return min(1.0, max(by_steps, self.time_progress(trainer)))
+        return min(1.0, max(by_steps, self.time_progress(trainer) if time_progress is None else time_progress))
 
     def factor(self, progress: float) -> float:
         """1 up to ``flat_fraction``, then a cosine from 1 to ``min_factor`` at progress 1."""
         progress = max(0.0, progress - self.flat_fraction) / (1.0 - self.flat_fraction)
         return self.min_factor + (1.0 - self.min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._shared_time_progress = None
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        f = self.factor(self.progress(trainer))
+        if self._shared_time_progress is None:
+            self._shared_time_progress = self.shared_time_progress(trainer)
+        f = self.factor(self.progress(trainer, self._shared_time_progress))
         groups = [g for opt in trainer.optimizers for g in opt.param_groups]
         if len(self._scheduled) != len(groups):
             self._scheduled = [g["lr"] for g in groups]
@@ -96,7 +118,11 @@ class BudgetCosine(L.Callback):
         pl_module.log("lr_budget_factor", f, on_step=True, on_epoch=False, batch_size=1)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._timer(trainer) is not None and self.time_progress(trainer) >= 1.0:
+        if self._timer(trainer) is None:
+            return
+        # one decision for all ranks, and the next step's learning rate from the same number
+        self._shared_time_progress = self.shared_time_progress(trainer)
+        if self._shared_time_progress >= 1.0:
             # annealed: stop now, so the final validation and last.ckpt fit in max_time
             trainer.should_stop = True
 
