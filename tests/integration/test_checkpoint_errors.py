@@ -354,3 +354,22 @@ def test_resuming_from_weights_with_nan_is_one_line_naming_the_tensor(trained, t
     line = _one_line_error(capsys, train_main, ["fit", *_args(trained["data"], tmp_path / "run"), "--trainer.max_epochs=2",
                                                 f"--ckpt_path={tmp_path / 'diverged.ckpt'}"])
     assert re.search(rf"--ckpt_path .*diverged\.ckpt: tensor '{re.escape(name)}' has \d+ NaN/infinite value\(s\)", line), line
+
+
+def test_resuming_an_optimizer_state_of_other_shapes_is_one_line_before_any_step(trained, tmp_path, capsys):
+    """torch's fused AdamW stepping over an ``exp_avg`` smaller than its parameter writes past the tensor (the process
+    aborts with heap corruption): the resumed state is compared with the run's optimizer before Lightning loads it."""
+    from visiontf.cli.train import train_main
+
+    ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    [state] = ckpt["optimizer_states"]
+    assert state["param_groups"][0].get("fused"), "the config's AdamW is expected to be torch's fused one"
+    index, param_state = next((i, s) for i, s in state["state"].items() if s["exp_avg"].dim() == 2)
+    param_state["exp_avg"] = param_state["exp_avg"][:1].clone()
+    torch.save(ckpt, tmp_path / "other_shapes.ckpt")
+    line = _one_line_error(capsys, train_main, ["fit", *_args(trained["data"], tmp_path / "run"), "--trainer.max_epochs=2",
+                                                f"--ckpt_path={tmp_path / 'other_shapes.ckpt'}"])
+    assert re.fullmatch(rf".*other_shapes\.ckpt: optimizer_states\[0\]\['state'\]\[{index}\]\['exp_avg'\] is a floating "
+                        r"tensor of shape \(1, \d+\), where this run needs a floating tensor of its parameter's shape "
+                        r"\(\d+, \d+\); resume from a checkpoint this config wrote .*", line), line
+    assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))

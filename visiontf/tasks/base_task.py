@@ -10,6 +10,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 
@@ -17,6 +18,7 @@ from visiontf.core.config_checks import ConfigError, check_config, one_of, optio
 from visiontf.core.distributed import get_world_size, is_distributed, sum_over_ranks
 from visiontf.core.errors import UserError
 from visiontf.data.base import trainer_datamodule
+from visiontf.io.training_state import check_restored_state
 from visiontf.models import ModelArgumentError, ModelNameError, check_model_arguments, create_model
 from visiontf.models.contract import VisionModel
 from visiontf.tasks.checkpoints import check_checkpoint_fits, load_task_checkpoint
@@ -160,6 +162,28 @@ class BaseTask(L.LightningModule):
         check_checkpoint_fits(checkpoint, path, task=self.task, model_name=self._model_name, num_classes=self._num_classes,
                               class_names=dm.class_names if dm is not None else None,
                               label_to_cat_id=dm.label_to_cat_id if dm is not None else None, data="this run's data")
+        # its optimizer, scheduler and loop states are checked against the run's own once those exist (on_fit_start),
+        # before Lightning restores them; strategies that restore after their setup already have them here
+        self._resumed_checkpoint = checkpoint
+        if self._trainer is not None and self._trainer.optimizers:
+            self._check_resumed_state()
+
+    def on_fit_start(self) -> None:
+        self._check_resumed_state()
+
+    def _check_resumed_state(self) -> None:
+        """Refuse a resumed file whose training state is not the kind of state this run's optimizers, schedulers,
+        loops and precision hold (:func:`visiontf.io.training_state.check_restored_state`)."""
+        checkpoint, self._resumed_checkpoint = getattr(self, "_resumed_checkpoint", None), None
+        trainer = self._trainer
+        if checkpoint is None or trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return
+        plugin = trainer.precision_plugin
+        check_restored_state(checkpoint, trainer.ckpt_path, trainer.optimizers,
+                             [config.scheduler for config in trainer.lr_scheduler_configs],
+                             {"fit_loop": trainer.fit_loop.state_dict()}, (type(plugin).__qualname__, plugin.state_dict()),
+                             # FSDP and the like restore after their setup, from their own layout of the states
+                             own_layout=not trainer.strategy.restore_checkpoint_after_setup)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, also for the fused AdamW under mixed precision.

@@ -165,6 +165,7 @@ class TransformerTask(BaseTask):
 
     def on_fit_start(self) -> None:
         self._require_first_stage()
+        super().on_fit_start()
 
     def on_validation_start(self) -> None:
         self._require_first_stage()
