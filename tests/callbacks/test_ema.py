@@ -268,3 +268,29 @@ def test_without_restart_nothing_is_kept(tmp_path):
     assert ema._best is None and ema.restarted_from is None and [s[2] for s in starts.seen.values()] == [0, 4, 8]
     with pytest.raises(ValueError, match="restart_epoch"):
         ModelEMA(restart_epoch=0)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda ck: ck["current_model_state"].update({"net.0.weight": torch.zeros(2)}),
+     r"current_model_state\['net\.0\.weight'\] is a floating tensor of shape \(2,\), where this run's ModelEMA needs a "
+     r"floating tensor of shape \(\d+, \d+\)"),
+    (lambda ck: ck["current_model_state"]["net.0.weight"].fill_(float("nan")),
+     r"current_model_state\['net\.0\.weight'\] is a floating tensor .*, where this run's ModelEMA needs finite values"),
+    (lambda ck: ck["averaging_state"].update(n_averaged="3"),
+     r"averaging_state\['n_averaged'\] is '3', where this run's ModelEMA needs an integer tensor of shape \(\)"),
+    (lambda ck: ck["averaging_state"].update(extra=1), r"averaging_state\['extra'\] is 1, where this run's ModelEMA needs "
+                                                       r"absent"),
+    (lambda ck: next(v for k, v in ck["callbacks"].items() if "ModelEMA" in k).update(latest_update_step="4"),
+     r"the checkpoint resumed from: its ModelEMA state \{'latest_update_step': '4'\} is not the step count"),
+])
+def test_a_resumed_ema_state_that_does_not_fit_is_refused_naming_the_field(tmp_path, edit, expected):
+    """Lightning loads the raw weights and the average strictly (another shape: a bare traceback) and trained on from
+    NaN raw weights; the step count of another type failed at the next update."""
+    from visiontf.io.training_state import TrainingStateError
+
+    _fit_with_checkpoints(tmp_path / "part", max_epochs=1)
+    ck = _load(tmp_path / "part" / "ckpt" / "e0.ckpt")
+    edit(ck)
+    torch.save(ck, tmp_path / "edited.ckpt")
+    with pytest.raises(TrainingStateError, match=expected):
+        _fit_with_checkpoints(tmp_path / "resumed", ckpt_path=str(tmp_path / "edited.ckpt"))

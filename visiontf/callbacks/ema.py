@@ -50,6 +50,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -59,6 +60,9 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from visiontf.core.saved_arguments import short_repr
+from visiontf.io.training_state import TrainingStateError, shown, unlike
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +238,25 @@ class ModelEMA(WeightAveraging):
         if trainer.state.fn != TrainerFn.FITTING or self._average_model is None:
             # validate / test / predict: the checkpoint's state_dict already holds the EMA weights
             return
+        # Lightning loads both strictly into the module and the average: another shape was a bare traceback, and
+        # NaN raw weights trained on from NaN
+        where = trainer.ckpt_path or "the checkpoint resumed from"
+        own = {k: v for k, v in self._average_model.state_dict().items() if not k.startswith("module.")}
+        for field, live in (("current_model_state", pl_module.state_dict()), ("averaging_state", own)):
+            if field in checkpoint:
+                found = unlike(checkpoint[field], live, field, extra_keys="refuse")
+                if found:
+                    raise TrainingStateError(f"{where}: {found[0]} is {shown(found[1])}, where this run's ModelEMA "
+                                             f"needs {found[2]}; resume from a checkpoint this config wrote")
         super().on_load_checkpoint(trainer, pl_module, checkpoint)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        step = state_dict.get("latest_update_step") if isinstance(state_dict, Mapping) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step < -1:
+            raise TrainingStateError(f"the checkpoint resumed from: its ModelEMA state {short_repr(state_dict)} is not "
+                                     "the step count this callback saves ({'latest_update_step': N}); resume from a "
+                                     "checkpoint this config wrote")
+        super().load_state_dict(state_dict)
 
 
 __all__ = ["ModelEMA", "ema_decay"]

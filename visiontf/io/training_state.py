@@ -55,7 +55,8 @@ def _dtype_kind(dtype: torch.dtype) -> str:
     return "floating" if dtype.is_floating_point else "integer"
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
+    """What ``value`` is, for a message: a tensor by its kind and shape, a container by its kind and length."""
     if isinstance(value, torch.Tensor):
         kind = _dtype_kind(value.dtype)
         return f"{'an' if kind == 'integer' else 'a'} {kind} tensor of shape {tuple(value.shape)}"
@@ -83,12 +84,12 @@ def unlike(saved: Any, live: Any, field: str, extra_keys: str = "plain", missing
     if isinstance(live, torch.Tensor):
         if (not isinstance(saved, torch.Tensor) or saved.shape != live.shape
                 or _dtype_kind(saved.dtype) != _dtype_kind(live.dtype)):
-            return field, saved, _describe(live)
+            return field, saved, describe_value(live)
         if saved.dtype.is_floating_point and not bool(torch.isfinite(saved).all()):
             return field, saved, "finite values"
         return None
     if live is None or isinstance(live, bool):
-        return None if saved is None or isinstance(saved, bool) else (field, saved, _describe(live))
+        return None if saved is None or isinstance(saved, bool) else (field, saved, describe_value(live))
     if _is_number(live):
         # infinity is a value some states start from (ReduceLROnPlateau's best); NaN compares with nothing
         if not _is_number(saved) or math.isnan(saved):
@@ -98,7 +99,7 @@ def unlike(saved: Any, live: Any, field: str, extra_keys: str = "plain", missing
         return None if isinstance(saved, str) else (field, saved, "a string")
     if isinstance(live, (list, tuple)):
         if not isinstance(saved, (list, tuple)) or len(saved) != len(live):
-            return field, saved, _describe(live)
+            return field, saved, describe_value(live)
         for i, (s, v) in enumerate(zip(saved, live)):
             found = unlike(s, v, f"{field}[{i}]", extra_keys, missing_keys)
             if found:
@@ -110,7 +111,7 @@ def unlike(saved: Any, live: Any, field: str, extra_keys: str = "plain", missing
         for key, value in live.items():
             if key not in saved:
                 if missing_keys:
-                    return f"{field}[{short_repr(key)}]", None, f"present ({_describe(value)})"
+                    return f"{field}[{short_repr(key)}]", None, f"present ({describe_value(value)})"
                 continue
             found = unlike(saved[key], value, f"{field}[{short_repr(key)}]", extra_keys, missing_keys)
             if found:
@@ -129,8 +130,12 @@ def unlike(saved: Any, live: Any, field: str, extra_keys: str = "plain", missing
 
 def _refuse(where: str | Path, found: tuple[str, Any, str], fix: str) -> TrainingStateError:
     field, value, expected = found
-    shown = _describe(value) if isinstance(value, torch.Tensor) else short_repr(value)
-    return TrainingStateError(f"{where}: {field} is {shown}, where this run needs {expected}; {fix}")
+    return TrainingStateError(f"{where}: {field} is {shown(value)}, where this run needs {expected}; {fix}")
+
+
+def shown(value: Any) -> str:
+    """A saved value in a message: a tensor described, anything else by its short repr."""
+    return describe_value(value) if isinstance(value, torch.Tensor) else short_repr(value)
 
 
 _FIX = ("resume from a checkpoint this config wrote (tools/train.py), or start from its weights alone with "
@@ -309,4 +314,5 @@ def check_restored_state(checkpoint: Mapping, where: str | Path, optimizers: Seq
             raise _refuse(where, found, _FIX)
 
 
-__all__ = ["KERNEL_FLAGS", "TrainingStateError", "check_optimizer_state", "check_restored_state", "unlike"]
+__all__ = ["KERNEL_FLAGS", "TrainingStateError", "check_optimizer_state", "check_restored_state", "describe_value",
+           "shown", "unlike"]
