@@ -25,6 +25,10 @@ KERNEL_FLAGS = ("fused", "capturable", "differentiable")
 
 _SCALARS = (type(None), bool, int, float, str)
 
+#: what every refusal suggests
+_FIX = ("resume from a checkpoint this config wrote (tools/train.py), or start from its weights alone with "
+        "--model.init_args.pretrained")
+
 
 class TrainingStateError(UserError, ValueError):
     """A resumed checkpoint's optimizer, scheduler, loop or precision state does not fit the run."""
@@ -76,10 +80,10 @@ def unlike(saved: Any, live: Any, field: str, extra_keys: str = "plain", missing
     """The first place where ``saved`` is not the same kind of value as ``live``: (field, saved value, what it should
     be), or None.
 
-    Tensors: the same shape and kind of dtype, floating ones finite; numbers: numbers, not NaN; None and booleans: None or a boolean; strings:
-    strings; lists: the same length, item by item; mappings: each key of ``live`` present (unless ``missing_keys`` is
-    False) and alike, and a key only ``saved`` has is refused (``extra_keys="refuse"``) or must be plain data
-    (``"plain"``: scalars, lists and mappings of them).
+    Tensors: the same shape and kind of dtype, floating ones finite; numbers: numbers, not NaN; None and booleans:
+    None or a boolean; strings: strings; lists: the same length, item by item; mappings: each key of ``live`` present
+    (unless ``missing_keys`` is False) and alike, and a key only ``saved`` has is refused (``extra_keys="refuse"``) or
+    must be plain data (``"plain"``: scalars, lists and mappings of them).
     """
     if isinstance(live, torch.Tensor):
         if (not isinstance(saved, torch.Tensor) or saved.shape != live.shape
@@ -136,10 +140,6 @@ def _refuse(where: str | Path, found: tuple[str, Any, str], fix: str) -> Trainin
 def shown(value: Any) -> str:
     """A saved value in a message: a tensor described, anything else by its short repr."""
     return describe_value(value) if isinstance(value, torch.Tensor) else short_repr(value)
-
-
-_FIX = ("resume from a checkpoint this config wrote (tools/train.py), or start from its weights alone with "
-        "--model.init_args.pretrained")
 
 
 def _check_param_state(saved: Any, param: torch.Tensor, field: str) -> tuple[str, Any, str] | None:
@@ -243,6 +243,7 @@ def _check_scheduler_state(saved: Any, scheduler: Any, field: str) -> tuple[str,
 
 
 def _check_values_only(saved: Mapping, groups: list, live_groups: list, where: str | Path, field: str) -> None:
+    """An optimizer state in a strategy's own layout: its groups' values and its states' kinds of values only."""
     for g, group in enumerate(groups):
         at = f"{field}['param_groups'][{g}]"
         if not isinstance(group, Mapping):
