@@ -87,7 +87,8 @@ def test_a_parameter_state_of_another_shape_or_type_is_refused_naming_it(value, 
                                                                                         r"tensor .* needs plain data"),
     (lambda s: s["optimizer_states"][0]["state"].update({7: {}}), r"\['state'\]\[7\] is \{\}, where this run needs "
                                                                   r"absent \(no parameter"),
-    (lambda s: s["optimizer_states"].append({}), r": optimizer_states is .*, where this run needs a list of 1 "),
+    (lambda s: s["optimizer_states"].append({}), r": optimizer_states is .*, where this run needs a list of 1 states "
+                                                 r"\(one for each of this run's optimizers\)"),
 ])
 def test_optimizer_groups_that_do_not_fit_are_refused(edit, expected):
     saved = _saved()

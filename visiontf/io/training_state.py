@@ -269,6 +269,17 @@ def _check_values_only(saved: Mapping, groups: list, live_groups: list, where: s
                 raise _refuse(where, (at, value, "a tensor or a finite number"), _FIX)
 
 
+def _one_each(checkpoint: Mapping, key: str, live: Sequence[Any], where: str | Path) -> list:
+    """The file's list of states under ``key``, one for each of the run's objects (none when the file has no key)."""
+    saved = checkpoint.get(key)
+    if saved is None:
+        return []
+    if not isinstance(saved, list) or len(saved) != len(live):
+        raise _refuse(where, (key, saved, f"a list of {len(live)} states (one for each of this run's "
+                              f"{'optimizers' if key == 'optimizer_states' else 'schedulers'})"), _FIX)
+    return saved
+
+
 def check_restored_state(checkpoint: Mapping, where: str | Path, optimizers: Sequence[torch.optim.Optimizer],
                          schedulers: Sequence[Any], loops: Mapping[str, Any], precision: tuple[str, Any] | None,
                          own_layout: bool = True) -> None:
@@ -285,22 +296,12 @@ def check_restored_state(checkpoint: Mapping, where: str | Path, optimizers: Seq
     Raises:
         TrainingStateError: naming the file and the field.
     """
-    saved = checkpoint.get("optimizer_states")
-    if saved is not None:
-        if not isinstance(saved, list) or len(saved) != len(optimizers):
-            raise _refuse(where, ("optimizer_states", saved, f"a list of {len(optimizers)} optimizer states (this "
-                                  "run's optimizers)"), _FIX)
-        for i, (state, optimizer) in enumerate(zip(saved, optimizers)):
-            check_optimizer_state(state, optimizer, where, f"optimizer_states[{i}]", own_layout)
-    saved = checkpoint.get("lr_schedulers")
-    if saved is not None:
-        if not isinstance(saved, list) or len(saved) != len(schedulers):
-            raise _refuse(where, ("lr_schedulers", saved, f"a list of {len(schedulers)} scheduler states (this run's "
-                                  "schedulers)"), _FIX)
-        for i, (state, scheduler) in enumerate(zip(saved, schedulers)):
-            found = _check_scheduler_state(state, scheduler, f"lr_schedulers[{i}]")
-            if found:
-                raise _refuse(where, found, _FIX)
+    for i, (state, optimizer) in enumerate(zip(_one_each(checkpoint, "optimizer_states", optimizers, where), optimizers)):
+        check_optimizer_state(state, optimizer, where, f"optimizer_states[{i}]", own_layout)
+    for i, (state, scheduler) in enumerate(zip(_one_each(checkpoint, "lr_schedulers", schedulers, where), schedulers)):
+        found = _check_scheduler_state(state, scheduler, f"lr_schedulers[{i}]")
+        if found:
+            raise _refuse(where, found, _FIX)
     saved = checkpoint.get("loops")
     if saved is not None:
         if not isinstance(saved, Mapping):
