@@ -373,3 +373,18 @@ def test_resuming_an_optimizer_state_of_other_shapes_is_one_line_before_any_step
                         r"tensor of shape \(1, \d+\), where this run needs a floating tensor of its parameter's shape "
                         r"\(\d+, \d+\); resume from a checkpoint this config wrote .*", line), line
     assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
+
+
+def test_resuming_an_optimizer_moment_of_one_repeated_value_is_one_line(trained, tmp_path, capsys):
+    """The parameter's shape, but one float of memory behind it (a zero-stride view): the fused step wrote past it as
+    it did past a smaller tensor. Refused where the file is read."""
+    from visiontf.cli.train import train_main
+
+    ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    index, param_state = next((i, s) for i, s in ckpt["optimizer_states"][0]["state"].items() if s["exp_avg"].dim() == 2)
+    param_state["exp_avg"] = torch.zeros(1).expand(param_state["exp_avg"].shape)
+    torch.save(ckpt, tmp_path / "repeated.ckpt")
+    line = _one_line_error(capsys, train_main, ["fit", *_args(trained["data"], tmp_path / "run"), "--trainer.max_epochs=2",
+                                                f"--ckpt_path={tmp_path / 'repeated.ckpt'}"])
+    assert re.fullmatch(rf".*repeated\.ckpt: the tensor at \['optimizer_states'\]\[0\]\['state'\]\[{index}\]\['exp_avg'\] "
+                        r"\(shape \(\d+, \d+\), strides \(0, 0\)\) claims \d+ bytes of values but holds 4: .*", line), line

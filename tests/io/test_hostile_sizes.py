@@ -82,12 +82,38 @@ def test_16_bit_images_are_rounded_in_integers_to_the_same_pixels(tmp_path):
 def test_rng_states_of_other_types_or_sizes_are_named(edit):
     """A resumed checkpoint's RNGStateCheckpoint state of another shape ended in the RNGs' raw TypeError,
     RuntimeError or IndexError."""
+    _refused_and_own_restores(edit)
+
+
+def _numpy_state(**fields):
+    from visiontf.callbacks import RNGStateCheckpoint
+
+    return {"numpy": {**RNGStateCheckpoint().state_dict()["numpy"], **fields}}
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"pos": 2_000_000_000}, r"numpy position 2000000000 is not in 0\.\.624"),
+    ({"pos": -1}, r"numpy position -1 is not in 0\.\.624"),
+    ({"pos": 625}, r"numpy position 625 is not in 0\.\.624"),
+    ({"keys": torch.full((624,), 1 << 33)}, r"numpy keys are not 32-bit words"),
+    ({"keys": torch.zeros(624)}, r"numpy keys are not 624 integers"),
+    ({"has_gauss": 2}, r"numpy's cached gaussian is not a flag and a finite number"),
+    ({"cached_gaussian": float("nan")}, r"numpy's cached gaussian is not a flag"),
+    ({"name": "PCG64"}, r"numpy generator 'PCG64', not 'MT19937'"),
+])
+def test_numpy_rng_states_outside_the_generator_are_refused_before_numpy_takes_them(fields, why):
+    """NumPy's legacy set_state took a position of 100000 or 2e9 and its next draw read past the 624 state words:
+    the resumed run (timm's Mixup draws from NumPy) died with a segfault."""
+    _refused_and_own_restores(_numpy_state(**fields), why)
+
+
+def _refused_and_own_restores(edit, why=r"\w+"):
     from visiontf.callbacks import RNGStateCheckpoint
 
     callback = RNGStateCheckpoint()
     state = {**callback.state_dict(), **edit}
     with pytest.raises(WeightsError, match=r"^the checkpoint resumed from: its RNGStateCheckpoint state is not the "
-                                           r"random states this callback saves \(\w+"):
+                                           r"random states this callback saves \(\w+Error: " + why):
         callback.load_state_dict(state)
     callback.load_state_dict(callback.state_dict())  # its own state restores
 
@@ -122,3 +148,47 @@ def test_saved_settings_that_build_a_model_far_larger_than_the_weights_are_refus
     with pytest.raises(WeightsError, match=r"odd\.safetensors: its saved settings build vit_tiny_patch16_224 with"):
         visiontf.load_model(tmp_path / "odd.safetensors")
     assert visiontf.load_model(tmp_path / "m.safetensors").patch_embed.proj.out_channels == 32
+
+
+def test_a_tensor_claiming_more_values_than_its_memory_is_refused_unread(tmp_path):
+    """A view with a zero stride saves one element as any number of them: 4 bytes in the file read as a 4 TB weight
+    by anything that touches every value (the NaN check allocated what the file claimed), and torch's fused AdamW
+    wrote past such an optimizer moment. The sizes alone are compared; nothing is allocated."""
+    from visiontf import create_model
+
+    model = create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1, embed_dim=48,
+                         num_heads=3, num_classes=3)
+    state = dict(model.state_dict())
+    state["head.weight"] = torch.zeros(1).expand(2**20, 2**20)
+    torch.save(state, tmp_path / "vast.pth")
+    assert (tmp_path / "vast.pth").stat().st_size < 1 << 20
+    for mmap in (False, True):
+        with pytest.raises(WeightsError, match=r"vast\.pth: the tensor at \['head\.weight'\] \(shape \(1048576, 1048576\), "
+                                               r"strides \(0, 0\)\) claims 4398046511104 bytes of values but holds 4: "):
+            safe_torch_load(tmp_path / "vast.pth", mmap=mmap)
+    with pytest.raises(WeightsError, match=r"vast\.pth: the tensor at \['head\.weight'\]"):
+        create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "vast.pth"), img_size=32, patch_size=8, depth=1,
+                     embed_dim=48, num_heads=3, num_classes=3)
+    # nested deep in containers and referenced twice, as in a Lightning checkpoint's optimizer state
+    moment = torch.zeros(1).expand(48, 48)
+    torch.save({"optimizer_states": [{"state": {0: {"exp_avg": moment}, 1: {"exp_avg": moment}}}]}, tmp_path / "o.ckpt")
+    with pytest.raises(WeightsError, match=r"o\.ckpt: the tensor at \['optimizer_states'\]\[0\]\['state'\]\[\d\]"
+                                           r"\['exp_avg'\] \(shape \(48, 48\), strides \(0, 0\)\) claims 9216 bytes"):
+        safe_torch_load(tmp_path / "o.ckpt")
+
+
+def test_views_that_hold_their_own_memory_load():
+    """Slices, transposes, channels-last weights and views into a larger storage are what torch.save writes for real
+    models and states: each element has memory of its own."""
+    import io
+
+    base = torch.arange(60.0).reshape(3, 4, 5)
+    kept = {"slice": base[:, ::2], "transposed": base.transpose(0, 2), "offset": base[2],
+            "channels_last": torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last), "one_row": base[:1].expand(1, 4, 5),
+            "empty": torch.zeros(0, 3).expand(0, 3), "scalar": torch.tensor(1.5)}
+    buffer = io.BytesIO()
+    torch.save(kept, buffer)
+    buffer.seek(0)
+    loaded = safe_torch_load(buffer)
+    for name, value in kept.items():
+        assert torch.equal(loaded[name], value), name

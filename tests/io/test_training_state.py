@@ -165,3 +165,12 @@ def test_a_strategy_layout_is_checked_for_kinds_of_values_only():
     state["param_groups"][0]["lr"] = "fast"
     with pytest.raises(TrainingStateError, match=r"\['param_groups'\]\[0\]\['lr'\] is 'fast', where this run needs a "):
         check_restored_state(saved, "run/last.ckpt", [optimizer], [scheduler], {}, None, own_layout=False)
+
+
+def test_a_moment_of_one_repeated_value_is_refused_however_the_file_was_read():
+    """A plain Trainer reads the file with Lightning's own torch.load, not visiontf's reader, which refuses it first."""
+    saved = _saved()
+    saved["optimizer_states"][0]["state"][0]["exp_avg"] = torch.zeros(1).expand(4, 3)
+    with pytest.raises(TrainingStateError, match=r"\['exp_avg'\] is a floating tensor of shape \(4, 3\), where this run "
+                                                 r"needs a tensor with memory for each of its values \(it holds 4 bytes\)"):
+        _check(saved)

@@ -101,7 +101,9 @@ def safe_torch_load(path: str | Path | typing.IO[bytes], map_location: Any = "cp
     """
     if not isinstance(path, (str, Path)):  # an open binary file (Lightning's load_from_checkpoint takes one)
         with allow_listed_globals():
-            return torch.load(path, map_location=map_location, weights_only=True)
+            loaded = torch.load(path, map_location=map_location, weights_only=True)
+        check_tensor_memory(loaded, getattr(path, "name", "the file"))
+        return loaded
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"{path}: file not found" + (" (a broken symbolic link)" if path.is_symlink() else ""))
@@ -116,9 +118,62 @@ def safe_torch_load(path: str | Path | typing.IO[bytes], map_location: Any = "cp
         raise corrupt_file_error(path, damaged)
     try:
         with allow_listed_globals():
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
+            loaded = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except Exception as e:
         raise (describe_load_failure(path, e) or e) from e
+    check_tensor_memory(loaded, path)
+    return loaded
+
+
+def _tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in a loaded object, with where it is (each container visited once: the pickle may reference one
+    many times, and nest deeper than Python recursion goes)."""
+    seen: set[int] = set()
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        where, item = stack.pop()
+        if torch.is_tensor(item):
+            yield where, item
+            continue
+        if id(item) in seen or isinstance(item, (str, bytes, int, float, bool, type(None))):
+            continue
+        seen.add(id(item))
+        if isinstance(item, Mapping):
+            stack.extend((f"{where}[{k!r}]", v) for k, v in item.items())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
+        elif hasattr(item, "__dict__") and not isinstance(item, type):
+            stack.extend((f"{where}.{k}", v) for k, v in vars(item).items())
+
+
+def bytes_held(t: torch.Tensor) -> int | None:
+    """The bytes of memory a strided tensor's storage holds from its first element on (None for tensors without one:
+    sparse, meta or empty); fewer than ``numel * element_size`` means its elements share memory."""
+    if t.layout != torch.strided or t.numel() == 0 or t.device.type == "meta":
+        return None
+    return t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+
+
+def check_tensor_memory(obj: Any, path: str | Path) -> None:
+    """Refuse a loaded file whose tensors claim more elements than their memory holds.
+
+    ``torch.save`` writes each tensor with its storage, and a view of a storage may repeat its elements (a zero
+    stride: ``torch.zeros(1).expand(4096, 4096)``), so a few bytes in a file can stand for any number of values. Code
+    that takes a tensor for dense memory then reads or writes past it (torch's fused AdamW did, resuming such an
+    optimizer state: the process died), and anything that reads every value (a NaN check, ``.contiguous()``) allocates
+    what the file claims. Only the tensors' sizes are read, never their data.
+
+    Raises:
+        WeightsError: naming the file and where the tensor is.
+    """
+    for where, t in _tensors(obj):
+        held = bytes_held(t)
+        if held is not None and t.numel() * t.element_size() > held:
+            raise WeightsError(f"{path}: the tensor at {where or 'the top'} (shape {tuple(t.shape)}, strides {t.stride()}) "
+                               f"claims {t.numel() * t.element_size()} bytes of values but holds {max(held, 0)}: its "
+                               "elements share memory with one another (a view with a zero stride), where a model's "
+                               "weights and a run's training state each hold their own; the file is refused: save the "
+                               "tensor with .contiguous() if it is yours")
 
 
 def describe_load_failure(path: Path, error: BaseException) -> WeightsError | None:
