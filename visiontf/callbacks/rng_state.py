@@ -1,6 +1,7 @@
 """RNG states in checkpoints, so a resumed run draws what the interrupted one would have drawn."""
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -9,6 +10,9 @@ import numpy as np
 import torch
 
 from visiontf.io.weights import WeightsError
+
+#: the words of NumPy's legacy Mersenne Twister state
+MT19937_WORDS = 624
 
 
 class RNGStateCheckpoint(L.Callback):
@@ -50,10 +54,27 @@ class RNGStateCheckpoint(L.Callback):
         py = state_dict["python"]
         random.setstate((py["version"], tuple(py["internal"].tolist()), py["gauss"]))
         n = state_dict["numpy"]
+        _check_mt19937(n)
         np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
         torch.set_rng_state(state_dict["torch"])
         if "cuda" in state_dict and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state_dict["cuda"])
+
+
+def _check_mt19937(state: dict[str, Any]) -> None:
+    """NumPy's ``set_state`` takes a position past its 624 words and its next draw reads beyond them (the process
+    died with a segfault): each field is checked against the generator's own layout first."""
+    keys, pos = state["keys"], state["pos"]
+    if state["name"] != "MT19937":
+        raise ValueError(f"numpy generator {state['name']!r}, not 'MT19937'")
+    if not torch.is_tensor(keys) or keys.shape != (MT19937_WORDS,) or keys.is_floating_point() or keys.is_complex():
+        raise ValueError(f"numpy keys are not {MT19937_WORDS} integers")
+    if int(keys.min()) < 0 or int(keys.max()) >= 1 << 32:
+        raise ValueError("numpy keys are not 32-bit words")
+    if not isinstance(pos, int) or isinstance(pos, bool) or not 0 <= pos <= MT19937_WORDS:
+        raise ValueError(f"numpy position {pos!r} is not in 0..{MT19937_WORDS}")
+    if state["has_gauss"] not in (0, 1) or not math.isfinite(state["cached_gaussian"]):
+        raise ValueError("numpy's cached gaussian is not a flag and a finite number")
 
 
 __all__ = ["RNGStateCheckpoint"]
