@@ -388,3 +388,15 @@ def test_resuming_an_optimizer_moment_of_one_repeated_value_is_one_line(trained,
                                                 f"--ckpt_path={tmp_path / 'repeated.ckpt'}"])
     assert re.fullmatch(rf".*repeated\.ckpt: the tensor at \['optimizer_states'\]\[0\]\['state'\]\[{index}\]\['exp_avg'\] "
                         r"\(shape \(\d+, \d+\), strides \(0, 0\)\) claims \d+ bytes of values but holds 4: .*", line), line
+
+
+def test_predicting_with_a_checkpoint_whose_preprocess_is_vast_is_one_line(trained, tmp_path, capsys):
+    """A checkpoint's preprocess of 10000 x 10000 pixels kept the ViT's prediction of one small image running for many
+    minutes (a helper's audit: 14 minutes on 2 cores, 3.7 GB, then killed)."""
+    ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    ckpt["preprocess"]["input_size"] = [3, 10000, 10000]
+    torch.save(ckpt, tmp_path / "vast.ckpt")
+    line = _one_line_error(capsys, predict_main, ["--ckpt_path", str(tmp_path / "vast.ckpt"), "--input",
+                                                  str(trained["data"]), "--output", str(tmp_path / "out")])
+    assert re.fullmatch(r".*vast\.ckpt: its saved preprocess: input_size is \(3, 10000, 10000\): each size is 1 to 8192 "
+                        r"pixels", line), line

@@ -94,3 +94,35 @@ def test_validation_without_resize_is_saved_as_no_resize(tmp_path):
     task.on_save_checkpoint(ckpt)
     assert ckpt["preprocess"]["resize"] is None
     assert get_adapter(task.model).eval_settings(task.model).resize == (64, 40), "the model's own, when nothing says"
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_size_in_pixels_read_from_a_file_is_bounded(task):
+    """A checkpoint of a ViT whose preprocess said 10000 x 10000 kept tools/predict.py busy for many minutes on one
+    small image. Settings read from a file (a checkpoint's preprocess, an export's labels file) are bounded."""
+    from visiontf.tasks.eval_settings import MAX_SIDE
+
+    settings_type = adapter_for_task(task).settings_type
+    defaults = settings_type()
+    for name in settings_type.pixel_fields:
+        sizes = {"input_size": [(3, MAX_SIDE + 1, 224), (3, 224, 0)], "resize": [(MAX_SIDE + 1, 512)],
+                 "crop_size": [MAX_SIDE + 1, (0, 64)], "stride": [0], "min_size": [MAX_SIDE + 1, 0],
+                 "max_size": [MAX_SIDE + 1]}[name]
+        for bad in sizes:
+            with pytest.raises(SettingsError, match=rf"checkpoint's preprocess: {name} is .*: each size is 1 to "
+                                                    rf"{MAX_SIDE} pixels"):
+                defaults.updated({name: bad}).check_sizes("checkpoint's preprocess")
+        assert defaults.check_sizes("x") == defaults
+        assert defaults.updated({name: sizes[0]}) is not None  # a run's own config or a caller's values may go beyond
+    if task == "detection":
+        assert defaults.updated({"min_size": MAX_SIDE, "max_size": None}).check_sizes("x").min_size == MAX_SIDE
+    assert settings_type.pixel_fields or task in ("restoration", "generation")
+
+
+def test_a_crop_pct_that_would_resize_beyond_the_bound_is_refused():
+    settings = adapter_for_task("classification").settings_type()
+    assert settings.updated({"crop_pct": 1.15}).check_sizes("f.ckpt").crop_pct == 1.15  # timm's largest
+    for bad in (0.0, -0.5, 224 / 9000):
+        with pytest.raises(SettingsError, match=r"f\.ckpt: crop_pct is .*: it must be above 0, and input_size / crop_pct "
+                                                r"at most 8192 pixels"):
+            settings.updated({"crop_pct": bad}).check_sizes("f.ckpt")

@@ -53,6 +53,7 @@ def saved_settings(adapter: TaskAdapter, model: nn.Module, saved: Mapping[str, A
     if isinstance(given, PreprocessModule):
         return given
     adapter.settings_type.check_keys(saved or {}, where)
+    adapter.eval_settings(model, saved, where=where).check_sizes(where)  # the file's sizes, bounded and named as such
     return adapter.eval_settings(model, saved, given, where="preprocess=")
 
 

@@ -17,12 +17,16 @@ import functools
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from visiontf.core.errors import UserError
 from visiontf.core.saved_arguments import NotOfType, as_declared, short_repr, type_name
 
 S = TypeVar("S", bound="EvalSettings")
+
+#: the largest side, in pixels, eval settings read from a file may give (a checkpoint's ``preprocess`` of 10000 x 10000
+#: kept a ViT's prediction of one small image busy for many minutes)
+MAX_SIDE = 8192
 
 
 class SettingsError(UserError, ValueError):
@@ -51,6 +55,10 @@ class EvalSettings:
     included (``resize=None``: no resize; ``max_size=None``: no cap); a key left out keeps what is there.
     """
 
+    #: the fields that are sizes in pixels (an int or a tuple of them, None where the field allows it): each side
+    #: from 1 to :data:`MAX_SIDE`
+    pixel_fields: ClassVar[tuple[str, ...]] = ()
+
     def __post_init__(self) -> None:
         hints = _field_types(type(self))
         for f in fields(self):
@@ -63,6 +71,15 @@ class EvalSettings:
             except NotOfType:
                 raise SettingsError(f"{f.name} is {short_repr(value)}, not {type_name(hints[f.name])}") from None
             object.__setattr__(self, f.name, value)
+
+    def check_sizes(self, where: str) -> EvalSettings:
+        """These settings, when each size in pixels is 1 to :data:`MAX_SIDE` (for settings read from a file: a run's
+        own config or a caller's values may go beyond); otherwise a :class:`SettingsError` naming ``where``."""
+        for name in self.pixel_fields:
+            value = getattr(self, name)
+            if any(side is not None and not 1 <= side <= MAX_SIDE for side in (value if isinstance(value, tuple) else (value,))):
+                raise SettingsError(f"{where}: {name} is {short_repr(value)}: each size is 1 to {MAX_SIDE} pixels")
+        return self
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from torchvision.transforms.v2 import functional as TF
 from visiontf.models.contract import AttentionRollout
 from visiontf.models.vit.vit import merge_distilled
 from visiontf.tasks import drawing
-from visiontf.tasks.eval_settings import EvalSettings
+from visiontf.tasks.eval_settings import MAX_SIDE, EvalSettings, SettingsError
 from visiontf.tasks.task_inference import PreprocessModule, TaskAdapter
 
 _INTERPOLATION = {"bicubic": InterpolationMode.BICUBIC, "nearest": InterpolationMode.NEAREST}
@@ -64,11 +64,21 @@ class ClassificationSettings(EvalSettings):
     mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
     std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
 
+    pixel_fields = ("input_size",)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         size = self.input_size
         object.__setattr__(self, "input_size", (3, int(size[-2]), int(size[-1])))
         object.__setattr__(self, "crop_pct", float(self.crop_pct))
+
+    def check_sizes(self, where: str) -> ClassificationSettings:
+        super().check_sizes(where)
+        # the image is first resized to input_size / crop_pct (timm's crop_pct are 0.875 to 1.15)
+        if not (self.crop_pct > 0 and min(self.input_size[-2:]) / self.crop_pct <= MAX_SIDE):
+            raise SettingsError(f"{where}: crop_pct is {self.crop_pct!r}: it must be above 0, and input_size / crop_pct "
+                                f"at most {MAX_SIDE} pixels")
+        return self
 
 
 class ClassificationPreprocess(PreprocessModule):

@@ -39,6 +39,8 @@ def colour_depth(depth: Tensor, max_depth: float) -> Tensor:
 class DepthSettings(EvalSettings):
     """Images resized to ``input_size`` (C, H, W) (bilinear, antialiased), normalised with ``mean``/``std``."""
 
+    pixel_fields = ("input_size",)
+
     input_size: tuple[int, int, int] = (3, 224, 224)
     mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
     std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)

@@ -58,6 +58,8 @@ class DetectionSettings(EvalSettings):
     """DETR's eval transform: the shorter side resized to ``min_size``, the longer one at most ``max_size``
     (None: no cap), normalised with ``mean``/``std``."""
 
+    pixel_fields = ("min_size", "max_size")
+
     min_size: int = 800
     max_size: int | None = 1333
     mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)

@@ -25,6 +25,8 @@ class SegmentationSettings(EvalSettings):
     original size), normalisation with ``mean``/``std``, then ``test_mode`` inference: ``"whole"`` images
     or ``"slide"`` windows of ``crop_size`` every ``stride`` ((h, w), an int, or None: the model's own)."""
 
+    pixel_fields = ("resize", "crop_size", "stride")
+
     mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
     std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
     resize: tuple[int, int] | None = None
