@@ -179,7 +179,7 @@ class BaseTask(L.LightningModule):
         if checkpoint is None or trainer is None or trainer.state.fn != TrainerFn.FITTING:
             return
         plugin = trainer.precision_plugin
-        check_restored_state(checkpoint, trainer.ckpt_path, trainer.optimizers,
+        check_restored_state(checkpoint, trainer.ckpt_path or "the checkpoint resumed from", trainer.optimizers,
                              [config.scheduler for config in trainer.lr_scheduler_configs],
                              {"fit_loop": trainer.fit_loop.state_dict()}, (type(plugin).__qualname__, plugin.state_dict()),
                              # FSDP and the like restore after their setup, from their own layout of the states
