@@ -305,3 +305,44 @@ def test_gather_core_is_deterministic_on_cuda():
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+#: maps large enough that, without gradients, the module samples the unprojected value (see the test below)
+WIDE_SHAPES = [(16, 20), (8, 10), (4, 5)]
+
+
+@pytest.mark.parametrize("sampling", ["bilinear", "discrete"])
+@pytest.mark.parametrize("points", [2, (3, 1, 2)])
+@pytest.mark.parametrize("coords", [2, 4])
+def test_sampling_before_projecting_equals_projecting_first(points, coords, sampling, monkeypatch):
+    """Without gradients a decoder's queries sample the unprojected value and project the sums (a column of ones
+    carries the bias's weight): the same output as the projection first, padded cells and cells off the map included,
+    for every sampling option. The encoder's case (a query per value row) keeps the projection first."""
+    if sampling == "discrete" and isinstance(points, int):
+        points = (points,) * len(WIDE_SHAPES)
+    torch.manual_seed(0)
+    attn = MSDeformAttn(32, len(WIDE_SHAPES), 4, points, sampling=sampling).double()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.3)
+    S = sum(h * w for h, w in WIDE_SHAPES)
+    query, value = torch.randn(2, 5, 32, dtype=torch.float64), torch.randn(2, S, 32, dtype=torch.float64)
+    refs = -0.1 + 1.2 * torch.rand(2, 5, len(WIDE_SHAPES), coords, dtype=torch.float64)
+    pad = torch.zeros(2, S, dtype=torch.bool)
+    pad[1, 200:320] = True  # the right part of image 1's first map, and the start of its second
+    late = []
+    sample_then_project = attn._sample_then_project
+    monkeypatch.setattr(attn, "_sample_then_project", lambda *a: late.append(1) or sample_then_project(*a))
+    projected_first = attn(query, refs, value, WIDE_SHAPES, pad)  # gradients on: the projection first
+    assert not late
+    with torch.no_grad():
+        sampled_first = attn(query, refs, value, WIDE_SHAPES, pad)
+    assert late == [1]
+    torch.testing.assert_close(sampled_first, projected_first.detach(), rtol=0, atol=1e-12)
+    with torch.no_grad():  # the bias's weight is each head's weight on valid cells: it differs from 1 here
+        sums = attn(query, refs, value.new_zeros(value.shape), WIDE_SHAPES, pad)
+    assert not torch.allclose(sums, attn.output_proj(attn.value_proj.bias.expand(2, 5, 32)))
+    calls = len(late)
+    with torch.no_grad():
+        attn(value, torch.rand(2, S, len(WIDE_SHAPES), coords, dtype=torch.float64), value, WIDE_SHAPES, pad)
+    assert len(late) == calls
