@@ -28,6 +28,7 @@ from visiontf.io.weights import WeightsError, load_state_dict_file
 from visiontf.models.backbones.backbone import Backbone, load_fitting_imagenet
 from visiontf.models.backbones.fast_pool import replace_max_pool
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
+from visiontf.models.backbones.layout import conv_layout
 from visiontf.models.backbones.registry import register_backbone
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ class HGNetV2Backbone(Backbone):
             four stage rows as in :func:`hgnetv2_arch`; None: ``arch``'s.
         pretrained: a local ImageNet file in D-FINE's layout (``PPHGNetV2_B4_stage1.pth``; also timm's, the same
             names) or transformers'; True is refused (the originals' files are GitHub release assets).
-        channels_last: run in channels-last memory format (faster convolutions on CPUs).
+        channels_last: run in channels-last memory format (faster convolutions on CPUs); inference on the CPU runs
+            in it anyway (:func:`~visiontf.models.backbones.layout.conv_layout`).
     """
 
     def __init__(
@@ -131,8 +133,7 @@ class HGNetV2Backbone(Backbone):
 
     def forward_maps(self, images: Tensor) -> list[Tensor]:
         """The maps of ``out_stages``, finest first (``images`` padded by the caller, :meth:`pad`)."""
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = conv_layout(images, self.channels_last, self.training)
         x = self.body.stem(images)
         maps = []
         for i, stage in enumerate(self.body.stages, start=1):

@@ -29,6 +29,7 @@ from visiontf.io.weights import WeightsError, load_state_dict_file
 from visiontf.models.backbones.backbone import Backbone, load_fitting_imagenet
 from visiontf.models.backbones.fast_pool import replace_max_pool
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
+from visiontf.models.backbones.layout import conv_layout
 from visiontf.models.backbones.registry import register_backbone
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ class ResNetVdBackbone(Backbone):
         pretrained: a local ImageNet file in RT-DETR's ``PResNet`` layout, transformers' ``RTDetrResNet`` layout or
             timm's (``resnet50d``/``resnet101d``: the same network); True is refused (the originals' files are
             GitHub release assets: download one and pass its path).
-        channels_last: run in channels-last memory format (faster convolutions on CPUs).
+        channels_last: run in channels-last memory format (faster convolutions on CPUs); inference on the CPU runs
+            in it anyway (:func:`~visiontf.models.backbones.layout.conv_layout`).
     """
 
     def __init__(
@@ -134,8 +136,7 @@ class ResNetVdBackbone(Backbone):
 
     def forward_maps(self, images: Tensor) -> list[Tensor]:
         """The maps of ``out_stages``, finest first (``images`` padded by the caller, :meth:`pad`)."""
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = conv_layout(images, self.channels_last, self.training)
         body = self.body
         x = body.maxpool(body.act1(body.bn1(body.conv1(images))))
         maps = []
