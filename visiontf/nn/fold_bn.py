@@ -21,6 +21,8 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from visiontf.nn.cpu_convolution import OneDNNConv2d
+
 __all__ = ["fold_batchnorms", "fold_conv_bn", "is_foldable_norm"]
 
 
@@ -46,9 +48,9 @@ def _frozen_partner(conv: nn.Module) -> nn.Module | None:
 
 
 def _plain_conv(conv: nn.Module) -> bool:
-    """An ``nn.Conv2d`` whose forward is the plain one (or a frozen-BN-riding one): subclasses with other paddings or
+    """An ``nn.Conv2d`` whose forward is the plain one (oneDNN's in inference, or a frozen-BN-riding one): subclasses with other paddings or
     weight transforms are left alone."""
-    return isinstance(conv, nn.Conv2d) and (type(conv) is nn.Conv2d or _frozen_partner(conv) is not None)
+    return isinstance(conv, nn.Conv2d) and (type(conv) in (nn.Conv2d, OneDNNConv2d) or _frozen_partner(conv) is not None)
 
 
 @torch.no_grad()

@@ -14,6 +14,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from visiontf.nn.cpu_convolution import OneDNNConv2d
+
 
 class FoldedFrozenBatchNorm2d(FrozenBatchNorm2d):
     """A FrozenBatchNorm2d applied by the convolution before it; the identity on its own."""
@@ -26,7 +28,7 @@ class FoldedFrozenBatchNorm2d(FrozenBatchNorm2d):
         return scale, self.bias - self.running_mean * scale
 
 
-class ConvFrozenBN2d(nn.Conv2d):
+class ConvFrozenBN2d(OneDNNConv2d):
     """Conv2d that also applies the frozen BN following it (kept in ``__dict__``, not a submodule)."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -37,7 +39,7 @@ class ConvFrozenBN2d(nn.Conv2d):
 
 
 def _fold(conv: nn.Module, bn: nn.Module) -> bool:
-    if type(conv) is not nn.Conv2d or type(bn) is not FrozenBatchNorm2d or conv.out_channels != bn.weight.numel():
+    if type(conv) not in (nn.Conv2d, OneDNNConv2d) or type(bn) is not FrozenBatchNorm2d or conv.out_channels != bn.weight.numel():
         return False
     conv.__class__ = ConvFrozenBN2d
     conv.__dict__["_frozen_bn"] = bn

@@ -28,8 +28,8 @@ from visiontf.io.weights import WeightsError, load_state_dict_file
 from visiontf.models.backbones.backbone import Backbone, load_fitting_imagenet
 from visiontf.models.backbones.fast_pool import replace_max_pool
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
-from visiontf.models.backbones.layout import conv_layout
 from visiontf.models.backbones.registry import register_backbone
+from visiontf.nn.cpu_convolution import conv_layout, use_onednn_convolutions
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class HGNetV2Backbone(Backbone):
         pretrained: a local ImageNet file in D-FINE's layout (``PPHGNetV2_B4_stage1.pth``; also timm's, the same
             names) or transformers'; True is refused (the originals' files are GitHub release assets).
         channels_last: run in channels-last memory format (faster convolutions on CPUs); inference on the CPU runs
-            in it anyway (:func:`~visiontf.models.backbones.layout.conv_layout`).
+            in it anyway (:func:`~visiontf.nn.cpu_convolution.conv_layout`).
     """
 
     def __init__(
@@ -128,6 +128,7 @@ class HGNetV2Backbone(Backbone):
                 if name.startswith(tuple(frozen)):
                     p.requires_grad_(False)
         replace_max_pool(body.stem, "pool")  # the same values, faster in inference (fast_pool)
+        use_onednn_convolutions(body)  # oneDNN for every float32 convolution in inference on the CPU
         if channels_last:
             body.to(memory_format=torch.channels_last)
 

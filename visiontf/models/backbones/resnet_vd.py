@@ -29,8 +29,8 @@ from visiontf.io.weights import WeightsError, load_state_dict_file
 from visiontf.models.backbones.backbone import Backbone, load_fitting_imagenet
 from visiontf.models.backbones.fast_pool import replace_max_pool
 from visiontf.models.backbones.frozen_bn import fold_frozen_batchnorm
-from visiontf.models.backbones.layout import conv_layout
 from visiontf.models.backbones.registry import register_backbone
+from visiontf.nn.cpu_convolution import conv_layout, use_onednn_convolutions
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class ResNetVdBackbone(Backbone):
             timm's (``resnet50d``/``resnet101d``: the same network); True is refused (the originals' files are
             GitHub release assets: download one and pass its path).
         channels_last: run in channels-last memory format (faster convolutions on CPUs); inference on the CPU runs
-            in it anyway (:func:`~visiontf.models.backbones.layout.conv_layout`).
+            in it anyway (:func:`~visiontf.nn.cpu_convolution.conv_layout`).
     """
 
     def __init__(
@@ -131,6 +131,7 @@ class ResNetVdBackbone(Backbone):
                 if name.startswith(tuple(frozen)):
                     p.requires_grad_(False)
         replace_max_pool(body, "maxpool")  # the same values, faster in inference (fast_pool)
+        use_onednn_convolutions(body)  # oneDNN for every float32 convolution in inference on the CPU
         if channels_last:
             body.to(memory_format=torch.channels_last)
 

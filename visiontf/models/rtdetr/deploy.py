@@ -41,6 +41,7 @@ def fuse_for_inference(model: nn.Module) -> dict[str, int]:
 
     The model is put in evaluation mode; a forward in training mode afterwards raises. Backbones without a
     ``fuse_for_inference`` method (another ``Backbone`` given to ``build_rtdetr``) are left unfused."""
+    from visiontf.nn.cpu_convolution import use_onednn_convolutions
     from visiontf.nn.fold_bn import fold_batchnorms
 
     for part in ("backbone", "encoder", "decoder"):
@@ -53,6 +54,7 @@ def fuse_for_inference(model: nn.Module) -> dict[str, int]:
         "encoder": model.encoder.fuse_for_inference(),
         "decoder": sum(fold_batchnorms(proj) for proj in model.decoder.input_proj),
     }
+    use_onednn_convolutions(model)  # the folds' new convolutions are plain ones
     if not is_fused(model):
         model.register_forward_pre_hook(_refuse_training)
         setattr(model, FUSED_ATTR, True)

@@ -52,6 +52,7 @@ from visiontf.models.rtdetr.rtdetr_options import (
     section,
 )
 from visiontf.models.set_loss_options import SetLossOptions
+from visiontf.nn.cpu_convolution import use_onednn_convolutions
 from visiontf.nn.ms_deform_attn import recording_sampling
 from visiontf.nn.ms_deform_tables import tracing_shapes
 
@@ -143,6 +144,8 @@ class RTDETR(BackboneLayerDepth, Detector):
         mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if input_norm == "imagenet" else ((0.0,) * 3, (1.0,) * 3)
         self.register_buffer("pixel_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+        # oneDNN for every float32 convolution in inference on the CPU (PyTorch sends one thread's 1 x 1 ones to BLAS)
+        use_onednn_convolutions(self)
 
     # ------------------------------------------------------------------------------------ contract
     def set_loss_options(self) -> SetLossOptions:
