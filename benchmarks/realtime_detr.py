@@ -207,13 +207,13 @@ def run(quick: bool = False, models: tuple[str, ...] = MODELS, threads: tuple[in
                                    "onnxruntime": lambda s=sess, f=feeds: s.run(None, f)}, warmup=2, repeats=repeats)
                 extra = dict(threads=n, size=side, hf_version=transformers.__version__, ort_version=ort.__version__,
                              load_before=load, load_after=os.getloadavg()[0])
-                ref = times["hf"]
+                hf_times = times["hf"]
                 for path, same in (("eager", eager_same), ("fused", fused_same), ("onnxruntime", ort_same)):
                     t = times[path]
-                    rows.append(row(f"{name} {path} {n}t", t["wall"], ref["wall"], same >= AGREE, f"transformers {type(hf).__name__}",
-                                    queries_agreeing=same, cpu_s=t["cpu"], ref_cpu_s=ref["cpu"], cpu_ratio=ref["cpu"] / t["cpu"],
-                                    spread={"ours_wall": (t["wall_min"], t["wall_max"]), "ref_wall": (ref["wall_min"], ref["wall_max"]),
-                                            "ours_cpu": (t["cpu_min"], t["cpu_max"]), "ref_cpu": (ref["cpu_min"], ref["cpu_max"])}, **extra))
+                    rows.append(row(f"{name} {path} {n}t", t["wall"], hf_times["wall"], same >= AGREE, f"transformers {type(hf).__name__}",
+                                    queries_agreeing=same, cpu_s=t["cpu"], ref_cpu_s=hf_times["cpu"], cpu_ratio=hf_times["cpu"] / t["cpu"],
+                                    spread={"ours_wall": (t["wall_min"], t["wall_max"]), "ref_wall": (hf_times["wall_min"], hf_times["wall_max"]),
+                                            "ours_cpu": (t["cpu_min"], t["cpu_max"]), "ref_cpu": (hf_times["cpu_min"], hf_times["cpu_max"])}, **extra))
                 print(format_table(rows[-3:]), flush=True)
                 print(cpu_table(rows[-3:]), flush=True)
     return rows
