@@ -269,9 +269,10 @@ class MSDeformAttn(nn.Module):
         Both orders compute the same sum, since the projection and the weighted bilinear sum are linear: projecting
         every row costs ``S * C * C`` multiply-adds, sampling the unprojected rows ``Lq * M * J * 4 * (C + 1)``
         gathered values (each head reads all ``C`` channels, and a column of ones for the bias) and a per-head
-        projection of the sums. A gathered value costs about three multiply-adds of a projection on the CPU
-        (the two orders cross there for DINO's and the CPU recipe's shapes), so the samples must cost under a
-        quarter of the projection. Training keeps the projection first, which its backward favours under autocast.
+        projection of the sums. On the CPU a gathered value costs a few multiply-adds of a projection, so the rule
+        asks the gathers to count under a quarter of the projection's multiply-adds. Training keeps the projection
+        first: under autocast its bf16 projections are cheap, and a step gained nothing. (Where the two orders cross,
+        and what each gives: docs/record/speed.md, "Real-time DETRs in CPU inference".)
         """
         if torch.is_grad_enabled() or not self.projections or packed is not None or self.method != "gather" or fused_kernel_runs(value):
             return False
