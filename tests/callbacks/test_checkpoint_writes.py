@@ -241,6 +241,26 @@ def test_a_best_checkpoint_of_another_folder_is_not_tracked_nor_handed_to_the_lo
     assert secret.read_text() == "a private key"
 
 
+def test_validating_a_checkpoint_of_another_run_forgets_its_paths_without_a_warning(tmp_path, caplog):
+    """Lightning restores the callbacks for ``validate`` too (``tools/eval.py``, ``make demo``'s evaluation in a folder
+    of its own): the other run's paths are forgotten there as well, but the warning about the best checkpoints starting
+    afresh is for training, where it is given once."""
+    folder, make, ckpt, state = _trained_state(tmp_path, LastAndBestCheckpoint)
+    kwargs = dict(plugins=[AtomicCheckpointIO()], logger=False, enable_progress_bar=False, enable_model_summary=False,
+                  num_sanity_val_steps=0)
+    evaluating = make(dirpath=tmp_path / "eval" / "ck")
+    with caplog.at_level(logging.WARNING, logger="visiontf.callbacks.checkpoint"):
+        L.Trainer(callbacks=[evaluating], default_root_dir=tmp_path / "eval", **kwargs).validate(
+            Tiny(), _loader(), ckpt_path=str(folder / "last.ckpt"))
+    assert evaluating.best_model_path == "" and evaluating.last_model_path == ""
+    assert "not checkpoint files" not in caplog.text
+    resumed = make(dirpath=tmp_path / "other" / "ck")
+    with caplog.at_level(logging.WARNING, logger="visiontf.callbacks.checkpoint"):
+        L.Trainer(max_epochs=2, callbacks=[resumed], default_root_dir=tmp_path / "other", **kwargs).fit(
+            Tiny(), _loader(), _loader(), ckpt_path=str(folder / "last.ckpt"))
+    assert caplog.text.count("which are not checkpoint files of this run's checkpoint folder") == 1
+
+
 @pytest.mark.parametrize("callback", [LastAndBestCheckpoint, ModelCheckpoint])
 def test_a_restored_path_to_a_file_of_the_folder_that_is_no_checkpoint_is_forgotten(tmp_path, callback):
     """A path inside the run's checkpoint folder passes the folder checks; Lightning would still delete what it names

@@ -116,10 +116,15 @@ class LastAndBestCheckpoint(ModelCheckpoint):
         if old and self.dirpath and os.path.realpath(old) != os.path.realpath(self.dirpath):
             state_dict = self._rebased(state_dict, str(old), str(self.dirpath))
         super().load_state_dict(state_dict)
-        confine_restored_paths(self)
+        # forgotten now, named when training starts: Lightning restores callbacks for validate, test and predict too,
+        # where nothing is saved and the best checkpoints' tracking does not apply
+        self._forgotten_paths = confine_restored_paths(self, warn=False)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        forgotten, self._forgotten_paths = getattr(self, "_forgotten_paths", []), []
+        if forgotten:
+            _warn_forgotten(self, forgotten)
         # every checkpoint callback's restored paths (Lightning's own ModelCheckpoint restores best_model_path from
         # another folder too), before anything saves, deletes or uploads what they name
         for callback in trainer.checkpoint_callbacks:
@@ -152,14 +157,15 @@ class LastAndBestCheckpoint(ModelCheckpoint):
         return out
 
 
-def confine_restored_paths(callback: ModelCheckpoint) -> list[str]:
+def confine_restored_paths(callback: ModelCheckpoint, warn: bool = True) -> list[str]:
     """Forget the paths of ``callback``'s state that do not name a checkpoint file (``FILE_EXTENSION``) in its own
     folder (real paths), and return them.
 
     What a checkpoint callback restores from a file it later deletes (the last and the k-th best checkpoint when
     replaced), reads (``best`` for testing) and hands to the loggers that upload checkpoints (``log_model``):
     whatever the file wrote, only files of the run's own checkpoint folder are kept. A path elsewhere clears the
-    top-k state it belongs to (the best scores go with their files) or the last checkpoint's path, with one warning.
+    top-k state it belongs to (the best scores go with their files) or the last checkpoint's path, with one warning
+    (``warn``; the caller may give it later, :func:`_warn_forgotten`).
     """
     folder = callback.dirpath
     if not folder:
@@ -183,12 +189,16 @@ def confine_restored_paths(callback: ModelCheckpoint) -> list[str]:
     if not inside(callback.last_model_path):
         dropped.append(str(callback.last_model_path))
         callback.last_model_path = ""
-    if dropped:
-        log.warning("%s: the checkpoint resumed from names %s, which are not checkpoint files of this run's checkpoint "
-                    "folder %s; they are not tracked (nor deleted, read or uploaded), and the best checkpoints start "
-                    "afresh here",
-                    type(callback).__name__, ", ".join(sorted(set(dropped))), folder)
+    if dropped and warn:
+        _warn_forgotten(callback, dropped)
     return dropped
+
+
+def _warn_forgotten(callback: ModelCheckpoint, dropped: list[str]) -> None:
+    log.warning("%s: the checkpoint resumed from names %s, which are not checkpoint files of this run's checkpoint "
+                "folder %s; they are not tracked (nor deleted, read or uploaded), and the best checkpoints start "
+                "afresh here",
+                type(callback).__name__, ", ".join(sorted(set(dropped))), callback.dirpath)
 
 
 __all__ = ["LastAndBestCheckpoint", "confine_restored_paths"]
