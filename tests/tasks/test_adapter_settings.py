@@ -126,3 +126,26 @@ def test_a_crop_pct_that_would_resize_beyond_the_bound_is_refused():
         with pytest.raises(SettingsError, match=r"f\.ckpt: crop_pct is .*: it must be above 0, and input_size / crop_pct "
                                                 r"at most 8192 pixels"):
             settings.updated({"crop_pct": bad}).check_sizes("f.ckpt")
+
+
+def test_an_input_size_the_vit_cannot_take_is_refused_naming_the_file(tmp_path, vit):
+    """A file's ``input_size`` within the pixel bounds that the ViT's patches do not divide (or another size than a
+    fixed-size ViT's) ended in the patch embedding's traceback at the first image; it is refused when the predictor is
+    built, naming the file and a size that works, and the same for a size given as ``preprocess=``."""
+    from visiontf.io.weights import labels_path, save_model
+
+    path = save_model(vit, tmp_path / "vit.safetensors")
+    labels = labels_path(path)
+    labels.write_text(json.dumps({"preprocess": {"input_size": [3, 250, 48]}}))
+    with pytest.raises(SettingsError, match=r"vit\.labels\.json: its preprocess: input_size is \(3, 250, 48\), but this ViT's "
+                                            r"16x16 patches do not divide 250x48; a multiple of the patch, e.g. 256x48"):
+        Predictor.from_file(path, device="cpu")
+    labels.write_text(json.dumps({"preprocess": {"input_size": [3, 48, 64]}}))
+    assert Predictor.from_file(path, device="cpu").settings.input_size == (3, 48, 64)  # dynamic_img_size: any multiple
+    with pytest.raises(SettingsError, match=r"preprocess=: input_size is \(3, 40, 64\), but this ViT's 16x16 patches"):
+        Predictor.from_file(path, device="cpu", preprocess={"input_size": (3, 40, 64)})
+    fixed = visiontf.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, depth=1, dynamic_img_size=False)
+    assert fixed.input_size_error((48, 64)) == "this ViT takes only 32x32 (built with dynamic_img_size=False)"
+    assert fixed.input_size_error((32, 32)) is None
+    padded = visiontf.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, depth=1, dynamic_img_pad=True)
+    assert padded.input_size_error((250, 48)) is None

@@ -53,8 +53,11 @@ def saved_settings(adapter: TaskAdapter, model: nn.Module, saved: Mapping[str, A
     if isinstance(given, PreprocessModule):
         return given
     adapter.settings_type.check_keys(saved or {}, where)
-    adapter.eval_settings(model, saved, where=where).check_sizes(where)  # the file's sizes, bounded and named as such
-    return adapter.eval_settings(model, saved, given, where="preprocess=")
+    # the file's sizes, bounded, and taken by the model, named as the file's
+    adapter.check_model_takes(model, adapter.eval_settings(model, saved, where=where).check_sizes(where), where)
+    settings = adapter.eval_settings(model, saved, given, where="preprocess=")
+    adapter.check_model_takes(model, settings, "preprocess=")
+    return settings
 
 
 class DeviceError(UserError, ValueError):

@@ -161,6 +161,11 @@ class Classifier(VisionModel):
     #: tokens before the patch tokens (class, distillation): attention rollout drops them
     num_prefix_tokens: int = 1
 
+    def input_size_error(self, size: tuple[int, int]) -> str | None:
+        """Why the model cannot take images of ``size`` (H, W), in words, or None when it can (the default: any
+        size). The inference tools check the eval settings' ``input_size`` with it before any image is read."""
+        return None
+
 
 class Detector(VisionModel):
     """Images (B, 3, H, W), padding mask (B, H, W) -> ``{"pred_logits", "pred_boxes", ...}``."""

@@ -95,6 +95,10 @@ class TaskAdapter:
         """Settings whose defaults come from the model itself (restoration: its tasks); as given by default."""
         return settings
 
+    def check_model_takes(self, model: nn.Module, settings: EvalSettings, where: str) -> None:
+        """Refuse (a ``SettingsError`` naming ``where``) settings whose images ``model`` cannot take; the tasks whose
+        models declare such limits say which. By default every setting within its bounds is taken."""
+
     def build_preprocess(self, settings: EvalSettings) -> PreprocessModule:
         """The preprocessing module of complete ``settings`` (see :meth:`eval_settings`)."""
         raise NotImplementedError

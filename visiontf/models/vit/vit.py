@@ -149,6 +149,18 @@ class VisionTransformer(TimmViTApi, Classifier):
         x = x + resample_pos_embed(self.pos_embed, self.patch_embed.grid_size, grid, self.num_prefix_tokens)
         return self.pos_drop(x), grid
 
+    def input_size_error(self, size: tuple[int, int]) -> str | None:
+        """Why the ViT cannot take ``size`` (H, W): another size than ``img_size`` without ``dynamic_img_size``, or
+        one its patches do not divide without ``dynamic_img_pad``; None when it can."""
+        size = (int(size[0]), int(size[1]))
+        if not self.dynamic_img_size and size != tuple(self.patch_embed.img_size):
+            return f"this ViT takes only {self.patch_embed.img_size[0]}x{self.patch_embed.img_size[1]} (built with dynamic_img_size=False)"
+        (ph, pw) = self.patch_embed.patch_size
+        if not self.patch_embed.dynamic_img_pad and (size[0] % ph or size[1] % pw):
+            return (f"this ViT's {ph}x{pw} patches do not divide {size[0]}x{size[1]}; a multiple of the patch, e.g. "
+                    f"{max(ph, round(size[0] / ph) * ph)}x{max(pw, round(size[1] / pw) * pw)}")
+        return None
+
     def forward_features(self, x: Tensor) -> Tensor:
         """Normalised tokens (B, prefix + H*W, C)."""
         x, _ = self._embed(x)

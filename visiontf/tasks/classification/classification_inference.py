@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from visiontf.models.contract import AttentionRollout
+from visiontf.models.contract import AttentionRollout, Classifier
 from visiontf.models.vit.vit import merge_distilled
 from visiontf.tasks import drawing
 from visiontf.tasks.eval_settings import MAX_SIDE, EvalSettings, SettingsError
@@ -105,6 +105,12 @@ class ClassificationAdapter(TaskAdapter):
     task = "classification"
     output_names = ("logits",)
     settings_type = ClassificationSettings
+
+    def check_model_takes(self, model: nn.Module, settings: ClassificationSettings, where: str) -> None:
+        reason = model.input_size_error(settings.input_size[-2:]) if isinstance(model, Classifier) else None
+        if reason:
+            size = settings.input_size
+            raise SettingsError(f"{where}: input_size is ({size[0]}, {size[1]}, {size[2]}), but {reason}")
 
     def build_preprocess(self, settings: ClassificationSettings) -> ClassificationPreprocess:
         return ClassificationPreprocess(settings)
