@@ -52,6 +52,9 @@ class Backbone(nn.Module):
 
     channels: list[int]
     strides: list[int]
+    #: the backbone runs its images channels-last in training too (built so); the detectors lay out their own
+    #: convolutions alike
+    channels_last: bool = False
     #: images are zero-padded bottom/right to a multiple of this before the maps are computed (a patch,
     #: a window grid); the padding mask is padded alike (True), so the padded pixels are padding
     pad_multiple: int = 1
