@@ -48,8 +48,8 @@ def _frozen_partner(conv: nn.Module) -> nn.Module | None:
 
 
 def _plain_conv(conv: nn.Module) -> bool:
-    """An ``nn.Conv2d`` whose forward is the plain one (oneDNN's in inference, or a frozen-BN-riding one): subclasses with other paddings or
-    weight transforms are left alone."""
+    """An ``nn.Conv2d`` whose forward is the plain one (or oneDNN's in inference, or a frozen-BN-riding one): subclasses
+    with other paddings or weight transforms are left alone."""
     return isinstance(conv, nn.Conv2d) and (type(conv) in (nn.Conv2d, OneDNNConv2d) or _frozen_partner(conv) is not None)
 
 
