@@ -64,15 +64,15 @@ def test_a_missing_graph_is_named_with_the_fix(exported, tmp_path):
 
 
 def test_a_file_onnxruntime_cannot_load_is_named_in_one_line(exported, tmp_path):
-    """Not a graph (a pickle named .onnx, an empty file): one line naming the file and onnxruntime's reason, where
-    tools/eval.py --onnx printed onnxruntime's traceback."""
+    """Not a graph (a pickle named .onnx, an empty file): one line naming the file and onnx's or onnxruntime's reason,
+    where tools/eval.py --onnx printed onnxruntime's traceback."""
     from visiontf.io.weights import WeightsError
 
     model, _ = exported
     (tmp_path / "pickle.onnx").write_bytes(b"\x80\x04K\x01.")
     (tmp_path / "empty.onnx").write_bytes(b"")
     for name in ("pickle.onnx", "empty.onnx"):
-        with pytest.raises(WeightsError, match=rf"^--onnx .*{name}: onnxruntime cannot load it as a graph \(.*\); write it again"
+        with pytest.raises(WeightsError, match=rf"^--onnx .*{name}: onnx(runtime)? cannot (load|read) it as a graph \(.*\); write it again"
                            ) as e:
             OnnxRuntimeModel(tmp_path / name, model)
         assert "\n" not in str(e.value)
@@ -124,4 +124,55 @@ def test_a_graph_that_fails_while_running_is_named_in_one_line(exported, monkeyp
     with pytest.raises(WeightsError, match=r"^--onnx .*m\.onnx: onnxruntime could not run the graph on a batch of "
                                            r"\(1, 3, 64, 64\) \(Fail: .*6400000000\); export the checkpoint again") as e:
         runner(torch.zeros(1, 3, 64, 64))
+    assert "\n" not in str(e.value)
+
+
+def _looping_graph(where: str):
+    """A 1-input graph whose ``Loop`` (trip count 2**62, a condition that stays true) would run for ever: at the top,
+    inside an ``If``'s branch, or inside a local function."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", ["x_in"], ["x_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("x_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("x_out", TensorProto.FLOAT, None)])
+    consts = [helper.make_node("Constant", [], ["n"], value=helper.make_tensor("n", TensorProto.INT64, [], [2**62])),
+              helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))]
+    loop = helper.make_node("Loop", ["n", "c", "images"], ["pred"], name="forever", body=body)
+    inputs = [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 64, 64])]
+    outputs = [helper.make_tensor_value_info("pred", TensorProto.FLOAT, None)]
+    functions = []
+    if where == "top":
+        nodes = [*consts, loop]
+    elif where == "if":
+        branch = helper.make_graph([*consts, loop], "branch", [], outputs)
+        nodes = [helper.make_node("Constant", [], ["t"], value=helper.make_tensor("t", TensorProto.BOOL, [], [True])),
+                 helper.make_node("If", ["t"], ["pred"], then_branch=branch, else_branch=branch)]
+    else:
+        functions = [helper.make_function("local", "spin", ["images"], ["pred"], [*consts, loop], [helper.make_opsetid("", 17)])]
+        nodes = [helper.make_node("spin", ["images"], ["pred"], domain="local")]
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)], functions=functions)
+
+
+@pytest.mark.parametrize("where", ["top", "if", "function"])
+def test_a_graph_that_loops_is_refused_before_it_runs(exported, tmp_path, where):
+    """A few hundred bytes of ONNX with a ``Loop`` whose condition stays true would keep onnxruntime busy for ever;
+    visiontf's exports hold no loop (the exported fixture is checked too), so such a graph is refused before
+    onnxruntime loads it, naming the node, wherever it sits."""
+    import onnx
+
+    from visiontf.io.onnx_graph import loop_nodes
+    from visiontf.io.weights import WeightsError
+
+    model, ours = exported
+    assert loop_nodes(ours) == []
+    path = tmp_path / "spin.onnx"
+    onnx.save(_looping_graph(where), str(path))
+    assert path.stat().st_size < 1000
+    with pytest.raises(WeightsError, match=r"^--onnx .*spin\.onnx: the graph holds Loop 'forever': a node that repeats a "
+                                           r"subgraph for as long as the file says, which no visiontf export has; export") as e:
+        OnnxRuntimeModel(path, model)
     assert "\n" not in str(e.value)

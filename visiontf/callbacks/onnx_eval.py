@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from visiontf.io.onnx_graph import loop_nodes
 from visiontf.io.weights import ONNX_WEIGHTS_KEY, WeightsError, weights_fingerprint
 from visiontf.tasks.task_inference import get_adapter
 
@@ -57,6 +58,7 @@ class OnnxRuntimeModel(nn.Module):
         object.__setattr__(self, "torch_model", model)  # not a submodule: no parameters of its own to move or save
         adapter = get_adapter(model)
         self.input_names, self.output_names = list(adapter.input_names), list(adapter.onnx_output_names(model))
+        self._refuse_loops(path)
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(threads or torch.get_num_threads())
         try:
@@ -71,6 +73,23 @@ class OnnxRuntimeModel(nn.Module):
                              f"{self.input_names}; export it from this model with tools/export.py --onnx")
         self._check_weights(path, model)
         self.path = path
+
+    @staticmethod
+    def _refuse_loops(path: Path) -> None:
+        """A graph that repeats a subgraph (``Loop``, ``Scan``) may run for ever, and no visiontf export holds one:
+        refused before onnxruntime loads it (:mod:`visiontf.io.onnx_graph`)."""
+        try:
+            loops = loop_nodes(path)
+        except Exception as e:  # noqa: BLE001 - onnx's own parse errors (DecodeError, ...): the file's fault
+            reason = " ".join(str(e).split())[:300]
+            raise WeightsError(f"--onnx {path}: onnx cannot read it as a graph ({type(e).__name__}: {reason}); write it "
+                               f"again with tools/export.py --onnx {path.name}") from None
+        loops = list(dict.fromkeys(loops))  # a subgraph shared by two branches is walked twice
+        if loops:
+            shown = ", ".join(loops[:3]) + (f" and {len(loops) - 3} more" if len(loops) > 3 else "")
+            raise WeightsError(f"--onnx {path}: the graph holds {shown}: a node that repeats a subgraph for as long as the "
+                               f"file says, which no visiontf export has; export the checkpoint with tools/export.py "
+                               f"--onnx {path.name}")
 
     def _check_weights(self, path: Path, model: nn.Module) -> None:
         """The task reads everything but the outputs from ``model`` (its classes, post-processing), so a graph of
