@@ -130,7 +130,6 @@ def test_a_graph_that_fails_while_running_is_named_in_one_line(exported, monkeyp
 def _looping_graph(where: str):
     """A 1-input graph whose ``Loop`` (trip count 2**62, a condition that stays true) would run for ever: at the top,
     inside an ``If``'s branch, or inside a local function."""
-    import onnx
     from onnx import TensorProto, helper
 
     body = helper.make_graph(
