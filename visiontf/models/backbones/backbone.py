@@ -53,13 +53,22 @@ class Backbone(nn.Module):
     channels: list[int]
     strides: list[int]
     #: the backbone runs its images channels-last in training too (built so); the detectors lay out their own
-    #: convolutions alike
+    #: convolutions alike (:meth:`share_layout`)
     channels_last: bool = False
     #: images are zero-padded bottom/right to a multiple of this before the maps are computed (a patch,
     #: a window grid); the padding mask is padded alike (True), so the padded pixels are padding
     pad_multiple: int = 1
     #: and to at least this many pixels a side (the coarsest map of a pyramid that pools needs one cell)
     min_size: int = 1
+
+    def share_layout(self, *modules: nn.Module) -> None:
+        """Put the convolution weights of ``modules`` (the parts the backbone's maps flow into) in the backbone's
+        layout: channels-last when it runs so. A convolution's weight gradient comes back in its input's layout, and
+        DDP's gradient buckets are views in the parameters' strides, which for a 1 x 1 weight differ between the two
+        layouts: DDP then copied every such gradient at every step (and warned that it may impair performance)."""
+        if self.channels_last:
+            for module in modules:
+                module.to(memory_format=torch.channels_last)
 
     def pad(self, x: Tensor, value: float | bool = 0) -> Tensor:
         """``x`` (..., H, W) padded bottom/right with ``value`` as the maps need: to a multiple of

@@ -159,11 +159,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
         self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_heads))
         self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_heads))
         self._reset_heads()
-        if backbone.channels_last:
-            # the maps reach the input projections channels-last: their weights in the same layout, so that each
-            # weight's gradient has the weight's strides (DDP's gradient buckets are views in the parameters' strides,
-            # and a 1 x 1 weight's differ between the two layouts)
-            self.input_proj.to(memory_format=torch.channels_last)
+        backbone.share_layout(self.input_proj)
         self.pretrained_cfg = DETECTION_CFG.merged(pretrained_cfg)  # eval settings over DETR's
 
     def _reset_heads(self) -> None:

@@ -146,12 +146,7 @@ class RTDETR(BackboneLayerDepth, Detector):
         self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
         # oneDNN for every float32 convolution in inference on the CPU (PyTorch sends one thread's 1 x 1 ones to BLAS)
         use_onednn_convolutions(self)
-        if backbone.channels_last:
-            # the maps reach the encoder and the decoder's projections channels-last: their convolutions' weights in
-            # the same layout, so that each weight's gradient has the weight's strides (DDP's gradient buckets are
-            # views in the parameters' strides, and a 1 x 1 weight's differ between the two layouts)
-            encoder.to(memory_format=torch.channels_last)
-            decoder.to(memory_format=torch.channels_last)
+        backbone.share_layout(encoder, decoder)
 
     # ------------------------------------------------------------------------------------ contract
     def set_loss_options(self) -> SetLossOptions:
