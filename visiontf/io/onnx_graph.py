@@ -23,7 +23,7 @@ def loop_nodes(path: str | Path) -> list[str]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    graphs = [model.graph, *(_FunctionGraph(f) for f in model.functions)]
+    graphs = [model.graph, *model.functions]  # a local function holds nodes as a graph does
     found = []
     while graphs:
         graph = graphs.pop()
@@ -37,9 +37,3 @@ def loop_nodes(path: str | Path) -> list[str]:
                     graphs.extend(attr.graphs)
     return found
 
-
-class _FunctionGraph:
-    """A local function's nodes, walked as a graph's."""
-
-    def __init__(self, function) -> None:
-        self.node = function.node
