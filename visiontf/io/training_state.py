@@ -19,7 +19,7 @@ import torch
 
 from visiontf.core.errors import UserError
 from visiontf.core.saved_arguments import short_repr
-from visiontf.io.weights import bytes_held
+from visiontf.io.weights import short_of_memory
 
 #: an optimizer group's flags that choose the kernel a step runs: the run's own settings, never the file's
 KERNEL_FLAGS = ("fused", "capturable", "differentiable")
@@ -160,10 +160,10 @@ def _check_param_state(saved: Any, param: torch.Tensor, field: str) -> tuple[str
                 continue
             if value.shape != param.shape or kind not in ("floating", "complex"):
                 return at, value, f"a floating tensor of its parameter's shape {tuple(param.shape)}"
-            held = bytes_held(value)
-            if held is not None and held < value.numel() * value.element_size():
+            held = short_of_memory(value)
+            if held is not None:
                 # a zero-stride view: the optimizer's step writes every element as if each had its own memory
-                return at, value, f"a tensor with memory for each of its values (it holds {max(held, 0)} bytes)"
+                return at, value, f"a tensor with memory for each of its values (it holds {held} bytes)"
             if not bool(torch.isfinite(value).all()):
                 return at, value, "finite values"
         elif value is not None and not isinstance(value, bool) and not (_is_number(value) and math.isfinite(value)):

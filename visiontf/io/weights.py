@@ -154,6 +154,13 @@ def bytes_held(t: torch.Tensor) -> int | None:
     return t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
 
 
+def short_of_memory(t: torch.Tensor) -> int | None:
+    """The bytes ``t``'s storage holds (at least 0) when they are fewer than its values claim (a view with a zero
+    stride, whose elements share memory); None for a tensor with memory for each of its values."""
+    held = bytes_held(t)
+    return max(held, 0) if held is not None and held < t.numel() * t.element_size() else None
+
+
 def check_tensor_memory(obj: Any, path: str | Path) -> None:
     """Refuse a loaded file whose tensors claim more elements than their memory holds.
 
@@ -167,10 +174,10 @@ def check_tensor_memory(obj: Any, path: str | Path) -> None:
         WeightsError: naming the file and where the tensor is.
     """
     for where, t in _tensors(obj):
-        held = bytes_held(t)
-        if held is not None and t.numel() * t.element_size() > held:
+        held = short_of_memory(t)
+        if held is not None:
             raise WeightsError(f"{path}: the tensor at {where or 'the top'} (shape {tuple(t.shape)}, strides {t.stride()}) "
-                               f"claims {t.numel() * t.element_size()} bytes of values but holds {max(held, 0)}: its "
+                               f"claims {t.numel() * t.element_size()} bytes of values but holds {held}: its "
                                "elements share memory with one another (a view with a zero stride), where a model's "
                                "weights and a run's training state each hold their own; the file is refused: save the "
                                "tensor with .contiguous() if it is yours")
