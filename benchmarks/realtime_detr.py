@@ -58,7 +58,7 @@ def hf_config(model: torch.nn.Module, name: str):
     in_channels = list(model.backbone.channels)
     common = dict(encoder_hidden_dim=enc.hidden_dim, encoder_in_channels=in_channels, encoder_ffn_dim=enc.dim_feedforward,
                   encoder_attention_heads=enc.nhead, encode_proj_layers=list(enc.aifi_levels), hidden_expansion=enc.expansion,
-                  d_model=dec.hidden_dim, decoder_in_channels=[dec.hidden_dim] * dec.num_levels, decoder_ffn_dim=dec.dim_feedforward,
+                  d_model=dec.hidden_dim, decoder_in_channels=[enc.hidden_dim] * dec.num_levels, decoder_ffn_dim=dec.dim_feedforward,
                   decoder_attention_heads=dec.nhead, decoder_layers=dec.num_layers, num_queries=dec.num_queries,
                   num_feature_levels=dec.num_levels, feat_strides=list(model.backbone.strides), num_labels=NUM_CLASSES,
                   eval_idx=dec.eval_idx)
@@ -72,7 +72,8 @@ def hf_config(model: torch.nn.Module, name: str):
                                       layer_type="basic" if bb.depth < 50 else "bottleneck", out_indices=[2, 3, 4])
         if name.startswith("rtdetrv2"):
             return RTDetrV2Config(backbone_config=backbone, decoder_n_points=points if isinstance(points, int) else points[0],
-                                  depth_mult=enc.depth_mult, **common)
+                                  decoder_method="discrete" if dec.sampling == "discrete" else "default",
+                                  decoder_offset_scale=dec.offset_scale, depth_mult=enc.depth_mult, **common)
         return RTDetrConfig(backbone_config=backbone, decoder_n_points=points, depth_mult=enc.depth_mult, **common)
     from transformers import DFineConfig, HGNetV2Config
 

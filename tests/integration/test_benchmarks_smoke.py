@@ -108,6 +108,35 @@ def test_realtime_detr_against_transformers_rows():
     assert all(r["queries_agreeing"] >= realtime_detr.AGREE for r in rows)
 
 
+def test_realtime_detr_builds_transformers_models_of_every_registered_layout():
+    """``--models`` takes every registered RT-DETR, RT-DETRv2 and D-FINE name: transformers' model of ``hf_config``
+    has, once converted, every tensor of visiontf's model in its shape (both built on the meta device). The encoder's
+    width, not the decoder's, feeds the decoder's input projections (R101, D-FINE-X: 384 against 256)."""
+    transformers = pytest.importorskip("transformers")
+    from benchmarks import realtime_detr
+    from visiontf.models import list_models
+    from visiontf.models._registry import check_model_arguments
+    from visiontf.models.dfine.convert import convert_state_dict as dfine_convert
+    from visiontf.models.rtdetr.convert import convert_state_dict as rtdetr_convert
+
+    # the published variants (the CPU recipes' *_tiny take settings transformers' configs do not all have)
+    names = [n for n in list_models() if n.startswith(("rtdetr_r", "rtdetrv2_r", "dfine_")) and not n.endswith("_tiny")]
+    assert {"rtdetr_r101vd", "rtdetrv2_r101vd", "rtdetrv2_r18vd_dsp", "dfine_x"} <= set(names)
+    for name in names:
+        ours = check_model_arguments(name, num_classes=realtime_detr.NUM_CLASSES, input_norm="none")
+        config = realtime_detr.hf_config(ours, name)
+        cls = {"RTDetrConfig": transformers.RTDetrForObjectDetection, "RTDetrV2Config": transformers.RTDetrV2ForObjectDetection,
+               "DFineConfig": transformers.DFineForObjectDetection}[type(config).__name__]
+        with torch.device("meta"):
+            hf = cls(config)
+        convert = rtdetr_convert if name.startswith("rtdetr") else dfine_convert
+        theirs, own = convert(hf.state_dict(), ours), ours.state_dict()
+        assert sorted(theirs) == sorted(own), name
+        assert {k: tuple(v.shape) for k, v in theirs.items()} == {k: tuple(v.shape) for k, v in own.items()}, name
+        if name.endswith("_dsp"):  # RT-DETRv2's discrete sampling: transformers' own switch, or its outputs differ
+            assert config.decoder_method == "discrete", name
+
+
 def test_realtime_detr_refuses_a_model_it_cannot_compare_in_one_line(capsys):
     from benchmarks import realtime_detr
 
