@@ -11,6 +11,7 @@ from torch import nn
 
 from visiontf.core.config_checks import ConfigError
 from visiontf.core.config_files import read_config
+from visiontf.tasks.checkpoints import CheckpointError
 from visiontf.tasks.detection.detection_task import DetectionTask
 from visiontf.tasks.optim import ParamGroupRule, param_kinds, rule_groups
 
@@ -143,6 +144,27 @@ def test_bad_rules_are_named_in_one_line():
         DetectionTask("rtdetr_tiny", num_classes=3, model_kwargs=RTDETR, param_groups=[{"pattern": "("}])
     with pytest.raises(ConfigError, match="layer_decay"):
         DetectionTask("rtdetr_tiny", num_classes=3, model_kwargs=RTDETR, param_groups=[{"kinds": ["norm"]}], layer_decay=0.7)
+
+
+@pytest.mark.parametrize("pattern", ["(.*)*x", "(a+)+$", "(a|ab)+c", r"(\w+\.)*bias", r"(\w)\1", r"^(?=(a*)*b)"])
+def test_a_pattern_that_can_backtrack_for_ever_is_refused_before_any_search(pattern, tmp_path):
+    """A checkpoint carries its rules: ``(.*)*x`` searched in a 40-character parameter name would stall the run (the
+    search time doubles with each character), so such a rule is refused when the task is built, from a config or
+    from a checkpoint's hyper-parameters."""
+    with pytest.raises(ConfigError, match="exponential time"):
+        DetectionTask("rtdetr_tiny", num_classes=3, model_kwargs=RTDETR, param_groups=[{"pattern": pattern}])
+    task = DetectionTask("rtdetr_tiny", num_classes=3, model_kwargs=RTDETR, param_groups=[{"pattern": "^encoder"}])
+    path = tmp_path / "hostile.ckpt"
+    torch.save({"state_dict": task.state_dict(), "pytorch-lightning_version": "2.6.0",
+                "hyper_parameters": {**task.hparams, "param_groups": [{"pattern": pattern}]}}, path)
+    with pytest.raises(CheckpointError, match=r"hostile\.ckpt: hyper_parameters\.param_groups\[0\].*exponential time"):
+        DetectionTask.load_from_checkpoint(path)
+
+
+def test_patterns_of_the_recipes_and_the_originals_are_taken():
+    for pattern in (r"^(encoder|decoder)\.", r"^backbone\.", r"backbone\..*norm", r"^(?=.*backbone)(?=.*norm).*$",
+                    r"(?:layers\.\d+\.)?norm", r"(ab){3}", r"(a|b){2}", ""):
+        assert ParamGroupRule(pattern=pattern).pattern == pattern
 
 
 def test_rules_are_kept_as_plain_mappings_in_the_hyperparameters():

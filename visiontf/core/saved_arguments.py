@@ -328,7 +328,11 @@ def _dataclass(value: Any, hint: type, where: str, key: str) -> Any:
     if unknown:
         raise _fail(where, f"{key}.{unknown[0]}", value[unknown[0]], f"not a field of {hint.__name__} "
                     f"(its fields: {', '.join(sorted(names))})")
-    return hint(**{k: _check_value(v, hints.get(k, Any), where, f"{key}.{k}") for k, v in value.items()})
+    fields_ = {k: _check_value(v, hints.get(k, Any), where, f"{key}.{k}") for k, v in value.items()}
+    try:
+        return hint(**fields_)
+    except (ValueError, TypeError) as e:  # the section's own checks (its __post_init__), named with the file
+        raise SavedArgumentsError(f"{where}: {key} is {short_repr(value)}: {e}") from None
 
 
 def type_name(hint: Any) -> str:

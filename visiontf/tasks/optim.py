@@ -250,6 +250,44 @@ def param_kinds(model: nn.Module) -> dict[str, str]:
     return kinds
 
 
+def backtracking_hazard(pattern: str) -> str | None:
+    """Why ``pattern`` can backtrack exponentially (a repeat of something that itself repeats or branches, as
+    ``(.*)*x`` or ``(a|ab)+c``, or a back-reference), or None."""
+    from re import _constants as c
+    from re import _parser
+
+    def repeats(items) -> bool:  # whether items match more than one way by themselves
+        return any(op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT) and av[1] > 1 or op is c.BRANCH
+                   or any(repeats(sub) for sub in _children(op, av)) for op, av in items)
+
+    def _children(op, av) -> list:
+        if op is c.SUBPATTERN:
+            return [av[-1]]
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            return [av[2]]
+        if op is c.BRANCH:
+            return list(av[1])
+        if op in (c.ASSERT, c.ASSERT_NOT):
+            return [av[1]]
+        if op is c.ATOMIC_GROUP:
+            return [av]
+        return []
+
+    def walk(items) -> str | None:
+        for op, av in items:
+            if op in (c.GROUPREF, c.GROUPREF_EXISTS):
+                return "has a back-reference"
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[1] == c.MAXREPEAT and repeats(av[2]):
+                return "repeats a part that itself repeats or branches"
+            for sub in _children(op, av):
+                why = walk(sub)
+                if why:
+                    return why
+        return None
+
+    return walk(_parser.parse(pattern))
+
+
 @dataclass(frozen=True)
 class ParamGroupRule:
     """One declared optimizer group (a config section: ``model.init_args.param_groups`` is a list of them).
@@ -281,6 +319,11 @@ class ParamGroupRule:
             re.compile(self.pattern)
         except re.error as e:
             raise ValueError(f"param_groups: pattern {self.pattern!r} is not a regular expression ({e})") from None
+        why = backtracking_hazard(self.pattern)
+        if why:
+            # a checkpoint's hyper-parameters carry these rules: a file must not be able to stall a run in re.search
+            raise ValueError(f"param_groups: pattern {self.pattern!r} {why}, which can take exponential time to search; "
+                             "write it without (e.g. '^(encoder|decoder)\\.' or 'backbone\\..*norm')")
         if self.weight_decay is not None and self.weight_decay < 0:
             raise ValueError(f"param_groups: weight_decay must be >= 0, got {self.weight_decay}")
         if self.lr is not None and not self.lr > 0:
