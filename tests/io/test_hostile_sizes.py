@@ -177,6 +177,23 @@ def test_a_tensor_claiming_more_values_than_its_memory_is_refused_unread(tmp_pat
         safe_torch_load(tmp_path / "o.ckpt")
 
 
+def test_a_record_shorter_than_its_declared_storage_is_corrupt_naming_the_file(tmp_path):
+    """A whole, well-formed archive (every checksum right) whose tensor record holds half the bytes its pickle declares:
+    torch's own message about record sizes becomes the one-line "corrupt or incomplete" of any other damaged file."""
+    whole = tmp_path / "whole.ckpt"
+    torch.save({"state_dict": {"w": torch.arange(64, dtype=torch.float32)}}, whole)
+    short = tmp_path / "short.ckpt"
+    with zipfile.ZipFile(whole) as src, zipfile.ZipFile(short, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            dst.writestr(info, data[: len(data) // 2] if info.filename.endswith("/data/0") else data)
+    with pytest.raises(RuntimeError, match="does not match expected size"):
+        torch.load(short, weights_only=True)  # what torch itself says
+    # (mmap=True is only a first look at a checkpoint's small entries; the weights always come from this full read)
+    with pytest.raises(WeightsError, match=r"short\.ckpt: corrupt or incomplete \([\d,]+ bytes\)"):
+        safe_torch_load(short)
+
+
 def test_views_that_hold_their_own_memory_load():
     """Slices, transposes, channels-last weights and views into a larger storage are what torch.save writes for real
     models and states: each element has memory of its own."""

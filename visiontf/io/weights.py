@@ -255,7 +255,9 @@ def damaged_record(path: Path) -> str | None:
 
 #: torch's messages for archives that are cut off or damaged
 _CORRUPT_MARKERS = ("PytorchStreamReader", "central directory", "unexpected EOF", "invalid header", "legacy .tar format",
-                    "file might be corrupted", "Invalid magic number", "invalid load key")
+                    "file might be corrupted", "Invalid magic number", "invalid load key",
+                    # a record whose bytes disagree with the sizes, shapes or strides its pickle declares for it
+                    "does not match expected size", "storage that is not resizable", "Storage size calculation overflowed")
 
 
 def is_complete_torch_file(path: Path) -> bool:
