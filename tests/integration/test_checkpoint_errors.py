@@ -356,6 +356,36 @@ def test_resuming_from_weights_with_nan_is_one_line_naming_the_tensor(trained, t
     assert re.search(rf"--ckpt_path .*diverged\.ckpt: tensor '{re.escape(name)}' has \d+ NaN/infinite value\(s\)", line), line
 
 
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: torch.full_like(t, float("nan")), r"has \d+ NaN/infinite value\(s\)"),
+    (lambda t: t.to(torch.int64), r"is torch\.int64 where the model holds torch\.float32"),
+    (lambda t: torch.empty(t.shape, device="meta"), r"is a meta tensor, without values"),
+    (lambda t: t.to_sparse(), r"is torch\.sparse_coo"),
+    (lambda t: "weights", r"is a str, where the model holds a tensor|is a str, not a tensor"),
+], ids=["nan", "int64", "meta", "sparse", "str"])
+def test_weights_no_trained_model_holds_are_refused_by_every_loader_naming_the_tensor(trained, tmp_path, capsys, edit, words):
+    """The task's own load_from_checkpoint took NaN weights, and cast integer ones, without a word; meta, sparse and
+    non-tensor values gave tracebacks from deep inside the loaders. Each loader now names the file and the tensor."""
+    from visiontf.cli.train import train_main
+    from visiontf.io.weights import WeightsError
+    from visiontf.tasks.checkpoints import load_checkpoint_model
+    from visiontf.tasks.classification.classification_task import ClassificationTask
+
+    ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    name = next(k for k, v in ckpt["state_dict"].items() if v.is_floating_point() and v.dim() == 2)
+    ckpt["state_dict"][name] = edit(ckpt["state_dict"][name])
+    bad = tmp_path / "odd.ckpt"
+    torch.save(ckpt, bad)
+    where = rf"odd\.ckpt: (tensor )?'{re.escape(name)}' ({words})"
+    with pytest.raises(WeightsError, match=where):
+        ClassificationTask.load_from_checkpoint(bad)
+    with pytest.raises((WeightsError, CheckpointError), match=rf"odd\.ckpt: .*({words})"):
+        load_checkpoint_model(bad)
+    line = _one_line_error(capsys, train_main, ["fit", *_args(trained["data"], tmp_path / "run"), "--trainer.max_epochs=2",
+                                                f"--ckpt_path={bad}"])
+    assert re.search(rf"odd\.ckpt.*({words})", line), line
+
+
 def test_resuming_an_optimizer_state_of_other_shapes_is_one_line_before_any_step(trained, tmp_path, capsys):
     """torch's fused AdamW stepping over an ``exp_avg`` smaller than its parameter writes past the tensor (the process
     aborts with heap corruption): the resumed state is compared with the run's optimizer before Lightning loads it."""

@@ -18,7 +18,7 @@ import torch
 
 from visiontf.core.former_paths import former_spellings
 from visiontf.core.saved_arguments import SavedArgumentsError, check_arguments, plain_data, short_repr
-from visiontf.io.weights import WeightsError, safe_torch_load, weights_from_checkpoint
+from visiontf.io.weights import WeightsError, check_tensor_values, safe_torch_load, weights_from_checkpoint
 
 #: what LightningCLI writes as ``_instantiator``: recognised and dropped, never called
 LIGHTNING_CLI_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module", "pytorch_lightning.cli.instantiate_module")
@@ -140,6 +140,11 @@ def load_lightning_checkpoint(cls: type, checkpoint_path: str | Path | IO[bytes]
     state_dict = checkpoint.get("state_dict")
     if state_dict is None:
         raise SavedArgumentsError(f"{where}: no 'state_dict'; not a Lightning checkpoint of {type(obj).__name__}")
+    if not isinstance(state_dict, Mapping):
+        raise WeightsError(f"{where}: 'state_dict' is a {type(state_dict).__name__}, not a mapping of tensor names to "
+                           "tensors; not a Lightning checkpoint")
+    # what the CLI and the other loaders refuse (NaN, integer, quantised, meta or sparse weights) is refused here too
+    check_tensor_values(state_dict, obj, where)
     obj.load_state_dict(state_dict, strict=strict)
     device = next((t.device for t in state_dict.values() if isinstance(t, torch.Tensor)), None)
     return obj.to(device) if device is not None else obj

@@ -308,8 +308,15 @@ def check_tensor_values(state: dict[str, torch.Tensor], model: torch.nn.Module, 
     own = model.state_dict()
     for key, value in state.items():
         mine = own.get(key)
-        if mine is None or not torch.is_tensor(value):
+        if mine is None:
             continue
+        if not torch.is_tensor(value):
+            raise WeightsError(f"{source}: {key!r} is a {type(value).__name__}, where the model holds a tensor; these are "
+                               "not a model's trained weights (re-export them from the training checkpoint)")
+        if value.is_meta or value.layout != torch.strided:
+            raise WeightsError(f"{source}: tensor {key!r} is {'a meta tensor, without values' if value.is_meta else value.layout}, "
+                               "where the model holds a dense tensor; these are not a model's trained weights (re-export "
+                               "them from the training checkpoint)")
         if mine.is_floating_point() and not value.is_floating_point():
             raise WeightsError(f"{source}: tensor {key!r} is {value.dtype} where the model holds {mine.dtype}; these are not "
                                "a model's trained weights (re-export them from the training checkpoint)")

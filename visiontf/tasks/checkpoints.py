@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from visiontf.core.errors import UserError
@@ -73,7 +74,14 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
                 check_value(hp.get(key), hint, str(path), f"hyper_parameters.{key}")
         except SavedArgumentsError as e:
             raise CheckpointError(str(e)) from None
-    saved = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    if not isinstance(ckpt["state_dict"], Mapping):
+        raise CheckpointError(f"{path}: 'state_dict' is a {type(ckpt['state_dict']).__name__}, not a mapping of tensor names to "
+                              "tensors; not a visiontf task checkpoint")
+    saved = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if isinstance(k, str) and k.startswith("model.")}
+    odd = next((k for k, v in saved.items() if not torch.is_tensor(v)), None)
+    if odd is not None:
+        raise CheckpointError(f"{path}: state_dict['model.{odd}'] is a {type(saved[odd]).__name__}, not a tensor; not a "
+                              "visiontf task checkpoint (re-export the weights from the training checkpoint)")
     kwargs = {**(hp.get("model_kwargs") or {}), **overrides}
     try:
         check_settings_fit_the_weights(hp["model_name"], {"num_classes": hp.get("num_classes"), **kwargs},
