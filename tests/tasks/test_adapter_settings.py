@@ -60,6 +60,27 @@ def test_a_file_with_an_unknown_setting_is_refused_naming_the_file(tmp_path, det
         Predictor.from_checkpoint(ckpt, device="cpu")
 
 
+@pytest.mark.parametrize("task", [t for t in TASKS if {"mean", "std"} <= set(adapter_for_task(t).settings_type.keys())])
+@pytest.mark.parametrize("field, value, words", [("mean", (float("nan"), 0.4, 0.4), "must be finite in every channel"),
+                                                 ("std", (0.0, 0.0, 0.0), "must be finite and above 0"),
+                                                 ("std", (0.2, float("inf"), 0.2), "must be finite and above 0")])
+def test_a_normalisation_no_image_survives_is_refused(task, field, value, words):
+    """A NaN mean made every pixel NaN (a detector then found nothing, without a word) and a zero std failed each image
+    with a division error: such settings are refused where they are read, for every task that normalises."""
+    settings_type = adapter_for_task(task).settings_type
+    with pytest.raises(SettingsError, match=rf"{field} is .*: the normalisation's {field} {words}"):
+        settings_type().updated({field: value})
+
+
+def test_a_checkpoint_whose_saved_normalisation_is_nan_is_refused_naming_the_file(tmp_path, detr):
+    ckpt = tmp_path / "nan_mean.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in detr.state_dict().items()},
+                "hyper_parameters": {"model_name": "detr_tiny", "num_classes": 3, "model_kwargs": TINY_DETR},
+                "preprocess": {"min_size": 64, "mean": [float("nan"), 0.4, 0.4]}}, ckpt)
+    with pytest.raises(SettingsError, match=r"nan_mean\.ckpt: its saved preprocess: mean is .*must be finite"):
+        Predictor.from_checkpoint(ckpt, device="cpu")
+
+
 def test_the_layouts_written_before_still_load(tmp_path, detr, vit):
     """Checkpoints stored a partial or complete dict of these keys (tuples), exports a JSON one (lists)."""
     ckpt = tmp_path / "old.ckpt"

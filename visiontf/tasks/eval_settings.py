@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -70,6 +71,11 @@ class EvalSettings:
                 value = as_declared(value, hints.get(f.name, Any))
             except NotOfType:
                 raise SettingsError(f"{f.name} is {short_repr(value)}, not {type_name(hints[f.name])}") from None
+            if f.name in ("mean", "std") and isinstance(value, tuple):
+                # a NaN mean gave every image NaN pixels and no detection, a zero std a division error per image
+                if not all(math.isfinite(v) for v in value) or (f.name == "std" and not all(v > 0 for v in value)):
+                    raise SettingsError(f"{f.name} is {short_repr(value)}: the normalisation's {f.name} must be finite"
+                                        + (" and above 0" if f.name == "std" else "") + " in every channel")
             object.__setattr__(self, f.name, value)
 
     def check_sizes(self, where: str) -> EvalSettings:
