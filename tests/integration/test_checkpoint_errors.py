@@ -6,6 +6,7 @@ and a few refused commands that stop before any step: about 15 s on 2 shared cor
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -430,3 +431,22 @@ def test_predicting_with_a_checkpoint_whose_preprocess_is_vast_is_one_line(train
                                                   str(trained["data"]), "--output", str(tmp_path / "out")])
     assert re.fullmatch(r".*vast\.ckpt: its saved preprocess: input_size is \(3, 10000, 10000\): each size is 1 to 8192 "
                         r"pixels", line), line
+
+
+def test_predicting_with_class_names_that_do_not_fit_the_model_names_the_file_not_a_config(trained, tmp_path, capsys):
+    """A checkpoint (or an export's labels file) whose class_names disagree in number with its own model: the error
+    once blamed a ``--config None`` nobody gave (a checkpoint) or was a traceback (an export)."""
+    from visiontf.io.weights import labels_path
+
+    ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    ckpt["class_names"] = ["a", "b"]
+    torch.save(ckpt, tmp_path / "two.ckpt")
+    out = ["--input", str(trained["data"]), "--output", str(tmp_path / "out")]
+    line = _one_line_error(capsys, predict_main, ["--ckpt_path", str(tmp_path / "two.ckpt"), *out])
+    assert re.fullmatch(r"--ckpt_path .*two\.ckpt: its saved class_names hold 2 names but its model has 3 classes; .*", line), line
+    weights = tmp_path / "m.safetensors"
+    assert export_main(["--ckpt_path", str(trained["ckpt"]), "--output", str(weights)]) == 0
+    labels = json.loads(labels_path(weights).read_text())
+    labels_path(weights).write_text(json.dumps({**labels, "class_names": ["a", "b"]}))
+    line = _one_line_error(capsys, predict_main, ["--weights", str(weights), *out])
+    assert re.fullmatch(r"--weights .*m\.safetensors: its saved class_names hold 2 names but its model has 3 classes; .*", line), line

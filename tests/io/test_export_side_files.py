@@ -21,6 +21,10 @@ from visiontf.tasks.eval_settings import SettingsError
     ('{"class_names": "abc"}', "class_names is 'abc', not list"),
     ('{"label_to_cat_id": {"a": 1}}', "label_to_cat_id's keys are the model's labels as integers"),
     ('{"label_to_cat_id": {"0": "b"}}', "label_to_cat_id.0 is 'b', not int"),
+    # every detection of four labels written as category 1, without a word
+    ('{"label_to_cat_id": {"0": 1, "1": 1, "2": 1, "3": 1}}', "maps labels 0 and 1 both to category id 1"),
+    ('{"label_to_cat_id": {"0": 3, "1": -7}}', "maps label 1 to category id -7; labels and category ids are never negative"),
+    ('{"label_to_cat_id": {"-1": 3}}', "maps label -1 to category id 3"),
     ('{"preprocess": {"mean": "{class_path: os.system}"}}', "preprocess.mean .* a class specification"),
     ('{"classes": ["a"]}', r"unknown key\(s\) \['classes'\]"),
 ])

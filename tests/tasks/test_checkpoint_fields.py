@@ -17,6 +17,8 @@ def test_the_class_table_is_read_as_written():
     assert saved_class_table({}, "f") == (None, None)
     for ckpt, refusal in (({"label_to_cat_id": {"a": "b"}}, "label_to_cat_id.a is 'b', not int"),
                           ({"label_to_cat_id": {"a": 1}}, "label_to_cat_id's keys are the model's labels as integers"),
+                          ({"label_to_cat_id": {0: 2, 1: 2}}, "label_to_cat_id maps labels 0 and 1 both to category id 2"),
+                          ({"label_to_cat_id": {0: -2}}, "label_to_cat_id maps label 0 to category id -2"),
                           ({"class_names": "abc"}, "class_names is 'abc', not list"),
                           ({"class_names": [{"class_path": "os.system"}]}, r"class_names is \[\{.class_path")):
         with pytest.raises(CheckpointError, match=rf"^f\.ckpt: {refusal}"):

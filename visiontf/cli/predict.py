@@ -231,7 +231,10 @@ def build_predictor(args: argparse.Namespace, data_overrides: dict[str, str] | N
     names, ids = resolve_classes(info.get("class_names"), info.get("label_to_cat_id"), cfg_names, cfg_ids,
                                  source, f"--config {config}")
     n = model.num_classes
-    if not args.weights and names and n and len(names) != n:
+    if names and n and len(names) != n:
+        if info.get("class_names"):  # the file's own table disagrees with its own model: nothing to drop, a damaged file
+            raise UsageError(f"{source}: its saved class_names hold {len(info['class_names'])} names but its model has {n} "
+                             "classes; re-export the model from its training checkpoint")
         raise UsageError(f"--config {config}: its data has {len(names)} classes but the checkpoint's model has {n}; "
                          "drop --config, or give the config it was trained with")
     adapter = get_adapter(model)

@@ -402,10 +402,21 @@ def label_table(value: Any, where: str, key: str) -> dict[int, int]:
     integer keys, or :class:`SavedArgumentsError` naming ``where`` (the file) and ``key``."""
     table = check_value(value, dict[int | str, int], where, key)
     try:
-        return {int(k): v for k, v in table.items()}
+        labels = {int(k): v for k, v in table.items()}
     except ValueError:
         raise SavedArgumentsError(f"{where}: {key}'s keys are the model's labels as integers, found {list(table)[:3]}; "
                                   "use a file written by visiontf") from None
+    negative = [(k, v) for k, v in labels.items() if k < 0 or v < 0]
+    if negative:
+        raise SavedArgumentsError(f"{where}: {key} maps label {negative[0][0]} to category id {negative[0][1]}; labels and "
+                                  "category ids are never negative; use a file written by visiontf")
+    seen: dict[int, int] = {}
+    for label, cat in labels.items():
+        if cat in seen:  # the detections of both labels would be written as one category: nothing tells them apart
+            raise SavedArgumentsError(f"{where}: {key} maps labels {seen[cat]} and {label} both to category id {cat}; each "
+                                      "label is its own category; use a file written by visiontf")
+        seen[cat] = label
+    return labels
 
 
 __all__ = ["CLASS_SPEC_KEYS", "SavedArgumentsError", "check_arguments", "class_reference", "expands_beyond", "check_value", "label_table", "plain_data",
