@@ -450,3 +450,21 @@ def test_predicting_with_class_names_that_do_not_fit_the_model_names_the_file_no
     labels_path(weights).write_text(json.dumps({**labels, "class_names": ["a", "b"]}))
     line = _one_line_error(capsys, predict_main, ["--weights", str(weights), *out])
     assert re.fullmatch(r"--weights .*m\.safetensors: its saved class_names hold 2 names but its model has 3 classes; .*", line), line
+
+
+def test_a_checkpoint_whose_settings_build_a_vast_model_is_refused_before_building_by_every_loader(trained, tmp_path, capsys):
+    """``embed_dim`` 60000 beside a tiny ViT's weights: eval and fit built the model (tens of GB, or the allocator's
+    traceback) before any comparison; predict and export refused it. Every loader now refuses it unbuilt."""
+    from visiontf.cli.train import train_main
+    from visiontf.tasks.classification.classification_task import ClassificationTask
+
+    ckpt = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)
+    ckpt["hyper_parameters"]["model_kwargs"] = {**ckpt["hyper_parameters"]["model_kwargs"], "embed_dim": 60000}
+    torch.save(ckpt, tmp_path / "vast_model.ckpt")
+    refusal = r"vast_model\.ckpt: its saved settings build \S+ with [\d,]+ values, but the file holds [\d,]+"
+    with pytest.raises(CheckpointError, match=refusal):
+        ClassificationTask.load_from_checkpoint(tmp_path / "vast_model.ckpt")
+    for main, argv in ((eval_main, _args(trained["data"], tmp_path / "run")),
+                       (train_main, ["fit", *_args(trained["data"], tmp_path / "run"), "--trainer.max_epochs=2"])):
+        line = _one_line_error(capsys, main, [*argv, f"--ckpt_path={tmp_path / 'vast_model.ckpt'}"])
+        assert re.search(refusal, line), line

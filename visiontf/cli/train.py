@@ -329,7 +329,7 @@ class VisionCLI(LightningCLI):
         the parser never sees them.
         """
         from visiontf.io.weights import safe_torch_load
-        from visiontf.tasks.checkpoints import check_config_model, checkpoint_arguments
+        from visiontf.tasks.checkpoints import check_checkpoint_builds_what_it_holds, check_config_model, checkpoint_arguments
 
         self._loaded_ckpt = None
         self._checkpoint_model_arguments: dict | None = None
@@ -363,6 +363,7 @@ class VisionCLI(LightningCLI):
         # the checkpoint's model settings win over the config's: another model would run with this config's
         # data and trainer settings, so it is refused unless asked for by name
         check_config_model(ckpt, path, cfg.get("model.init_args.model_name"), cfg.get("config"))
+        check_checkpoint_builds_what_it_holds(ckpt, path, saved.task_arguments)  # before the task builds its model
         self._loaded_ckpt = (path, ckpt)
         self._checkpoint_model_arguments = saved.task_arguments
 

@@ -10,7 +10,7 @@ dropped (never called), and every other value goes through :func:`visiontf.core.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -95,14 +95,16 @@ def _refuse_key(k: Any, where: str, key: str) -> bool:
 
 def load_lightning_checkpoint(cls: type, checkpoint_path: str | Path | IO[bytes], allowed: Mapping[str, type],
                               map_location: Any = None, hparams_file: str | Path | None = None,
-                              strict: bool | None = None, ignored: Iterable[str] = (), **overrides: Any) -> Any:
+                              strict: bool | None = None, ignored: Iterable[str] = (),
+                              check_before_build: Callable[[dict, dict], None] | None = None, **overrides: Any) -> Any:
     """What Lightning's ``cls.load_from_checkpoint`` returns, with the hyper-parameters read as data.
 
     The class is ``cls`` or the subclass the file's ``_class_path`` names among ``allowed``; it is called with the
     checked hyper-parameters (a YAML ``hparams_file`` in their place, read with ``yaml.safe_load``) and
     ``overrides`` on top, then, for a LightningModule, ``configure_model``, ``on_load_checkpoint`` with the file
     as saved, and ``load_state_dict``, and it is moved to the device of the loaded weights, as Lightning does.
-    A LightningDataModule gets its saved state.
+    A LightningDataModule gets its saved state. ``check_before_build(checkpoint, arguments)`` may refuse the file
+    before anything is built (a higher layer's checks: the model its settings would build, against its weights).
     """
     import lightning.pytorch as pl
     from lightning.pytorch.core.saving import _default_map_location
@@ -122,6 +124,8 @@ def load_lightning_checkpoint(cls: type, checkpoint_path: str | Path | IO[bytes]
         section, source = _read_hparams_file(hparams_file), str(hparams_file)
     built, arguments = saved_init_arguments(section, source, section_key, allowed, expected=cls, ignored=ignored)
     arguments.update(overrides)
+    if check_before_build is not None:
+        check_before_build(checkpoint, arguments)
     # the file's state dict replaces every weight (unless only what fits is asked for): no file to start from is read
     with weights_from_checkpoint() if strict is not False else contextlib.nullcontext():
         obj = (built or cls)(**arguments)

@@ -57,7 +57,7 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
     (:func:`visiontf.models.convert_state`). ``strict=False`` loads what fits and leaves the rest at init; ``overrides`` are
     constructor arguments on top of the saved ``model_kwargs``.
     """
-    from visiontf.models import check_settings_fit_the_weights, convert_state, create_model
+    from visiontf.models import convert_state, create_model
 
     path = Path(resolve_checkpoint(ckpt_path))
     ckpt = safe_torch_load(path)
@@ -83,11 +83,7 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
         raise CheckpointError(f"{path}: state_dict['model.{odd}'] is a {type(saved[odd]).__name__}, not a tensor; not a "
                               "visiontf task checkpoint (re-export the weights from the training checkpoint)")
     kwargs = {**(hp.get("model_kwargs") or {}), **overrides}
-    try:
-        check_settings_fit_the_weights(hp["model_name"], {"num_classes": hp.get("num_classes"), **kwargs},
-                                       sum(v.numel() for v in saved.values() if hasattr(v, "numel")), str(path))
-    except WeightsError as e:
-        raise CheckpointError(str(e)) from None
+    check_checkpoint_builds_what_it_holds(ckpt, path, {**hp, "model_kwargs": kwargs})
     # the checkpoint holds every weight: no file its settings name is read (a backbone's pretrained, timm's checkpoint_path)
     with weights_from_checkpoint():
         model = create_model(hp["model_name"], num_classes=hp.get("num_classes"), **kwargs)
@@ -352,6 +348,23 @@ def checkpoint_arguments(ckpt: Any, path: str | Path, task: type | None = None, 
     return SavedArguments(task_cls, task_args, data_cls, data_args)
 
 
+def check_checkpoint_builds_what_it_holds(ckpt: Mapping[str, Any], path: Any, task_arguments: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint whose ``model_name`` and ``model_kwargs`` build a model far larger than its ``state_dict``
+    holds (``num_queries: 200_000_000`` beside a tiny detector's weights asked for 100 GB), before anything is built
+    (:func:`~visiontf.models.check_settings_fit_the_weights`, on the meta device)."""
+    from visiontf.models import check_settings_fit_the_weights
+
+    name, state = task_arguments.get("model_name"), ckpt.get("state_dict")
+    if not isinstance(name, str) or not isinstance(state, Mapping):
+        return
+    held = sum(v.numel() for k, v in state.items() if isinstance(k, str) and k.startswith("model.") and torch.is_tensor(v))
+    kwargs = {"num_classes": task_arguments.get("num_classes"), **(task_arguments.get("model_kwargs") or {})}
+    try:
+        check_settings_fit_the_weights(name, kwargs, held, str(path))
+    except WeightsError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def load_task_checkpoint(cls: type, checkpoint_path: Any, **kwargs: Any) -> Any:
     """``cls.load_from_checkpoint(checkpoint_path, ...)`` (Lightning's arguments) with the hyper-parameters read
     as data (:func:`checkpoint_arguments`'s rules): the task built by a plain call, never by what the file names."""
@@ -360,9 +373,15 @@ def load_task_checkpoint(cls: type, checkpoint_path: Any, **kwargs: Any) -> Any:
     if isinstance(checkpoint_path, (str, Path)):
         checkpoint_path = resolve_checkpoint(checkpoint_path)
     try:
-        return load_lightning_checkpoint(cls, checkpoint_path, checkpoint_classes(cls), ignored=RENAMED, **kwargs)
+        return load_lightning_checkpoint(cls, checkpoint_path, checkpoint_classes(cls), ignored=RENAMED,
+                                         check_before_build=functools.partial(_check_sizes_before_build, checkpoint_path),
+                                         **kwargs)
     except SavedArgumentsError as e:
         raise CheckpointError(str(e)) from None
+
+
+def _check_sizes_before_build(path: Any, ckpt: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
+    check_checkpoint_builds_what_it_holds(ckpt, path if isinstance(path, (str, Path)) else "the checkpoint", arguments)
 
 
 # ---------------------------------------------------------------------------------------- does it fit
