@@ -234,6 +234,26 @@ def test_string_ids_are_errors_naming_the_entry(tmp_path):
         CocoDetection(tmp_path, ann)
 
 
+def test_a_loop_of_links_and_a_fifo_among_the_inputs_are_failed_inputs_not_a_crash_or_a_hang(tmp_path, vit, caplog):
+    """``loop.png -> loop.png`` crashed predict.py in naming its outputs (Path.resolve); a FIFO named ``x.png`` was
+    dropped without a word (and opening it would wait for a writer for ever). Both are now failed inputs, never
+    opened, listed in failed.json beside the image that was predicted."""
+    import os
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _image(folder / "a.png", (16, 16))
+    (folder / "loop.png").symlink_to("loop.png")
+    os.mkfifo(folder / "pipe.png")
+    with caplog.at_level(logging.WARNING):
+        summary = predict_to_folder(Predictor(vit, device="cpu"), [folder], tmp_path / "out")
+    assert summary["predicted"] == 1 and len(summary["failed"]) == 2
+    failed = {Path(f["input"]).name: f["error"] for f in json.loads((tmp_path / "out" / "failed.json").read_text())}
+    assert "broken symbolic link" in failed["loop.png"] and "a loop of links" in failed["loop.png"], failed
+    assert "not a regular file" in failed["pipe.png"], failed
+    assert "2 broken symbolic link(s) or entries that are no regular files" in caplog.text
+
+
 def test_broken_symbolic_links_are_named_or_counted(tmp_path, vit, caplog):
     from visiontf.tasks.classification.classification_data import ImageFolderDataset
 

@@ -67,17 +67,19 @@ class InputFailure:
 
 # ---------------------------------------------------------------------------------------- listing
 def list_image_files(folder: str | Path) -> list[Path]:
-    """Image files directly inside ``folder``, sorted by name; broken symbolic links are kept, so that
-    they are reported as failed inputs instead of vanishing."""
+    """Image files directly inside ``folder``, sorted by name; broken symbolic links (a loop of them too) and entries
+    named as images that are no regular files (a FIFO, a socket) are kept, so that they are reported as failed inputs
+    instead of vanishing (they are never opened)."""
     folder = Path(folder)
     entries = sorted(folder.iterdir())
-    files = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and (p.is_file() or (p.is_symlink() and not p.exists()))]
+    files = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.is_dir()]
     skipped = [p.name for p in entries if p.is_file() and p.suffix.lower() not in IMAGE_EXTENSIONS]
     if skipped:
         log.info("%s: %d non-image files skipped (e.g. %s)", folder, len(skipped), skipped[:3])
-    broken = [p.name for p in files if not p.exists()]
+    broken = [p.name for p in files if not p.is_file()]
     if broken:
-        log.warning("%s: %d broken symbolic link(s) (e.g. %s); reported as failed inputs", folder, len(broken), broken[:3])
+        log.warning("%s: %d broken symbolic link(s) or entries that are no regular files (e.g. %s); reported as failed "
+                    "inputs", folder, len(broken), broken[:3])
     if not files:
         raise FileNotFoundError(f"{folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in this folder")
     return files

@@ -57,8 +57,11 @@ def _bomb(path: Path, pixels: int | None, size: tuple[int, int] | None, limit: i
 
 
 def _missing(path: Path) -> ImageReadError:
-    if path.is_symlink():
-        return ImageReadError(f"{path}: broken symbolic link (to {path.readlink()}); fix the link or remove it")
+    if path.is_symlink() and not path.exists():
+        return ImageReadError(f"{path}: broken symbolic link (to {path.readlink()}), to nothing or a loop of links; fix "
+                              "the link or remove it")
+    if path.exists():  # never opened: reading a FIFO would wait for a writer for ever
+        return ImageReadError(f"{path}: not a regular file (a directory, FIFO, socket or device); move it out of the inputs")
     return ImageReadError(f"{path}: file not found")
 
 

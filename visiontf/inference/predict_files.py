@@ -47,10 +47,12 @@ def unique_stems(sources: Sequence[str | None]) -> list[str]:
     files differ only by it (``a.jpg``, ``a.png``), ``image_<i>`` for an input without a path; a name
     still taken is numbered ``~1``, ``~2``... (a tensor input named like a file)."""
     files = [Path(s) for s in sources if s]
-    root = Path(os.path.commonpath([str(f.parent.resolve()) for f in files])) if files else None
+    # absolute, not resolved: a link is named as given, and a loop of links (which resolve() raises on) is an input
+    # that fails later, not a crash here
+    root = Path(os.path.commonpath([os.path.abspath(f.parent) for f in files])) if files else None
 
     def relative(source: str) -> Path:
-        path = Path(source).resolve()
+        path = Path(os.path.abspath(source))
         return path.relative_to(root) if root is not None and path.is_relative_to(root) else Path(path.name)
 
     preferred = [relative(s).with_suffix("").as_posix() if s else f"image_{i:05d}" for i, s in enumerate(sources)]
