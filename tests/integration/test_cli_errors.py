@@ -235,6 +235,24 @@ def test_predict_takes_the_options_of_the_models_task_only(heavy):
     assert per_image and set(per_image.values()) == {3}, per_image
 
 
+@pytest.mark.parametrize("setting, words", [({"strategy": "bogus"}, "You selected an invalid strategy name: `strategy='bogus'`"),
+                                            ({"accelerator": "bogus"}, "You selected an invalid accelerator name"),
+                                            ({"accelerator": "cpu", "devices": "bogus"}, "`devices` selected with")])
+def test_a_trainer_setting_lightning_does_not_know_is_one_line_and_a_value_error_elsewhere_is_a_bug(setting, words):
+    """``--trainer.strategy bogus`` (or a config's) gave Lightning's ValueError traceback: it is the user's setting,
+    named by Lightning, told from a bug by the module that raised it."""
+    import lightning.pytorch as pl
+
+    with pytest.raises((ValueError, TypeError)) as caught:
+        pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, **setting)
+    message = user_message(caught.value)
+    assert message is not None and message.startswith(words) and "\n" not in message, message
+    try:
+        int("bogus")  # a ValueError of the same kind raised anywhere else stays a traceback
+    except ValueError as e:
+        assert user_message(e) is None
+
+
 def test_user_message_finds_the_cause_and_leaves_bugs_alone():
     try:
         try:

@@ -167,8 +167,31 @@ def user_message(exc: BaseException) -> str | None:
                 text += (" (the config asks for GPUs; on a CPU add --trainer.accelerator cpu --trainer.devices 1 "
                          "--trainer.strategy auto)")
             return text
+    for e in chain:
+        # an accelerator, strategy or precision name the Trainer's connector does not know: Lightning says so in a plain
+        # ValueError or TypeError, told apart from a bug by where it was raised
+        if isinstance(e, (ValueError, TypeError)) and _raised_in(e, _TRAINER_SETTING_CHECKS):
+            return _one_line(str(e))
     # anything else, including a class jsonargparse could not build for another reason, is a bug
     return None
+
+
+#: the modules (and packages) where Lightning checks the Trainer's accelerator, strategy, devices and precision
+_TRAINER_SETTING_CHECKS = ("lightning.pytorch.trainer.connectors.accelerator_connector", "lightning.fabric.connector",
+                           "lightning.fabric.accelerators.", "lightning.pytorch.accelerators.",
+                           "lightning.fabric.utilities.device_parser")
+
+
+def _raised_in(exc: BaseException, modules: tuple[str, ...]) -> bool:
+    """Whether ``exc`` was raised by code of one of ``modules`` (its traceback's innermost frame; a name ending in a
+    dot is a package: any module below it)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    name = tb.tb_frame.f_globals.get("__name__", "")
+    return any(name.startswith(m) if m.endswith(".") else name == m for m in modules)
 
 
 def run_tool(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None, prog: str | None = None) -> int:
