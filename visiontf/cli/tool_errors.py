@@ -168,7 +168,7 @@ def user_message(exc: BaseException) -> str | None:
                          "--trainer.strategy auto)")
             return text
     for e in chain:
-        # an accelerator, strategy or precision name the Trainer's connector does not know: Lightning says so in a plain
+        # an accelerator, strategy, devices or precision setting the Trainer does not take: Lightning says so in a plain
         # ValueError or TypeError, told apart from a bug by where it was raised
         if isinstance(e, (ValueError, TypeError)) and _raised_in(e, _TRAINER_SETTING_CHECKS):
             return _one_line(str(e))
