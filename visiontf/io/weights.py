@@ -301,6 +301,12 @@ def not_safetensors_error(path: Path, error: BaseException) -> WeightsError:
 LOADABLE_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def not_a_tensor(source: str, key: str, value: object) -> WeightsError:
+    """The error of a state dict's entry that is no tensor (a string, a list: no trained model's weight)."""
+    return WeightsError(f"{source}: {key!r} is a {type(value).__name__}, where the model holds a tensor; these are not a "
+                        "model's trained weights (re-export them from the training checkpoint)")
+
+
 def check_tensor_values(state: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> None:
     """Refuse weights that ``load_state_dict`` would take silently but that cannot be a trained model's:
     an integer or boolean tensor where the model holds floats (cast without a word: every score
@@ -311,8 +317,7 @@ def check_tensor_values(state: dict[str, torch.Tensor], model: torch.nn.Module, 
         if mine is None:
             continue
         if not torch.is_tensor(value):
-            raise WeightsError(f"{source}: {key!r} is a {type(value).__name__}, where the model holds a tensor; these are "
-                               "not a model's trained weights (re-export them from the training checkpoint)")
+            raise not_a_tensor(source, key, value)
         if value.is_meta or value.layout != torch.strided:
             raise WeightsError(f"{source}: tensor {key!r} is {'a meta tensor, without values' if value.is_meta else value.layout}, "
                                "where the model holds a dense tensor; these are not a model's trained weights (re-export "

@@ -30,6 +30,7 @@ from visiontf.io.weights import (
     check_tensor_values,
     corrupt_file_error,
     damaged_record,
+    not_a_tensor,
     safe_torch_load,
     weights_from_checkpoint,
 )
@@ -79,9 +80,8 @@ def load_checkpoint_model(ckpt_path: str | Path, strict: bool = True, **override
                               "tensors; not a visiontf task checkpoint")
     saved = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if isinstance(k, str) and k.startswith("model.")}
     odd = next((k for k, v in saved.items() if not torch.is_tensor(v)), None)
-    if odd is not None:
-        raise CheckpointError(f"{path}: state_dict['model.{odd}'] is a {type(saved[odd]).__name__}, not a tensor; not a "
-                              "visiontf task checkpoint (re-export the weights from the training checkpoint)")
+    if odd is not None:  # before any shape is compared or converted
+        raise CheckpointError(str(not_a_tensor(str(path), f"model.{odd}", saved[odd])))
     kwargs = {**(hp.get("model_kwargs") or {}), **overrides}
     check_checkpoint_builds_what_it_holds(ckpt, path, {**hp, "model_kwargs": kwargs})
     # the checkpoint holds every weight: no file its settings name is read (a backbone's pretrained, timm's checkpoint_path)
