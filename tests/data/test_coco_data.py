@@ -178,6 +178,38 @@ def test_bbox_not_four_numbers_is_an_error(tmp_path):
         CocoDetection(tmp_path, ann)
 
 
+@pytest.mark.parametrize("where, field, value, message", [
+    ("annotation", "iscrowd", "no", r"annotation id 5 has iscrowd 'no'; iscrowd is 0 .* or 1"),
+    ("annotation", "iscrowd", None, r"annotation id 5 has iscrowd None"),
+    ("annotation", "category_id", True, r"annotation id 5 has category_id True, a bool"),
+    ("annotation", "category_id", 1.0, r"annotation id 5 has category_id 1\.0, a float"),
+    ("annotation", "area", float("nan"), r"annotation id 5 has area nan; area is the object's size in pixels"),
+    ("annotation", "area", "25", r"annotation id 5 has area '25'"),
+    ("annotation", "id", 5.5, r"annotations\[0\] has id 5\.5, a float; annotation ids are unique integers"),
+    ("image", "width", "abc", r"images\[0\] \('x\.png'\) has width 'abc'; width is the image's size in pixels"),
+    ("image", "height", 0, r"images\[0\] \('x\.png'\) has height 0"),
+    ("category", "name", ["c1"], r"categories\[0\] has name \['c1'\], a list; a category's name is text"),
+])
+def test_a_field_of_the_wrong_kind_is_an_error_naming_entry_field_and_fix(tmp_path, where, field, value, message):
+    """Values that read as something else (a ``true`` category id as category 1, ``iscrowd: "no"`` as a crowd
+    region, a NaN area in every size range) or stopped with a bare TypeError deep in the loader."""
+    image, ann = _img(tmp_path), _ann(5, [1, 1, 5, 5])
+    cats = [{"id": c, "name": f"c{c}"} for c in sorted(COLOURS)]
+    {"annotation": ann, "image": image, "category": cats[0]}[where][field] = value
+    path = write_coco(tmp_path, [image], [ann], categories=cats)
+    with pytest.raises(AnnotationError, match=message):
+        CocoDetection(tmp_path, path)
+
+
+def test_fields_coco_allows_to_be_absent_or_boolean_are_read_as_coco_reads_them(tmp_path):
+    """No iscrowd is 0, a null size is no size, ``iscrowd: true`` is a crowd region (as pycocotools takes it)."""
+    image = dict(_img(tmp_path), width=None)
+    plain = {k: v for k, v in _ann(5, [1, 1, 5, 5]).items() if k != "iscrowd"}
+    ds = CocoDetection(tmp_path, write_coco(tmp_path, [image], [plain, _ann(6, [2, 2, 9, 9], iscrowd=True)]))
+    assert ds.index.boxes[0].tolist() == [[1, 1, 5, 5]]
+    assert ds.index.counts["crowd"] == 1
+
+
 def test_images_left_without_a_box_are_kept_and_counted(tmp_path, caplog):
     """An image without annotations, or whose only ones are crowd or degenerate, trains as an image without
     objects (every query learns "no object"): kept, and counted in one line."""

@@ -297,6 +297,49 @@ def test_annotation_and_results_file_mistakes_are_named(data, tmp_path):
         evaluate_coco(gt, [dict(dets[0], image_id=[1])])
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("iscrowd", "no", r"annotation id 1 has iscrowd 'no'; iscrowd is 0"),
+    ("iscrowd", None, r"annotation id 1 has iscrowd None"),
+    ("area", "600", r"annotation id 1 has area '600'; area is the object's size in pixels"),
+    ("area", float("nan"), r"annotation id 1 has area nan"),
+    ("category_id", True, r"annotation id 1 has category_id True, a bool"),
+    ("category_id", 99, r"annotation id 1 has category_id 99, which is not in 'categories'"),
+    ("bbox", [1, 2, 3], r"annotation id 1 has bbox \[1, 2, 3\]; expected \[x, y, width, height\]"),
+])
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_a_ground_truth_field_of_the_wrong_kind_is_named_on_both_backends(data, backend, field, value, message):
+    """What pycocotools stopped on with a bare ValueError/TypeError, or scored wrongly without a word: a NaN area
+    counts an object in every size range, a category the file does not list leaves the object out."""
+    _, _, gt, dets, _, _ = data
+    bad = copy.deepcopy(gt)
+    bad["annotations"][0][field] = value
+    with pytest.raises(CocoEvalError, match=message):
+        evaluate_coco(bad, dets, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_a_ground_truth_without_iscrowd_scores_as_iscrowd_0(data, backend):
+    """COCO's default (the dataset loader's and faster-coco-eval's; pycocotools stopped with a KeyError)."""
+    _, _, gt, dets, _, _ = data
+    plain = copy.deepcopy(gt)
+    for ann in plain["annotations"]:
+        ann["iscrowd"] = 0
+    without = copy.deepcopy(plain)
+    for ann in without["annotations"]:
+        del ann["iscrowd"]
+    assert list(evaluate_coco(without, dets, backend=backend).values()) == list(evaluate_coco(plain, dets, backend=backend).values())
+    assert all("iscrowd" not in ann for ann in without["annotations"])  # the caller's dict is left as it was
+
+
+@pytest.mark.parametrize("section", ["images", "categories"])
+def test_ids_of_text_are_named_not_a_traceback_of_the_readouts(data, section):
+    _, _, gt, dets, _, _ = data
+    texts = copy.deepcopy(gt)
+    texts[section][1]["id"] = str(texts[section][1]["id"])
+    with pytest.raises(CocoEvalError, match=rf"{section}\[1\] has id '\d+', a str; COCO ids are integers"):
+        evaluate_coco(texts, dets)
+
+
 def test_segm_evaluation_of_box_results_is_one_line_naming_file_field_and_fix(tmp_path):
     """tools/eval.py --iou_type segm on results without masks ended in a raw KeyError: 'id' inside faster-coco-eval."""
     gt = {"images": [{"id": 1, "width": 100, "height": 100}], "categories": [{"id": 1, "name": "a"}],

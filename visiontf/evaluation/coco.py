@@ -25,7 +25,9 @@ import numpy as np
 import orjson
 
 from visiontf.core.errors import UserError
+from visiontf.core.saved_arguments import short_repr
 from visiontf.evaluation.readouts.per_class import CocoArrays, per_class_json
+from visiontf.io.coco_fields import annotation_problem
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +160,36 @@ def _gt_dataset(annotations: Any) -> tuple[dict, str]:
     if lacking is not None:
         raise CocoEvalError(f"{name}: annotation id {lacking['id']} has no 'area'; COCO evaluation needs each annotation's "
                             "area in pixels (the mask's, or w * h for boxes only) for its small/medium/large ranges")
+    _refuse_bad_fields(data, name)
+    if any("iscrowd" not in a for a in data["annotations"]):
+        # COCO's default, as the dataset loader and faster-coco-eval read it; pycocotools stops with a KeyError
+        data = {**data, "annotations": [a if "iscrowd" in a else {**a, "iscrowd": 0} for a in data["annotations"]]}
     return data, name
+
+
+def _refuse_bad_fields(data: dict, name: str) -> None:
+    """The first image, category or annotation whose ids or fields COCOeval (and the per-class readouts) would
+    fail on or read wrongly (:mod:`visiontf.io.coco_fields`, the dataset loader's rules), or an annotation of a
+    category the file does not list (COCOeval scores only the listed ones: the object would be left out)."""
+    for section in ("images", "categories"):
+        for i, entry in enumerate(data[section]):
+            if not isinstance(entry, dict) or "id" not in entry:
+                raise CocoEvalError(f"{name}: {section}[{i}] is {short_repr(entry)}, not an object with an 'id'")
+            if not isinstance(entry["id"], int) or isinstance(entry["id"], bool):
+                raise CocoEvalError(f"{name}: {section}[{i}] has id {short_repr(entry['id'])}, a "
+                                    f"{type(entry['id']).__name__}; COCO ids are integers (convert them, and the "
+                                    "annotations' and results' ids, to numbers)")
+    category_ids = {c["id"] for c in data["categories"]}
+    for i, ann in enumerate(data["annotations"]):
+        named = f"annotation id {ann['id']}" if isinstance(ann["id"], int) and not isinstance(ann["id"], bool) else f"annotations[{i}]"
+        for key in ("image_id", "category_id"):
+            if key not in ann:
+                raise CocoEvalError(f"{name}: {named} has no '{key}'; each annotation names its image and category")
+        if (problem := annotation_problem(ann)) is not None:
+            raise CocoEvalError(f"{name}: {named} has {problem}")
+        if ann["category_id"] not in category_ids:
+            raise CocoEvalError(f"{name}: {named} has category_id {ann['category_id']}, which is not in 'categories'; "
+                                "add the category or remove the annotation")
 
 
 def _detections(detections: Any) -> tuple[list[dict], str, bool]:

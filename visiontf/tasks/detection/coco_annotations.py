@@ -2,8 +2,9 @@
 
 The bottom of the COCO data modules (numpy only; nothing here imports another visiontf data module).
 The annotation file is checked once on load. Problems that make the file unusable (malformed
-JSON, missing top-level keys, duplicate ids, an annotation naming an unknown category, a bbox that
-is not four numbers) raise :class:`AnnotationError` naming the file, the entry and the fix.
+JSON, missing top-level keys, duplicate ids, an annotation naming an unknown category, a field of the
+wrong kind or value: :mod:`visiontf.io.coco_fields`, which the evaluator shares) raise
+:class:`AnnotationError` naming the file, the entry and the fix.
 Problems confined to single annotations are repaired or dropped, counted, and logged in one line
 per kind: annotations for unknown images (dropped), degenerate or non-finite boxes (dropped),
 boxes reaching outside the image (clipped; dropped when nothing is left), crowd regions (kept in
@@ -26,6 +27,7 @@ import numpy as np
 
 from visiontf.core.errors import UserError
 from visiontf.core.saved_arguments import short_repr
+from visiontf.io.coco_fields import annotation_problem, category_problem, image_problem
 from visiontf.io.image_files import outside_its_folder
 
 # the logger of the COCO data modules, as before they were split (users' logging configs name it)
@@ -133,8 +135,8 @@ def parse_categories(data: dict, ann_file: Path) -> tuple[list[int], list[str]]:
         if not isinstance(cat, dict) or "id" not in cat:
             raise AnnotationError(f"{ann_file}: categories[{i}] has no 'id'; each category needs an integer id and a name")
         cid = cat["id"]
-        if not isinstance(cid, int) or isinstance(cid, bool):
-            raise AnnotationError(f"{ann_file}: categories[{i}] id {cid!r} is not an integer")
+        if (problem := category_problem(cat)) is not None:
+            raise AnnotationError(f"{ann_file}: categories[{i}] has {problem}")
         if cid in cats:
             raise AnnotationError(f"{ann_file}: category id {cid} appears twice in 'categories'; ids must be unique")
         cats[cid] = str(cat.get("name", cid))
@@ -173,10 +175,14 @@ def _grouping_categories(data: dict) -> list[int]:
     """Ids of categories that only group the others: named as another category's ``supercategory`` and
     without annotations. Roboflow exports list the project itself this way, as category 0."""
     parents = {c.get("supercategory") for c in data["categories"] if isinstance(c, dict)}
-    used = {a.get("category_id") for a in data["annotations"] if isinstance(a, dict)}
+    used = {a.get("category_id") for a in data["annotations"] if isinstance(a, dict) and not _unhashable(a.get("category_id"))}
     return [c["id"] for c in data["categories"]
             if isinstance(c, dict) and c.get("name") in parents and c.get("id") not in used
             and any(o.get("supercategory") == c.get("name") and o is not c for o in data["categories"] if isinstance(o, dict))]
+
+
+def _unhashable(value: Any) -> bool:
+    return isinstance(value, (list, dict, set))
 
 
 def _log_dropped(ann_file: Path, kind: str, ids: list[Any], action: str, level: int = logging.WARNING,
@@ -215,11 +221,8 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
     for i, img in enumerate(data["images"]):
         if not isinstance(img, dict) or "id" not in img or "file_name" not in img:
             raise AnnotationError(f"{ann_file}: images[{i}] needs 'id' and 'file_name' (got {str(img)[:80]})")
-        if not isinstance(img["id"], int) or isinstance(img["id"], bool):
-            raise AnnotationError(
-                f"{ann_file}: images[{i}] ({img['file_name']!r}) has id {img['id']!r}, a {type(img['id']).__name__}; "
-                "COCO image ids are integers (convert them, and the annotations' image_id, to numbers)"
-            )
+        if (problem := image_problem(img)) is not None:
+            raise AnnotationError(f"{ann_file}: images[{i}] ({short_repr(img['file_name'])}) has {problem}")
         if (why := outside_its_folder(img["file_name"])) is not None:
             raise AnnotationError(f"{ann_file}: images[{i}].file_name is {short_repr(img['file_name'])}, {why}; "
                                   f"{FILE_NAME_FIX}")
@@ -241,23 +244,15 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
         for key in ("image_id", "category_id", "bbox"):
             if key not in ann:
                 raise AnnotationError(f"{ann_file}: annotation id {aid} (annotations[{i}]) has no '{key}'")
+        if (problem := annotation_problem(ann)) is not None:
+            named = f"annotation id {aid}" if isinstance(aid, int) and not isinstance(aid, bool) else f"annotations[{i}]"
+            raise AnnotationError(f"{ann_file}: {named} has {problem}")
         if ann["category_id"] not in cat_to_label:
             raise AnnotationError(
                 f"{ann_file}: annotation id {aid} has category_id {ann['category_id']!r}, which is not in "
                 f"'categories' (ids {category_ids}); add the category or remove the annotation"
             )
-        if not isinstance(ann["image_id"], int) or isinstance(ann["image_id"], bool):
-            raise AnnotationError(
-                f"{ann_file}: annotation id {aid} has image_id {ann['image_id']!r}, a {type(ann['image_id']).__name__}; "
-                "COCO image ids are integers (convert them to numbers)"
-            )
         bbox = ann["bbox"]
-        if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox
-        ):
-            raise AnnotationError(
-                f"{ann_file}: annotation id {aid} has bbox {bbox!r}; expected [x, y, width, height] (4 numbers, pixels)"
-            )
         pos = image_pos.get(ann["image_id"])
         if pos is None:
             unknown_image.append(aid)

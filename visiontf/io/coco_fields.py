@@ -1,0 +1,75 @@
+"""The value of each field of a COCO ground-truth file that training and evaluation read.
+
+pycocotools and faster-coco-eval take these fields on trust: a string ``iscrowd`` or ``area`` stops
+COCOeval with a bare ``ValueError``/``TypeError`` deep in its loops, a NaN ``area`` counts an object
+in every size range, a ``true`` category id is category 1 and a string ``iscrowd`` of ``"no"``
+makes the object a crowd region. The dataset loader and the evaluator both ask here, so a file is
+judged the same way wherever it is read. Each function returns what is wrong as a phrase that
+follows the entry's name ("annotation id 7 has ...") and ends with the fix, or None.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["annotation_problem", "category_problem", "image_problem"]
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def annotation_problem(ann: dict) -> str | None:
+    """What makes a ground-truth annotation's ``id``, ``image_id``, ``category_id``, ``bbox``, ``iscrowd``
+    or ``area`` unusable (the last two may be absent: ``iscrowd`` is then 0, and an evaluation asks for
+    ``area`` itself). A non-finite or empty box is a number all the same: the loader drops it with a count."""
+    for key, what in (("id", "annotation ids are unique integers (number them 1..N)"),
+                      ("image_id", "it names an image by its integer id"),
+                      ("category_id", "it names a category by its integer id")):
+        if key in ann and not _integer(ann[key]):
+            return f"{key} {_shown(ann[key])}, a {type(ann[key]).__name__}; {what}"
+    bbox = ann.get("bbox")
+    if "bbox" in ann and not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
+        return f"bbox {_shown(bbox)}; expected [x, y, width, height] (4 numbers, pixels)"
+    crowd = ann.get("iscrowd", 0)
+    if not (isinstance(crowd, (int, float)) and crowd in (0, 1)):
+        return (f"iscrowd {_shown(crowd)}; iscrowd is 0 (an object) or 1 (a crowd region, which evaluation ignores), "
+                "or left out for 0")
+    if "area" in ann and not (_number(ann["area"]) and ann["area"] >= 0):
+        return (f"area {_shown(ann['area'])}; area is the object's size in pixels (a number >= 0: the mask's, or "
+                "width * height for boxes only), which decides its small/medium/large range")
+    return None
+
+
+def image_problem(image: dict) -> str | None:
+    """What makes an image entry's ``id``, ``width`` or ``height`` unusable (the size may be absent or null)."""
+    if "id" in image and not _integer(image["id"]):
+        return (f"id {_shown(image['id'])}, a {type(image['id']).__name__}; COCO image ids are integers (convert "
+                "them, and the annotations' image_id, to numbers)")
+    for key in ("width", "height"):
+        value = image.get(key)
+        if value is not None and not (_number(value) and value > 0):
+            return f"{key} {_shown(value)}; {key} is the image's size in pixels (a number > 0), or left out"
+    return None
+
+
+def category_problem(category: dict) -> str | None:
+    """What makes a category's ``id``, ``name`` or ``supercategory`` unusable."""
+    if "id" in category and not _integer(category["id"]):
+        return (f"id {_shown(category['id'])}, a {type(category['id']).__name__}; each category needs an integer id "
+                "and a name")
+    for key in ("name", "supercategory"):
+        value = category.get(key)
+        if value is not None and not isinstance(value, str):
+            return f"{key} {_shown(value)}, a {type(value).__name__}; a category's {key} is text"
+    return None
