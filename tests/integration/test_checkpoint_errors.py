@@ -162,6 +162,19 @@ def test_a_fine_tuned_run_needs_only_its_checkpoint_once_the_start_file_is_gone(
         ClassificationTask.load_from_checkpoint(tuned, strict=False)
 
 
+def test_load_from_checkpoint_with_another_class_count_names_the_file_and_the_python_fix(trained):
+    """The check ``--ckpt_path`` runs, from Python: it named "the checkpoint" and the CLI's options."""
+    from visiontf.tasks.classification.classification_task import ClassificationTask
+
+    classes = torch.load(trained["ckpt"], map_location="cpu", weights_only=True)["hyper_parameters"]["num_classes"]
+    with pytest.raises(CheckpointError) as refused:
+        ClassificationTask.load_from_checkpoint(trained["ckpt"], num_classes=classes + 2)
+    message = str(refused.value)
+    assert message.startswith(f"{trained['ckpt']}: trained for {classes} classes, but this run has {classes + 2} "
+                              "(the arguments given); load_from_checkpoint resumes or evaluates"), message
+    assert f"pretrained={str(trained['ckpt'])!r} instead of load_from_checkpoint" in message and "--" not in message
+
+
 def test_same_class_count_with_other_classes_is_refused_naming_both_tables(trained, tmp_path, capsys):
     """Same count, other classes: every output would be scored (or trained on) as another category, silently."""
     renamed = tmp_path / "renamed"

@@ -21,7 +21,7 @@ from visiontf.data.base import trainer_datamodule
 from visiontf.io.training_state import check_restored_state
 from visiontf.models import ModelArgumentError, ModelNameError, check_model_arguments, create_model
 from visiontf.models.contract import VisionModel
-from visiontf.tasks.checkpoints import check_checkpoint_fits, load_task_checkpoint
+from visiontf.tasks.checkpoints import check_checkpoint_fits, checkpoint_being_loaded, load_task_checkpoint
 from visiontf.tasks.task_inference import adapter_for_task
 
 log = logging.getLogger(__name__)
@@ -157,11 +157,14 @@ class BaseTask(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # before Lightning copies any weight: another task, model or class count is refused by name
-        path = self._trainer.ckpt_path if self._trainer is not None else None
+        if self._trainer is not None:
+            path, data, through = self._trainer.ckpt_path, "this run's data", "--ckpt_path"
+        else:
+            path, data, through = checkpoint_being_loaded(), "the arguments given", "load_from_checkpoint"
         dm = trainer_datamodule(self._trainer)
         check_checkpoint_fits(checkpoint, path, task=self.task, model_name=self._model_name, num_classes=self._num_classes,
                               class_names=dm.class_names if dm is not None else None,
-                              label_to_cat_id=dm.label_to_cat_id if dm is not None else None, data="this run's data")
+                              label_to_cat_id=dm.label_to_cat_id if dm is not None else None, data=data, through=through)
         # its optimizer, scheduler and loop states are checked against the run's own once those exist (on_fit_start),
         # before Lightning restores them; strategies that restore after their setup already have them here
         self._resumed_checkpoint = checkpoint

@@ -10,6 +10,7 @@ A checkpoint without ``preprocess`` (not written by a visiontf task) predicts wi
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import os
@@ -372,12 +373,25 @@ def load_task_checkpoint(cls: type, checkpoint_path: Any, **kwargs: Any) -> Any:
 
     if isinstance(checkpoint_path, (str, Path)):
         checkpoint_path = resolve_checkpoint(checkpoint_path)
+    token = _LOADING.set(str(checkpoint_path) if isinstance(checkpoint_path, (str, Path)) else None)
     try:
         return load_lightning_checkpoint(cls, checkpoint_path, checkpoint_classes(cls), ignored=RENAMED,
                                          check_before_build=functools.partial(_check_sizes_before_build, checkpoint_path),
                                          **kwargs)
     except SavedArgumentsError as e:
         raise CheckpointError(str(e)) from None
+    finally:
+        _LOADING.reset(token)
+
+
+#: the file :func:`load_task_checkpoint` is loading, for the task's ``on_load_checkpoint`` to name (it has no trainer,
+#: whose ``ckpt_path`` names the file of ``--ckpt_path``)
+_LOADING: contextvars.ContextVar[str | None] = contextvars.ContextVar("visiontf_loading_checkpoint", default=None)
+
+
+def checkpoint_being_loaded() -> str | None:
+    """The path :func:`load_task_checkpoint` is loading (None outside it, or for a file object)."""
+    return _LOADING.get()
 
 
 def _check_sizes_before_build(path: Any, ckpt: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
@@ -443,18 +457,22 @@ def check_config_model(ckpt: dict[str, Any], path: str | Path, model_name: str |
 
 def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task: str, model_name: str,
                           num_classes: int | None, class_names: Sequence[str] | None = None,
-                          label_to_cat_id: Mapping[int, int] | None = None, data: str = "the data") -> None:
+                          label_to_cat_id: Mapping[int, int] | None = None, data: str = "the data",
+                          through: str = "--ckpt_path") -> None:
     """Refuse, before any weight is copied, a checkpoint of another task, model or number of classes, or one whose
     classes (names and category ids, as saved with it) are not ``class_names`` / ``label_to_cat_id`` of ``data``.
 
-    Called by the tasks when Lightning restores ``--ckpt_path`` (fit, validate, test, predict); the
-    message names the file, both sides and the fix. Checkpoints without visiontf hyper-parameters
-    pass (Lightning's own key check then applies), and so do classes either side does not record.
+    Called by the tasks when Lightning restores ``--ckpt_path`` (fit, validate, test, predict), and by
+    ``Task.load_from_checkpoint`` (``through``, which the fix names); the message names the file, both sides
+    and the fix. Checkpoints without visiontf hyper-parameters pass (Lightning's own key check then
+    applies), and so do classes either side does not record.
     """
     hp = _saved_hparams(ckpt)
     if not isinstance(hp.get("model_name"), str):
         return
     where = str(path) if path else "the checkpoint"
+    pretrained = f"`--model.init_args.pretrained={where}` instead of --ckpt_path" if through == "--ckpt_path" else (
+        f"the task built with pretrained={where!r} instead of {through}")
     ck_task, ck_model, ck_classes = checkpoint_task(ckpt), hp["model_name"], hp.get("num_classes")
     if ck_task is not None and ck_task != task:
         raise CheckpointError(
@@ -464,14 +482,14 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
     if ck_model != model_name:
         raise CheckpointError(
             f"{where}: a checkpoint of {ck_model}, but this config builds {model_name}; use the config it was trained "
-            f"with (--model.init_args.model_name={ck_model}), or start a new run from its weights with "
-            f"--model.init_args.pretrained={where}"
+            f"with ({'--model.init_args.' if through == '--ckpt_path' else ''}model_name={ck_model}), or start a new "
+            f"run from its weights with {pretrained}"
         )
     if isinstance(ck_classes, int) and num_classes is not None and ck_classes != int(num_classes):
         raise CheckpointError(
-            f"{where}: trained for {ck_classes} classes, but this run has {num_classes} (from the data); --ckpt_path "
-            f"resumes or evaluates that same model. To fine-tune with a new head, start a new run with "
-            f"`--model.init_args.pretrained={where}` instead of --ckpt_path"
+            f"{where}: trained for {ck_classes} classes, but this run has {num_classes} "
+            f"({'from the data' if through == '--ckpt_path' else data}); {through} resumes or evaluates that same model. "
+            f"To fine-tune with a new head, start a new run with {pretrained}"
         )
     saved_names, saved_ids = saved_class_table(ckpt, where)
     names_differ = bool(saved_names and class_names) and list(saved_names) != list(class_names)
@@ -481,9 +499,9 @@ def check_checkpoint_fits(ckpt: dict[str, Any], path: str | Path | None, *, task
         # the same class count with other names or ids: each output would be scored (or trained) as another category
         raise CheckpointError(
             f"{where}: trained on {describe_classes(saved_names or class_names, saved_ids)}, but {data} has "
-            f"{describe_classes(class_names or saved_names, label_to_cat_id)}; --ckpt_path resumes or evaluates that same "
+            f"{describe_classes(class_names or saved_names, label_to_cat_id)}; {through} resumes or evaluates that same "
             f"model on the classes it was trained on: give the data it was trained with, or start a new run from its "
-            f"weights on these classes with `--model.init_args.pretrained={where}`"
+            f"weights on these classes with {pretrained}"
         )
 
 
