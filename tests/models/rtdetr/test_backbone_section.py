@@ -142,6 +142,23 @@ def test_a_plain_vit_is_pointed_to_its_simple_feature_pyramid_which_then_fits():
         assert model.eval()(torch.rand(1, 3, 96, 128))["pred_boxes"].shape == (1, 5, 4)
 
 
+@pytest.mark.parametrize("name", ["rtdetr_tiny", "dfine_tiny"])
+def test_a_simple_feature_pyramid_with_its_top_block_is_pointed_to_either_fix_which_then_fits(name):
+    """The pyramid keeps its four maps whatever the decoder's three ask for: the decoder refused the count and pointed to
+    backbone.stages, which the pyramid does not read. Each fix the message gives builds a model that detects."""
+    pyramid = {"name": "simplefpn:timm:vit_tiny_patch16_224", "kwargs": {"depth": 1}}
+    with pytest.raises(ValueError, match=r"simplefpn:timm:vit_tiny_patch16_224 gives 4 maps \(strides \(8, 16, 32, 64\): its "
+                                         r"top block adds the last\), but the decoder attends to num_levels=3; build the "
+                                         r"pyramid without it, .*kwargs: \{top_block: false\}.*or set decoder\.num_levels: 4"):
+        create_model(name, num_classes=3, backbone=pyramid)
+    without_top = create_model(name, num_classes=3, backbone={**pyramid, "kwargs": {"depth": 1, "top_block": False}})
+    four_levels = create_model(name, num_classes=3, backbone=pyramid, decoder={"num_levels": 4, "num_points": [4, 4, 4, 4]})
+    assert list(without_top.backbone.strides) == [8, 16, 32] and list(four_levels.backbone.strides) == [8, 16, 32, 64]
+    with torch.no_grad():
+        for model in (without_top, four_levels):
+            assert model.eval()(torch.rand(1, 3, 96, 128))["pred_boxes"].shape[-1] == 4
+
+
 def test_a_section_field_of_another_type_is_one_line_naming_it():
     with pytest.raises(ValueError, match=r"decoder\.num_queries: 'ten' is not int"):
         _build("rtdetr_r18vd", backbone={"kwargs": RESNET}, decoder={**HEADS["decoder"], "num_queries": "ten"})

@@ -48,7 +48,7 @@ from visiontf.models.dfine.dfine_options import (
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.models.rtdetr.backbone_section import FormerBackbone, backbone_section
 from visiontf.models.rtdetr.hybrid_encoder import HybridEncoder
-from visiontf.models.rtdetr.rtdetr import RTDETR, RTDETR_POSTPROCESS, TABLES, check_pyramid
+from visiontf.models.rtdetr.rtdetr import RTDETR, RTDETR_POSTPROCESS, TABLES, check_pyramid, check_pyramid_levels
 from visiontf.models.rtdetr.rtdetr_decoder import INVERSE_SIGMOID_EPS
 from visiontf.models.rtdetr.rtdetr_options import DenoisingOptions, EncoderOptions, check_sections, section
 from visiontf.models.set_loss_options import FineGrainedLossOptions
@@ -158,6 +158,7 @@ def build_dfine(
     # without stages: the backbone's last maps of strides 8, 16, 32, or as many as the decoder attends to (D-FINE-N's 2)
     body = spec if isinstance(spec, Backbone) else spec.build(num_levels=min(3, opts_decoder.num_levels), min_stride=8)
     check_pyramid(body)
+    check_pyramid_levels(body, spec, opts_decoder.num_levels)
     check_sections(None, opts_encoder, opts_decoder, opts_dn)
     check_fdr_sections(None, opts_decoder)
     hybrid = HybridEncoder(list(body.channels), opts_encoder, tables)

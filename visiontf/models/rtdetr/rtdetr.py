@@ -32,7 +32,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
-from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth, pad_to_multiple
+from visiontf.models.backbones.backbone import SIMPLEFPN_PREFIX, Backbone, BackboneLayerDepth, pad_to_multiple
 from visiontf.models.backbones.spec import BackboneSpec
 from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising, DenoisingQueries
@@ -337,6 +337,7 @@ def build_rtdetr(
     # without stages: the backbone's last maps of strides 8, 16, 32, or as many as the decoder attends to (D-FINE-N's 2)
     body = spec if isinstance(spec, Backbone) else spec.build(num_levels=min(3, opts_decoder.num_levels), min_stride=8)
     check_pyramid(body)
+    check_pyramid_levels(body, spec, opts_decoder.num_levels)
     check_sections(None, opts_encoder, opts_decoder, opts_dn)
     hybrid = HybridEncoder(list(body.channels), opts_encoder, tables)
     dec = RTDetrDecoder([opts_encoder.hidden_dim] * len(body.channels), num_classes, opts_decoder, opts_dn.num_denoising, tables)
@@ -359,6 +360,22 @@ def check_pyramid(backbone: Backbone) -> None:
             f"backbone: the hybrid encoder fuses maps whose strides double level to level (8, 16, 32), but this "
             f"backbone's maps have strides {strides}; pick features that do (backbone.stages), or, for a plain "
             "ViT (one stride), its simple feature pyramid: backbone: {name: 'simplefpn:<the ViT>', kwargs: {top_block: false}}")
+
+
+def check_pyramid_levels(backbone: Backbone, spec: BackboneSpec | Backbone, num_levels: int) -> None:
+    """A simple feature pyramid keeps its levels whatever it is asked for (its top block adds a fourth): where the
+    decoder attends to fewer, say how to drop the top one before the decoder refuses the count."""
+    levels = len(backbone.channels)
+    if levels <= num_levels or isinstance(spec, Backbone) or not spec.name.startswith(SIMPLEFPN_PREFIX):
+        return
+    fixes = [f"set decoder.num_levels: {levels} (and its num_points, one per level)"]
+    if num_levels == levels - 1:
+        fixes.insert(0, "build the pyramid without it, backbone: {name: '" + spec.name + "', kwargs: {top_block: false}} "
+                        "(strides 8, 16, 32)")
+    else:
+        fixes.append(f"{levels - 1} without its top block (kwargs: {{top_block: false}})")
+    raise ValueError(f"backbone: {spec.name} gives {levels} maps (strides {tuple(backbone.strides)}: its top block adds "
+                     f"the last), but the decoder attends to num_levels={num_levels}; {', or '.join(fixes)}")
 
 
 # ------------------------------------------------------------------------------------ registry
