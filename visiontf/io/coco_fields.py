@@ -28,15 +28,22 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _not_an_integer(entry: dict, key: str, fix: str) -> str | None:
+    value = entry.get(key)
+    if key not in entry or _integer(value):
+        return None
+    return f"{key} {_shown(value)}, a {type(value).__name__}; {fix}"
+
+
 def annotation_problem(ann: dict) -> str | None:
     """What makes a ground-truth annotation's ``id``, ``image_id``, ``category_id``, ``bbox``, ``iscrowd``
     or ``area`` unusable (the last two may be absent: ``iscrowd`` is then 0, and an evaluation asks for
     ``area`` itself). A non-finite or empty box is a number all the same: the loader drops it with a count."""
-    for key, what in (("id", "annotation ids are unique integers (number them 1..N)"),
-                      ("image_id", "it names an image by its integer id"),
-                      ("category_id", "it names a category by its integer id")):
-        if key in ann and not _integer(ann[key]):
-            return f"{key} {_shown(ann[key])}, a {type(ann[key]).__name__}; {what}"
+    for key, fix in (("id", "annotation ids are unique integers (number them 1..N)"),
+                     ("image_id", "it names an image by its integer id"),
+                     ("category_id", "it names a category by its integer id")):
+        if (problem := _not_an_integer(ann, key, fix)) is not None:
+            return problem
     bbox = ann.get("bbox")
     if "bbox" in ann and not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
@@ -53,23 +60,20 @@ def annotation_problem(ann: dict) -> str | None:
 
 def image_problem(image: dict) -> str | None:
     """What makes an image entry's ``id``, ``width`` or ``height`` unusable (the size may be absent or null)."""
-    if "id" in image and not _integer(image["id"]):
-        return (f"id {_shown(image['id'])}, a {type(image['id']).__name__}; COCO image ids are integers (convert "
-                "them, and the annotations' image_id, to numbers)")
+    problem = _not_an_integer(image, "id", "COCO image ids are integers (convert them, and the annotations' image_id, "
+                                           "to numbers)")
     for key in ("width", "height"):
         value = image.get(key)
-        if value is not None and not (_number(value) and value > 0):
-            return f"{key} {_shown(value)}; {key} is the image's size in pixels (a number > 0), or left out"
-    return None
+        if problem is None and value is not None and not (_number(value) and value > 0):
+            problem = f"{key} {_shown(value)}; {key} is the image's size in pixels (a number > 0), or left out"
+    return problem
 
 
 def category_problem(category: dict) -> str | None:
     """What makes a category's ``id``, ``name`` or ``supercategory`` unusable."""
-    if "id" in category and not _integer(category["id"]):
-        return (f"id {_shown(category['id'])}, a {type(category['id']).__name__}; each category needs an integer id "
-                "and a name")
+    problem = _not_an_integer(category, "id", "each category needs an integer id and a name")
     for key in ("name", "supercategory"):
         value = category.get(key)
-        if value is not None and not isinstance(value, str):
-            return f"{key} {_shown(value)}, a {type(value).__name__}; a category's {key} is text"
-    return None
+        if problem is None and value is not None and not isinstance(value, str):
+            problem = f"{key} {_shown(value)}, a {type(value).__name__}; a category's {key} is text"
+    return problem
