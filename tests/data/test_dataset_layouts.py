@@ -92,6 +92,59 @@ def test_yolo_data_yaml_forms_and_label_errors(tmp_path):
         convert_yolo(root / "data.yaml", tmp_path / "out")
 
 
+@pytest.mark.parametrize("line, words", [
+    ("1.5 0.5 0.5 0.1 0.1", r"class 1\.5 is not a class index; YOLO classes are integers 0\.\.2"),  # was class 1
+    ("-0.5 0.5 0.5 0.1 0.1", r"class -0\.5 is not a class index"),  # was class 0
+    ("inf 0.5 0.5 0.1 0.1", r"class inf is not a class index"),  # was an OverflowError
+])
+def test_yolo_class_ids_that_are_not_integers_are_refused_naming_file_and_line(tmp_path, line, words):
+    root = make_dataset(tmp_path / "yolo", "yolo")
+    label = sorted((root / "train" / "labels").glob("*.txt"))[0]
+    label.write_text(f"0 0.5 0.5 0.2 0.2\n{line}\n")
+    with pytest.raises(AnnotationError, match=rf"{label.name}:2: {words}"):
+        convert_yolo(root / "data.yaml", tmp_path / "out")
+
+
+def test_yolo_text_and_layout_mistakes_are_named_and_nothing_is_left_out_silently(tmp_path, caplog):
+    root = make_dataset(tmp_path / "yolo", "yolo")
+    labels = sorted((root / "train" / "labels").glob("*.txt"))
+    first = labels[0].read_text().splitlines()[0]
+    labels[0].write_bytes(b"\xef\xbb\xbf" + f"{first}\n".encode())  # a byte-order mark: read
+    assert convert_yolo(root / "data.yaml", tmp_path / "out")
+    labels[0].write_text(f"{first}\n", encoding="utf-16")
+    with pytest.raises(AnnotationError, match=rf"{labels[0].name}: not UTF-8 text .*save it as UTF-8"):
+        convert_yolo(root / "data.yaml", tmp_path / "out")
+    labels[0].write_text(f"{first}\n0 0.5 0.5 0.0 0.2\n")  # a box of no width: dropped, naming file and line
+    with caplog.at_level("WARNING"):
+        coco = json.loads(convert_yolo(root / "data.yaml", tmp_path / "out")["train"][1].read_text())
+    assert f"dropped 1 box(es) of zero or negative width or height, e.g. {labels[0]}:2" in caplog.text
+    assert all(a["bbox"][2] > 0 for a in coco["annotations"])
+    # an image of an extension that is not read: its label file is named, not left out without a word
+    image = next(p for p in (root / "train" / "images").iterdir() if p.stem == labels[1].stem)
+    image.rename(image.with_suffix(".jfif"))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        convert_yolo(root / "data.yaml", tmp_path / "out")
+    assert f"1 label file(s) have no image and are not read, e.g. {labels[1]}" in caplog.text
+    # a labels folder of another name: no image has a label file, which would train on no object
+    (root / "train" / "labels").rename(root / "train" / "Labels")
+    with pytest.raises(DatasetLayoutError, match=r"train/images: none of its \d+ images has a label file \(the first "
+                                                 r"one's would be .*train/labels/.*\.txt\); YOLO labels lie in a 'labels'"):
+        convert_yolo(root / "data.yaml", tmp_path / "out")
+
+
+@pytest.mark.parametrize("names, words", [
+    ("{0: circle, 1.5: square, 2: bar}", r"'names' keys must be class indices 0..K-1, got 1\.5"),
+    ("{'0': circle, ' 1': square, '2': bar}", r"'names' keys must be class indices 0..K-1, got ' 1'"),
+    ("[]", r"'names' is empty"),
+])
+def test_yolo_names_that_are_not_a_class_table_are_refused(tmp_path, names, words):
+    root = make_dataset(tmp_path / "yolo", "yolo")
+    (root / "data.yaml").write_text(f"path: .\ntrain: train/images\nval: valid/images\nnames: {names}\n")
+    with pytest.raises(DatasetLayoutError, match=words):
+        read_data_yaml(root / "data.yaml")
+
+
 def test_root_errors_name_what_was_looked_for(tmp_path):
     with pytest.raises(DatasetLayoutError, match="dataset root not found") as info:
         CocoDataModule(tmp_path / "nope")

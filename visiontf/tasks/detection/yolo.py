@@ -50,7 +50,7 @@ def read_data_yaml(path: str | Path) -> tuple[list[str], dict[str, list[Path]], 
 
     path = Path(path)
     try:
-        cfg = yaml.safe_load(path.read_text()) or {}
+        cfg = yaml.safe_load(_read_text(path, DatasetLayoutError)) or {}
     except yaml.YAMLError as e:
         raise DatasetLayoutError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from e
     if expands_beyond(cfg):
@@ -61,17 +61,23 @@ def read_data_yaml(path: str | Path) -> tuple[list[str], dict[str, list[Path]], 
         raise DatasetLayoutError(f"{path}: a YOLO data.yaml needs 'names' (the class names) and 'train'/'val' image folders")
     names = cfg["names"]
     if isinstance(names, dict):
-        try:
-            order = sorted(int(k) for k in names)
-        except (TypeError, ValueError) as e:
-            raise DatasetLayoutError(f"{path}: 'names' keys must be class indices 0..K-1, got {list(names)[:5]}") from e
+        # an index is an integer or its digits (a JSON-style key); 1.5, ' 1' or True would name another class's row
+        by_index = {int(k): v for k, v in names.items()
+                    if (isinstance(k, int) and not isinstance(k, bool)) or (isinstance(k, str) and k.isdigit())}
+        if len(by_index) != len(names):
+            odd = [k for k in names if isinstance(k, bool) or not (isinstance(k, int) or (isinstance(k, str) and k.isdigit()))]
+            raise DatasetLayoutError(f"{path}: 'names' keys must be class indices 0..K-1, got "
+                                     f"{short_repr(odd[0]) if odd else 'the same index twice'} among {list(names)[:5]}")
+        order = sorted(by_index)
         if order != list(range(len(order))):
             raise DatasetLayoutError(f"{path}: 'names' indices must be 0..{len(order) - 1} without gaps, got {order[:10]}")
-        names = [_class_name(names[k] if k in names else names[str(k)], path) for k in order]
+        names = [_class_name(by_index[k], path) for k in order]
     elif isinstance(names, list):
         names = [_class_name(n, path) for n in names]
     else:
         raise DatasetLayoutError(f"{path}: 'names' must be a list or an {{index: name}} mapping")
+    if not names:
+        raise DatasetLayoutError(f"{path}: 'names' is empty; list the class names, one per class index 0..K-1")
     nc = cfg.get("nc")
     if nc is not None and (not isinstance(nc, int) or isinstance(nc, bool)):
         raise DatasetLayoutError(f"{path}: nc is {short_repr(nc)}, not a number of classes; write it as an integer "
@@ -118,7 +124,18 @@ def label_file(image: Path) -> Path:
     return Path(*parts).with_suffix(".txt")
 
 
+def _read_text(path: Path, error: type[Exception]) -> str:
+    """A text file as UTF-8 (a byte-order mark, which Windows tools write, left out)."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+
+
 def _box(values: list[float], width: int, height: int, pose: bool, where: str) -> list[float]:
+    if pose and len(values) < 4:
+        raise AnnotationError(f"{where}: a pose line starts 'class cx cy w h' (then the keypoints), got {len(values) + 1} "
+                              "values")
     if len(values) == 4 or pose:
         cx, cy, w, h = values[:4]
         x0, y0, x1, y1 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
@@ -133,16 +150,18 @@ def _box(values: list[float], width: int, height: int, pose: bool, where: str) -
     return [x0 * width, y0 * height, (x1 - x0) * width, (y1 - y0) * height]
 
 
-def yolo_split_to_coco(image_dirs: list[Path], names: list[str], pose: bool = False) -> tuple[dict[str, Any], Path]:
+def yolo_split_to_coco(image_dirs: list[Path], names: list[str], pose: bool = False,
+                       labelled: bool = True) -> tuple[dict[str, Any], Path]:
     """A COCO dict of the images under ``image_dirs`` (recursively) and their labels, and the folder
-    its ``file_name`` entries are relative to."""
+    its ``file_name`` entries are relative to. ``labelled``: a split none of whose images has a label file is
+    refused (a misnamed ``labels`` folder would train on no object); a test split may have none."""
     images = sorted(p for d in image_dirs for p in d.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
     if not images:
         raise DatasetLayoutError(f"{', '.join(map(str, image_dirs))}: no images ({', '.join(IMAGE_EXTENSIONS)})")
     root = Path(os.path.commonpath([str(d) for d in image_dirs]))
     coco: dict[str, Any] = {"images": [], "annotations": [],
                             "categories": [{"id": i, "name": n} for i, n in enumerate(names)]}
-    unlabelled = 0
+    unlabelled, empty_boxes, used_labels = 0, [], set()
     for image_id, path in enumerate(images, start=1):
         width, height = image_size(path)
         coco["images"].append({"id": image_id, "file_name": path.relative_to(root).as_posix(), "width": width, "height": height})
@@ -150,23 +169,54 @@ def yolo_split_to_coco(image_dirs: list[Path], names: list[str], pose: bool = Fa
         if not labels.is_file():
             unlabelled += 1
             continue
-        for n, line in enumerate(labels.read_text().splitlines(), start=1):
+        used_labels.add(labels.resolve())
+        for n, line in enumerate(_read_text(labels, AnnotationError).splitlines(), start=1):
             fields = line.split()
             if not fields:
                 continue
             where = f"{labels}:{n}"
             try:
-                cls, values = int(float(fields[0])), [float(v) for v in fields[1:]]
+                number, values = float(fields[0]), [float(v) for v in fields[1:]]
             except ValueError as e:
                 raise AnnotationError(f"{where}: not numbers: {line.strip()!r}") from e
+            if not number.is_integer():
+                # int() would read 1.5 as class 1 and -0.5 as class 0
+                raise AnnotationError(f"{where}: class {fields[0]} is not a class index; YOLO classes are integers "
+                                      f"0..{len(names) - 1}, data.yaml's names")
+            cls = int(number)
             if not 0 <= cls < len(names):
                 raise AnnotationError(f"{where}: class {cls} is not in data.yaml's names (0..{len(names) - 1})")
             x, y, w, h = _box(values, width, height, pose, where)
+            if not (w > 0 and h > 0):
+                empty_boxes.append(where)
+                continue
             coco["annotations"].append({"id": len(coco["annotations"]) + 1, "image_id": image_id, "category_id": cls,
                                         "bbox": [round(v, 3) for v in (x, y, w, h)], "area": round(w * h, 3), "iscrowd": 0})
+    if unlabelled == len(images) and labelled:
+        raise DatasetLayoutError(
+            f"{root}: none of its {len(images)} images has a label file (the first one's would be "
+            f"{label_file(images[0])}); YOLO labels lie in a 'labels' folder beside 'images', one <image name>.txt per "
+            "image (an empty one for an image without objects)")
     if unlabelled:
         log.info("%s: %d of %d images have no label file (no objects)", root, unlabelled, len(images))
+    if empty_boxes:
+        log.warning("%s: dropped %d box(es) of zero or negative width or height, e.g. %s", root, len(empty_boxes),
+                    ", ".join(empty_boxes[:3]))
+    _warn_of_labels_without_images(image_dirs, used_labels)
     return coco, root
+
+
+def _warn_of_labels_without_images(image_dirs: list[Path], used: set[Path]) -> None:
+    """Label files no image was read for (an image of another extension, a renamed or missing image): their objects
+    are not trained on, so say so with a count and examples."""
+    unread: list[Path] = []
+    for folder in image_dirs:
+        labels = label_file(folder / "x").parent
+        if labels != folder and labels.is_dir():
+            unread += [p for p in labels.rglob("*.txt") if p.is_file() and p.resolve() not in used and p.name != "classes.txt"]
+    if unread:
+        log.warning("%d label file(s) have no image and are not read, e.g. %s; images are read with the extensions %s",
+                    len(unread), ", ".join(str(p) for p in sorted(unread)[:3]), " ".join(IMAGE_EXTENSIONS))
 
 
 def yolo_cache_dir(data_yaml: str | Path) -> Path:
@@ -196,7 +246,7 @@ def convert_yolo(data_yaml: str | Path, out_dir: str | Path | None = None) -> di
     out = Path(out_dir) if out_dir is not None else yolo_cache_dir(data_yaml)
     result = {}
     for split, dirs in splits.items():
-        coco, images_root = yolo_split_to_coco(dirs, names, pose="kpt_shape" in cfg)
+        coco, images_root = yolo_split_to_coco(dirs, names, pose="kpt_shape" in cfg, labelled=split != "test")
         ann = out / f"instances_{split}.json"
         _write_if_changed(ann, json.dumps(coco))
         log.info("%s: YOLO %s split (%d images, %d boxes) as COCO in %s", data_yaml, split, len(coco["images"]),
