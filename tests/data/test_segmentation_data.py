@@ -103,6 +103,19 @@ def test_ade20k_defaults_without_class_list(tmp_path, roots):
     assert dm.train_split == "training" and dm.base_size == (2048, 512) and dm.reduce_zero_label
 
 
+def test_images_of_another_case_or_extension_are_read_or_named(tmp_path, caplog):
+    """ADE20K's images were found with a case-sensitive '*.jpg': a copy with .JPG names lost them with their masks; an
+    image of an extension that is not read is named, not left out with its mask without a word."""
+    root = make_segmentation_dataset(tmp_path / "ade", layout="ade20k", num_train=3, num_val=1, image_size=(32, 32))
+    images = sorted((root / "images" / "training").iterdir())
+    images[0].rename(images[0].with_suffix(".JPG"))
+    assert len(ade20k_pairs(root, "training")) == 3
+    images[1].rename(images[1].with_suffix(".jfif"))
+    with caplog.at_level(logging.WARNING):
+        assert len(ade20k_pairs(root, "training")) == 2
+    assert f"1 file(s) not read as images, e.g. {images[1].stem}.jfif" in caplog.text
+
+
 def test_keep_ratio_resize_matches_mmcv_rule():
     # mmcv rescale_size: factor = min(2048/400, 512/300) -> (512, int(400*1.70667+0.5)=683)
     assert keep_ratio_size(300, 400, (2048, 512)) == (512, 683)
@@ -258,6 +271,39 @@ def test_out_of_range_labels_mapped_with_warning_or_strict_error(tmp_path, caplo
     strict = SegmentationDataset(generic_pairs(root, "train"), num_classes=3, strict=True)
     with pytest.raises(LabelError, match=r"masks/train/x\.png: labels \[7, 9\] outside \[0, 3\)"):
         strict[0]
+
+
+def test_binary_masks_saved_as_0_and_255_are_refused_naming_the_fix(tmp_path):
+    """255 is the ignore value: the foreground of such masks was never trained on, and a validation split of them
+    scored mIoU 1.000 without a word. A split showing two classes in its first mask costs one mask's read."""
+    masks = {}
+    for i in range(5):
+        mask = np.zeros((8, 8), np.uint8)
+        mask[i:i + 3, 2:6] = 255
+        masks[f"m{i}"] = mask
+    root = _generic(tmp_path / "binary", masks)
+    (root / "classes.txt").write_text("background\nforeground\n")
+    dm = SegmentationDataModule(root, val_split="train", num_workers=0)
+    with pytest.raises(LabelError, match=r"masks/train: the 5 train masks looked at \(of 5\) hold class 0 \(background\) "
+                                         r"and no other of the 2 classes; \d+% of their pixels are 255, the ignore value: "
+                                         r"binary masks saved as 0/255\? Save the foreground as its class index"):
+        dm.setup("fit")
+    for name, mask in masks.items():  # the same masks with the foreground as 1: two classes, accepted
+        Image.fromarray((mask == 255).astype(np.uint8)).save(root / "masks" / "train" / f"{name}.png")
+    SegmentationDataModule(root, val_split="train", num_workers=0).setup("fit")
+
+
+def test_class_lists_of_other_encodings_or_too_many_classes_are_one_line(tmp_path):
+    root = _generic(tmp_path / "g", {"a": np.array([[0, 1], [2, 0]], np.uint8)}, image_hw=(2, 2))
+    (root / "classes.txt").write_bytes(b"\xef\xbb\xbfbg\na\nb\n")  # a byte-order mark is no part of the first name
+    assert SegmentationDataModule(root, num_workers=0).class_names == ["bg", "a", "b"]
+    (root / "classes.txt").write_bytes("b\u00e9g\na\nb\n".encode("latin-1"))
+    with pytest.raises(DatasetLayoutError, match=r"classes\.txt: not UTF-8 text .*save it as UTF-8"):
+        SegmentationDataModule(root, num_workers=0)
+    (root / "classes.txt").write_text("".join(f"c{k}\n" for k in range(300)))
+    with pytest.raises(DatasetLayoutError, match=r"300 classes \(classes\.txt's lines, or num_classes\): masks hold 8-bit "
+                                                 r"labels .* 1\.\.255 classes"):
+        SegmentationDataModule(root, val_split="train", num_workers=0).setup("fit")
 
 
 def test_missing_mask_names_expected_path(tmp_path):

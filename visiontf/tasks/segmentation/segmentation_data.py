@@ -45,7 +45,12 @@ from visiontf.data.transforms.segmentation import (
     photometric_distortion,
     segmentation_transforms,
 )
-from visiontf.tasks.segmentation.segmentation_dataset import SegmentationDataset, _Collate, segmentation_collate
+from visiontf.tasks.segmentation.segmentation_dataset import (
+    SegmentationDataset,
+    _Collate,
+    check_classes_present,
+    segmentation_collate,
+)
 from visiontf.tasks.segmentation.segmentation_files import (
     PAIR_FINDERS,
     ade20k_pairs,
@@ -123,8 +128,9 @@ class SegmentationDataModule(VisionDataModule):
         self.layout = layout
         self.class_names: list[str] = resolve_classes(self.root, layout, num_classes)
         self.num_classes: int = len(self.class_names)
-        # the resolved count, so Lightning's hparams merge agrees with the task's num_classes
-        self.hparams["num_classes"] = self.num_classes
+        # the resolved count, so Lightning's hparams merge agrees with the task's num_classes: it merges the initial
+        # hyper-parameters (save_hyperparameters' copy), which a num_classes of null left at None
+        self.hparams["num_classes"] = self._hparams_initial["num_classes"] = self.num_classes
         self.ignore_index = ignore_index
         self.reduce_zero_label = defaults["reduce_zero_label"] if reduce_zero_label is None else reduce_zero_label
         self.base_size = tuple(base_size) if base_size is not None else defaults["base_size"]
@@ -170,6 +176,7 @@ class SegmentationDataModule(VisionDataModule):
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_dataset is None:
             self.train_dataset = self._dataset(self.train_split, train=True)
+            check_classes_present(self.train_dataset, self.train_split)
         if stage in (None, "fit", "validate", "predict") and self.val_dataset is None:
             self.val_dataset = self._dataset(self.val_split, train=False)
         if stage in (None, "test") and self.test_dataset is None:

@@ -51,8 +51,12 @@ class SegmentationDataset(AugmentedDataset):
         seed: int = 0,
         allow_jpeg_masks: bool = False,
     ) -> None:
-        if not 1 <= num_classes <= 255 or (num_classes > ignore_index and 0 <= ignore_index < 256):
-            raise ValueError(f"num_classes={num_classes} must be in 1..{min(255, ignore_index)} (ignore_index {ignore_index})")
+        if not 1 <= num_classes <= 255:
+            raise DatasetLayoutError(f"{num_classes} classes (classes.txt's lines, or num_classes): masks hold 8-bit labels "
+                                     "(0..255, 255 the ignore value), so a dataset has 1..255 classes; list fewer")
+        if num_classes > ignore_index >= 0:
+            raise DatasetLayoutError(f"{num_classes} classes with ignore_index {ignore_index}: the ignore value would be a "
+                                     f"class's label; give ignore_index a value of {num_classes} or more (255 by default)")
         self.pairs = [(Path(i), Path(m)) for i, m in pairs]
         self.num_classes = num_classes
         self.transform = transform
@@ -126,6 +130,42 @@ class SegmentationDataset(AugmentedDataset):
             return image, mask
         out = self.transform(image=image, mask=mask)
         return out["image"], torch.as_tensor(out["mask"]).long()
+
+
+def check_classes_present(dataset: SegmentationDataset, split: str, probe: int = 256) -> None:
+    """Refuse a training split whose masks (up to ``probe`` of them, spread over the split) hold a single class.
+
+    Binary masks saved as 0/255 are the usual cause: 255 is the ignore value, so the foreground would never be
+    trained on, and the scores on such a validation split are perfect (mIoU 1.0) without a word. A split stops
+    being looked at as soon as two classes have been seen, so a sound one costs a mask or two.
+    """
+    if dataset.num_classes < 2 or not dataset.pairs:
+        return
+    count = len(dataset.pairs)
+    order = list(dict.fromkeys(np.linspace(0, count - 1, num=min(count, probe)).round().astype(int).tolist()))
+    seen: set[int] = set()
+    ignored = total = 0
+    for i in order:
+        mask = read_mask(dataset.pairs[i][1], allow_jpeg=dataset.allow_jpeg_masks)
+        if dataset.reduce_zero_label:
+            mask = reduce_zero_label(mask, dataset.ignore_index)
+        values, counts = np.unique(mask, return_counts=True)
+        for value, n in zip(values.tolist(), counts.tolist()):
+            if value == dataset.ignore_index:
+                ignored += n
+            elif value < dataset.num_classes:
+                seen.add(value)
+        total += mask.size
+        if len(seen) >= 2:
+            return
+    only = f"class {next(iter(seen))} ({dataset.class_names[next(iter(seen))]})" if seen else "no class"
+    binary = (f"; {ignored / total:.0%} of their pixels are {dataset.ignore_index}, the ignore value: binary masks saved "
+              f"as 0/{dataset.ignore_index}? Save the foreground as its class index (1 for the second line of "
+              "classes.txt)") if ignored else ""
+    raise LabelError(
+        f"{dataset.pairs[order[0]][1].parent}: the {len(order)} {split} masks looked at (of {count}) hold {only} and no "
+        f"other of the {dataset.num_classes} classes{binary}; a model trained on one class learns nothing, and its "
+        "scores on such masks are perfect")
 
 
 def segmentation_collate(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX,

@@ -1,11 +1,14 @@
 """Finding a segmentation dataset's files: (image, mask) pairs per layout and the class list."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError
 from visiontf.data.segmentation_labels import LAYOUTS
+
+log = logging.getLogger(__name__)
 
 
 def read_class_names(path: str | Path) -> list[str]:
@@ -13,7 +16,10 @@ def read_class_names(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise DatasetLayoutError(f"{path}: class list not found; write one class name a line (background first)")
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is no part of the first name
+    except UnicodeDecodeError as e:
+        raise DatasetLayoutError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
     while lines and not lines[-1].strip():
         lines.pop()
     names = [line.strip() for line in lines]
@@ -31,9 +37,15 @@ def read_class_names(path: str | Path) -> list[str]:
 def _pairs(image_dir: Path, mask_for: Callable[[Path], Path], pattern: str, layout_hint: str) -> list[tuple[Path, Path]]:
     if not image_dir.is_dir():
         raise DatasetLayoutError(f"{image_dir}: split folder not found ({layout_hint})")
-    images = sorted(p for p in image_dir.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    files = [p for p in image_dir.glob(pattern) if p.is_file()]
+    images = sorted(p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS)
     if not images:
         raise DatasetLayoutError(f"{image_dir}: no images matching {pattern!r} ({layout_hint})")
+    unread = sorted(p for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS and not p.name.startswith("."))
+    if unread:
+        # an image of another extension (.jfif, .heic) is left out with its mask: say so
+        log.warning("%s: %d file(s) not read as images, e.g. %s; images are read with the extensions %s", image_dir,
+                    len(unread), ", ".join(p.name for p in unread[:3]), " ".join(IMAGE_EXTENSIONS))
     pairs = []
     for img in images:
         mask = mask_for(img)
@@ -55,7 +67,8 @@ def ade20k_pairs(root: str | Path, split: str) -> list[tuple[Path, Path]]:
     """``images/<split>/*.jpg`` with ``annotations/<split>/*.png`` (ADEChallengeData2016)."""
     root = Path(root)
     hint = "expected ADEChallengeData2016 layout <root>/images/{training,validation}/*.jpg and <root>/annotations/..."
-    return _pairs(root / "images" / split, lambda p: root / "annotations" / split / f"{p.stem}.png", "*.jpg", hint)
+    # any image extension, in any case (a copy made on Windows may write .JPG)
+    return _pairs(root / "images" / split, lambda p: root / "annotations" / split / f"{p.stem}.png", "*", hint)
 
 
 def cityscapes_pairs(root: str | Path, split: str) -> list[tuple[Path, Path]]:
