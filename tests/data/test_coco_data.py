@@ -179,7 +179,7 @@ def test_bbox_not_four_numbers_is_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("where, field, value, message", [
-    ("annotation", "iscrowd", "no", r"annotation id 5 has iscrowd 'no'; iscrowd is 0 .* or 1"),
+    ("annotation", "iscrowd", "no", r"annotation id 5 has iscrowd 'no'; iscrowd is 0 or 1 \(1: a crowd region"),
     ("annotation", "iscrowd", None, r"annotation id 5 has iscrowd None"),
     ("annotation", "category_id", True, r"annotation id 5 has category_id True, a bool"),
     ("annotation", "category_id", 1.0, r"annotation id 5 has category_id 1\.0, a float"),

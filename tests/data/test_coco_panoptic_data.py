@@ -80,6 +80,27 @@ def test_inconsistent_files_are_named(tmp_path, shapes):
         CocoPanoptic(shapes["val_images"], path, shapes["val_segments"])
 
 
+@pytest.mark.parametrize("where, field, value, words", [
+    ("category", "isthing", "0", r"categories\[\d\] has isthing '0'; isthing is 0 or 1"),  # was a thing (bool("0"))
+    ("category", "isthing", 2, r"isthing 2; isthing is 0 or 1"),  # a thing here, stuff to PQ
+    ("segment", "iscrowd", "no", r"has segment \d+ with iscrowd 'no'; iscrowd is 0 or 1"),  # was a ValueError
+    ("segment", "iscrowd", 2, r"has segment \d+ with iscrowd 2"),  # a crowd region for AP, an object for PQ
+    ("segment", "category_id", True, r"has a segment with category_id True, a bool"),  # was category 1
+    ("segment", "area", "big", r"has segment \d+ with area 'big'; area is the segment's pixel count"),
+    ("annotation", "segments_info", None, r"segments_info is None, not a list of segments"),  # was a TypeError
+    ("annotation", "image_id", [1], r"annotations\[0\] has image_id \[1\]; COCO image ids are integers"),
+])
+def test_a_panoptic_field_of_the_wrong_kind_is_refused_naming_entry_and_fix(tmp_path, shapes, where, field, value, words):
+    data = json.loads(shapes["val_panoptic"].read_text())
+    entry = {"category": data["categories"][-1], "annotation": data["annotations"][0],
+             "segment": next((a["segments_info"][0] for a in data["annotations"] if a["segments_info"]), None)}[where]
+    entry[field] = value
+    path = tmp_path / "panoptic.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(AnnotationError, match=rf"panoptic\.json: .*{words}"):
+        CocoPanoptic(shapes["val_images"], path, shapes["val_segments"])
+
+
 def test_a_png_painted_with_an_unlisted_id_is_refused_naming_it(tmp_path, shapes):
     """It was accepted with exit 0: the pixels of the unlisted id trained as nothing."""
     import shutil

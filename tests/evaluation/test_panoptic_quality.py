@@ -105,6 +105,27 @@ def test_folders_default_to_the_json_paths(tmp_path):
     assert pq_compute(tmp_path / "gt.json", tmp_path / "pred.json")["All"]["pq"] == want
 
 
+@pytest.mark.parametrize("field, value, words", [
+    ("isthing", "1", r"categories\[0\] has isthing '1'; isthing is 0 or 1"),  # PQ counted such things as stuff
+    ("iscrowd", "1", r"image id 1 has segment \d+ with iscrowd '1'"),  # a crowd region for AP, an object for PQ
+    ("area", 0, r"image 1: ground-truth segment \d+ has area 0, but its PNG has \d+ pixels of it"),  # PQ was inf
+    ("area", -5, r"image id 1 has segment \d+ with area -5; area is the segment's pixel count"),
+    ("area", None, r"image id 1 has segment \d+ with area None"),
+])
+def test_a_ground_truth_field_pq_would_read_wrongly_is_refused(tmp_path, field, value, words):
+    """The ground truth given as the prediction scores PQ 1 as it is; each change made it inf, lower, or a thing of
+    stuff without a word (or a traceback)."""
+    gt = json.loads(open(f"{ROOT}/gt.json").read())
+    assert pq_compute(f"{ROOT}/gt.json", f"{ROOT}/gt.json", f"{ROOT}/gt", f"{ROOT}/gt")["All"]["pq"] == 1.0
+    if field == "isthing":
+        gt["categories"][0][field] = value
+    else:
+        gt["annotations"][0]["segments_info"][0][field] = value
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    with pytest.raises(PanopticEvalError, match=words):
+        pq_compute(tmp_path / "gt.json", f"{ROOT}/pred.json", f"{ROOT}/gt", f"{ROOT}/pred")
+
+
 def test_missing_prediction_is_an_error(tmp_path):
     pred = json.loads(open(f"{ROOT}/pred.json").read())
     pred["annotations"] = pred["annotations"][:2]
@@ -142,3 +163,25 @@ def test_a_png_named_outside_its_folder_is_refused(tmp_path, which):
     if which == "gt":
         with pytest.raises(PanopticEvalError, match=r"gt\.json: the annotation of image id \d+ names its PNG"):
             PanopticMetric(tmp_path / "p" / "gt.json", tmp_path / "p" / "gt", {0: 1})
+
+
+def test_a_panoptic_png_of_a_palette_or_opaque_rgba_reads_as_rgb_and_others_are_one_line(tmp_path):
+    """Image tools save PNGs of few colours as palettes, and some add an alpha channel: the same colours, the same ids.
+    A transparent or grey PNG was a bare ValueError through train.py."""
+    from visiontf.io.panoptic_ids import PanopticPngError, read_panoptic_png
+
+    ids = np.array([[0, 1, 1], [300, 300, 70000]], dtype=np.int64)
+    rgb = Image.fromarray(id2rgb(ids))
+    rgb.save(tmp_path / "rgb.png")
+    rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=4).save(tmp_path / "p.png")
+    rgb.convert("RGBA").save(tmp_path / "rgba.png")
+    for name in ("rgb", "p", "rgba"):
+        assert np.array_equal(read_panoptic_png(tmp_path / f"{name}.png"), ids), name
+    see_through = np.asarray(rgb.convert("RGBA")).copy()
+    see_through[0, 0, 3] = 0
+    Image.fromarray(see_through).save(tmp_path / "clear.png")
+    with pytest.raises(PanopticPngError, match=r"clear\.png: a panoptic PNG with transparent pixels"):
+        read_panoptic_png(tmp_path / "clear.png")
+    rgb.convert("L").save(tmp_path / "grey.png")
+    with pytest.raises(PanopticPngError, match=r"grey\.png: a panoptic PNG is RGB .* this one is L"):
+        read_panoptic_png(tmp_path / "grey.png")

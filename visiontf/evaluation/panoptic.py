@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 
 from visiontf.core.errors import UserError
+from visiontf.io.coco_fields import panoptic_category_problem, segment_problem
 from visiontf.io.image_files import outside_its_folder
 from visiontf.io.panoptic_ids import VOID, read_panoptic_png
 
-__all__ = ["OFFSET", "VOID", "PanopticEvalError", "format_pq_table", "pq_average", "pq_compute", "pq_image_stats",
-           "pq_summary"]
+__all__ = ["OFFSET", "VOID", "PanopticEvalError", "check_panoptic_ground_truth", "format_pq_table", "pq_average", "pq_compute",
+           "pq_image_stats", "pq_summary"]
 
 #: panopticapi's: a (ground truth id, predicted id) pair as one integer; id 0 is unlabelled (VOID)
 OFFSET = 256 * 256 * 256
@@ -40,6 +41,28 @@ Stats = dict[int, list[float]]
 
 class PanopticEvalError(UserError, ValueError):
     """Panoptic predictions or ground truth that cannot be scored; the message names the image and the fix."""
+
+
+def check_panoptic_ground_truth(data: Any, name: str | Path) -> None:
+    """Refuse a panoptic ground truth whose fields PQ would read wrongly or fail on (the dataset's rules,
+    :mod:`visiontf.io.coco_fields`): ``isthing`` and ``iscrowd`` other than 0/1 (a ``"1"`` or ``2`` is neither a thing
+    nor a crowd region to PQ), ids that are not integers, and an ``area`` (PQ's union) that is missing or not a
+    pixel count."""
+    if not isinstance(data, dict) or not isinstance(data.get("categories"), list) or not isinstance(data.get("annotations"), list):
+        raise PanopticEvalError(f"{name}: not a COCO panoptic file ('annotations' and 'categories' lists)")
+    for i, category in enumerate(data["categories"]):
+        problem = panoptic_category_problem(category) if isinstance(category, dict) else "no object"
+        if problem is not None:
+            raise PanopticEvalError(f"{name}: categories[{i}] has {problem}")
+    for i, ann in enumerate(data["annotations"]):
+        if not isinstance(ann, dict) or not isinstance(ann.get("segments_info"), list):
+            raise PanopticEvalError(f"{name}: annotations[{i}] needs 'image_id', 'file_name' and a 'segments_info' list")
+        for segment in ann["segments_info"]:
+            problem = segment_problem(segment)
+            if problem is None and "area" not in segment:
+                problem = f"segment {segment['id']} without 'area' (its pixel count, PQ's union)"
+            if problem is not None:
+                raise PanopticEvalError(f"{name}: image id {ann.get('image_id')} has {problem}")
 
 
 def pq_image_stats(gt_ids: np.ndarray, gt_segments: Iterable[Mapping[str, Any]], pred_ids: np.ndarray,
@@ -93,9 +116,14 @@ def pq_image_stats(gt_ids: np.ndarray, gt_segments: Iterable[Mapping[str, Any]],
     row_open = np.zeros(n_rows, dtype=bool)
     row_cat = np.zeros(n_rows, dtype=np.int64)
     row_area = np.zeros(n_rows, dtype=np.float64)
+    gt_pixels = table.sum(axis=1)
     for gid, info in gt_info.items():
         r = row_of.get(gid)
-        if r is not None and info["iscrowd"] != 1:
+        if r is not None and info["area"] != gt_pixels[r]:
+            # panopticapi takes the file's area as the union's: another number moves every IoU of the segment
+            raise PanopticEvalError(f"image {image_id}: ground-truth segment {gid} has area {info['area']}, but its PNG "
+                                    f"has {int(gt_pixels[r])} pixels of it; area is the segment's pixel count")
+        if r is not None and info.get("iscrowd", 0) != 1:
             row_open[r], row_cat[r], row_area[r] = True, info["category_id"], info["area"]
     void_row = row_of.get(VOID)
     on_void = table[void_row] if void_row is not None else np.zeros(n_cols, dtype=table.dtype)
@@ -117,13 +145,13 @@ def pq_image_stats(gt_ids: np.ndarray, gt_segments: Iterable[Mapping[str, Any]],
     matched_gt = {row_ids[r] for r in hit_rows.tolist()}
 
     # FN: the listed segments that matched nothing, crowd regions aside (those listed but absent from the PNG too)
-    missed = [info["category_id"] for gid, info in gt_info.items() if info["iscrowd"] != 1 and gid not in matched_gt]
+    missed = [info["category_id"] for gid, info in gt_info.items() if info.get("iscrowd", 0) != 1 and gid not in matched_gt]
     for cat in missed:
         add(cat, 3, 1)
 
     # FP: the listed predictions that matched nothing, but those lying more than half on void or on the crowd region
     # of their category (of several such regions, the one listed last)
-    crowd_of = {info["category_id"]: row_of.get(gid) for gid, info in gt_info.items() if info["iscrowd"] == 1}
+    crowd_of = {info["category_id"]: row_of.get(gid) for gid, info in gt_info.items() if info.get("iscrowd", 0) == 1}
     crowd_rows = np.array([-1 if crowd_of.get(cat) is None else crowd_of[cat] for cat in col_cat.tolist()], dtype=np.int64)
     on_crowd = np.where(crowd_rows >= 0, table[np.maximum(crowd_rows, 0), np.arange(n_cols)], 0)
     unmatched = col_listed.copy()
@@ -190,6 +218,7 @@ def pq_compute(gt_json_file: str | Path, pred_json_file: str | Path, gt_folder: 
     """panopticapi's ``pq_compute`` on its files: every ground-truth image needs a prediction; the folders
     default to the JSON paths without ``.json``. Returns :func:`pq_summary`'s dict."""
     gt_json, pred_json = _load(Path(gt_json_file)), _load(Path(pred_json_file))
+    check_panoptic_ground_truth(gt_json, gt_json_file)
     gt_folder = Path(gt_folder) if gt_folder is not None else Path(str(gt_json_file).replace(".json", ""))
     pred_folder = Path(pred_folder) if pred_folder is not None else Path(str(pred_json_file).replace(".json", ""))
     for folder in (gt_folder, pred_folder):

@@ -12,7 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["annotation_problem", "category_problem", "image_problem"]
+__all__ = ["annotation_problem", "category_problem", "image_problem", "panoptic_category_problem", "segment_problem"]
+
+
+#: what a crowd flag means, in the messages
+CROWD = "1: a crowd region, which evaluation ignores; 0 or left out: an object"
 
 
 def _integer(value: Any) -> bool:
@@ -35,6 +39,13 @@ def _not_an_integer(entry: dict, key: str, fix: str) -> str | None:
     return f"{key} {_shown(value)}, a {type(value).__name__}; {fix}"
 
 
+def _flag_problem(entry: dict, key: str, meaning: str) -> str | None:
+    value = entry.get(key, 0)
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return None
+    return f"{key} {_shown(value)}; {key} is 0 or 1 ({meaning})"
+
+
 def annotation_problem(ann: dict) -> str | None:
     """What makes a ground-truth annotation's ``id``, ``image_id``, ``category_id``, ``bbox``, ``iscrowd``
     or ``area`` unusable (the last two may be absent: ``iscrowd`` is then 0, and an evaluation asks for
@@ -48,10 +59,8 @@ def annotation_problem(ann: dict) -> str | None:
     if "bbox" in ann and not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
         return f"bbox {_shown(bbox)}; expected [x, y, width, height] (4 numbers, pixels)"
-    crowd = ann.get("iscrowd", 0)
-    if not (isinstance(crowd, (int, float)) and crowd in (0, 1)):
-        return (f"iscrowd {_shown(crowd)}; iscrowd is 0 (an object) or 1 (a crowd region, which evaluation ignores), "
-                "or left out for 0")
+    if (problem := _flag_problem(ann, "iscrowd", CROWD)) is not None:
+        return problem
     if "area" in ann and not (_number(ann["area"]) and ann["area"] >= 0):
         return (f"area {_shown(ann['area'])}; area is the object's size in pixels (a number >= 0: the mask's, or "
                 "width * height for boxes only), which decides its small/medium/large range")
@@ -77,3 +86,32 @@ def category_problem(category: dict) -> str | None:
         if problem is None and value is not None and not isinstance(value, str):
             problem = f"{key} {_shown(value)}, a {type(value).__name__}; a category's {key} is text"
     return problem
+
+
+def panoptic_category_problem(category: dict) -> str | None:
+    """:func:`category_problem`, and ``isthing``: 1 for things, 0 for stuff (PQ's two averages)."""
+    if (problem := category_problem(category)) is not None:
+        return problem
+    if "isthing" not in category:
+        return "no 'isthing' (1 for things, 0 for stuff); a panoptic file needs it for every category"
+    return _flag_problem(category, "isthing", "1: a thing, 0: stuff")
+
+
+def segment_problem(segment: Any) -> str | None:
+    """What makes a panoptic ``segments_info`` entry unusable: its ``id`` (the PNG's value, > 0: 0 is unlabelled),
+    ``category_id``, ``iscrowd`` (absent: 0) and ``area`` (its pixel count; may be absent where it is not read)."""
+    if not isinstance(segment, dict):
+        return f"a segment {_shown(segment)}, not an object with 'id' and 'category_id'"
+    for key in ("id", "category_id"):
+        if key not in segment:
+            return f"a segment without '{key}' ({_shown(segment)})"
+        if (problem := _not_an_integer(segment, key, "it is an integer")) is not None:
+            return f"a segment with {problem}"
+    if segment["id"] <= 0:
+        return f"a segment with id {segment['id']}; segment ids are > 0 (0 is unlabelled)"
+    if (problem := _flag_problem(segment, "iscrowd", CROWD)) is not None:
+        return f"segment {segment['id']} with {problem}"
+    if "area" in segment and not (_integer(segment["area"]) and segment["area"] >= 0):
+        return (f"segment {segment['id']} with area {_shown(segment['area'])}; area is the segment's pixel count in "
+                "its PNG")
+    return None

@@ -24,6 +24,7 @@ from visiontf.core.saved_arguments import short_repr
 from visiontf.data.io import read_image
 from visiontf.data.loading import AugmentedDataset, EpochIndex
 from visiontf.data.transforms import detection as DT
+from visiontf.io.coco_fields import panoptic_category_problem, segment_problem
 from visiontf.io.image_files import outside_its_folder
 from visiontf.io.panoptic_ids import VOID, read_panoptic_png
 from visiontf.tasks.detection.coco_annotations import (
@@ -66,11 +67,10 @@ def parse_panoptic(data: dict, ann_file: str | Path, label_space: str = "contigu
     """Check a loaded panoptic file (every image annotated once, known categories, ``isthing`` given)."""
     ann_file = Path(ann_file)
     category_ids, names = parse_categories(data, ann_file)
-    missing = [c.get("id") for c in data["categories"] if "isthing" not in c]
-    if missing:
-        raise AnnotationError(f"{ann_file}: categories {missing[:5]} have no 'isthing' (1 for things, 0 for stuff); "
-                              "a panoptic file needs it for every category")
-    is_thing = {int(c["id"]): bool(c["isthing"]) for c in data["categories"]}
+    for i, category in enumerate(data["categories"]):
+        if (problem := panoptic_category_problem(category)) is not None:
+            raise AnnotationError(f"{ann_file}: categories[{i}] has {problem}")
+    is_thing = {c["id"]: c["isthing"] == 1 for c in data["categories"]}
     cat_to_label, class_names = label_maps(category_ids, names, label_space, ann_file)
     by_image: dict[Any, dict] = {}
     for i, ann in enumerate(data["annotations"]):
@@ -79,10 +79,19 @@ def parse_panoptic(data: dict, ann_file: str | Path, label_space: str = "contigu
         if (why := outside_its_folder(ann["file_name"])) is not None:
             raise AnnotationError(f"{ann_file}: annotations[{i}].file_name is {short_repr(ann['file_name'])}, {why}; "
                                   f"{FILE_NAME_FIX}")
+        if not isinstance(ann["image_id"], int) or isinstance(ann["image_id"], bool):
+            raise AnnotationError(f"{ann_file}: annotations[{i}] has image_id {short_repr(ann['image_id'])}; COCO image ids "
+                                  "are integers")
         if ann["image_id"] in by_image:
             raise AnnotationError(f"{ann_file}: image id {ann['image_id']} has two annotations; a panoptic file has one per image")
-        ids = [s.get("id") for s in ann["segments_info"]]
-        if len(set(ids)) != len(ids) or any(not isinstance(s, int) or s <= 0 for s in ids):
+        if not isinstance(ann["segments_info"], list):
+            raise AnnotationError(f"{ann_file}: image id {ann['image_id']}: segments_info is {short_repr(ann['segments_info'])}, "
+                                  "not a list of segments ([] for an image without any)")
+        problem = next((p for p in map(segment_problem, ann["segments_info"]) if p is not None), None)
+        if problem is not None:
+            raise AnnotationError(f"{ann_file}: image id {ann['image_id']} has {problem}")
+        ids = [s["id"] for s in ann["segments_info"]]
+        if len(set(ids)) != len(ids):
             raise AnnotationError(f"{ann_file}: image id {ann['image_id']}: segment ids {ids[:8]} must be distinct integers "
                                   "> 0 (0 is unlabelled)")
         unknown = sorted({s.get("category_id") for s in ann["segments_info"]} - set(cat_to_label), key=str)

@@ -20,7 +20,14 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from visiontf.core.distributed import get_rank
-from visiontf.evaluation.panoptic import VOID, PanopticEvalError, format_pq_table, pq_image_stats, pq_summary
+from visiontf.evaluation.panoptic import (
+    VOID,
+    PanopticEvalError,
+    check_panoptic_ground_truth,
+    format_pq_table,
+    pq_image_stats,
+    pq_summary,
+)
 from visiontf.io.image_files import outside_its_folder
 from visiontf.io.panoptic_ids import read_panoptic_png
 
@@ -63,6 +70,7 @@ class PanopticMetric(Metric):
         super().__init__(**kwargs)
         self.gt_json, self.gt_folder = Path(gt_json), Path(gt_folder)
         data = json.loads(self.gt_json.read_text())
+        check_panoptic_ground_truth(data, gt_json)
         self.categories = {int(c["id"]): c for c in data["categories"]}
         for a in data["annotations"]:
             if (why := outside_its_folder(a["file_name"])) is not None:
