@@ -132,17 +132,19 @@ class SegmentationDataset(AugmentedDataset):
         return out["image"], torch.as_tensor(out["mask"]).long()
 
 
-def check_classes_present(dataset: SegmentationDataset, split: str, probe: int = 256) -> None:
-    """Refuse a training split whose masks (up to ``probe`` of them, spread over the split) hold a single class.
+def check_classes_present(dataset: SegmentationDataset, split: str) -> None:
+    """Refuse a training split whose masks, every one of them, hold a single class.
 
     Binary masks saved as 0/255 are the usual cause: 255 is the ignore value, so the foreground would never be
-    trained on, and the scores on such a validation split are perfect (mIoU 1.0) without a word. A split stops
-    being looked at as soon as two classes have been seen, so a sound one costs a mask or two.
+    trained on, and the scores on such a validation split are perfect (mIoU 1.0) without a word. The masks are
+    read spread over the split first and the look stops at the second class seen, so a sound split costs a mask or
+    two, and one whose other classes are rare is read until one of them turns up, never refused.
     """
     if dataset.num_classes < 2 or not dataset.pairs:
         return
     count = len(dataset.pairs)
-    order = list(dict.fromkeys(np.linspace(0, count - 1, num=min(count, probe)).round().astype(int).tolist()))
+    spread = np.linspace(0, count - 1, num=min(count, 64)).round().astype(int).tolist()
+    order = list(dict.fromkeys([*spread, *range(count)]))
     seen: set[int] = set()
     ignored = total = 0
     for i in order:
@@ -163,9 +165,9 @@ def check_classes_present(dataset: SegmentationDataset, split: str, probe: int =
               f"as 0/{dataset.ignore_index}? Save the foreground as its class index (1 for the second line of "
               "classes.txt)") if ignored else ""
     raise LabelError(
-        f"{dataset.pairs[order[0]][1].parent}: the {len(order)} {split} masks looked at (of {count}) hold {only} and no "
-        f"other of the {dataset.num_classes} classes{binary}; a model trained on one class learns nothing, and its "
-        "scores on such masks are perfect")
+        f"{dataset.pairs[0][1].parent}: all {count} {split} masks hold {only} and no other of the "
+        f"{dataset.num_classes} classes{binary}; a model trained on one class learns nothing, and its scores on such "
+        "masks are perfect")
 
 
 def segmentation_collate(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX,
