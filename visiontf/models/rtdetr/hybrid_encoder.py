@@ -40,7 +40,7 @@ from visiontf.nn import TransformerEncoderLayer
 from visiontf.nn.ms_deform_tables import tracing_shapes
 
 __all__ = ["CSPELANLayer", "CSPRepLayer", "ConvNormAct", "HybridEncoder", "RepVggBlock", "SCDown", "activation",
-           "sincos_position_embedding"]
+           "original_table_dtype", "sincos_position_embedding"]
 
 
 def activation(name: str | None) -> nn.Module:
@@ -195,8 +195,19 @@ def sincos_position_embedding(height: int, width: int, dim: int, temperature: fl
         raise ValueError(f"the 2-d sine-cosine embedding needs a hidden_dim divisible by 4, got {dim}")
     key_dtype = torch.float32 if layout == "original" else dtype
     if tracing_shapes():  # ONNX export: computed in the graph from the traced size, not a constant of the export size
-        return _sincos_values(height, width, int(dim), float(temperature), layout, key_dtype).to(device)
-    return _sincos_table(int(height), int(width), int(dim), float(temperature), layout, key_dtype).to(device)
+        table = _sincos_values(height, width, int(dim), float(temperature), layout, key_dtype).to(device)
+    else:
+        table = _sincos_table(int(height), int(width), int(dim), float(temperature), layout, key_dtype).to(device)
+    return table.to(dtype) if layout == "original" and original_table_dtype(dtype, table.device) != torch.float32 else table
+
+
+def original_table_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype of the originals' fixed tables (position embedding, anchors) for a model running in ``dtype``:
+    float32, as the originals compute them, but in a model cast to bf16 or fp16 without autocast, where a float32
+    table would promote the tokens to float32 before the model's half-precision layers (under autocast, and for
+    float64 tokens, the float32 values are kept)."""
+    half = dtype.is_floating_point and torch.finfo(dtype).bits < 32
+    return dtype if half and not torch.is_autocast_enabled(device.type) else torch.float32
 
 
 class HybridEncoder(nn.Module):
@@ -216,7 +227,9 @@ class HybridEncoder(nn.Module):
         if any(not 0 <= i < levels for i in options.aifi_levels):
             one = ("; a backbone of one map (a plain ViT) gives the encoder nothing to fuse: use its simple feature pyramid, "
                    "backbone: {name: 'simplefpn:<the ViT>', kwargs: {top_block: false}} (strides 8, 16, 32)") if levels == 1 else ""
-            raise ValueError(f"encoder aifi_levels {options.aifi_levels} must index the {levels} backbone levels{one}")
+            fix = "" if levels == 1 else (f" (0..{levels - 1}, finest first: the originals' AIFI on the coarsest level is "
+                                          f"encoder.aifi_levels: [{levels - 1}])")
+            raise ValueError(f"encoder aifi_levels {options.aifi_levels} must index the {levels} backbone levels{fix}{one}")
         self.options, self.tables = options, tables
         self.input_proj = nn.ModuleList(ConvNormAct(c, d, 1) for c in in_channels)
         self.aifi = nn.ModuleList(

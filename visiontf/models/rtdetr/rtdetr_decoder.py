@@ -33,7 +33,7 @@ from visiontf.models.deformable_detr.denoising import DenoisingQueries
 from visiontf.models.deformable_detr.distinct_queries import DistinctQueriesBetweenLayers
 from visiontf.models.deformable_detr.queries import distinct_first
 from visiontf.models.detr.detr import MLP
-from visiontf.models.rtdetr.hybrid_encoder import ConvNormAct, activation
+from visiontf.models.rtdetr.hybrid_encoder import ConvNormAct, activation, original_table_dtype
 from visiontf.models.rtdetr.rtdetr_options import DecoderOptions
 from visiontf.nn import MSDeformAttn
 from visiontf.nn.indexing import gather_rows
@@ -235,7 +235,7 @@ class RTDetrDecoder(nn.Module):
 
     def select(self, memory: Tensor, shapes: list[tuple[int, int]]) -> dict[str, Tensor]:
         """IoU-aware query selection: the top ``num_queries`` positions by best class score."""
-        dtype = torch.float32 if self.tables == "original" else memory.dtype
+        dtype = original_table_dtype(memory.dtype, memory.device) if self.tables == "original" else memory.dtype
         anchors, valid = anchor_boxes(shapes, self.options.anchor_eps, dtype, memory.device)
         output = self.enc_output(valid.to(memory.dtype) * memory)
         logits = self.enc_score_head(output)
