@@ -164,3 +164,18 @@ def test_a_section_field_of_another_type_is_one_line_naming_it():
         _build("rtdetr_r18vd", backbone={"kwargs": RESNET}, decoder={**HEADS["decoder"], "num_queries": "ten"})
     model, _ = _build("rtdetr_r18vd", backbone={"kwargs": RESNET}, decoder={**HEADS["decoder"], "num_queries": 5.0})
     assert type(model.decoder.options.num_queries) is int  # a YAML 5.0 is the count 5
+
+
+@pytest.mark.parametrize("name", ["rtdetr_tiny", "dfine_tiny"])
+def test_option_values_that_leave_no_position_or_no_attention_level_are_named_with_the_fix(name):
+    """An anchor margin of 0.06 masked the finest level's positions (0.2 every one: every box came out (1, 1, 1, 1));
+    two levels gave aifi_levels (2,) with no value to use instead."""
+    with pytest.raises(ValueError, match=r"decoder\.anchor_eps=0\.06: give a margin in \[0, 0\.05\)"):
+        create_model(name, num_classes=3, decoder={"anchor_eps": 0.06})
+    two = {"decoder": {"num_levels": 2, "num_points": [4, 4]}, "backbone": {"stages": [3, 4]}}
+    with pytest.raises(ValueError, match=r"aifi_levels \(2,\) must index the 2 backbone levels \(0\.\.1, finest first: .*"
+                                         r"encoder\.aifi_levels: \[1\]\)"):
+        create_model(name, num_classes=3, **two)
+    model = create_model(name, num_classes=3, encoder={"aifi_levels": [1]}, **two)
+    with torch.no_grad():
+        assert model.eval()(torch.rand(1, 3, 192, 256))["pred_boxes"].shape[-1] == 4

@@ -210,6 +210,12 @@ class DecoderOptions:
         if self.distinct_between_layers and iou is None:
             raise ValueError("decoder.distinct_between_layers=true selects at decoder.distinct_query_iou after each decoder "
                              "layer: set distinct_query_iou too (DDQ DETR 0.8)")
+        eps = self.anchor_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 0.05:
+            # anchors are 0.05 * 2^level wide and valid when all four coordinates clear the margin: from 0.05 whole levels
+            # are masked, and once every level is, every query starts from an infinite box (all boxes (1, 1, 1, 1))
+            raise ValueError(f"decoder.anchor_eps={eps!r}: give a margin in [0, 0.05) (the originals' 0.01); the finest "
+                             "level's anchors are 0.05 wide, so a larger margin masks whole levels of positions")
 
 
 @dataclass(frozen=True)
