@@ -181,8 +181,10 @@ def test_images_too_small_for_the_queries_are_a_user_error_naming_the_positions_
     model = create_model("dfine_n", num_classes=3).eval()
     with torch.no_grad(), pytest.raises(ImageTooSmallError, match=r"num_queries=300 of the encoder's 100 positions \(the "
                                                                  r"pixels of its feature maps, 8 x 10 \+ 4 x 5 for these "
-                                                                 r"images\); give larger images \(data\.init_args\.scales, "
-                                                                 r"val_size\) or build with fewer queries") as caught:
+                                                                 r"images\); give larger images \(training: "
+                                                                 r"data\.init_args\.scales, val_size; tools/export\.py: "
+                                                                 r"--image_size; a Predictor: its min_size\) or build with "
+                                                                 r"fewer queries") as caught:
         model(torch.rand(1, 3, 128, 160))
     assert isinstance(caught.value, UserError) and isinstance(caught.value, ValueError)
     with torch.no_grad():  # at 256 x 288 it has 288 + 72 positions

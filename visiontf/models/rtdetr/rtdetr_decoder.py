@@ -231,7 +231,8 @@ class RTDetrDecoder(nn.Module):
             raise ImageTooSmallError(
                 f"{self.family} selects num_queries={self.options.num_queries} of the encoder's {positions} positions (the "
                 f"pixels of its feature maps, {' + '.join(f'{h} x {w}' for h, w in shapes)} for these images); give larger "
-                "images (data.init_args.scales, val_size) or build with fewer queries (model_kwargs.decoder.num_queries)")
+                "images (training: data.init_args.scales, val_size; tools/export.py: --image_size; a Predictor: its "
+                "min_size) or build with fewer queries (model_kwargs.decoder.num_queries)")
 
     def select(self, memory: Tensor, shapes: list[tuple[int, int]]) -> dict[str, Tensor]:
         """IoU-aware query selection: the top ``num_queries`` positions by best class score."""
