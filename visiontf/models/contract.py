@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor, nn
 
 from visiontf.models.mask_options import MaskOptions
@@ -190,6 +191,31 @@ class Detector(VisionModel):
                                   "(transformer_modules()): compile the whole model (compile: true) instead")
 
 
+def check_detection_targets(targets: Sequence[Mapping[str, Tensor]], batch_size: int, who: str) -> None:
+    """The targets a :class:`Detector` trains on: one mapping per image, with ``labels`` (N,) and ``boxes`` (N, 4),
+    normalised ``(cx, cy, w, h)`` in [0, 1] (the data modules' transforms give them so). Boxes in pixels, of negative
+    size or not finite trained without a word on losses a thousand times too large, or were blamed on the model
+    (its denoising queries, built from a NaN box, spread it to the others)."""
+    if len(targets) != batch_size:
+        raise ValueError(f"{who}: {len(targets)} target dict(s) for a batch of {batch_size} images; give one per image "
+                         "(an image without objects has empty 'labels' and 'boxes')")
+    for i, target in enumerate(targets):
+        if "labels" not in target or "boxes" not in target:
+            raise KeyError(f"{who}: target {i} needs 'labels' and 'boxes', got keys {sorted(target)}")
+        boxes = target["boxes"].reshape(-1, 4) if target["boxes"].numel() else target["boxes"].reshape(0, 4)
+        if boxes.shape[0] != len(target["labels"]):
+            raise ValueError(f"{who}: target {i} has {len(target['labels'])} labels but {boxes.shape[0]} boxes")
+        if not boxes.shape[0]:
+            continue
+        finite = bool(torch.isfinite(boxes).all())
+        low, high = (float(v) for v in torch.aminmax(boxes.detach().float())) if finite else (0.0, 0.0)
+        if not finite or low < -0.01 or high > 1.01 or bool((boxes[:, 2:] < 0).any()):
+            raise ValueError(
+                f"{who}: target {i}'s boxes are not normalised (cx, cy, w, h) in [0, 1] with w, h >= 0 (values "
+                f"{'not finite' if not finite else f'from {low:g} to {high:g}'}); divide pixel boxes by the image's width "
+                "and height, and fix or drop boxes of NaN or negative size")
+
+
 class Segmenter(VisionModel):
     """Images (B, 3, H, W) -> per-pixel logits (B, K, H, W) (training may add auxiliary outputs)."""
 
@@ -265,4 +291,4 @@ class AttentionRollout(Protocol):
 
 
 __all__ = ["AttentionRollout", "Classifier", "DepthEstimator", "Detector", "Generator", "MODEL_KINDS", "ModelCfg", "PretrainedCfg",
-           "Restorer", "Segmenter", "Tokenizer", "VisionModel", "build_model"]
+           "Restorer", "Segmenter", "Tokenizer", "VisionModel", "build_model", "check_detection_targets"]

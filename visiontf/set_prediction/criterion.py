@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_convert, box_iou, generalized_box_iou, sigmoid_focal_loss
 
+from visiontf.models.contract import check_detection_targets
 from visiontf.models.deformable_detr.denoising import denoising_match_indices
 from visiontf.models.matched_masks import MASK_LOGITS_OF
 from visiontf.set_prediction.losses import ia_bce_loss, matchability_aware_loss, varifocal_loss
@@ -284,10 +285,7 @@ class SetCriterion(nn.Module):
                 f"{self.num_logits} entries ({layout}), got {logits.shape[-1]}; "
                 "build the model and the criterion with the same num_classes and the class loss of the model's family"
             )
-        if len(targets) != logits.shape[0]:
-            raise ValueError(
-                f"got {len(targets)} target dicts for a batch of {logits.shape[0]} images"
-            )
+        check_detection_targets(targets, logits.shape[0], "SetCriterion")
 
     def match_groups(self, outputs: Mapping[str, Tensor], targets: Sequence[Mapping[str, Tensor]], groups: int) -> Indices:
         """Hungarian matching of each of ``groups`` query groups on its own (Group DETR).

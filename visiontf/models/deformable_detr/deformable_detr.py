@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from visiontf.models._registry import register_model
 from visiontf.models.backbones.backbone import Backbone, BackboneLayerDepth
-from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
+from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, check_detection_targets
 from visiontf.models.deformable_detr.arch_options import DeformableArchOptions
 from visiontf.models.deformable_detr.build import create_deformable, sections_of
 from visiontf.models.deformable_detr.convert import convert_state_dict
@@ -327,6 +327,7 @@ class DeformableDETR(DeformableQueries, DeformableWeightsSettings, BackboneLayer
         num_matching = queries["tgt"].shape[1]
         dn = None
         if self.training and self.denoising is not None and targets is not None:
+            check_detection_targets(targets, images.shape[0], type(self).__name__)
             dn = self.denoising(targets, self.num_classes, num_matching)
         P = dn.meta.pad_size if dn is not None else 0
         sampled: list[tuple[Tensor, Tensor]] = []

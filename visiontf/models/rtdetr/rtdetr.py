@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from visiontf.models._registry import register_model
 from visiontf.models.backbones.backbone import SIMPLEFPN_PREFIX, Backbone, BackboneLayerDepth, pad_to_multiple
 from visiontf.models.backbones.spec import BackboneSpec
-from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg
+from visiontf.models.contract import Detector, ModelCfg, PretrainedCfg, check_detection_targets
 from visiontf.models.deformable_detr.denoising import ContrastiveDenoising, DenoisingQueries
 from visiontf.models.postprocess_options import PostprocessOptions
 from visiontf.models.rtdetr.backbone_section import FormerBackbone, backbone_section
@@ -240,6 +240,8 @@ class RTDETR(BackboneLayerDepth, Detector):
         B, _, H, W = images.shape
         if mask is not None and tuple(mask.shape) != (B, H, W):
             raise ValueError(f"mask must have shape (B, H, W) = {(B, H, W)} (True on padding), got {tuple(mask.shape)}")
+        if self.training and targets is not None:
+            check_detection_targets(targets, B, type(self).__name__)
         # sizes padded to pad_multiple (the originals take 640 x 640 only); the padding is padding for the boxes too
         padded = pad_to_multiple(self.backbone.pad(images), self.pad_multiple)
         if padded.shape[-2:] != images.shape[-2:] and mask is None:
