@@ -30,6 +30,8 @@ BAD = {
     "pixels": (_with([40.0, 30.0, 20.0, 10.0]), r"target 0's boxes are not normalised .* from 10 to 40\); divide pixel boxes"),
     "negative width": (_with([0.5, 0.5, -0.1, 0.2]), r"target 0's boxes are not normalised .* w, h >= 0"),
     "one dict fewer": (GOOD[:1], r"1 target dict\(s\) for a batch of 2 images; give one per image"),
+    "the second image's": ([GOOD[0], {"labels": torch.tensor([0]), "boxes": torch.tensor([[2.0, 2.0, 1.0, 1.0]])}],
+                           r"target 1's boxes are not normalised .* from 1 to 2\)"),
 }
 
 

@@ -199,21 +199,27 @@ def check_detection_targets(targets: Sequence[Mapping[str, Tensor]], batch_size:
     if len(targets) != batch_size:
         raise ValueError(f"{who}: {len(targets)} target dict(s) for a batch of {batch_size} images; give one per image "
                          "(an image without objects has empty 'labels' and 'boxes')")
+    boxes = []
     for i, target in enumerate(targets):
         if "labels" not in target or "boxes" not in target:
             raise KeyError(f"{who}: target {i} needs 'labels' and 'boxes', got keys {sorted(target)}")
-        boxes = target["boxes"].reshape(-1, 4) if target["boxes"].numel() else target["boxes"].reshape(0, 4)
-        if boxes.shape[0] != len(target["labels"]):
-            raise ValueError(f"{who}: target {i} has {len(target['labels'])} labels but {boxes.shape[0]} boxes")
-        if not boxes.shape[0]:
-            continue
-        finite = bool(torch.isfinite(boxes).all())
-        low, high = (float(v) for v in torch.aminmax(boxes.detach().float())) if finite else (0.0, 0.0)
-        if not finite or low < -0.01 or high > 1.01 or bool((boxes[:, 2:] < 0).any()):
-            raise ValueError(
-                f"{who}: target {i}'s boxes are not normalised (cx, cy, w, h) in [0, 1] with w, h >= 0 (values "
-                f"{'not finite' if not finite else f'from {low:g} to {high:g}'}); divide pixel boxes by the image's width "
-                "and height, and fix or drop boxes of NaN or negative size")
+        boxes.append(target["boxes"].reshape(-1, 4) if target["boxes"].numel() else target["boxes"].reshape(0, 4))
+        if boxes[-1].shape[0] != len(target["labels"]):
+            raise ValueError(f"{who}: target {i} has {len(target['labels'])} labels but {boxes[-1].shape[0]} boxes")
+    if not any(b.shape[0] for b in boxes):
+        return
+    # one test of every box, one device sync a step; the image and its values only once something is wrong
+    every = torch.cat(boxes).detach()
+    wrong = ~torch.isfinite(every).all(1) | (every < -0.01).any(1) | (every > 1.01).any(1) | (every[:, 2:] < 0).any(1)
+    if not bool(wrong.any()):
+        return
+    i = next(i for i, rows in enumerate(torch.split(wrong, [b.shape[0] for b in boxes])) if rows.any())
+    finite = bool(torch.isfinite(boxes[i]).all())
+    low, high = (float(v) for v in torch.aminmax(boxes[i].detach().float())) if finite else (0.0, 0.0)
+    raise ValueError(
+        f"{who}: target {i}'s boxes are not normalised (cx, cy, w, h) in [0, 1] with w, h >= 0 (values "
+        f"{'not finite' if not finite else f'from {low:g} to {high:g}'}); divide pixel boxes by the image's width "
+        "and height, and fix or drop boxes of NaN or negative size")
 
 
 class Segmenter(VisionModel):
