@@ -29,6 +29,7 @@ from typing import Any
 from visiontf.core.saved_arguments import expands_beyond, short_repr
 from visiontf.data.io import image_size
 from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError
+from visiontf.io.text_files import read_utf8_text
 from visiontf.tasks.detection.coco_annotations import AnnotationError
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def read_data_yaml(path: str | Path) -> tuple[list[str], dict[str, list[Path]], 
 
     path = Path(path)
     try:
-        cfg = yaml.safe_load(_read_text(path, DatasetLayoutError)) or {}
+        cfg = yaml.safe_load(read_utf8_text(path, DatasetLayoutError)) or {}
     except yaml.YAMLError as e:
         raise DatasetLayoutError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from e
     if expands_beyond(cfg):
@@ -124,14 +125,6 @@ def label_file(image: Path) -> Path:
     return Path(*parts).with_suffix(".txt")
 
 
-def _read_text(path: Path, error: type[Exception]) -> str:
-    """A text file as UTF-8 (a byte-order mark, which Windows tools write, left out)."""
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
-
-
 def _box(values: list[float], width: int, height: int, pose: bool, where: str) -> list[float]:
     if pose and len(values) < 4:
         raise AnnotationError(f"{where}: a pose line starts 'class cx cy w h' (then the keypoints), got {len(values) + 1} "
@@ -170,7 +163,7 @@ def yolo_split_to_coco(image_dirs: list[Path], names: list[str], pose: bool = Fa
             unlabelled += 1
             continue
         used_labels.add(labels.resolve())
-        for n, line in enumerate(_read_text(labels, AnnotationError).splitlines(), start=1):
+        for n, line in enumerate(read_utf8_text(labels, AnnotationError).splitlines(), start=1):
             fields = line.split()
             if not fields:
                 continue

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from visiontf.data.loading import IMAGE_EXTENSIONS, DatasetLayoutError
 from visiontf.data.segmentation_labels import LAYOUTS
+from visiontf.io.text_files import read_utf8_text
 
 log = logging.getLogger(__name__)
 
@@ -16,10 +17,7 @@ def read_class_names(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise DatasetLayoutError(f"{path}: class list not found; write one class name a line (background first)")
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is no part of the first name
-    except UnicodeDecodeError as e:
-        raise DatasetLayoutError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    lines = read_utf8_text(path, DatasetLayoutError).splitlines()  # a byte-order mark is no part of the first name
     while lines and not lines[-1].strip():
         lines.pop()
     names = [line.strip() for line in lines]
