@@ -27,7 +27,7 @@ import orjson
 from visiontf.core.errors import UserError
 from visiontf.core.saved_arguments import short_repr
 from visiontf.evaluation.readouts.per_class import CocoArrays, per_class_json
-from visiontf.io.coco_fields import annotation_problem
+from visiontf.io.coco_fields import annotation_name, annotation_problem, id_problem
 
 log = logging.getLogger(__name__)
 
@@ -175,13 +175,12 @@ def _refuse_bad_fields(data: dict, name: str) -> None:
         for i, entry in enumerate(data[section]):
             if not isinstance(entry, dict) or "id" not in entry:
                 raise CocoEvalError(f"{name}: {section}[{i}] is {short_repr(entry)}, not an object with an 'id'")
-            if not isinstance(entry["id"], int) or isinstance(entry["id"], bool):
-                raise CocoEvalError(f"{name}: {section}[{i}] has id {short_repr(entry['id'])}, a "
-                                    f"{type(entry['id']).__name__}; COCO ids are integers (convert them, and the "
-                                    "annotations' and results' ids, to numbers)")
+            if (problem := id_problem(entry, "COCO ids are integers (convert them, and the annotations' and results' "
+                                                "ids, to numbers)")) is not None:
+                raise CocoEvalError(f"{name}: {section}[{i}] has {problem}")
     category_ids = {c["id"] for c in data["categories"]}
     for i, ann in enumerate(data["annotations"]):
-        named = f"annotation id {ann['id']}" if isinstance(ann["id"], int) and not isinstance(ann["id"], bool) else f"annotations[{i}]"
+        named = annotation_name(ann, i)
         for key in ("image_id", "category_id"):
             if key not in ann:
                 raise CocoEvalError(f"{name}: {named} has no '{key}'; each annotation names its image and category")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["annotation_problem", "category_problem", "image_problem", "panoptic_category_problem", "segment_problem"]
+__all__ = ["annotation_name", "annotation_problem", "id_problem", "category_problem", "image_problem", "panoptic_category_problem", "segment_problem"]
 
 
 #: what a crowd flag means, in the messages
@@ -32,7 +32,13 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _not_an_integer(entry: dict, key: str, fix: str) -> str | None:
+def annotation_name(ann: dict, position: int) -> str:
+    """How messages name an annotation: by its id, or by its place in the list where the id itself is wrong."""
+    return f"annotation id {ann['id']}" if _integer(ann.get("id")) else f"annotations[{position}]"
+
+
+def id_problem(entry: dict, fix: str, key: str = "id") -> str | None:
+    """``key`` of ``entry`` (when present) that is not an integer, as a phrase ending with ``fix``."""
     value = entry.get(key)
     if key not in entry or _integer(value):
         return None
@@ -53,7 +59,7 @@ def annotation_problem(ann: dict) -> str | None:
     for key, fix in (("id", "annotation ids are unique integers (number them 1..N)"),
                      ("image_id", "it names an image by its integer id"),
                      ("category_id", "it names a category by its integer id")):
-        if (problem := _not_an_integer(ann, key, fix)) is not None:
+        if (problem := id_problem(ann, fix, key)) is not None:
             return problem
     bbox = ann.get("bbox")
     if "bbox" in ann and not (isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(
@@ -69,8 +75,8 @@ def annotation_problem(ann: dict) -> str | None:
 
 def image_problem(image: dict) -> str | None:
     """What makes an image entry's ``id``, ``width`` or ``height`` unusable (the size may be absent or null)."""
-    problem = _not_an_integer(image, "id", "COCO image ids are integers (convert them, and the annotations' image_id, "
-                                           "to numbers)")
+    problem = id_problem(image, "COCO image ids are integers (convert them, and the annotations' image_id, to "
+                                "numbers)")
     for key in ("width", "height"):
         value = image.get(key)
         if problem is None and value is not None and not (_number(value) and value > 0):
@@ -80,7 +86,7 @@ def image_problem(image: dict) -> str | None:
 
 def category_problem(category: dict) -> str | None:
     """What makes a category's ``id``, ``name`` or ``supercategory`` unusable."""
-    problem = _not_an_integer(category, "id", "each category needs an integer id and a name")
+    problem = id_problem(category, "each category needs an integer id and a name")
     for key in ("name", "supercategory"):
         value = category.get(key)
         if problem is None and value is not None and not isinstance(value, str):
@@ -105,7 +111,7 @@ def segment_problem(segment: Any) -> str | None:
     for key in ("id", "category_id"):
         if key not in segment:
             return f"a segment without '{key}' ({_shown(segment)})"
-        if (problem := _not_an_integer(segment, key, "it is an integer")) is not None:
+        if (problem := id_problem(segment, "it is an integer", key)) is not None:
             return f"a segment with {problem}"
     if segment["id"] <= 0:
         return f"a segment with id {segment['id']}; segment ids are > 0 (0 is unlabelled)"

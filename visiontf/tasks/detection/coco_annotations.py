@@ -27,7 +27,7 @@ import numpy as np
 
 from visiontf.core.errors import UserError
 from visiontf.core.saved_arguments import short_repr
-from visiontf.io.coco_fields import annotation_problem, category_problem, image_problem
+from visiontf.io.coco_fields import annotation_name, annotation_problem, category_problem, image_problem
 from visiontf.io.image_files import outside_its_folder
 
 # the logger of the COCO data modules, as before they were split (users' logging configs name it)
@@ -245,8 +245,7 @@ def parse_coco(data: dict, ann_file: str | Path, label_space: str = "contiguous"
             if key not in ann:
                 raise AnnotationError(f"{ann_file}: annotation id {aid} (annotations[{i}]) has no '{key}'")
         if (problem := annotation_problem(ann)) is not None:
-            named = f"annotation id {aid}" if isinstance(aid, int) and not isinstance(aid, bool) else f"annotations[{i}]"
-            raise AnnotationError(f"{ann_file}: {named} has {problem}")
+            raise AnnotationError(f"{ann_file}: {annotation_name(ann, i)} has {problem}")
         if ann["category_id"] not in cat_to_label:
             raise AnnotationError(
                 f"{ann_file}: annotation id {aid} has category_id {ann['category_id']!r}, which is not in "
