@@ -240,7 +240,8 @@ class RTDETR(BackboneLayerDepth, Detector):
         B, _, H, W = images.shape
         if mask is not None and tuple(mask.shape) != (B, H, W):
             raise ValueError(f"mask must have shape (B, H, W) = {(B, H, W)} (True on padding), got {tuple(mask.shape)}")
-        if self.training and targets is not None:
+        if self.training and self.denoising is not None and targets is not None:
+            # the denoising queries are built from the targets before the criterion, which checks them otherwise
             check_detection_targets(targets, B, type(self).__name__)
         # sizes padded to pad_multiple (the originals take 640 x 640 only); the padding is padding for the boxes too
         padded = pad_to_multiple(self.backbone.pad(images), self.pad_multiple)
